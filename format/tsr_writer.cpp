@@ -1,0 +1,215 @@
+// Streaming .tsr writer (see tsr.h, docs/FORMAT.md §9): metadata first, tensor bytes by pwrite
+// into a pre-sized temporary file, then the per-tensor hashes, directory and header last,
+// fsync, rename.
+#include <fcntl.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+#include <xxhash.h>
+#include <zstd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <unordered_set>
+
+#include "format/error.h"
+#include "format/mapped_file.h"
+#include "format/tsr.h"
+#include "format/tsr_codec.h"
+
+namespace tessera {
+
+namespace {
+
+constexpr int kZstdLevel = 9;  // metadata is a few MB (tokenizer): compresses in well under a second
+
+std::string folder_of(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+void pwrite_all(int fd, const void* data, uint64_t n, uint64_t at, const std::string& path) {
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  while (n > 0) {
+    const size_t chunk = size_t(std::min<uint64_t>(n, uint64_t(1) << 30));
+    const ssize_t w = ::pwrite(fd, p, chunk, off_t(at));
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      runtime_error(path, ": write of ", chunk, " bytes at offset ", at, " failed: ", std::strerror(errno));
+    }
+    p += w;
+    at += uint64_t(w);
+    n -= uint64_t(w);
+  }
+}
+
+// Assigns offsets from `data_offset` on (FORMAT.md §5); returns the end of the last tensor.
+uint64_t assign_offsets(std::vector<TsrTensor>& tensors, uint64_t data_offset) {
+  uint64_t at = data_offset;
+  int32_t prev_layer = INT32_MIN;
+  for (TsrTensor& t : tensors) {
+    at = align_up(at, t.layer != prev_layer ? kTsrGroupAlign : kTsrTensorAlign);
+    t.offset = at;
+    at += t.nbytes;
+    prev_layer = t.layer;
+  }
+  return at;
+}
+
+}  // namespace
+
+TsrWriter::TsrWriter() = default;
+
+TsrWriter::~TsrWriter() {
+  if (fd_ >= 0) {
+    ::close(fd_);
+    ::unlink(tmp_path_.c_str());
+  }
+}
+
+size_t TsrWriter::add_tensor(TsrTensor t) {
+  if (fd_ >= 0) usage_error(".tsr writer: add_tensor('", t.name, "') after begin()");
+  tsr_codec::validate_entry(t, "<tsr writer>", /*fill=*/false);
+  for (const TsrTensor& o : tensors_)
+    if (o.name == t.name) usage_error(".tsr writer: duplicate tensor name '", t.name, "'");
+  if (t.layer >= 0 && !tensors_.empty() && tensors_.back().layer != t.layer)
+    for (const TsrTensor& o : tensors_)
+      if (o.layer == t.layer)
+        usage_error(".tsr writer: tensor '", t.name, "' of block ", t.layer, " does not follow the block's other tensors");
+  t.offset = 0;
+  t.xxh64 = 0;
+  tensors_.push_back(std::move(t));
+  return tensors_.size() - 1;
+}
+
+uint64_t TsrWriter::tensor_bytes() const {
+  uint64_t n = 0;
+  for (const TsrTensor& t : tensors_) n += t.nbytes;
+  return n;
+}
+
+uint64_t TsrWriter::planned_size(uint64_t metadata_bytes) const {
+  std::vector<TsrTensor> copy = tensors_;
+  const uint64_t meta_end = kTsrHeaderBytes + copy.size() * kTsrEntryBytes + metadata_bytes;
+  return align_up(assign_offsets(copy, align_up(meta_end, kTsrGroupAlign)), kTsrGroupAlign);
+}
+
+void TsrWriter::begin(const std::string& path) {
+  if (fd_ >= 0) usage_error(".tsr writer: begin('", path, "') called twice");
+  if (tensors_.empty()) usage_error(".tsr writer: no tensors to write");
+
+  const std::vector<uint8_t> raw = meta_.serialize();
+  std::vector<uint8_t> packed(ZSTD_compressBound(raw.size()));
+  const size_t zn = ZSTD_compress(packed.data(), packed.size(), raw.data(), raw.size(), kZstdLevel);
+  if (ZSTD_isError(zn)) runtime_error(path, ": zstd compression of the metadata failed: ", ZSTD_getErrorName(zn));
+  packed.resize(zn);
+
+  TsrHeader& h = header_;
+  h = TsrHeader{};
+  h.tensor_count = tensors_.size();
+  h.directory_offset = kTsrHeaderBytes;
+  h.directory_size = tensors_.size() * kTsrEntryBytes;
+  h.metadata_offset = h.directory_offset + h.directory_size;
+  h.metadata_size = packed.size();
+  h.metadata_raw_size = raw.size();
+  h.metadata_kv_count = meta_.entries().size();
+  h.metadata_xxh64 = XXH64(packed.data(), packed.size(), 0);
+  h.data_offset = align_up(h.metadata_offset + h.metadata_size, kTsrGroupAlign);
+  h.file_size = align_up(assign_offsets(tensors_, h.data_offset), kTsrGroupAlign);
+  h.data_size = h.file_size - h.data_offset;
+  for (const TsrTensor& t : tensors_) {
+    if (t.composed() && t.name.ends_with("attn_qk.weight")) h.flags |= kTsrFlagComposedQk;
+    if (t.composed() && t.name.ends_with("attn_vo.weight")) h.flags |= kTsrFlagComposedVo;
+  }
+
+  const std::string folder = folder_of(path);
+  struct statvfs vfs {};
+  if (::statvfs(folder.c_str(), &vfs) != 0)
+    runtime_error(path, ": cannot write into folder '", folder, "': ", std::strerror(errno));
+  const uint64_t free_bytes = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
+  if (h.file_size > free_bytes)
+    runtime_error(path, ": not enough disk space: the file needs ", h.file_size, " bytes, ", free_bytes,
+                  " bytes are free in '", folder, "'");
+
+  path_ = path;
+  tmp_path_ = cat(path, ".tmp-", ::getpid());
+  const int fd = ::open(tmp_path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) runtime_error(tmp_path_, ": cannot create file: ", std::strerror(errno));
+  fd_ = fd;  // from here the destructor removes the temporary file on failure
+  if (::ftruncate(fd_, off_t(h.file_size)) != 0)
+    runtime_error(tmp_path_, ": cannot size the file to ", h.file_size, " bytes: ", std::strerror(errno));
+  pwrite_all(fd_, packed.data(), packed.size(), h.metadata_offset, tmp_path_);
+  written_ = std::make_unique<std::atomic<uint64_t>[]>(tensors_.size());
+  for (size_t k = 0; k < tensors_.size(); ++k) written_[k].store(0);
+}
+
+void TsrWriter::write(size_t index, const void* data, uint64_t n, uint64_t offset) {
+  if (fd_ < 0) usage_error(".tsr writer: write() called before begin() or after finish()");
+  if (index >= tensors_.size()) usage_error(".tsr writer: write() index ", index, " but only ", tensors_.size(), " tensors");
+  const TsrTensor& t = tensors_[index];
+  if (offset > t.nbytes || n > t.nbytes - offset)
+    usage_error(".tsr writer: tensor '", t.name, "': writing ", n, " bytes at offset ", offset, " exceeds its size of ",
+                t.nbytes, " bytes");
+  pwrite_all(fd_, data, n, t.offset + offset, tmp_path_);
+  written_[index].fetch_add(n);
+}
+
+void TsrWriter::finish(unsigned threads) {
+  if (fd_ < 0) usage_error(".tsr writer: finish() called before begin()");
+  for (size_t k = 0; k < tensors_.size(); ++k)
+    if (written_[k].load() != tensors_[k].nbytes)
+      runtime_error(path_, ": tensor '", tensors_[k].name, "': ", written_[k].load(), " bytes were written, expected ",
+                    tensors_[k].nbytes);
+  // Hash what is in the file (so the checksums describe the bytes on disk, whatever order and
+  // thread wrote them), in parallel over tensors.
+  {
+    if (::fdatasync(fd_) != 0) runtime_error(tmp_path_, ": fdatasync failed: ", std::strerror(errno));
+    MappedFile map(tmp_path_);
+    const auto bytes = map.bytes();
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < tensors_.size();)
+        tensors_[i].xxh64 = XXH64(bytes.data() + tensors_[i].offset, tensors_[i].nbytes, 0);
+    };
+    std::vector<std::thread> pool;
+    for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
+    work();
+    for (auto& th : pool) th.join();
+  }
+  std::vector<uint8_t> head(kTsrHeaderBytes + header_.directory_size, 0);
+  for (size_t i = 0; i < tensors_.size(); ++i)
+    tsr_codec::encode_entry(tensors_[i], head.data() + kTsrHeaderBytes + i * kTsrEntryBytes);
+  tsr_codec::encode_header(header_, head.data());
+  XXH64_state_t* st = XXH64_createState();
+  XXH64_reset(st, 0);
+  XXH64_update(st, head.data(), tsr_codec::kHeaderHashedBytes);
+  XXH64_update(st, head.data() + kTsrHeaderBytes, header_.directory_size);
+  header_.header_xxh64 = XXH64_digest(st);
+  XXH64_freeState(st);
+  tsr_codec::set<uint64_t>(head.data(), tsr_codec::kOffHeaderHash, header_.header_xxh64);
+  pwrite_all(fd_, head.data(), head.size(), 0, tmp_path_);
+
+  if (::fsync(fd_) != 0) runtime_error(tmp_path_, ": fsync failed: ", std::strerror(errno));
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp_path_.c_str());
+    runtime_error(tmp_path_, ": close failed: ", std::strerror(err));
+  }
+  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp_path_.c_str());
+    runtime_error(path_, ": cannot rename ", tmp_path_, " into place: ", std::strerror(err));
+  }
+  const int dir = ::open(folder_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir >= 0) {
+    ::fsync(dir);
+    ::close(dir);
+  }
+  written_.reset();
+}
+
+}  // namespace tessera

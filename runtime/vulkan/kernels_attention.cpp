@@ -1,0 +1,375 @@
+#include "runtime/vulkan/kernels_attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "format/error.h"
+
+namespace tessera::vk {
+namespace {
+
+constexpr uint32_t kAttnThreads = 256;  // workgroup of attention_partial / kv_write
+constexpr uint32_t kMergeThreads = 64;  // workgroup of attention_merge (latent columns per group)
+constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared weights array)
+constexpr uint32_t kDefaultGroups = 256;
+constexpr uint32_t kDefaultMinChunk = 64;
+
+uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+
+// "%.9e" keeps a float exact through the GLSL compiler.
+std::string float_literal(float f) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9e", double(f));
+  return buf;
+}
+
+ShaderDefines merged(ShaderDefines a, const ShaderDefines& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+// Score-thread layout of attention_partial.comp for a tile: TILE rows x NHG head groups x NSL
+// dim slices = WG threads, with at most 6 heads per thread where possible.
+struct ScoreLayout {
+  uint32_t hg, nhg, nsl;
+};
+ScoreLayout score_layout(uint32_t heads, uint32_t tile) {
+  const uint32_t per_row = kAttnThreads / tile;
+  uint32_t nhg = 1;
+  while (nhg < per_row && ceil_div(heads, nhg) > 6) nhg *= 2;
+  return {ceil_div(heads, nhg), nhg, per_row / nhg};
+}
+
+uint64_t partial_shared_bytes(const AttentionShape& s, uint32_t heads, uint32_t tile) {
+  const ScoreLayout l = score_layout(heads, tile);
+  const uint64_t hwp = (heads + 3) / 4 * 4;
+  return uint64_t(tile) * (s.row() / 8 + 1) * 16 + uint64_t(l.nsl) * tile * hwp * 4 + uint64_t(heads) * s.rope.n_rot * 4 +
+         2 * hwp * 4;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// RopeParams
+
+RopeParams RopeParams::from_config(const ModelConfig& c) {
+  RopeParams p;
+  p.n_rot = c.n_rot;
+  p.base = c.rope_base;
+  p.freq_scale = c.rope_freq_scale;
+  p.ext_factor = c.yarn_ext_factor();
+  p.attn_factor = c.rope_attn_factor();
+  if (c.yarn) {
+    // ggml_rope_yarn_corr_dims (forward.md §3.2)
+    auto corr = [&](double b) {
+      return double(c.n_rot) * std::log(double(c.yarn_n_ctx_orig) / (b * 2.0 * M_PI)) / (2.0 * std::log(double(c.rope_base)));
+    };
+    p.corr_low = std::max(0.0, std::floor(corr(c.yarn_beta_fast)));
+    p.corr_high = std::min(double(c.n_rot) - 1.0, std::ceil(corr(c.yarn_beta_slow)));
+  }
+  return p;
+}
+
+double RopeParams::frequency(uint32_t k) const {
+  const double extrap = std::pow(base, -2.0 * double(k) / double(n_rot));
+  if (ext_factor == 0) return freq_scale * extrap;
+  const double y = (double(k) - corr_low) / std::max(0.001, corr_high - corr_low);
+  const double mix = (1.0 - std::clamp(y, 0.0, 1.0)) * ext_factor;
+  return extrap * (freq_scale * (1.0 - mix) + mix);
+}
+
+double RopeParams::mscale() const {
+  return ext_factor != 0 ? attn_factor * (1.0 + 0.1 * std::log(1.0 / freq_scale)) : attn_factor;
+}
+
+ShaderDefines RopeParams::defines() const {
+  std::string hi, lo;
+  for (uint32_t k = 0; k < n_rot / 2; ++k) {
+    const double turns = frequency(k) / (2.0 * M_PI);
+    uint32_t bits;
+    const float f = float(turns);
+    std::memcpy(&bits, &f, 4);
+    bits &= ~0xFFFu;  // 12 significant bits: products with 12-bit position parts are exact
+    float g_hi;
+    std::memcpy(&g_hi, &bits, 4);
+    const float g_lo = float(turns - double(g_hi));
+    hi += (k ? "," : "") + float_literal(g_hi);
+    lo += (k ? "," : "") + float_literal(g_lo);
+  }
+  return {{"N_ROT", std::to_string(n_rot)},
+          {"ROPE_TURNS_HI", hi},
+          {"ROPE_TURNS_LO", lo},
+          {"ROPE_MSCALE", float_literal(float(mscale()))}};
+}
+
+// ---------------------------------------------------------------------------------------------
+// AttentionShape
+
+AttentionShape AttentionShape::from_config(const ModelConfig& c, uint32_t n_ctx) {
+  AttentionShape s;
+  s.n_head = c.n_head;
+  s.kv_lora = c.kv_lora_rank;
+  s.n_ctx = n_ctx;
+  s.eps = c.eps;
+  s.kq_scale = c.kq_scale();
+  s.rope = RopeParams::from_config(c);
+  return s;
+}
+
+void AttentionShape::validate() const {
+  if (n_head == 0) runtime_error("attention: head count is 0");
+  if (kv_lora == 0 || kv_lora % 8 != 0)
+    runtime_error("attention: kv_lora_rank must be a positive multiple of 8, found ", kv_lora);
+  if (rope.n_rot == 0 || rope.n_rot % 8 != 0)
+    runtime_error("attention: rope dimension count must be a positive multiple of 8, found ", rope.n_rot);
+  if (n_ctx == 0) runtime_error("attention: context size is 0");
+  if (uint64_t(n_ctx) * row() >= (1ull << 32))
+    runtime_error("attention: context of ", n_ctx, " rows x ", row(), " values exceeds 2^32 cache elements");
+  if (!(kq_scale > 0)) runtime_error("attention: kq_scale must be positive, found ", kq_scale);
+}
+
+// ---------------------------------------------------------------------------------------------
+// KvWriteOp
+
+KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : shape_(shape) {
+  shape.validate();
+  PipelineDesc d;
+  d.name = "kv_write";
+  d.file = "kv_write.comp";
+  d.defines = merged({{"KV_LORA", std::to_string(shape.kv_lora)}, {"WG", std::to_string(kAttnThreads)}},
+                     shape.rope.defines());
+  d.num_buffers = 4;
+  d.push_bytes = sizeof(gpu::KvWriteArgs);
+  pipeline_ = &ctx.pipeline(d);
+}
+
+void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
+                       BufferSlice cache, std::string_view label) const {
+  if (kv.size < uint64_t(shape_.row()) * 4) runtime_error(label, ": kv binding holds ", kv.size, " bytes, needs ", shape_.row() * 4);
+  if (kv_norm_w.size < uint64_t(shape_.kv_lora) * 4)
+    runtime_error(label, ": kv norm binding holds ", kv_norm_w.size, " bytes, needs ", shape_.kv_lora * 4);
+  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
+  if (cache.size < shape_.cache_bytes())
+    runtime_error(label, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes(), " (", shape_.n_ctx,
+                  " rows)");
+  const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, 0};
+  const BufferSlice b[] = {kv, kv_norm_w, step, cache};
+  rec.dispatch(*pipeline_, b, args, 1, 1, 1, label, bytes());
+}
+
+uint64_t KvWriteOp::bytes() const { return uint64_t(shape_.row()) * 4 + shape_.kv_lora * 4 + 4 + shape_.row() * 2; }
+
+// ---------------------------------------------------------------------------------------------
+// AttentionOp
+
+AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
+  shape.validate();
+  const DeviceInfo& info = ctx.info();
+  heads_per_group_ = tuning.heads_per_group ? std::min(tuning.heads_per_group, shape.n_head) : shape.n_head;
+  if (heads_per_group_ > kAttnThreads) runtime_error("attention: ", heads_per_group_, " heads per workgroup > ", kAttnThreads);
+  if (tuning.tile) {
+    if (tuning.tile != 8 && tuning.tile != 16 && tuning.tile != 32)
+      usage_error("attention tile must be 8, 16 or 32, found ", tuning.tile);
+    tile_ = tuning.tile;
+  } else {
+    for (uint32_t t : {32u, 16u, 8u})
+      if (partial_shared_bytes(shape, heads_per_group_, t) <= info.max_compute_shared_memory) {
+        tile_ = t;
+        break;
+      }
+  }
+  const uint64_t shared = tile_ ? partial_shared_bytes(shape, heads_per_group_, tile_) : 0;
+  if (!tile_ || shared > info.max_compute_shared_memory)
+    runtime_error("attention: ", heads_per_group_, " heads x ", shape.row(), "-value rows need ",
+                  partial_shared_bytes(shape, heads_per_group_, tile_ ? tile_ : 8), " bytes of shared memory, ", info.name,
+                  " has ", info.max_compute_shared_memory, " (use fewer heads per workgroup)");
+  min_chunk_ = ceil_div(tuning.min_chunk ? tuning.min_chunk : kDefaultMinChunk, tile_) * tile_;
+  n_groups_ = tuning.n_groups ? tuning.n_groups : std::min(kDefaultGroups, ceil_div(shape.n_ctx, min_chunk_));
+  if (n_groups_ == 0 || n_groups_ > kMaxGroups || n_groups_ > info.max_workgroup_count[0])
+    usage_error("attention: ", n_groups_, " context workgroups, expected 1..",
+                std::min(kMaxGroups, info.max_workgroup_count[0]));
+  if (uint64_t(n_groups_) * shape.n_head * (shape.kv_lora + 2) >= (1ull << 32))
+    runtime_error("attention: partials of ", n_groups_, " groups exceed 2^32 floats");
+  profile_kv_len_ = shape.n_ctx;
+
+  const ScoreLayout l = score_layout(heads_per_group_, tile_);
+  const ShaderDefines common = merged({{"N_HEAD", std::to_string(shape.n_head)}, {"KV_LORA", std::to_string(shape.kv_lora)},
+                                       {"TILE", std::to_string(tile_)}},
+                                      shape.rope.defines());
+  PipelineDesc p;
+  p.name = "attention_partial";
+  p.file = "attention_partial.comp";
+  p.defines = merged(common, {{"WG", std::to_string(kAttnThreads)},
+                              {"HW", std::to_string(heads_per_group_)},
+                              {"HG", std::to_string(l.hg)},
+                              {"NHG", std::to_string(l.nhg)},
+                              {"NSL", std::to_string(l.nsl)}});
+  p.num_buffers = 4;
+  p.push_bytes = sizeof(gpu::AttnPartialArgs);
+  partial_ = &ctx.pipeline(p);
+
+  PipelineDesc m;
+  m.name = "attention_merge";
+  m.file = "attention_merge.comp";
+  m.defines = merged(common, {{"WG", std::to_string(kMergeThreads)}, {"MAX_GROUPS", std::to_string(kMaxGroups)}});
+  m.num_buffers = 3;
+  m.push_bytes = sizeof(gpu::AttnMergeArgs);
+  merge_ = &ctx.pipeline(m);
+}
+
+uint64_t AttentionOp::partials_bytes() const { return uint64_t(n_groups_) * shape_.n_head * (shape_.kv_lora + 2) * 4; }
+
+uint32_t AttentionOp::num_chunks(uint32_t kv_len) const {
+  return gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), n_groups_, min_chunk_, tile_);
+}
+
+uint64_t AttentionOp::partial_bytes(uint32_t kv_len) const {
+  const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 +
+         uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+}
+
+uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
+  return uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
+}
+
+void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                 BufferSlice partials, std::string_view label) const {
+  if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
+    runtime_error(label, ": q binding holds ", q.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.row() * 4);
+  if (cache.size < shape_.cache_bytes())
+    runtime_error(label, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes());
+  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
+  if (partials.size < partials_bytes())
+    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
+  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, 0, 0, 0};
+  const BufferSlice b[] = {q, cache, step, partials};
+  rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1, label,
+               partial_bytes(profile_kv_len_));
+}
+
+void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
+                               BufferSlice olat, std::string_view label) const {
+  if (partials.size < partials_bytes())
+    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
+  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
+  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+    runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_};
+  const BufferSlice b[] = {partials, step, olat};
+  rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeThreads), shape_.n_head, 1, label,
+               merge_bytes(profile_kv_len_));
+}
+
+void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                         BufferSlice partials, BufferSlice olat, std::string_view label) const {
+  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial");
+  rec.barrier();
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
+}
+
+// ---------------------------------------------------------------------------------------------
+// AbsorbOp
+
+namespace {
+constexpr uint32_t kAbsorbRowsPerWorkgroup = 4;
+constexpr uint32_t kAbsorbSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
+
+bool absorb_vec8(const AbsorbOp& op) {
+  return op.w.layout == WeightLayout::Plain && op.w.cols % 8 == 0 && op.x_stride % 4 == 0 && op.x_offset % 4 == 0;
+}
+}  // namespace
+
+AbsorbOp AbsorbOp::query(const MatrixRef& k_b, uint32_t n_head, uint32_t n_rot, BufferSlice q_in, BufferSlice q_out) {
+  AbsorbOp op;
+  op.w = k_b;
+  op.n_head = n_head;
+  op.x = q_in;
+  op.y = q_out;
+  const uint32_t n_nope = k_b.cols, kv_lora = n_head ? k_b.rows / n_head : 0;
+  op.x_stride = n_nope + n_rot;
+  op.y_stride = kv_lora + n_rot;
+  op.copy_n = n_rot;
+  op.copy_src = n_nope;
+  op.copy_dst = kv_lora;
+  return op;
+}
+
+AbsorbOp AbsorbOp::value(const MatrixRef& v_b, uint32_t n_head, BufferSlice olat, BufferSlice o) {
+  AbsorbOp op;
+  op.w = v_b;
+  op.n_head = n_head;
+  op.x = olat;
+  op.y = o;
+  op.x_stride = v_b.cols;
+  op.y_stride = n_head ? v_b.rows / n_head : 0;
+  return op;
+}
+
+std::string AbsorbOp::kernel_name() const {
+  return cat("absorb.", type_name(w.type), absorb_vec8(*this) ? ".v8" : "");
+}
+
+uint64_t AbsorbOp::bytes() const {
+  return w.read_bytes() + uint64_t(n_head) * w.cols * 4 + uint64_t(w.rows) * 4 + uint64_t(n_head) * copy_n * 8;
+}
+
+void AbsorbOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string name = kernel_name();
+  const std::string what = label.empty() ? name : label;
+  w.validate(what.c_str());
+  if (n_head == 0 || w.rows % n_head != 0)
+    runtime_error(what, ": ", w.rows, " weight rows do not split into ", n_head, " heads");
+  const uint32_t rows = w.rows / n_head;
+  if (x_stride % 4 != 0 || x_offset % 4 != 0)
+    runtime_error(what, ": x stride ", x_stride, " and offset ", x_offset, " must be multiples of 4");
+  if (x_offset + w.cols > x_stride || (copy_n && copy_src + copy_n > x_stride))
+    runtime_error(what, ": a head's input (offset ", x_offset, " + ", w.cols, ", copy ", copy_src, " + ", copy_n,
+                  ") does not fit the x stride ", x_stride);
+  if (y_offset + rows > y_stride || (copy_n && copy_dst + copy_n > y_stride))
+    runtime_error(what, ": a head's output (offset ", y_offset, " + ", rows, ", copy ", copy_dst, " + ", copy_n,
+                  ") does not fit the y stride ", y_stride);
+  const uint64_t x_need = uint64_t(n_head) * x_stride * 4, y_need = uint64_t(n_head) * y_stride * 4;
+  if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
+  if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
+
+  PipelineLibrary& lib = ctx.pipelines();
+  const bool sg = lib.use_subgroup();
+  const uint32_t tpr = sg ? ctx.info().subgroup_size : kAbsorbSharedThreadsPerRow;
+  PipelineDesc desc;
+  desc.name = name;
+  desc.file = "absorb.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                  {"WG_SIZE", std::to_string(tpr * kAbsorbRowsPerWorkgroup)},
+                  {"THREADS_PER_ROW", std::to_string(tpr)},
+                  {"PLAIN_VEC8", absorb_vec8(*this) ? "1" : "0"}};
+  desc.num_buffers = 4;
+  desc.push_bytes = sizeof(gpu::AbsorbArgs);
+  desc.full_subgroups = sg;
+  const Pipeline& pipe = lib.get(desc);
+
+  const std::vector<RowChunk> chunks = row_chunks(w, ctx.info());
+  for (const RowChunk& c : chunks) {
+    gpu::AbsorbArgs a{};
+    a.row_begin = c.row_begin;
+    a.n_rows = c.rows;
+    a.rows = rows;
+    a.cols = w.cols;
+    a.x_stride = x_stride;
+    a.x_offset = x_offset;
+    a.y_stride = y_stride;
+    a.y_offset = y_offset;
+    a.n_head = n_head;
+    a.copy_n = copy_n;
+    a.copy_src = copy_src;
+    a.copy_dst = copy_dst;
+    const BufferSlice bufs[4] = {c.q, c.m, x, y};
+    const GroupCounts g = split_workgroups(ceil_div(c.rows, kAbsorbRowsPerWorkgroup), ctx.info());
+    rec.dispatch(pipe, bufs, a, g.x, g.y, 1, what, chunks.size() == 1 ? bytes() : bytes() * c.rows / w.rows);
+  }
+}
+
+}  // namespace tessera::vk

@@ -1,0 +1,172 @@
+// Attention kernels of the decode step (briefs/decode_plan.md D3', D4, D5, D6, D7'), absorbed MLA
+// over the latent f16 cache (forward.md §2-4).
+//
+// API (what the decode graph records, per layer; shapes from AttentionShape::from_config):
+//
+//   KvWriteOp kv_write(ctx, shape);                       // D4, one workgroup
+//   kv_write.record(rec, kv, kv_norm_w, step, pos_word, cache_l, "kv_write blk.L");
+//       kv      f32 [R + Dr]       output of the kv_a matvec (latent, then k_pe unroped)
+//       kv_norm_w f32 [R]          attn_kv_a_norm
+//       step    uint words; step[pos_word] = position p of this token
+//       cache_l f16 [n_ctx][R+Dr]  this layer's cache; row p = [RMSNorm(kv[0:R]) | rope(kv[R:], p)]
+//
+//   AttentionOp attn(ctx, shape);                         // D5 + D6
+//   partials = pool.create_buffer(attn.partials_bytes(), ...)   // scratch, may be shared by layers
+//   attn.record(rec, q, cache_l, step, pos_word, partials, olat, "attn blk.L");
+//       = record_partial(...); rec.barrier(); record_merge(...)
+//       q       f32 [H][R + Dr]    per head: q_lat (absorbed query), then q_pe UNROPED — the
+//                                  partial kernel ropes q_pe at position p while loading it
+//       olat    f32 [H][R]         softmax(kq_scale * q.K_j, j <= p) weighted sum of cached latents
+//     The cache rows read are [0, p]: p comes from step at run time; the dispatch is sized at
+//     record time for n_ctx (chunks past p+1 exit at once), so one recording serves every
+//     position and the number of chunks (and so the parallelism) follows the context length.
+//
+//   AbsorbOp::query(k_b, H, Dr, q_b_out, q).record(rec);   // D3' (factored path)
+//       q_b_out f32 [H][Dn + Dr]  output of the attn_q_b (attn_q) matvec
+//       q       f32 [H][R + Dr]   q_lat_h = Kb_h q_nope_h, then q_pe copied unroped
+//   AbsorbOp::value(v_b, H, olat, o).record(rec);          // D7'
+//       o       f32 [H][Dv]       o_h = Vb_h olat_h, then attn_output (a matvec with residual add)
+//     k_b / v_b: MatrixRef of attn_k_b {Dn, R, H} as H*R rows x Dn, attn_v_b {R, Dv, H} as H*Dv
+//     rows x R; any readable type, SPLIT1 or plain.
+//
+// Every op has bytes() (what one call moves, for the profiler); record() declares it.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "format/model_config.h"
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/memory.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+#include "shaders/attention_args.h"
+
+namespace tessera::vk {
+
+// RoPE parameters (forward.md §3: NORMAL pairs, optional YaRN) in the form the kernels compile in.
+struct RopeParams {
+  uint32_t n_rot = 0;         // Dr (even, >= 2)
+  double base = 10000;        // rope.freq_base
+  double freq_scale = 1;      // 1 / rope scaling factor
+  double ext_factor = 0;      // 1 with YaRN, else 0
+  double attn_factor = 1;     // ModelConfig::rope_attn_factor()
+  double corr_low = 0, corr_high = 0;  // YaRN correction dims (forward.md §3.2)
+
+  static RopeParams from_config(const ModelConfig& c);
+  // theta_k(p) / p: radians per position of pair k (YaRN blend included).
+  double frequency(uint32_t k) const;
+  // Magnitude applied to cos and sin.
+  double mscale() const;
+  // The rope.glsl defines: ROPE_TURNS_HI, ROPE_TURNS_LO, ROPE_MSCALE, N_ROT.
+  ShaderDefines defines() const;
+};
+
+// Sizes of one layer's attention.
+struct AttentionShape {
+  uint32_t n_head = 0;   // H
+  uint32_t kv_lora = 0;  // R (multiple of 8)
+  uint32_t n_ctx = 0;    // rows of each layer's cache
+  float eps = 1e-6f;     // RMSNorm epsilon of attn_kv_a_norm
+  float kq_scale = 0;    // score scale (ModelConfig::kq_scale())
+  RopeParams rope;       // rope.n_rot = Dr (multiple of 8)
+
+  static AttentionShape from_config(const ModelConfig& c, uint32_t n_ctx);
+  uint32_t row() const { return kv_lora + rope.n_rot; }  // values per cache row
+  uint64_t cache_bytes() const { return uint64_t(n_ctx) * row() * 2; }  // one layer's f16 cache
+  // Throws Error(Runtime) naming the field if a size is unusable (0, odd, not a multiple of 8).
+  void validate() const;
+};
+
+// Appends this token's latent row to a layer's cache (D4).
+class KvWriteOp {
+ public:
+  KvWriteOp(Context& ctx, const AttentionShape& shape);
+  // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows.
+  void record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
+              BufferSlice cache, std::string_view label) const;
+  uint64_t bytes() const;
+
+ private:
+  const Pipeline* pipeline_;
+  AttentionShape shape_;
+};
+
+// Split-K choices of AttentionOp; 0 = automatic.
+struct AttentionTuning {
+  uint32_t n_groups = 0;         // workgroups along the context (max chunks); auto: <= 256
+  uint32_t min_chunk = 0;        // fewest positions per chunk; auto: 64 (rounded to the tile)
+  uint32_t heads_per_group = 0;  // heads per workgroup; auto: all (each cache row read once)
+  uint32_t tile = 0;             // rows staged per step; auto: largest of 32/16/8 that fits shared memory
+};
+
+// Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
+class AttentionOp {
+ public:
+  AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning = {});
+
+  // Bytes of the partials scratch buffer record() needs (n_groups x H x (R + 2) floats).
+  uint64_t partials_bytes() const;
+  // D5: per-chunk partials. q, cache, step, pos_word, partials as in the header comment.
+  void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                      BufferSlice partials, std::string_view label) const;
+  // D6: olat from the partials of the same step.
+  void record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
+                    std::string_view label) const;
+  // record_partial, barrier, record_merge.
+  void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+              BufferSlice partials, BufferSlice olat, std::string_view label) const;
+
+  // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).
+  uint64_t partial_bytes(uint32_t kv_len) const;
+  uint64_t merge_bytes(uint32_t kv_len) const;
+  // Context length the declared bytes assume (default n_ctx); set before recording.
+  void set_profile_kv_len(uint32_t kv_len) { profile_kv_len_ = kv_len; }
+
+  // The resolved split-K parameters.
+  uint32_t n_groups() const { return n_groups_; }
+  uint32_t min_chunk() const { return min_chunk_; }
+  uint32_t tile() const { return tile_; }
+  uint32_t heads_per_group() const { return heads_per_group_; }
+  // Chunks used at a context of kv_len positions (same rule as the kernels).
+  uint32_t num_chunks(uint32_t kv_len) const;
+
+ private:
+  const Pipeline* partial_ = nullptr;
+  const Pipeline* merge_ = nullptr;
+  AttentionShape shape_;
+  uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
+  uint32_t profile_kv_len_ = 0;
+};
+
+// Per-head matvecs of the factored MLA path (D3', D7'): y_h = W_h x_h for all heads in one
+// dispatch (one per row chunk where a binding must be split), W = n_head stacked
+// (w.rows / n_head) x w.cols matrices of any readable type (SPLIT1 or plain), f32 accumulation.
+struct AbsorbOp {
+  MatrixRef w;             // [n_head * rows_per_head][cols]; head h owns rows h*rows_per_head..
+  uint32_t n_head = 0;
+  BufferSlice x;           // head h's input at float h*x_stride + x_offset (cols values)
+  BufferSlice y;           // head h's output at float h*y_stride + y_offset (rows_per_head values)
+  uint32_t x_stride = 0, x_offset = 0;  // multiples of 4
+  uint32_t y_stride = 0, y_offset = 0;
+  uint32_t copy_n = 0;     // also copy x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i], i < copy_n
+  uint32_t copy_src = 0, copy_dst = 0;
+  std::string label;       // profile label; empty = kernel_name()
+
+  // D3': q_lat_h = Kb_h q_nope_h and q_pe copied: x = q from attn_q_b / attn_q ([H][Dn + Dr]),
+  // y = the attention query ([H][R + Dr], q_pe unroped). k_b: attn_k_b as H*R rows x Dn.
+  static AbsorbOp query(const MatrixRef& k_b, uint32_t n_head, uint32_t n_rot, BufferSlice q_in, BufferSlice q_out);
+  // D7': o_h = Vb_h olat_h: x = olat ([H][R]), y = o ([H][Dv]). v_b: attn_v_b as H*Dv rows x R.
+  static AbsorbOp value(const MatrixRef& v_b, uint32_t n_head, BufferSlice olat, BufferSlice o);
+
+  uint32_t rows_per_head() const { return n_head ? w.rows / n_head : 0; }
+  // Bytes moved: the weights once, every head's input, the outputs and the copied values.
+  uint64_t bytes() const;
+  // Records the dispatch(es), no barrier. Validates shapes, strides and binding sizes first and
+  // throws Error(Runtime) naming the label and the problem.
+  void record(CommandRecorder& rec) const;
+  // Pipeline name of this variant, e.g. "absorb.q8_0".
+  std::string kernel_name() const;
+};
+
+}  // namespace tessera::vk

@@ -1,0 +1,48 @@
+// Small kernels: RmsNormOp (shaders/rmsnorm.comp) and EmbedOp (shaders/embed.comp).
+// Each op is a plain description; record() adds its dispatch(es) to a recording (no barrier),
+// bytes() is what it moves, for the profiler.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+
+namespace tessera::vk {
+
+// For t < rows: y[y_offset + t*y_stride + i] = weight[i] * x[x_offset + t*x_stride + i] / rms,
+// rms = sqrt(mean_i(x^2) + eps), i < n. f32. y may be the same memory as x (in place).
+struct RmsNormOp {
+  BufferSlice x;        // f32
+  BufferSlice weight;   // f32 [n]
+  BufferSlice y;        // f32
+  uint32_t n = 0;       // elements per row
+  uint32_t rows = 1;
+  uint32_t x_stride = 0, y_stride = 0;  // floats between rows; 0 = n
+  uint32_t x_offset = 0, y_offset = 0;  // floats
+  float eps = 1e-6f;
+  std::string label = "rmsnorm";
+
+  uint64_t bytes() const;  // x read, weight read, y written
+  void record(CommandRecorder& rec) const;
+};
+
+// Embedding lookup: out[out_offset + t*out_stride + k] = table row ids[id_offset + t], element k,
+// for t < n_tokens, k < table.cols. Ids are read on the GPU (a recording is reused across tokens
+// by changing the ids buffer). An id >= table.rows produces a row of zeros.
+struct EmbedOp {
+  MatrixRef table;      // token_embd [n_vocab][n_embd], SPLIT1 or plain
+  BufferSlice ids;      // uint32 token ids
+  BufferSlice out;      // f32
+  uint32_t id_offset = 0;   // index in ids of token 0
+  uint32_t n_tokens = 1;
+  uint32_t out_offset = 0;  // floats
+  uint32_t out_stride = 0;  // floats between token rows; 0 = table.cols
+  std::string label;        // empty = "embed.<type>"
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
+
+  uint64_t bytes() const;  // per token: one table row, the id, the output row
+  void record(CommandRecorder& rec) const;
+};
+
+}  // namespace tessera::vk

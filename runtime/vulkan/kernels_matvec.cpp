@@ -1,0 +1,99 @@
+#include "runtime/vulkan/kernels_matvec.h"
+
+#include "format/error.h"
+#include "shaders/kernel_args.h"
+
+namespace tessera::vk {
+namespace {
+
+constexpr uint32_t kRowsPerWorkgroup = 4;
+constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
+
+struct Variant {
+  bool plain, vec8, norm;
+};
+
+Variant variant_of(const MatvecOp& op) {
+  const bool plain = op.w.layout == WeightLayout::Plain;
+  const uint32_t xs = op.x_stride ? op.x_stride : op.w.cols;
+  const bool x_aligned = op.x_offset % 4 == 0 && (op.batch == 1 || xs % 4 == 0);
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE};
+}
+
+}  // namespace
+
+std::string MatvecOp::kernel_name() const {
+  const Variant v = variant_of(*this);
+  std::string n = cat("matvec.", type_name(w.type));
+  if (batch > 1) n += cat(".b", batch);
+  if (v.vec8) n += ".v8";
+  if (v.norm) n += ".norm";
+  return n;
+}
+
+uint64_t MatvecOp::bytes() const {
+  uint64_t b = w.read_bytes() + uint64_t(batch) * w.cols * 4 + uint64_t(batch) * w.rows * 4;
+  if (accumulate) b += uint64_t(batch) * w.rows * 4;
+  if (norm_weight.buffer != VK_NULL_HANDLE) b += uint64_t(w.cols) * 4;
+  return b;
+}
+
+void MatvecOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string name = kernel_name();
+  const std::string what = label.empty() ? name : label;
+  w.validate(what.c_str());
+  if (batch < 1 || batch > 8) runtime_error(what, ": batch ", batch, " outside 1..8");
+  const Variant v = variant_of(*this);
+  const uint32_t xs = x_stride ? x_stride : w.cols;
+  const uint32_t ys = y_stride ? y_stride : w.rows;
+  if (!v.plain && (x_offset % 4 != 0 || (batch > 1 && xs % 4 != 0)))
+    runtime_error(what, ": x offset ", x_offset, " and stride ", xs, " must be multiples of 4 for block types");
+  if (batch > 1 && (xs < w.cols || ys < w.rows))
+    runtime_error(what, ": strides (x ", xs, ", y ", ys, ") smaller than the vectors (", w.cols, ", ", w.rows, ")");
+  const uint64_t x_need = (uint64_t(x_offset) + uint64_t(batch - 1) * xs + w.cols) * 4;
+  const uint64_t y_need = (uint64_t(batch - 1) * ys + w.rows) * 4;
+  if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
+  if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
+  if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
+    runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
+
+  PipelineLibrary& lib = ctx.pipelines();
+  const bool sg = lib.use_subgroup();
+  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  const uint32_t rows_per_wg = kRowsPerWorkgroup;
+  PipelineDesc desc;
+  desc.name = name;
+  desc.file = "matvec.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                  {"WG_SIZE", std::to_string(tpr * rows_per_wg)},
+                  {"THREADS_PER_ROW", std::to_string(tpr)},
+                  {"NUM_COLS", std::to_string(batch)},
+                  {"NORM_INPUT", v.norm ? "1" : "0"},
+                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"}};
+  desc.num_buffers = v.norm ? 5 : 4;
+  desc.push_bytes = sizeof(gpu::MatvecArgs);
+  desc.full_subgroups = sg;
+  const Pipeline& pipe = lib.get(desc);
+
+  const std::vector<RowChunk> chunks = row_chunks(w, ctx.info(), max_binding_bytes);
+  for (const RowChunk& c : chunks) {
+    gpu::MatvecArgs a{};
+    a.rows = c.rows;
+    a.cols = w.cols;
+    a.row_begin = c.row_begin;
+    a.flags = accumulate ? TS_MATVEC_ACCUMULATE : 0u;
+    a.x_stride = xs;
+    a.y_stride = ys;
+    a.norm_eps = norm_eps;
+    a.x_offset = x_offset;
+    const BufferSlice bufs[5] = {c.q, c.m, x, y, v.norm ? norm_weight : x};
+    const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
+    MatvecOp part = *this;
+    part.w.rows = c.rows;
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, desc.num_buffers), a, g.x, g.y, 1, what,
+                 chunks.size() == 1 ? bytes() : part.bytes());
+  }
+}
+
+}  // namespace tessera::vk

@@ -1,0 +1,45 @@
+// MatvecOp: y = W x (+ y) on the GPU (shaders/matvec.comp).
+//   W: MatrixRef, SPLIT1 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K) or plain (F32 F16 BF16);
+//   x, y: f32; f32 accumulation. Any rows; any cols that are a multiple of the type's block.
+// Options: `batch` x vectors at once (weights read once for all; prefill), `accumulate`
+// (y += W x: residual add fused), `norm_weight` (x replaced by RMSNorm(x) * norm_weight: the
+// norm fused into the matvec, each workgroup recomputing sum(x^2)).
+//
+//   vk::MatvecOp op;
+//   op.w = {&weights, offset, GgmlType::Q4_0, vk::WeightLayout::Split1, rows, cols};
+//   op.x = x.whole(); op.y = y.whole();
+//   op.record(rec);            // one dispatch (one per row chunk where bindings must be split)
+//   op.bytes();                // bytes moved, for the profiler
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+
+namespace tessera::vk {
+
+struct MatvecOp {
+  MatrixRef w;                 // W [rows][cols]
+  BufferSlice x;               // x vector c, element k at float x_offset + c * x_stride + k
+  BufferSlice y;               // y vector c, row r at float c * y_stride + r
+  uint32_t batch = 1;          // x vectors, 1..8
+  uint32_t x_offset = 0;       // floats (block types: multiple of 4)
+  uint32_t x_stride = 0;       // floats between x vectors; 0 = cols (block types: multiple of 4)
+  uint32_t y_stride = 0;       // floats between y vectors; 0 = rows
+  bool accumulate = false;     // y += W x
+  BufferSlice norm_weight;     // set (non-null buffer): x := x * norm_weight / rms(x); cols floats
+  float norm_eps = 1e-6f;      // with norm_weight
+  std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
+
+  // Bytes moved: weights once, x (batch vectors), y written (and read when accumulating), norm weight.
+  uint64_t bytes() const;
+  // Records the dispatches (no barrier). Validates shapes, strides and buffer sizes first and
+  // throws Error(Runtime) naming the label and the problem.
+  void record(CommandRecorder& rec) const;
+  // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm".
+  std::string kernel_name() const;
+};
+
+}  // namespace tessera::vk

@@ -1,0 +1,423 @@
+#include "runtime/vulkan/kernels_moe.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "format/error.h"
+#include "shaders/moe_args.h"
+
+namespace tessera::vk {
+namespace {
+
+constexpr uint32_t kSharedThreadsPerRow = 32;  // team width of the shared-memory reduction path
+constexpr uint32_t kTeamsPerWorkgroup = 4;     // subgroups (or teams) per workgroup
+constexpr uint32_t kGateUpOutPerWg = 8;        // gate-up outputs i per workgroup
+constexpr uint32_t kDownRowsPerWg = 8;         // down output rows per workgroup
+constexpr uint32_t kRouterRowsPerWg = 4;       // router rows per workgroup
+
+bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
+uint32_t elem_bytes(GgmlType t) { return t == GgmlType::F32 ? 4 : 2; }
+
+// Bytes a kernel reads to use a whole tile part / matrix once (without alignment padding).
+uint64_t read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
+
+// Threads per row team and workgroup size of the row kernels on this device.
+struct TeamShape {
+  bool subgroup;
+  uint32_t threads_per_row, wg_size;
+};
+TeamShape team_shape(Context& ctx) {
+  const bool sg = ctx.pipelines().use_subgroup();
+  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  return {sg, tpr, tpr * kTeamsPerWorkgroup};
+}
+
+const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* file, GgmlType type, bool vec8,
+                           const char* rows_define, uint32_t rows, uint32_t num_buffers, uint32_t push_bytes) {
+  const TeamShape ts = team_shape(ctx);
+  PipelineDesc desc;
+  desc.name = name;
+  desc.file = file;
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
+                  {"WG_SIZE", std::to_string(ts.wg_size)},
+                  {"THREADS_PER_ROW", std::to_string(ts.threads_per_row)},
+                  {"PLAIN_VEC8", vec8 ? "1" : "0"}};
+  if (rows_define) desc.defines[rows_define] = std::to_string(rows);
+  desc.num_buffers = num_buffers;
+  desc.push_bytes = push_bytes;
+  desc.full_subgroups = ts.subgroup;
+  return ctx.pipelines().get(desc);
+}
+
+void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
+  if (s.buffer == VK_NULL_HANDLE) runtime_error(what, ": binding '", binding, "' is not set");
+  if (s.size < bytes) runtime_error(what, ": binding '", binding, "' has ", s.size, " bytes, needs ", bytes);
+}
+
+// A byte range [offset, offset + bytes) of `buffer`, rounded up to 16 bytes but not past its end.
+BufferSlice weight_slice(const Buffer& buffer, uint64_t offset, uint64_t bytes) {
+  return buffer.slice(offset, std::min<uint64_t>((bytes + 15) / 16 * 16, buffer.size() - offset));
+}
+
+uint64_t binding_limit(Context& ctx, uint64_t max_binding_bytes) {
+  const uint64_t dev = ctx.info().max_storage_buffer_range;
+  return max_binding_bytes ? std::min(max_binding_bytes, dev) : dev;
+}
+
+void check_routing(const MoeRouting& r, uint32_t n_expert, const std::string& what) {
+  if (n_expert == 0 || n_expert > TS_ROUTE_MAX_E)
+    runtime_error(what, ": ", n_expert, " experts; the routing kernels handle 1..", TS_ROUTE_MAX_E);
+  if (r.n_used == 0 || r.n_used > n_expert || r.n_used > TS_ROUTE_MAX_K)
+    runtime_error(what, ": ", r.n_used, " experts used of ", n_expert, "; expected 1..", std::min(n_expert, TS_ROUTE_MAX_K));
+  if (r.gating != GatingFunc::Softmax && r.gating != GatingFunc::Sigmoid)
+    runtime_error(what, ": expert gating function ", uint32_t(r.gating), " is not supported (1 softmax, 2 sigmoid)");
+}
+
+// One dispatch's share of a MoE tile: a binding over routed slots [expert_lo, expert_hi) and/or
+// the shared slot's part, all read with one weight type.
+struct TilePart {
+  BufferSlice w;
+  GgmlType type;
+  bool routed = false, shared = false;
+  uint32_t expert_lo = 0, expert_hi = 0;
+  uint64_t routed_offset = 0;  // from a routed slot's start to the part read
+  uint64_t shared_offset = 0;  // from the binding start
+};
+
+// Splits the tile into parts whose bindings fit `limit`; `down` selects the down parts.
+std::vector<TilePart> tile_parts(const MoeTileRef& t, bool down, uint64_t limit, uint64_t align, const std::string& what) {
+  const MoeTileGeometry& g = t.geometry;
+  if (t.buffer == nullptr) runtime_error(what, ": the tile buffer is not set");
+  if (t.offset % 256 != 0 || t.offset % align != 0)
+    runtime_error(what, ": tile offset ", t.offset, " is not a multiple of 256 and of the descriptor alignment ", align);
+  if (t.offset + g.total_bytes > t.buffer->size())
+    runtime_error(what, ": tile of ", g.total_bytes, " bytes at offset ", t.offset, " overruns buffer '",
+                  t.buffer->name(), "' (", t.buffer->size(), " bytes)");
+  const GgmlType routed_type = down ? g.down_type : g.gateup_type;
+  const GgmlType shared_type = down ? g.shared_down_type : g.shared_gateup_type;
+  const uint64_t routed_offset = down ? g.down_offset : 0;
+  const uint64_t shared_at = down ? g.shared_down_offset : g.shared_gateup_offset;
+  const uint64_t shared_bytes = g.has_shared() ? (down ? g.down(g.n_expert) : g.gateup(g.n_expert)).total_bytes : 0;
+  std::vector<TilePart> parts;
+  if (g.total_bytes <= limit && (!g.has_shared() || shared_type == routed_type)) {
+    TilePart p;
+    p.w = weight_slice(*t.buffer, t.offset, g.total_bytes);
+    p.type = routed_type;
+    p.routed = true;
+    p.shared = g.has_shared();
+    p.expert_lo = 0;
+    p.expert_hi = g.n_expert;
+    p.routed_offset = routed_offset;
+    p.shared_offset = shared_at;
+    parts.push_back(p);
+    return parts;
+  }
+  const uint64_t per = limit / g.slot_stride;
+  if (per == 0) runtime_error(what, ": one expert slot of ", g.slot_stride, " bytes exceeds the binding limit ", limit);
+  for (uint64_t lo = 0; lo < g.n_expert; lo += per) {
+    const uint64_t hi = std::min<uint64_t>(lo + per, g.n_expert);
+    TilePart p;
+    p.w = weight_slice(*t.buffer, t.offset + lo * g.slot_stride, (hi - lo) * g.slot_stride);
+    p.type = routed_type;
+    p.routed = true;
+    p.expert_lo = uint32_t(lo);
+    p.expert_hi = uint32_t(hi);
+    p.routed_offset = routed_offset;
+    parts.push_back(p);
+  }
+  if (g.has_shared()) {
+    if (shared_bytes > limit)
+      runtime_error(what, ": the shared expert's ", down ? "down" : "gate-up", " part (", shared_bytes,
+                    " bytes) exceeds the binding limit ", limit);
+    TilePart p;
+    p.w = weight_slice(*t.buffer, t.offset + shared_at, shared_bytes);
+    p.type = shared_type;
+    p.shared = true;
+    parts.push_back(p);
+  }
+  return parts;
+}
+
+gpu::MoeArgs base_args(const MoeTileGeometry& g, const MoeRouting& r, bool has_bias) {
+  gpu::MoeArgs a{};
+  a.n_embd = uint32_t(g.n_embd);
+  a.n_expert = g.n_expert;
+  a.n_used = r.n_used;
+  a.gating = uint32_t(r.gating);
+  a.flags = (has_bias ? TS_MOE_EXPERT_BIAS : 0u) | (r.norm_weights ? TS_MOE_NORM_WEIGHTS : 0u);
+  a.weights_scale = r.weights_scale;
+  a.h_stride = moe_h_stride(g);
+  a.w_routed = uint32_t(g.w_routed);
+  a.w_shared = uint32_t(g.w_shared);
+  a.slot_stride = uint32_t(g.slot_stride);
+  return a;
+}
+
+void set_part(gpu::MoeArgs& a, const TilePart& p) {
+  a.flags |= (p.routed ? TS_MOE_ROUTED : 0u) | (p.shared ? TS_MOE_SHARED : 0u);
+  a.expert_lo = p.expert_lo;
+  a.expert_hi = p.expert_hi;
+  a.routed_offset = uint32_t(p.routed_offset);
+  a.shared_offset = uint32_t(p.shared_offset);
+}
+
+// Checks shared by the gate-up and the down of a tile; returns the bias binding to use.
+BufferSlice check_moe_common(const MoeTileRef& tile, const MoeRouting& routing, const BufferSlice& logits,
+                             const BufferSlice& bias, const std::string& what) {
+  const MoeTileGeometry& g = tile.geometry;
+  check_routing(routing, g.n_expert, what);
+  if (g.n_embd % 4 != 0 || g.n_embd > 0xFFFFFFu) runtime_error(what, ": n_embd ", g.n_embd, " must be a multiple of 4");
+  if (g.total_bytes >= (uint64_t(1) << 32)) runtime_error(what, ": tile of ", g.total_bytes, " bytes exceeds 4 GiB");
+  need(logits, uint64_t(g.n_expert) * 4, what, "logits");
+  if (bias.buffer != VK_NULL_HANDLE) need(bias, uint64_t(g.n_expert) * 4, what, "bias");
+  return bias.buffer != VK_NULL_HANDLE ? bias : logits;
+}
+
+}  // namespace
+
+MoeRouting MoeRouting::from_config(const ModelConfig& c) {
+  return {c.n_expert_used, c.gating, c.expert_weights_norm, c.expert_weights_scale};
+}
+
+uint32_t moe_h_stride(const MoeTileGeometry& g) {
+  return uint32_t((std::max(g.w_routed, g.w_shared) + 3) / 4 * 4);
+}
+
+uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used) {
+  return uint64_t(n_used + (g.has_shared() ? 1 : 0)) * moe_h_stride(g);
+}
+
+// ---------------------------------------------------------------------------------------------
+// RouterOp
+
+uint64_t RouterOp::bytes() const {
+  return w.read_bytes() + uint64_t(w.cols) * 4 * 3 + uint64_t(w.rows) * 4;
+}
+
+void RouterOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string name = cat("router.", type_name(w.type));
+  const std::string what = label.empty() ? name : label;
+  w.validate(what.c_str());
+  if (w.layout != WeightLayout::Plain) runtime_error(what, ": the router weight must be a plain F32/F16/BF16 matrix");
+  if (w.rows == 0 || w.rows > TS_ROUTE_MAX_E) runtime_error(what, ": ", w.rows, " experts; expected 1..", TS_ROUTE_MAX_E);
+  if (w.offset % elem_bytes(w.type) != 0) runtime_error(what, ": weight offset ", w.offset, " is not element aligned");
+  need(x, uint64_t(w.cols) * 4, what, "x");
+  need(norm_weight, uint64_t(w.cols) * 4, what, "norm_weight");
+  need(logits, uint64_t(w.rows) * 4, what, "logits");
+  need(h2, uint64_t(w.cols) * 4, what, "h2");
+  const uint64_t wbytes = w.bytes();
+  if (wbytes > ctx.info().max_storage_buffer_range)
+    runtime_error(what, ": router weight of ", wbytes, " bytes exceeds the binding limit");
+
+  const TeamShape ts = team_shape(ctx);
+  const uint32_t rows_per_wg = ts.subgroup ? kTeamsPerWorkgroup : kRouterRowsPerWg;
+  PipelineDesc desc;
+  desc.name = name;
+  desc.file = "router.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                  {"WG_SIZE", std::to_string(ts.threads_per_row * rows_per_wg)},
+                  {"THREADS_PER_ROW", std::to_string(ts.threads_per_row)}};
+  desc.num_buffers = 5;
+  desc.push_bytes = sizeof(gpu::RouterArgs);
+  desc.full_subgroups = ts.subgroup;
+  const Pipeline& pipe = ctx.pipelines().get(desc);
+
+  gpu::RouterArgs a{};
+  a.n_embd = w.cols;
+  a.n_expert = w.rows;
+  a.eps = eps;
+  const BufferSlice bufs[5] = {weight_slice(*w.buffer, w.offset, wbytes), x, norm_weight, logits, h2};
+  const uint32_t groups = (w.rows + rows_per_wg - 1) / rows_per_wg;
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoeGateUpOp
+
+uint64_t MoeGateUpOp::bytes() const {
+  const MoeTileGeometry& g = tile.geometry;
+  uint64_t b = uint64_t(routing.n_used) * read_bytes(g.gateup(0));
+  if (g.has_shared()) b += read_bytes(g.gateup(g.n_expert));
+  b += g.n_embd * 4 + uint64_t(g.n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1);
+  b += (uint64_t(routing.n_used) * g.w_routed + g.w_shared) * 4;
+  return b;
+}
+
+void MoeGateUpOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const MoeTileGeometry& g = tile.geometry;
+  const std::string name = cat("moe_gateup.", type_name(g.gateup_type));
+  const std::string what = label.empty() ? name : label;
+  const BufferSlice bias_b = check_moe_common(tile, routing, logits, bias, what);
+  need(h2, g.n_embd * 4, what, "h2");
+  need(h, moe_h_floats(g, routing.n_used) * 4, what, "h");
+  if (route_out.buffer != VK_NULL_HANDLE) need(route_out, uint64_t(routing.n_used) * 8, what, "route_out");
+
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
+  const uint32_t groups_routed = uint32_t((g.w_routed + kGateUpOutPerWg - 1) / kGateUpOutPerWg);
+  const uint32_t groups_shared = uint32_t((g.w_shared + kGateUpOutPerWg - 1) / kGateUpOutPerWg);
+  bool route_written = false;
+  for (const TilePart& p : parts) {
+    const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
+    const std::string pname = cat("moe_gateup.", type_name(p.type), vec8 ? ".v8" : "");
+    const Pipeline& pipe = row_kernel(ctx, pname, "moe_gateup.comp", p.type, vec8, "OUT_PER_WG", kGateUpOutPerWg, 7,
+                                      sizeof(gpu::MoeArgs));
+    gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
+    set_part(a, p);
+    a.groups_routed = groups_routed;
+    if (p.routed && route_out.buffer != VK_NULL_HANDLE && !route_written) {
+      a.flags |= TS_MOE_WRITE_ROUTE;
+      route_written = true;
+    }
+    const uint64_t n_groups = (p.routed ? uint64_t(routing.n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
+    const BufferSlice route_b = route_out.buffer != VK_NULL_HANDLE ? route_out : h;
+    const BufferSlice bufs[7] = {p.w, h2, h2, logits, bias_b, h, route_b};
+    const GroupCounts gc = split_workgroups(n_groups, ctx.info());
+    uint64_t part_bytes = bytes();
+    if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
+      part_bytes = p.routed ? uint64_t(routing.n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
+                            : read_bytes(g.gateup(g.n_expert));
+    }
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, part_bytes);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoeDownOp
+
+uint64_t MoeDownOp::bytes() const {
+  const MoeTileGeometry& g = tile.geometry;
+  uint64_t b = uint64_t(routing.n_used) * read_bytes(g.down(0));
+  if (g.has_shared()) b += read_bytes(g.down(g.n_expert));
+  b += (uint64_t(routing.n_used) * g.w_routed + g.w_shared) * 4;
+  b += uint64_t(g.n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1) + g.n_embd * 8;
+  return b;
+}
+
+void MoeDownOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const MoeTileGeometry& g = tile.geometry;
+  const std::string name = cat("moe_down.", type_name(g.down_type));
+  const std::string what = label.empty() ? name : label;
+  const BufferSlice bias_b = check_moe_common(tile, routing, logits, bias, what);
+  need(h, moe_h_floats(g, routing.n_used) * 4, what, "h");
+  need(x, g.n_embd * 4, what, "x");
+
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
+  const uint32_t groups = uint32_t((g.n_embd + kDownRowsPerWg - 1) / kDownRowsPerWg);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TilePart& p = parts[i];
+    const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
+    const std::string pname = cat("moe_down.", type_name(p.type), vec8 ? ".v8" : "");
+    const Pipeline& pipe = row_kernel(ctx, pname, "moe_down.comp", p.type, vec8, "ROWS_PER_WG", kDownRowsPerWg, 5,
+                                      sizeof(gpu::MoeArgs));
+    gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
+    set_part(a, p);
+    const BufferSlice bufs[5] = {p.w, h, x, logits, bias_b};
+    uint64_t part_bytes = bytes();
+    if (parts.size() > 1) {
+      part_bytes = p.routed ? uint64_t(routing.n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
+                            : read_bytes(g.down(g.n_expert));
+      part_bytes += g.n_embd * 8;
+    }
+    if (i > 0) rec.barrier();  // every part adds into x
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, part_bytes);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Dense FFN
+
+namespace {
+
+// The gate-up / down kernels' view of a dense matrix: plain or SPLIT1, element aligned.
+void check_dense_matrix(const MatrixRef& m, const char* which, const std::string& what) {
+  m.validate(cat(what, " ", which).c_str());
+  if (m.layout == WeightLayout::Plain ? !is_plain(m.type) : !split1_supported(m.type))
+    runtime_error(what, ": ", which, " has type ", type_name(m.type), " in a layout the FFN kernels do not read");
+}
+
+}  // namespace
+
+uint64_t DenseGateUpOp::bytes() const {
+  return gate.read_bytes() + up.read_bytes() + uint64_t(gate.cols) * 8 + uint64_t(gate.rows) * 4;
+}
+
+void DenseGateUpOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string name = cat("dense_gateup.", type_name(gate.type));
+  const std::string what = label.empty() ? name : label;
+  check_dense_matrix(gate, "gate", what);
+  check_dense_matrix(up, "up", what);
+  if (gate.buffer != up.buffer || gate.type != up.type || gate.layout != up.layout || gate.rows != up.rows ||
+      gate.cols != up.cols)
+    runtime_error(what, ": gate (", type_name(gate.type), " ", gate.rows, "x", gate.cols, ") and up (", type_name(up.type),
+                  " ", up.rows, "x", up.cols, ") must have one type, shape and buffer");
+  if (gate.cols % 4 != 0) runtime_error(what, ": n_embd ", gate.cols, " must be a multiple of 4");
+  need(x, uint64_t(gate.cols) * 4, what, "x");
+  need(norm_weight, uint64_t(gate.cols) * 4, what, "norm_weight");
+  need(h, uint64_t(gate.rows) * 4, what, "h");
+
+  // One binding over both matrices, starting at the first one.
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  const uint64_t start = std::min(gate.offset, up.offset) / align * align;
+  const uint64_t end = std::max(gate.offset + gate.bytes(), up.offset + up.bytes());
+  if (end - start > ctx.info().max_storage_buffer_range)
+    runtime_error(what, ": gate and up span ", end - start, " bytes of buffer '", gate.buffer->name(),
+                  "', more than one binding can hold (", ctx.info().max_storage_buffer_range, ")");
+  const uint64_t gate_at = gate.offset - start, up_at = up.offset - start;
+  const bool plain = gate.layout == WeightLayout::Plain;
+  if (plain ? (gate_at % elem_bytes(gate.type) != 0 || up_at % elem_bytes(gate.type) != 0)
+            : (gate_at % 256 != 0 || up_at % 256 != 0))
+    runtime_error(what, ": gate/up offsets ", gate.offset, "/", up.offset, " are not ",
+                  plain ? "element" : "256-byte", " aligned relative to each other");
+  const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
+                    up_at % (8 * elem_bytes(gate.type)) == 0;
+  const std::string pname = cat("moe_gateup.", type_name(gate.type), vec8 ? ".v8" : "");
+  const Pipeline& pipe = row_kernel(ctx, pname, "moe_gateup.comp", gate.type, vec8, "OUT_PER_WG", kGateUpOutPerWg, 7,
+                                    sizeof(gpu::MoeArgs));
+  gpu::MoeArgs a{};
+  a.n_embd = gate.cols;
+  a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | TS_MOE_NORM_INPUT;
+  a.norm_eps = eps;
+  a.h_stride = (gate.rows + 3) / 4 * 4;
+  a.w_shared = gate.rows;
+  a.shared_offset = uint32_t(gate_at);
+  a.shared_up_offset = uint32_t(up_at);
+  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm_weight, x, x, h, h};
+  const GroupCounts gc = split_workgroups((gate.rows + kGateUpOutPerWg - 1) / kGateUpOutPerWg, ctx.info());
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
+}
+
+uint64_t DenseDownOp::bytes() const { return down.read_bytes() + uint64_t(down.cols) * 4 + uint64_t(down.rows) * 8; }
+
+void DenseDownOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string name = cat("dense_down.", type_name(down.type));
+  const std::string what = label.empty() ? name : label;
+  check_dense_matrix(down, "down", what);
+  if (down.cols % 4 != 0) runtime_error(what, ": FFN width ", down.cols, " must be a multiple of 4");
+  need(h, uint64_t(down.cols) * 4, what, "h");
+  need(x, uint64_t(down.rows) * 4, what, "x");
+  if (down.bytes() > ctx.info().max_storage_buffer_range)
+    runtime_error(what, ": down matrix of ", down.bytes(), " bytes exceeds the binding limit ",
+                  ctx.info().max_storage_buffer_range);
+  const bool plain = down.layout == WeightLayout::Plain;
+  const bool vec8 = plain && down.cols % 8 == 0;
+  const std::string pname = cat("moe_down.", type_name(down.type), vec8 ? ".v8" : "");
+  const Pipeline& pipe = row_kernel(ctx, pname, "moe_down.comp", down.type, vec8, "ROWS_PER_WG", kDownRowsPerWg, 5,
+                                    sizeof(gpu::MoeArgs));
+  gpu::MoeArgs a{};
+  a.n_embd = down.rows;
+  a.flags = TS_MOE_SHARED;
+  a.h_stride = (down.cols + 3) / 4 * 4;
+  a.w_shared = down.cols;
+  const BufferSlice bufs[5] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, x, x};
+  const uint32_t groups = (down.rows + kDownRowsPerWg - 1) / kDownRowsPerWg;
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, bytes());
+}
+
+}  // namespace tessera::vk

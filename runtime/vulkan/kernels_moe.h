@@ -1,0 +1,160 @@
+// Router and feed-forward kernels of a decoder block (briefs/decode_plan.md D8-D10 and the dense
+// layer; math: shared/spec/forward.md §5). Expert weights are read straight from a MOE_TILE1 tile
+// (docs/FORMAT.md §6.3, format/tsr_layout.h MoeTileGeometry). Every op is a plain description:
+// record() adds its dispatch(es) to a recording, bytes() is what one call moves (the profiler's
+// GB/s). Routing runs on the GPU inside the expert kernels: no host round trip, no gather copy.
+//
+// API — one MoE block (the decode graph records this once per block, barriers as shown):
+//
+//   RouterOp router;                       // D8: shaders/router.comp, one dispatch
+//   router.w      = {&weights, off, GgmlType::F32, WeightLayout::Plain, E, n_embd};  // ffn_gate_inp
+//   router.x      = x;          // f32 [n_embd]   residual stream (read)
+//   router.norm_weight = ffn_norm;              // f32 [n_embd]
+//   router.eps    = cfg.rms_eps;
+//   router.logits = logits;     // f32 [E]        out: W_router . h2
+//   router.h2     = h2;         // f32 [n_embd]   out: RMSNorm(x; ffn_norm), read by the gate-up
+//   router.record(rec);  rec.barrier();
+//
+//   MoeGateUpOp gu;                        // D9: shaders/moe_gateup.comp
+//   gu.tile    = {&weights, tile_offset, tile_geometry};   // blk.L.ffn_moe_tile
+//   gu.routing = MoeRouting::from_config(cfg);
+//   gu.h2 = h2; gu.logits = logits; gu.bias = exp_probs_b;  // bias: f32 [E], or {} when absent
+//   gu.h  = h;             // f32 [moe_h_floats(g, K)]: slot k < K at k*h_stride, shared slot at K*h_stride
+//   gu.route_out = route;  // optional uint [2K]: (expert id, f32 weight bits) per routed slot, best first
+//   gu.record(rec);  rec.barrier();
+//
+//   MoeDownOp down;                        // D10: shaders/moe_down.comp
+//   down.tile = gu.tile; down.routing = gu.routing; down.logits = logits; down.bias = exp_probs_b;
+//   down.h = h;  down.x = x;   // x[r] += sum_k w_k down_{e_k}[r] . h[k] + down_shared[r] . h[K]
+//   down.record(rec);  rec.barrier();
+//
+// API — the dense FFN block (layer < leading_dense_block_count): the same kernels, shared-slot only.
+//
+//   DenseGateUpOp dg;  dg.gate = ffn_gate; dg.up = ffn_up;   // MatrixRefs in ONE buffer (one binding)
+//   dg.x = x; dg.norm_weight = ffn_norm; dg.eps = eps; dg.h = h;   // h[i] = silu(gate_i.h2)*(up_i.h2)
+//   dg.record(rec);  rec.barrier();
+//   DenseDownOp dd;  dd.down = ffn_down; dd.h = h; dd.x = x;      // x += W_down . h
+//   dd.record(rec);  rec.barrier();
+//
+// Dispatch counts: the gate-up is one dispatch and the down one dispatch when the tile fits one
+// binding (maxStorageBufferRange: always on a 4 GiB-range GPU) and the shared slot has the routed
+// slots' types. Otherwise the op records several dispatches over slot ranges / per type: gate-up
+// parts need no barrier between them (disjoint outputs); down parts all add into x, so the op
+// records a barrier between consecutive parts (a Q4_K_M DeepSeek-V2-Lite tile, whose routed and
+// shared down types differ, costs one extra barrier per block).
+//
+// Routing (routing.glsl, identical in the gate-up and the down): probs = sigmoid/softmax(logits),
+// top-K of probs + bias (ties: lower expert id), weights = chosen probs, normalized
+// (expert_weights_norm) and scaled (expert_weights_scale unless 0/1). E <= 256, K <= 16.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "format/model_config.h"
+#include "format/tsr_layout.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+
+namespace tessera::vk {
+
+// The routing hyperparameters of a MoE block.
+struct MoeRouting {
+  uint32_t n_used = 0;                     // K experts per token
+  GatingFunc gating = GatingFunc::Softmax;  // Softmax or Sigmoid
+  bool norm_weights = false;               // expert_weights_norm
+  float weights_scale = 0.f;               // expert_weights_scale (applied unless 0 or 1)
+
+  static MoeRouting from_config(const ModelConfig& c);
+};
+
+// Where a MOE_TILE1 tile sits: buffer, byte offset of the tile (a multiple of 256 and of the
+// device's minStorageBufferOffsetAlignment), and its geometry from the .tsr directory.
+struct MoeTileRef {
+  const Buffer* buffer = nullptr;
+  uint64_t offset = 0;
+  MoeTileGeometry geometry;
+};
+
+// Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.
+uint32_t moe_h_stride(const MoeTileGeometry& g);
+// Floats of the h buffer for K routed slots plus the shared slot.
+uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used);
+
+// D8: logits = W_router . RMSNorm(x; norm_weight), and h2 = RMSNorm(x; norm_weight).
+struct RouterOp {
+  MatrixRef w;              // ffn_gate_inp [E][n_embd], plain F32 (F16/BF16 accepted)
+  BufferSlice x;            // f32 [n_embd]
+  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
+  float eps = 1e-6f;
+  BufferSlice logits;       // f32 [E] (out)
+  BufferSlice h2;           // f32 [n_embd] (out)
+  std::string label;        // empty = "router.<type>"
+
+  uint64_t bytes() const;   // weights, x and norm weight read, logits and h2 written
+  // Records one dispatch (no barrier). Throws Error(Runtime) naming the label and the problem
+  // (shape, layout, buffer sizes, E > 256).
+  void record(CommandRecorder& rec) const;
+};
+
+// D9: h[k][i] = silu(gate_{e_k,i} . h2) * (up_{e_k,i} . h2) for the K routed slots, and the same
+// with the shared slot's weights into h[K] (when the tile has one).
+struct MoeGateUpOp {
+  MoeTileRef tile;
+  MoeRouting routing;
+  BufferSlice h2;         // f32 [n_embd] (RouterOp::h2)
+  BufferSlice logits;     // f32 [E] router logits
+  BufferSlice bias;       // f32 [E] exp_probs_b; empty buffer = no bias
+  BufferSlice h;          // f32 [moe_h_floats] (out)
+  BufferSlice route_out;  // uint32 [2K] (out, optional): expert id, weight (f32 bits), best first
+  std::string label;      // empty = "moe_gateup.<type>"
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
+
+  // Bytes of one call: K routed + the shared gate-up matrices, h2, logits, bias, h written.
+  uint64_t bytes() const;
+  // Records the dispatch(es), no barrier at the end. Validates first (Error(Runtime)).
+  void record(CommandRecorder& rec) const;
+};
+
+// D10: x[r] += sum_k w_k (down_{e_k} row r . h[k]) + (down_shared row r . h[K]).
+struct MoeDownOp {
+  MoeTileRef tile;
+  MoeRouting routing;
+  BufferSlice h;       // f32 [moe_h_floats] (MoeGateUpOp::h)
+  BufferSlice logits;  // f32 [E]
+  BufferSlice bias;    // f32 [E] or empty
+  BufferSlice x;       // f32 [n_embd] (in/out)
+  std::string label;   // empty = "moe_down.<type>"
+  uint64_t max_binding_bytes = 0;
+
+  uint64_t bytes() const;  // K routed + shared down matrices, h, logits, bias, x read and written
+  // Records the dispatch(es), with barriers between parts when there are several (see above),
+  // none at the end.
+  void record(CommandRecorder& rec) const;
+};
+
+// Dense FFN gate-up: h[i] = silu(gate_i . xn) * (up_i . xn), xn = RMSNorm(x; norm_weight), i < F.
+struct DenseGateUpOp {
+  MatrixRef gate, up;       // ffn_gate, ffn_up [F][n_embd], same type and layout, same buffer;
+                            // the span covering both must fit one binding
+  BufferSlice x;            // f32 [n_embd]
+  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
+  float eps = 1e-6f;
+  BufferSlice h;            // f32 [F] (out)
+  std::string label;        // empty = "dense_gateup.<type>"
+
+  uint64_t bytes() const;
+  void record(CommandRecorder& rec) const;  // one dispatch, no barrier
+};
+
+// Dense FFN down with the residual add: x += W_down . h.
+struct DenseDownOp {
+  MatrixRef down;  // ffn_down [n_embd][F]
+  BufferSlice h;   // f32 [F]
+  BufferSlice x;   // f32 [n_embd] (in/out)
+  std::string label;  // empty = "dense_down.<type>"
+
+  uint64_t bytes() const;
+  void record(CommandRecorder& rec) const;  // one dispatch, no barrier
+};
+
+}  // namespace tessera::vk

@@ -1,0 +1,142 @@
+#include "runtime/vulkan/pipeline.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "format/error.h"
+#include "runtime/vulkan/vk_common.h"
+
+namespace tessera::vk {
+namespace fs = std::filesystem;
+namespace {
+
+fs::path cache_file(const ShaderCache& shaders) { return shaders.dir() / ("pipelines-" + shaders.device_key() + ".bin"); }
+
+// Pipeline-cache data is accepted only when its header matches this device: drivers are meant
+// to check, but a stale file should never reach one that does not.
+bool header_matches(const std::vector<char>& data, const DeviceInfo& info) {
+  if (data.size() < 16 + VK_UUID_SIZE) return false;
+  uint32_t header[4];
+  std::memcpy(header, data.data(), sizeof header);
+  return header[1] == VK_PIPELINE_CACHE_HEADER_VERSION_ONE && header[2] == info.vendor_id &&
+         header[3] == info.device_id && std::memcmp(data.data() + 16, info.pipeline_cache_uuid.data(), VK_UUID_SIZE) == 0;
+}
+
+}  // namespace
+
+Pipeline::Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv,
+                   VkPipelineCache cache)
+    : device_(device.handle()), num_buffers_(desc.num_buffers), push_bytes_(desc.push_bytes), name_(desc.name) {
+  if (desc.push_bytes % 4 != 0 || desc.push_bytes > device.info().max_push_constants_size)
+    runtime_error("pipeline ", desc.name, ": push-constant size ", desc.push_bytes, " is not a multiple of 4 <= ",
+                  device.info().max_push_constants_size);
+  std::vector<VkDescriptorSetLayoutBinding> bindings(desc.num_buffers);
+  for (uint32_t i = 0; i < desc.num_buffers; ++i) {
+    bindings[i].binding = i;
+    bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
+    bindings[i].descriptorCount = 1;
+    bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
+  }
+  auto dl = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
+  dl.bindingCount = desc.num_buffers;
+  dl.pBindings = bindings.data();
+  check(vkCreateDescriptorSetLayout(device_, &dl, nullptr, &set_layout_), "vkCreateDescriptorSetLayout");
+
+  VkPushConstantRange pc{VK_SHADER_STAGE_COMPUTE_BIT, 0, desc.push_bytes};
+  auto pl = vk_struct<VkPipelineLayoutCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO);
+  pl.setLayoutCount = 1;
+  pl.pSetLayouts = &set_layout_;
+  pl.pushConstantRangeCount = desc.push_bytes ? 1 : 0;
+  pl.pPushConstantRanges = &pc;
+  check(vkCreatePipelineLayout(device_, &pl, nullptr, &layout_), "vkCreatePipelineLayout");
+
+  auto sm = vk_struct<VkShaderModuleCreateInfo>(VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO);
+  sm.codeSize = spirv.size() * 4;
+  sm.pCode = spirv.data();
+  VkShaderModule module = VK_NULL_HANDLE;
+  check(vkCreateShaderModule(device_, &sm, nullptr, &module), "vkCreateShaderModule");
+
+  auto ci = vk_struct<VkComputePipelineCreateInfo>(VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO);
+  ci.stage.sType = VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO;
+  ci.stage.stage = VK_SHADER_STAGE_COMPUTE_BIT;
+  ci.stage.module = module;
+  ci.stage.pName = "main";
+  auto req = vk_struct<VkPipelineShaderStageRequiredSubgroupSizeCreateInfo>(
+      VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_REQUIRED_SUBGROUP_SIZE_CREATE_INFO);
+  const DeviceFeatures& f = device.enabled();
+  if (desc.full_subgroups && f.subgroup_size_control) {
+    req.requiredSubgroupSize = device.info().subgroup_size;
+    ci.stage.pNext = &req;
+    if (f.compute_full_subgroups) ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
+  }
+  ci.layout = layout_;
+  const VkResult r = vkCreateComputePipelines(device_, cache, 1, &ci, nullptr, &pipeline_);
+  vkDestroyShaderModule(device_, module, nullptr);
+  if (r != VK_SUCCESS) runtime_error("Vulkan: creating pipeline ", desc.name, " failed: ", result_name(r));
+}
+
+Pipeline::~Pipeline() {
+  if (pipeline_) vkDestroyPipeline(device_, pipeline_, nullptr);
+  if (layout_) vkDestroyPipelineLayout(device_, layout_, nullptr);
+  if (set_layout_) vkDestroyDescriptorSetLayout(device_, set_layout_, nullptr);
+}
+
+PipelineLibrary::PipelineLibrary(const Device& device, ShaderCache& shaders, bool no_subgroup_ops)
+    : device_(device), shaders_(shaders), no_subgroup_ops_(no_subgroup_ops) {
+  std::vector<char> data;
+  if (std::ifstream in(cache_file(shaders), std::ios::binary); in)
+    data.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  if (!header_matches(data, device.info())) data.clear();
+  auto ci = vk_struct<VkPipelineCacheCreateInfo>(VK_STRUCTURE_TYPE_PIPELINE_CACHE_CREATE_INFO);
+  ci.initialDataSize = data.size();
+  ci.pInitialData = data.empty() ? nullptr : data.data();
+  if (vkCreatePipelineCache(device.handle(), &ci, nullptr, &cache_) != VK_SUCCESS) {
+    ci.initialDataSize = 0;  // a driver that rejects the stored data: start empty
+    ci.pInitialData = nullptr;
+    check(vkCreatePipelineCache(device.handle(), &ci, nullptr, &cache_), "vkCreatePipelineCache");
+  }
+}
+
+PipelineLibrary::~PipelineLibrary() {
+  save();
+  pipelines_.clear();
+  vkDestroyPipelineCache(device_.handle(), cache_, nullptr);
+}
+
+void PipelineLibrary::save() {
+  size_t size = 0;
+  if (vkGetPipelineCacheData(device_.handle(), cache_, &size, nullptr) != VK_SUCCESS || size == 0) return;
+  std::vector<char> data(size);
+  if (vkGetPipelineCacheData(device_.handle(), cache_, &size, data.data()) != VK_SUCCESS) return;
+  ShaderCache::write_file_atomic(cache_file(shaders_), data.data(), size);
+}
+
+ShaderDefines PipelineLibrary::device_defines() const {
+  const DeviceFeatures& f = device_.enabled();
+  return {
+      {"SUBGROUP_SIZE", std::to_string(device_.info().subgroup_size)},
+      {"USE_SUBGROUP", use_subgroup() ? "1" : "0"},
+      {"HAS_FLOAT16", f.shader_float16 ? "1" : "0"},
+      {"HAS_INT8", (f.shader_int8 && f.storage_buffer_8bit) ? "1" : "0"},
+      {"HAS_INT_DOT", f.integer_dot_product ? "1" : "0"},
+  };
+}
+
+const Pipeline& PipelineLibrary::get(const PipelineDesc& desc) {
+  ShaderDefines defines = device_defines();
+  for (const auto& [k, v] : desc.defines) defines[k] = v;
+  std::string key = desc.file;
+  for (const auto& [k, v] : defines) key += cat(";", k, "=", v);
+  key += cat(";nb=", desc.num_buffers, ";pc=", desc.push_bytes, ";fs=", desc.full_subgroups);
+  auto it = pipelines_.find(key);
+  if (it != pipelines_.end()) return *it->second;
+  const std::vector<uint32_t> code = shaders_.spirv(desc.file, defines);
+  auto p = std::make_unique<Pipeline>(device_, desc, code, cache_);
+  const Pipeline& ref = *p;
+  pipelines_.emplace(std::move(key), std::move(p));
+  return ref;
+}
+
+}  // namespace tessera::vk

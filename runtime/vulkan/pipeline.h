@@ -1,0 +1,84 @@
+// Compute pipelines.
+//  - Pipeline owns one VkPipeline with its VkPipelineLayout and VkDescriptorSetLayout:
+//    set 0 = `num_buffers` storage buffers at bindings 0..n-1, plus `push_bytes` of push constants.
+//  - PipelineLibrary owns every Pipeline created on a device (deduplicated by file + defines) and
+//    the VkPipelineCache, loaded from and saved to <cache dir>/pipelines-<device key>.bin.
+//    It adds the device defines to every shader (see device_defines()).
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "runtime/vulkan/device.h"
+#include "runtime/vulkan/shader_cache.h"
+
+namespace tessera::vk {
+
+struct PipelineDesc {
+  std::string name;             // label for profiles/errors, e.g. "matvec.q4_0"
+  std::string file;             // embedded entry file, e.g. "matvec.comp"
+  ShaderDefines defines;        // kernel defines; they override the device defines of the same name
+  uint32_t num_buffers = 0;     // storage buffers at bindings 0..num_buffers-1
+  uint32_t push_bytes = 0;      // push-constant block size (multiple of 4, <= 128)
+  bool full_subgroups = false;  // the kernel indexes subgroups: ask for full subgroups of
+                                // SUBGROUP_SIZE when the device allows fixing it
+};
+
+class Pipeline {
+ public:
+  Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv, VkPipelineCache cache);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  VkPipeline handle() const { return pipeline_; }
+  VkPipelineLayout layout() const { return layout_; }
+  VkDescriptorSetLayout set_layout() const { return set_layout_; }
+  uint32_t num_buffers() const { return num_buffers_; }
+  uint32_t push_bytes() const { return push_bytes_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  VkDevice device_;
+  VkPipeline pipeline_ = VK_NULL_HANDLE;
+  VkPipelineLayout layout_ = VK_NULL_HANDLE;
+  VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
+  uint32_t num_buffers_, push_bytes_;
+  std::string name_;
+};
+
+class PipelineLibrary {
+ public:
+  // no_subgroup_ops: USE_SUBGROUP=0 even where the device has subgroup arithmetic.
+  PipelineLibrary(const Device& device, ShaderCache& shaders, bool no_subgroup_ops = false);
+  ~PipelineLibrary();  // saves the pipeline cache
+  PipelineLibrary(const PipelineLibrary&) = delete;
+  PipelineLibrary& operator=(const PipelineLibrary&) = delete;
+
+  // The pipeline for desc (created on first request: SPIR-V from the ShaderCache, then
+  // vkCreateComputePipelines through the pipeline cache). The reference stays valid for the
+  // library's lifetime.
+  const Pipeline& get(const PipelineDesc& desc);
+
+  // Defines every shader gets: SUBGROUP_SIZE (device subgroup size), USE_SUBGROUP (1 when
+  // subgroup arithmetic works in compute), HAS_FLOAT16, HAS_INT8, HAS_INT_DOT (0/1).
+  // Kernel wrappers read USE_SUBGROUP / SUBGROUP_SIZE from here to size their workgroups.
+  ShaderDefines device_defines() const;
+  // The value of USE_SUBGROUP in device_defines().
+  bool use_subgroup() const { return device_.enabled().subgroup_arithmetic && !no_subgroup_ops_; }
+  // Writes the VkPipelineCache to disk now (also done by the destructor).
+  void save();
+  size_t size() const { return pipelines_.size(); }
+
+ private:
+  const Device& device_;
+  ShaderCache& shaders_;
+  bool no_subgroup_ops_;
+  VkPipelineCache cache_ = VK_NULL_HANDLE;
+  std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
+};
+
+}  // namespace tessera::vk

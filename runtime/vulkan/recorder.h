@@ -1,0 +1,120 @@
+// CommandRecorder: owns one command buffer (and its pool), the descriptor sets of what it records
+// (descriptor pools, reset by begin()), a fence, and optionally a timestamp query pool.
+// Record once (begin, dispatch/barrier/fill/copy..., end), then submit as many times as needed:
+// per-step values live in buffers (written by the host between submissions or by the GPU), never
+// in push constants, so the recording stays valid. Counts dispatches and barriers per recording,
+// and with timestamps on, times every dispatch (label + declared bytes -> GB/s in profiles).
+#pragma once
+#include <vulkan/vulkan.h>
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/memory.h"
+
+namespace tessera::vk {
+
+struct RecorderOptions {
+  bool timestamps = false;       // time each dispatch (ignored where the queue has no timestamps)
+  uint32_t max_timed = 4096;     // dispatches timed per recording (later ones are not timed)
+  double fence_timeout_s = 300;  // wait() gives up with Error(Runtime) after this long
+};
+
+struct DispatchInfo {
+  std::string label;    // kernel name, e.g. "matvec.q4_0 blk.3.attn_q_a"
+  uint64_t bytes = 0;   // bytes the kernel moves (declared by the caller)
+  uint32_t groups[3] = {1, 1, 1};
+};
+
+struct DispatchTiming {
+  std::string label;
+  uint64_t bytes = 0;
+  double microseconds = 0;  // from the previous timestamp (end of the previous dispatch) to this end
+};
+
+// Workgroup counts (x, y) for n linear workgroups: x <= maxComputeWorkGroupCount[0], x * y >= n.
+// Shaders recover the linear index with linear_workgroup_id() (common.glsl) and skip ids >= n.
+struct GroupCounts {
+  uint32_t x = 1, y = 1;
+};
+GroupCounts split_workgroups(uint64_t n, const DeviceInfo& info);
+
+class CommandRecorder {
+ public:
+  explicit CommandRecorder(Context& ctx, RecorderOptions options = {});
+  ~CommandRecorder();
+  CommandRecorder(const CommandRecorder&) = delete;
+  CommandRecorder& operator=(const CommandRecorder&) = delete;
+
+  Context& context() { return ctx_; }
+
+  // Starts a new recording (waits for a pending submission, drops the previous recording).
+  void begin();
+  // Records a dispatch of `pipeline` with buffers[i] bound at binding i and `push` as its push
+  // constants (push_size must equal pipeline.push_bytes()). Checks every binding (non-empty, offset
+  // aligned to minStorageBufferOffsetAlignment, size <= maxStorageBufferRange) and the group counts
+  // against the device limits; errors name `label` and the binding.
+  void dispatch(const Pipeline& pipeline, std::span<const BufferSlice> buffers, const void* push, uint32_t push_size,
+                uint32_t groups_x, uint32_t groups_y, uint32_t groups_z, std::string_view label, uint64_t bytes);
+  template <class Args>
+  void dispatch(const Pipeline& pipeline, std::span<const BufferSlice> buffers, const Args& push, uint32_t groups_x,
+                uint32_t groups_y, uint32_t groups_z, std::string_view label, uint64_t bytes) {
+    dispatch(pipeline, buffers, &push, sizeof(Args), groups_x, groups_y, groups_z, label, bytes);
+  }
+  // Like dispatch, group counts read by the GPU from `counts` (3 x uint32, 4-byte aligned).
+  void dispatch_indirect(const Pipeline& pipeline, std::span<const BufferSlice> buffers, const void* push,
+                         uint32_t push_size, BufferSlice counts, std::string_view label, uint64_t bytes);
+  // Memory barrier: all earlier compute/transfer writes are visible to all later compute/transfer
+  // reads and writes. Counted by barrier_count().
+  void barrier();
+  // dst = value repeated (dst.size multiple of 4), dst = src (equal sizes). Follow with barrier()
+  // before a dispatch reads the result.
+  void fill(BufferSlice dst, uint32_t value);
+  void copy(BufferSlice src, BufferSlice dst);
+  // Ends the recording (adds the device -> host visibility barrier).
+  void end();
+
+  // Submits the recording; waits first if the previous submission is still running.
+  void submit();
+  // Waits for the last submission (Error(Runtime) on timeout or device loss).
+  void wait();
+  void run() {
+    submit();
+    wait();
+  }
+
+  uint32_t dispatch_count() const { return static_cast<uint32_t>(dispatches_.size()); }
+  uint32_t barrier_count() const { return barriers_; }
+  const std::vector<DispatchInfo>& dispatches() const { return dispatches_; }
+  bool timing() const { return query_pool_ != VK_NULL_HANDLE; }
+  // Per-dispatch GPU times of the last completed submission (call after wait(); empty when
+  // timestamps are off or unsupported).
+  std::vector<DispatchTiming> timings() const;
+
+ private:
+  void bind(const Pipeline& pipeline, std::span<const BufferSlice> buffers, const void* push, uint32_t push_size,
+            std::string_view label);
+  void after_dispatch(std::string_view label, uint64_t bytes, uint32_t gx, uint32_t gy, uint32_t gz);
+  VkDescriptorSet allocate_set(VkDescriptorSetLayout layout);
+  void require_recording(const char* what) const;
+
+  Context& ctx_;
+  RecorderOptions options_;
+  VkDevice device_;
+  VkCommandPool cmd_pool_ = VK_NULL_HANDLE;
+  VkCommandBuffer cmd_ = VK_NULL_HANDLE;
+  VkFence fence_ = VK_NULL_HANDLE;
+  VkQueryPool query_pool_ = VK_NULL_HANDLE;
+  std::vector<VkDescriptorPool> desc_pools_;
+  size_t desc_pool_cur_ = 0;
+  std::vector<DispatchInfo> dispatches_;
+  uint32_t barriers_ = 0;
+  uint32_t timed_ = 0;  // dispatches with a timestamp in this recording
+  bool recording_ = false, recorded_ = false, pending_ = false;
+};
+
+}  // namespace tessera::vk

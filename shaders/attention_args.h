@@ -1,0 +1,90 @@
+// Push-constant structs and the split-K chunking rule shared by the attention kernels
+// (kv_write.comp, attention_partial.comp, attention_merge.comp, absorb.comp) and their C++
+// wrappers (runtime/vulkan/kernels_attention.h). Valid GLSL and valid C++: uint/float scalars
+// only, every struct a multiple of 16 bytes (std430 push-constant layout == C++ layout).
+#ifndef TESSERA_ATTENTION_ARGS_H
+#define TESSERA_ATTENTION_ARGS_H
+
+#ifdef __cplusplus
+#include <cstdint>
+namespace tessera::gpu {
+using uint = uint32_t;
+#define TS_ATTN_FN inline
+#else
+#define TS_ATTN_FN
+#endif
+
+// kv_write.comp: pos = step[pos_word]; if pos < n_ctx:
+//   cache[pos] = f16([ RMSNorm(kv[0:R]; norm_w, eps) | rope(kv[R:R+Dr], pos) ])
+struct KvWriteArgs {
+  uint pos_word;  // index (in 32-bit words) of the position in the step buffer
+  uint n_ctx;     // rows the bound cache holds; a position >= n_ctx writes nothing
+  float eps;      // RMSNorm epsilon
+  uint pad0;
+};
+
+// attention_partial.comp: kv_len = min(step[pos_word] + 1, n_ctx); the positions [0, kv_len)
+// are cut into chunks (ts_attn_chunk_len); workgroup c < ts_attn_num_chunks handles chunk c and
+// writes its partial (running max m, sum l, unnormalized latent output o) for every head.
+struct AttnPartialArgs {
+  uint pos_word;    // index (in 32-bit words) of the query position in the step buffer
+  uint n_ctx;       // rows the bound cache holds
+  uint n_groups;    // workgroups dispatched (upper bound of the chunk count)
+  uint min_chunk;   // fewest positions per chunk (a multiple of the kernel's TILE)
+  float kq_scale;   // score scale (forward.md section 4)
+  uint pad0, pad1, pad2;
+};
+
+// attention_merge.comp: olat[h*R + r] = sum_c exp(m_c - M) o_c[h][r] / sum_c exp(m_c - M) l_c,
+// over the chunks attention_partial wrote for the same step (same chunking arguments).
+struct AttnMergeArgs {
+  uint pos_word;
+  uint n_ctx;
+  uint n_groups;
+  uint min_chunk;
+};
+
+// absorb.comp: per-head matvec. For the weight rows g in [row_begin, row_begin + n_rows) bound to
+// this dispatch (the whole matrix is n_head*rows rows x cols; head h owns rows h*rows..+rows-1),
+// with h = g / rows, r = g % rows:
+//   y[h*y_stride + y_offset + r] = sum_k W[g][k] * x[h*x_stride + x_offset + k],  k < cols
+// With copy_n > 0 the dispatch whose row_begin is 0 also copies, per head h < n_head,
+// x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i] for i < copy_n (the unroped q_pe
+// values beside q_lat).
+struct AbsorbArgs {
+  uint row_begin;  // first weight row bound to this dispatch
+  uint n_rows;     // weight rows bound to this dispatch
+  uint rows;       // rows per head
+  uint cols;       // contraction length (elements per weight row)
+  uint x_stride;   // floats between consecutive heads' inputs
+  uint x_offset;   // index of head 0's first input value
+  uint y_stride;   // floats between consecutive heads' outputs
+  uint y_offset;   // index of head 0's first output value
+  uint n_head;     // heads (for the copy)
+  uint copy_n;     // values copied per head (0 = none)
+  uint copy_src;   // offset of the copied values within a head's input
+  uint copy_dst;   // offset of the copied values within a head's output
+};
+
+// Positions per chunk for a context of kv_len positions split over at most n_groups workgroups:
+// ceil(kv_len / n_groups) rounded up to a multiple of tile, and at least min_chunk.
+TS_ATTN_FN uint ts_attn_chunk_len(uint kv_len, uint n_groups, uint min_chunk, uint tile) {
+  uint per_group = (kv_len + n_groups - 1u) / n_groups;
+  per_group = (per_group + tile - 1u) / tile * tile;
+  return per_group > min_chunk ? per_group : min_chunk;
+}
+
+// Chunks that hold at least one position (<= n_groups; 0 when kv_len is 0).
+TS_ATTN_FN uint ts_attn_num_chunks(uint kv_len, uint n_groups, uint min_chunk, uint tile) {
+  uint len = ts_attn_chunk_len(kv_len, n_groups, min_chunk, tile);
+  return (kv_len + len - 1u) / len;
+}
+
+#ifdef __cplusplus
+static_assert(sizeof(KvWriteArgs) % 16 == 0 && sizeof(AttnPartialArgs) % 16 == 0);
+static_assert(sizeof(AttnMergeArgs) % 16 == 0 && sizeof(AbsorbArgs) % 16 == 0);
+}  // namespace tessera::gpu
+#endif
+#undef TS_ATTN_FN
+
+#endif  // TESSERA_ATTENTION_ARGS_H

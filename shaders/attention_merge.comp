@@ -1,0 +1,65 @@
+#version 450
+// D6 of the decode step (briefs/decode_plan.md): combine the per-chunk softmax partials of
+// attention_partial.comp into the latent attention output of every head:
+//   M = max_c m_c,  w_c = exp(m_c - M),  olat[h*R + r] = sum_c w_c o_c[h][r] / sum_c w_c l_c
+// The chunk count follows kv_len exactly as in attention_partial.comp (same arguments, same TILE).
+// Workgroup (x = block of WG latent columns, y = head); every workgroup recomputes M and the
+// weights of its head (n_groups <= MAX_GROUPS values) and then owns one column per thread.
+//
+// Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), WG (power of two),
+// MAX_GROUPS (>= n_groups).
+#extension GL_GOOGLE_include_directive : require
+#include "attention_args.h"
+
+layout(local_size_x = WG) in;
+
+// [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
+layout(std430, binding = 0) readonly buffer Partials { float partials[]; };
+layout(std430, binding = 1) readonly buffer Step { uint step_words[]; };
+layout(std430, binding = 2) writeonly buffer Out { float olat[]; };  // N_HEAD x R
+
+layout(push_constant) uniform Push { AttnMergeArgs args; };
+
+shared float weights[MAX_GROUPS];
+shared float reduce_buf[WG];
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint head = gl_WorkGroupID.y;
+  const uint r = gl_WorkGroupID.x * WG + tid;
+  const uint pos = step_words[args.pos_word];
+  const uint kv_len = min(pos + 1, args.n_ctx);
+  const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
+  const uint ml_base = args.n_groups * N_HEAD * KV_LORA;
+
+  float mx = -3.0e38;
+  for (uint c = tid; c < n_chunks; c += WG) mx = max(mx, partials[ml_base + (c * N_HEAD + head) * 2]);
+  reduce_buf[tid] = mx;
+  barrier();
+  for (uint width = WG / 2; width > 0; width /= 2) {
+    if (tid < width) reduce_buf[tid] = max(reduce_buf[tid], reduce_buf[tid + width]);
+    barrier();
+  }
+  const float m_all = reduce_buf[0];
+  barrier();
+
+  float sum = 0.0;
+  for (uint c = tid; c < n_chunks; c += WG) {
+    const uint ml = ml_base + (c * N_HEAD + head) * 2;
+    const float w = exp(partials[ml] - m_all);
+    weights[c] = w;
+    sum += w * partials[ml + 1];
+  }
+  reduce_buf[tid] = sum;
+  barrier();
+  for (uint width = WG / 2; width > 0; width /= 2) {
+    if (tid < width) reduce_buf[tid] += reduce_buf[tid + width];
+    barrier();
+  }
+  const float inv_l = 1.0 / reduce_buf[0];
+
+  if (r >= KV_LORA) return;
+  float o = 0.0;
+  for (uint c = 0; c < n_chunks; ++c) o += weights[c] * partials[(c * N_HEAD + head) * KV_LORA + r];
+  olat[head * KV_LORA + r] = o * inv_l;
+}

@@ -1,0 +1,54 @@
+// Shared by every tessera kernel: extensions, the device defines, workgroup reductions.
+// Include first, right after #version.
+//
+// Defines set by the host for every pipeline (runtime/vulkan/pipeline.cpp, device_defines()):
+//   SUBGROUP_SIZE  the device's subgroup size
+//   USE_SUBGROUP   1 when subgroup arithmetic works in compute shaders (else shared-memory paths)
+//   HAS_FLOAT16, HAS_INT8, HAS_INT_DOT   optional device features (0/1)
+// Kernels define WG_SIZE (threads per workgroup, a power of two) before including this file when
+// they use workgroup_sum().
+#ifndef TESSERA_COMMON_GLSL
+#define TESSERA_COMMON_GLSL
+
+#extension GL_EXT_control_flow_attributes : require
+#if USE_SUBGROUP
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+
+#include "kernel_args.h"
+
+// Linear workgroup index of a dispatch whose group count was split over x and y (the host does
+// that when a count exceeds maxComputeWorkGroupCount[0]).
+uint linear_workgroup_id() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
+
+#ifdef WG_SIZE
+shared float ts_wg_sum[WG_SIZE];
+
+// Sum of v over the whole workgroup, returned to every invocation. Must be reached by all
+// invocations of the workgroup (uniform control flow).
+float workgroup_sum(float v) {
+#if USE_SUBGROUP
+  v = subgroupAdd(v);
+  if (subgroupElect()) ts_wg_sum[gl_SubgroupID] = v;
+  barrier();
+  float s = 0.0;
+  for (uint i = 0; i < gl_NumSubgroups; ++i) s += ts_wg_sum[i];
+  barrier();
+  return s;
+#else
+  const uint lid = gl_LocalInvocationIndex;
+  ts_wg_sum[lid] = v;
+  barrier();
+  [[unroll]] for (uint s = WG_SIZE / 2; s > 0; s >>= 1) {
+    if (lid < s) ts_wg_sum[lid] += ts_wg_sum[lid + s];
+    barrier();
+  }
+  const float r = ts_wg_sum[0];
+  barrier();
+  return r;
+#endif
+}
+#endif  // WG_SIZE
+
+#endif  // TESSERA_COMMON_GLSL

@@ -1,0 +1,84 @@
+// Push-constant structs and constants shared by the GLSL kernels and their C++ wrappers.
+// This file is valid GLSL (included by *.comp through the embedded-file includer) and valid C++
+// (included by runtime/vulkan/*.cpp): only `uint`/`float` scalars, no arrays, no bools, every
+// struct a multiple of 16 bytes so std430 push-constant layout equals the C++ layout.
+#ifndef TESSERA_KERNEL_ARGS_H
+#define TESSERA_KERNEL_ARGS_H
+
+#ifdef __cplusplus
+#include <cstdint>
+namespace tessera::gpu {
+using uint = uint32_t;
+#endif
+
+// Weight layout ids (../briefs/layout.md; the .tsr directory stores the same numbers).
+#define TS_LAYOUT_PLAIN 0      // F32 / F16 / BF16 row-major as in GGUF
+#define TS_LAYOUT_SPLIT1 1     // quant bytes region Q, then (256-aligned) the rest region M
+#define TS_LAYOUT_MOE_TILE1 2  // per MoE layer: routed expert slots + one shared slot
+
+// ggml type ids used as the WTYPE define of weight-reading kernels.
+#define TS_TYPE_F32 0
+#define TS_TYPE_F16 1
+#define TS_TYPE_Q4_0 2
+#define TS_TYPE_Q4_1 3
+#define TS_TYPE_Q5_0 6
+#define TS_TYPE_Q5_1 7
+#define TS_TYPE_Q8_0 8
+#define TS_TYPE_Q4_K 12
+#define TS_TYPE_Q5_K 13
+#define TS_TYPE_Q6_K 14
+#define TS_TYPE_BF16 30
+
+// MatvecArgs.flags bits.
+#define TS_MATVEC_ACCUMULATE 1u  // y += W x instead of y = W x
+
+// matvec.comp: y[c*y_stride + row_begin + r] (+)= sum_k W[r][k] * xn[c*x_stride + k],
+// r < rows (the rows bound in this dispatch), c < NUM_COLS (a define);
+// xn = x, or with NORM_INPUT: x * norm_w * 1/sqrt(mean(x^2) + norm_eps) over k < cols.
+struct MatvecArgs {
+  uint rows;       // rows of W bound to this dispatch (the weight bindings start at row_begin)
+  uint cols;       // K: row length in elements
+  uint row_begin;  // index in y of the first row of this dispatch
+  uint flags;      // TS_MATVEC_* bits
+  uint x_stride;   // floats between consecutive x vectors (batched form)
+  uint y_stride;   // floats between consecutive y vectors (batched form)
+  float norm_eps;  // NORM_INPUT only
+  uint x_offset;   // index in x (floats) of the first x vector
+};
+
+// rmsnorm.comp: for each row t < n_rows:
+//   y[y_offset + t*y_stride + i] = w[i] * x[x_offset + t*x_stride + i] / sqrt(mean_i(x^2) + eps)
+// for i < n. One workgroup per row.
+struct RmsNormArgs {
+  uint n;         // elements per row
+  uint n_rows;    // rows
+  uint x_stride;  // floats between rows of x
+  uint y_stride;  // floats between rows of y
+  uint x_offset;  // index in x of row 0
+  uint y_offset;  // index in y of row 0
+  float eps;
+  uint pad0;
+};
+
+// embed.comp: for t < n_tokens, with id = ids[id_offset + t]:
+//   out[out_offset + t*out_stride + k] = dequant(W row id)[k], k < cols,
+// done only by the dispatch whose bound rows [row_begin, row_begin + rows) contain id
+// (large tables are bound in row ranges that fit maxStorageBufferRange). An id >= n_vocab writes
+// zeros (the dispatch with row_begin 0 does it) so a bad id is visible, never an OOB read.
+struct EmbedArgs {
+  uint rows;        // rows of W bound to this dispatch
+  uint cols;        // row length in elements
+  uint row_begin;   // first table row bound to this dispatch
+  uint n_vocab;     // rows of the whole table
+  uint id_offset;   // index in ids of token 0
+  uint n_tokens;    // tokens
+  uint out_offset;  // index in out of token 0's row
+  uint out_stride;  // floats between token rows of out
+};
+
+#ifdef __cplusplus
+static_assert(sizeof(MatvecArgs) % 16 == 0 && sizeof(RmsNormArgs) % 16 == 0 && sizeof(EmbedArgs) % 16 == 0);
+}  // namespace tessera::gpu
+#endif
+
+#endif  // TESSERA_KERNEL_ARGS_H

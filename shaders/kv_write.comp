@@ -1,0 +1,51 @@
+#version 450
+// D4 of the decode step (briefs/decode_plan.md): append this token's row to one layer's latent
+// KV cache (forward.md section 2.1-2.2):
+//   cache[pos] = f16([ RMSNorm(kv[0:R]; attn_kv_a_norm, eps) | rope(kv[R:R+Dr], pos) ])
+// pos is read from the step buffer (recorded command buffers are reused for every token).
+// One workgroup. The query's rope is NOT done here: attention_partial.comp applies it on load.
+//
+// Defines: KV_LORA (R, even), N_ROT (Dr, even) + the rope.glsl table, WG (workgroup size, power
+// of two).
+#extension GL_GOOGLE_include_directive : require
+#include "attention_args.h"
+#include "rope.glsl"
+
+layout(local_size_x = WG) in;
+
+layout(std430, binding = 0) readonly buffer KvIn { float kv[]; };         // R + Dr
+layout(std430, binding = 1) readonly buffer NormW { float norm_w[]; };    // R
+layout(std430, binding = 2) readonly buffer Step { uint step_words[]; };  // per-token values
+layout(std430, binding = 3) writeonly buffer Cache { uint cache[]; };     // n_ctx x (R+Dr)/2 half pairs
+
+layout(push_constant) uniform Push { KvWriteArgs args; };
+
+const uint kRowWords = (KV_LORA + N_ROT) / 2;
+
+shared float partial_sums[WG];
+
+void main() {
+  const uint tid = gl_LocalInvocationID.x;
+  const uint pos = step_words[args.pos_word];
+
+  float sq = 0.0;
+  for (uint i = tid; i < KV_LORA; i += WG) sq += kv[i] * kv[i];
+  partial_sums[tid] = sq;
+  barrier();
+  for (uint width = WG / 2; width > 0; width /= 2) {
+    if (tid < width) partial_sums[tid] += partial_sums[tid + width];
+    barrier();
+  }
+  if (pos >= args.n_ctx) return;  // uniform: the host refuses a full context before this
+  const float inv_rms = inversesqrt(partial_sums[0] / float(KV_LORA) + args.eps);
+
+  const uint row = pos * kRowWords;
+  for (uint w = tid; w < KV_LORA / 2; w += WG) {
+    const vec2 c = vec2(kv[2 * w], kv[2 * w + 1]) * vec2(norm_w[2 * w], norm_w[2 * w + 1]) * inv_rms;
+    cache[row + w] = packHalf2x16(c);
+  }
+  for (uint k = tid; k < N_ROT / 2; k += WG) {
+    const vec2 pe = vec2(kv[KV_LORA + 2 * k], kv[KV_LORA + 2 * k + 1]);
+    cache[row + KV_LORA / 2 + k] = packHalf2x16(rope_rotate(pe, rope_cos_sin(pos, k)));
+  }
+}

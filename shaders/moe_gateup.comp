@@ -1,0 +1,205 @@
+#version 450
+// MoE gate-up (decode_plan.md D9): for each slot s handled by this dispatch and each row i of
+// its width, h[s*h_stride + i] = silu(gate_i . in) * (up_i . in).
+//   routed slot k < n_used: expert e_k from routing.glsl (recomputed by the workgroup), its
+//     gate-up matrix (2w rows x n_embd, row 2i gate i, row 2i+1 up i) in a MOE_TILE1 slot;
+//   shared slot (h slot n_used): the tile's shared gate-up matrix, or (TS_MOE_SEPARATE_GATE_UP,
+//     the dense FFN) separate gate and up matrices of w_shared rows each.
+//   in = the h2 buffer (RMSNorm(x; ffn_norm) written by the router), or with TS_MOE_NORM_INPUT
+//     RMSNorm(x; norm_w) computed here (dense layers have no router).
+// One pass reads a gate row and its up row together (one input load serves both).
+// Arguments: MoeArgs (moe_args.h). Wrapper: MoeFfnOp / DenseFfnOp (runtime/vulkan/kernels_moe.h).
+//
+// Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
+// OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0).
+// Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
+// [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
+// following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way.
+// Bindings: 0 = weights (tile / slot range / dense span; regions Q and M), 1 = in (h2 or x),
+// 2 = norm weight (TS_MOE_NORM_INPUT), 3 = router logits, 4 = expert bias, 5 = h (out),
+// 6 = route_out (uint pairs (expert, weight bits), TS_MOE_WRITE_ROUTE).
+
+#include "common.glsl"
+#include "moe_args.h"
+
+#define W_Q_BINDING 0
+#define W_M_BINDING 0
+#include "weights.glsl"
+
+layout(local_size_x = WG_SIZE) in;
+
+layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
+layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
+layout(std430, binding = 2) readonly restrict buffer NormBuf { float nw[]; };
+layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
+layout(std430, binding = 3) readonly restrict buffer LogitBuf { float route_logits[]; };
+layout(std430, binding = 4) readonly restrict buffer BiasBuf { float route_bias[]; };
+layout(std430, binding = 5) writeonly restrict buffer HBuf { float h[]; };
+layout(std430, binding = 6) writeonly restrict buffer RouteBuf { uint route_out[]; };
+
+layout(push_constant) uniform Push { MoeArgs args; };
+
+#include "routing.glsl"
+
+bool norm_input() { return (args.flags & TS_MOE_NORM_INPUT) != 0u; }
+
+// Input values k..k+3 (k % 4 == 0), times the norm weight with TS_MOE_NORM_INPUT (1/rms is
+// applied to the finished dot products).
+vec4 in_vec4(uint k) { return norm_input() ? in4[k >> 2] * nw4[k >> 2] : in4[k >> 2]; }
+float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
+
+// A matrix of `rows` x n_embd starting at byte `base` of the weight binding.
+struct Mat {
+  uint qbase;  // SPLIT1: region Q in 16-byte units; plain: first element index
+  uint mbase;  // SPLIT1: region M in 32-bit words
+};
+
+Mat mat_at(uint base, uint rows) {
+#if W_PLAIN
+  return Mat(base / uint(WTYPE == TS_TYPE_F32 ? 4 : 2), 0u);
+#else
+  const uint nb = args.n_embd / W_BLOCK;
+  const uint m_off = (rows * nb * (16u * W_QVEC) + 255u) & ~255u;
+  return Mat(base >> 4, (base + m_off) >> 2);
+#endif
+}
+
+// Partial dot products (x: gate row gr of matrix g, y: up row ur of matrix u) over this lane's
+// share of the row.
+vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
+  const uint n = args.n_embd;
+  vec2 acc = vec2(0.0);
+#if !W_PLAIN
+  const uint nb = n / W_BLOCK;
+  const uint units = nb * W_UNITS;
+  for (uint t = lane; t < units; t += nlanes) {
+    const uint b = t / W_UNITS, j = t % W_UNITS;
+    float glo[16], ghi[16], ulo[16], uhi[16];
+    uint off_lo, off_hi;
+    split1_unit(g.qbase, g.mbase, gr * nb + b, j, glo, ghi, off_lo, off_hi);
+    split1_unit(u.qbase, u.mbase, ur * nb + b, j, ulo, uhi, off_lo, off_hi);
+    const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
+    vec4 sg = vec4(0.0), su = vec4(0.0);
+    [[unroll]] for (uint q = 0; q < 4; ++q) {
+      const vec4 xl = in_vec4(k_lo + 4 * q), xh = in_vec4(k_hi + 4 * q);
+      sg += vec4(glo[4 * q], glo[4 * q + 1], glo[4 * q + 2], glo[4 * q + 3]) * xl;
+      sg += vec4(ghi[4 * q], ghi[4 * q + 1], ghi[4 * q + 2], ghi[4 * q + 3]) * xh;
+      su += vec4(ulo[4 * q], ulo[4 * q + 1], ulo[4 * q + 2], ulo[4 * q + 3]) * xl;
+      su += vec4(uhi[4 * q], uhi[4 * q + 1], uhi[4 * q + 2], uhi[4 * q + 3]) * xh;
+    }
+    acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+  }
+#elif PLAIN_VEC8
+  const uint groups = n / 8u;
+  const uint g0 = (g.qbase >> 3) + gr * groups, u0 = (u.qbase >> 3) + ur * groups;
+  for (uint t = lane; t < groups; t += nlanes) {
+    float gv[8], uv[8];
+    plain_vec8(g0 + t, gv);
+    plain_vec8(u0 + t, uv);
+    const vec4 x0 = in_vec4(8u * t), x1 = in_vec4(8u * t + 4u);
+    const vec4 sg = vec4(gv[0], gv[1], gv[2], gv[3]) * x0 + vec4(gv[4], gv[5], gv[6], gv[7]) * x1;
+    const vec4 su = vec4(uv[0], uv[1], uv[2], uv[3]) * x0 + vec4(uv[4], uv[5], uv[6], uv[7]) * x1;
+    acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+  }
+#else
+  const uint e_g = g.qbase + gr * n, e_u = u.qbase + ur * n;
+  for (uint k = lane; k < n; k += nlanes) {
+    const float xv = in_value(k);
+    acc += vec2(plain_value(e_g + k), plain_value(e_u + k)) * xv;
+  }
+#endif
+  return acc;
+}
+
+float silu(float z) { return z / (1.0 + exp(-z)); }
+
+#if !USE_SUBGROUP
+shared vec2 row_partial[WG_SIZE];
+#endif
+
+void main() {
+  // 1/rms of the input (dense FFN path); uniform control flow, before any early exit.
+  float scale = 1.0;
+  if (norm_input()) {
+    float ss = 0.0;
+    for (uint k = gl_LocalInvocationIndex; k < args.n_embd; k += WG_SIZE) ss += in_v[k] * in_v[k];
+    scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
+  }
+
+  // Which slot and rows this workgroup does (uniform per workgroup).
+  const uint wg = linear_workgroup_id();
+  const bool do_routed = (args.flags & TS_MOE_ROUTED) != 0u;
+  const uint routed_groups = do_routed ? args.n_used * args.groups_routed : 0u;
+  const bool routed = wg < routed_groups;
+  uint slot, tile, width;
+  if (routed) {
+    slot = wg / args.groups_routed;
+    tile = wg % args.groups_routed;
+    width = args.w_routed;
+  } else {
+    if ((args.flags & TS_MOE_SHARED) == 0u) return;
+    slot = args.n_used;
+    tile = wg - routed_groups;
+    width = args.w_shared;
+  }
+
+  Mat gmat, umat;
+  uint gate_mul, up_add;  // gate row = gate_mul * i, up row = gate_mul * i + up_add
+  if (routed) {
+    route_compute(args.n_expert, args.n_used, args.gating, args.flags, args.weights_scale);
+    if (wg == 0u && (args.flags & TS_MOE_WRITE_ROUTE) != 0u && gl_LocalInvocationIndex < args.n_used) {
+      const uint k = gl_LocalInvocationIndex;
+      route_out[2u * k] = route_expert(k);
+      route_out[2u * k + 1u] = floatBitsToUint(route_weight(k));
+    }
+    const uint e = route_expert(slot);
+    if (e < args.expert_lo || e >= args.expert_hi) return;  // this expert's slot is bound elsewhere
+    gmat = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, 2u * width);
+    umat = gmat;
+    gate_mul = 2u;
+    up_add = 1u;
+  } else if ((args.flags & TS_MOE_SEPARATE_GATE_UP) != 0u) {
+    gmat = mat_at(args.shared_offset, width);
+    umat = mat_at(args.shared_up_offset, width);
+    gate_mul = 1u;
+    up_add = 0u;
+  } else {
+    gmat = mat_at(args.shared_offset, 2u * width);
+    umat = gmat;
+    gate_mul = 2u;
+    up_add = 1u;
+  }
+
+  const uint i0 = tile * OUT_PER_WG;
+  if (i0 >= width) return;
+  const uint i_end = min(i0 + OUT_PER_WG, width);
+  const uint hbase = slot * args.h_stride;
+
+#if USE_SUBGROUP
+  for (uint i = i0 + gl_SubgroupID; i < i_end; i += gl_NumSubgroups) {
+    vec2 acc = pair_dot(gmat, gate_mul * i, umat, gate_mul * i + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
+    acc = subgroupAdd(acc) * scale;
+    if (subgroupElect()) h[hbase + i] = silu(acc.x) * acc.y;
+  }
+#else
+  // THREADS_PER_ROW invocations per output, WG_SIZE / THREADS_PER_ROW outputs at a time.
+  const uint lid = gl_LocalInvocationIndex;
+  const uint lane = lid % THREADS_PER_ROW;
+  for (uint ib = i0; ib < i_end; ib += WG_SIZE / THREADS_PER_ROW) {
+    const uint i = ib + lid / THREADS_PER_ROW;
+    vec2 acc = vec2(0.0);
+    if (i < i_end) acc = pair_dot(gmat, gate_mul * i, umat, gate_mul * i + up_add, lane, THREADS_PER_ROW);
+    row_partial[lid] = acc;
+    barrier();
+    [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
+      if (lane < s) row_partial[lid] += row_partial[lid + s];
+      barrier();
+    }
+    if (lane == 0 && i < i_end) {
+      const vec2 r = row_partial[lid] * scale;
+      h[hbase + i] = silu(r.x) * r.y;
+    }
+    barrier();
+  }
+#endif
+}

@@ -1,0 +1,224 @@
+// Reading weight matrices: SPLIT1 block types and plain F32/F16/BF16 rows
+// (layout: ../briefs/layout.md, docs/FORMAT.md; block math: ../shared/spec/gguf.md section 7).
+//
+// The including kernel defines, before #include "weights.glsl":
+//   WTYPE        ggml type id (TS_TYPE_* in kernel_args.h)
+//   W_Q_BINDING  binding of the quant region Q (plain types: the matrix itself)
+//   W_M_BINDING  binding of the rest region M (plain types: unused, bind anything)
+// Both regions may be one buffer bound twice (a MoE tile): pass the regions' start positions as
+// qbase (in 16-byte units from the Q binding start) and mbase (in 32-bit words from the M
+// binding start).
+//
+// SPLIT1 decoding works in "units" of 32 values: W_UNITS units per block; unit j of block
+// `entry` (= row * blocks_per_row + block, counted from the matrix start) yields two runs of 16
+// consecutive elements of the block: lo[i] = element off_lo + i, hi[i] = element off_hi + i.
+#ifndef TESSERA_WEIGHTS_GLSL
+#define TESSERA_WEIGHTS_GLSL
+
+#include "kernel_args.h"
+
+#if WTYPE == TS_TYPE_F32 || WTYPE == TS_TYPE_F16 || WTYPE == TS_TYPE_BF16
+#define W_PLAIN 1
+#else
+#define W_PLAIN 0
+#endif
+
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q4_1 || WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+#define W_BLOCK 32  // elements per block
+#define W_UNITS 1   // 32-value units per block
+#define W_QVEC 1    // 16-byte vectors of quant bytes per block
+#elif WTYPE == TS_TYPE_Q8_0
+#define W_BLOCK 32
+#define W_UNITS 1
+#define W_QVEC 2
+#elif WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K || WTYPE == TS_TYPE_Q6_K
+#define W_BLOCK 256
+#define W_UNITS 8
+#define W_QVEC 8
+#elif !W_PLAIN
+#error "weights.glsl: unsupported WTYPE"
+#endif
+
+layout(std430, binding = W_Q_BINDING) readonly restrict buffer WeightQ { uvec4 w_q[]; };
+layout(std430, binding = W_Q_BINDING) readonly restrict buffer WeightWords { uint w_words[]; };
+layout(std430, binding = W_M_BINDING) readonly restrict buffer WeightM { uint w_m[]; };
+
+// Byte i (0..15) of a 16-byte vector.
+uint byte_of(uvec4 v, uint i) { return (v[i >> 2] >> ((i & 3u) * 8u)) & 0xFFu; }
+
+// 16-bit value number `idx` of region M (little-endian u16 array view).
+uint m_u16(uint mbase, uint idx) { return (w_m[mbase + (idx >> 1)] >> ((idx & 1u) * 16u)) & 0xFFFFu; }
+float m_half(uint mbase, uint idx) { return unpackHalf2x16(m_u16(mbase, idx)).x; }
+// Byte `idx` of region M.
+uint m_u8(uint mbase, uint idx) { return (w_m[mbase + (idx >> 2)] >> ((idx & 3u) * 8u)) & 0xFFu; }
+
+#if WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
+// 6-bit scale and min of sub-block j (0..7) from the 12 packed bytes s[0..11] (gguf.md section 7.7),
+// given as three little-endian words.
+vec2 kquant_scale_min(uvec3 s, uint j) {
+#define SB(k) ((s[(k) >> 2] >> (((k) & 3u) * 8u)) & 0xFFu)
+  uint sc, mn;
+  if (j < 4) {
+    sc = SB(j) & 63u;
+    mn = SB(j + 4) & 63u;
+  } else {
+    sc = (SB(j + 4) & 0xFu) | ((SB(j - 4) >> 6) << 4);
+    mn = (SB(j + 4) >> 4) | ((SB(j) >> 6) << 4);
+  }
+#undef SB
+  return vec2(float(sc), float(mn));
+}
+#endif
+
+#if !W_PLAIN
+void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], out float hi[16], out uint off_lo,
+                 out uint off_hi) {
+#if WTYPE == TS_TYPE_Q4_0
+  const uvec4 q = w_q[qbase + entry];
+  const float d = m_half(mbase, entry);
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    const uint b = byte_of(q, i);
+    lo[i] = (float(b & 15u) - 8.0) * d;
+    hi[i] = (float(b >> 4) - 8.0) * d;
+  }
+  off_lo = 0;
+  off_hi = 16;
+#elif WTYPE == TS_TYPE_Q4_1
+  const uvec4 q = w_q[qbase + entry];
+  const vec2 dm = unpackHalf2x16(w_m[mbase + entry]);
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    const uint b = byte_of(q, i);
+    lo[i] = float(b & 15u) * dm.x + dm.y;
+    hi[i] = float(b >> 4) * dm.x + dm.y;
+  }
+  off_lo = 0;
+  off_hi = 16;
+#elif WTYPE == TS_TYPE_Q5_0
+  const uvec4 q = w_q[qbase + entry];
+  const float d = m_half(mbase, 3u * entry);
+  const uint qh = m_u16(mbase, 3u * entry + 1u) | (m_u16(mbase, 3u * entry + 2u) << 16);
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    const uint b = byte_of(q, i);
+    lo[i] = (float((b & 15u) | (((qh >> i) & 1u) << 4)) - 16.0) * d;
+    hi[i] = (float((b >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16.0) * d;
+  }
+  off_lo = 0;
+  off_hi = 16;
+#elif WTYPE == TS_TYPE_Q5_1
+  const uvec4 q = w_q[qbase + entry];
+  const vec2 dm = unpackHalf2x16(w_m[mbase + 2u * entry]);
+  const uint qh = w_m[mbase + 2u * entry + 1u];
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    const uint b = byte_of(q, i);
+    lo[i] = float((b & 15u) | (((qh >> i) & 1u) << 4)) * dm.x + dm.y;
+    hi[i] = float((b >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) * dm.x + dm.y;
+  }
+  off_lo = 0;
+  off_hi = 16;
+#elif WTYPE == TS_TYPE_Q8_0
+  const uvec4 q0 = w_q[qbase + 2u * entry];
+  const uvec4 q1 = w_q[qbase + 2u * entry + 1u];
+  const float d = m_half(mbase, entry);
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    lo[i] = float(bitfieldExtract(int(q0[i >> 2]), int((i & 3u) * 8u), 8)) * d;
+    hi[i] = float(bitfieldExtract(int(q1[i >> 2]), int((i & 3u) * 8u), 8)) * d;
+  }
+  off_lo = 0;
+  off_hi = 16;
+#elif WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
+  // Unit j: chunk c = j/2 of 64 elements, half h = j%2: qs[32c + 16h + i] holds element
+  // 64c + 16h + i (low nibble, sub-block 2c) and 64c + 32 + 16h + i (high nibble, sub-block 2c+1).
+  const uint c = j >> 1, h = j & 1u;
+  const uvec4 q = w_q[qbase + 8u * entry + j];
+#if WTYPE == TS_TYPE_Q4_K
+  const uint mw = mbase + 4u * entry;  // M entry: d, dmin, scales[12] (4 words)
+#else
+  const uint mw = mbase + 12u * entry;  // M entry: d, dmin, scales[12], qh[32] (12 words)
+  const uvec4 qh = uvec4(w_m[mw + 4u + 4u * h], w_m[mw + 5u + 4u * h], w_m[mw + 6u + 4u * h], w_m[mw + 7u + 4u * h]);
+#endif
+  const vec2 dm = unpackHalf2x16(w_m[mw]);
+  const uvec3 sc = uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]);
+  const vec2 sm_lo = kquant_scale_min(sc, 2u * c), sm_hi = kquant_scale_min(sc, 2u * c + 1u);
+  const float d_lo = dm.x * sm_lo.x, m_lo = dm.y * sm_lo.y;
+  const float d_hi = dm.x * sm_hi.x, m_hi = dm.y * sm_hi.y;
+  [[unroll]] for (uint i = 0; i < 16; ++i) {
+    const uint b = byte_of(q, i);
+    uint vl = b & 15u, vh = b >> 4;
+#if WTYPE == TS_TYPE_Q5_K
+    const uint hb = byte_of(qh, i);
+    vl += ((hb >> (2u * c)) & 1u) << 4;
+    vh += ((hb >> (2u * c + 1u)) & 1u) << 4;
+#endif
+    lo[i] = d_lo * float(vl) - m_lo;
+    hi[i] = d_hi * float(vh) - m_hi;
+  }
+  off_lo = 64u * c + 16u * h;
+  off_hi = off_lo + 32u;
+#elif WTYPE == TS_TYPE_Q6_K
+  // Unit j: half n = j/4 (128 elements), jj = j%4: ql[64n + 16jj + i] holds element
+  // 128n + 16jj + i (low nibble) and 128n + 64 + 16jj + i (high nibble); their 2 high bits are in
+  // qh[32n + 16(jj%2) + i] at bit 0/4 (jj < 2) or bit 2/6 (jj >= 2).
+  // M entry (82 bytes, 41 u16): qh[64] at byte 0, scales[16] (int8) at byte 64, d (f16) at byte 80.
+  const uint n = j >> 2, jj = j & 3u;
+  const uvec4 q = w_q[qbase + 8u * entry + j];
+  const uint e16 = 41u * entry;
+  const uint hbyte0 = 32u * n + 16u * (jj & 1u);
+  const uint shift = jj >= 2u ? 2u : 0u;
+  off_lo = 128u * n + 16u * jj;
+  off_hi = off_lo + 64u;
+  const float d = m_half(mbase, e16 + 40u);
+  const uint sb_lo = m_u16(mbase, e16 + 32u + (off_lo >> 5)) >> (((off_lo >> 4) & 1u) * 8u);
+  const uint sb_hi = m_u16(mbase, e16 + 32u + (off_hi >> 5)) >> (((off_hi >> 4) & 1u) * 8u);
+  const float d_lo = d * float(bitfieldExtract(int(sb_lo), 0, 8));
+  const float d_hi = d * float(bitfieldExtract(int(sb_hi), 0, 8));
+  [[unroll]] for (uint i = 0; i < 16; i += 2) {
+    const uint hpair = m_u16(mbase, e16 + ((hbyte0 + i) >> 1));  // qh bytes i, i+1 of this unit
+    [[unroll]] for (uint k = 0; k < 2; ++k) {
+      const uint b = byte_of(q, i + k);
+      const uint hb = (hpair >> (8u * k)) & 0xFFu;
+      lo[i + k] = d_lo * (float((b & 15u) | (((hb >> shift) & 3u) << 4)) - 32.0);
+      hi[i + k] = d_hi * (float((b >> 4) | (((hb >> (shift + 4u)) & 3u) << 4)) - 32.0);
+    }
+  }
+#endif
+}
+#endif  // !W_PLAIN
+
+#if W_PLAIN
+// Element `idx` of a plain matrix (counted from the Q binding start).
+float plain_value(uint idx) {
+#if WTYPE == TS_TYPE_F32
+  return uintBitsToFloat(w_words[idx]);
+#elif WTYPE == TS_TYPE_F16
+  return unpackHalf2x16(w_words[idx >> 1] >> ((idx & 1u) * 16u)).x;
+#else
+  return uintBitsToFloat(((w_words[idx >> 1] >> ((idx & 1u) * 16u)) & 0xFFFFu) << 16);
+#endif
+}
+
+// Elements 8*g .. 8*g+7 of a plain matrix (needs those 8 elements 16-byte aligned in the binding).
+void plain_vec8(uint g, out float v[8]) {
+#if WTYPE == TS_TYPE_F32
+  const uvec4 a = w_q[2u * g], b = w_q[2u * g + 1u];
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    v[i] = uintBitsToFloat(a[i]);
+    v[i + 4] = uintBitsToFloat(b[i]);
+  }
+#elif WTYPE == TS_TYPE_F16
+  const uvec4 a = w_q[g];
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    const vec2 p = unpackHalf2x16(a[i]);
+    v[2 * i] = p.x;
+    v[2 * i + 1] = p.y;
+  }
+#else
+  const uvec4 a = w_q[g];
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    v[2 * i] = uintBitsToFloat(a[i] << 16);
+    v[2 * i + 1] = uintBitsToFloat(a[i] & 0xFFFF0000u);
+  }
+#endif
+}
+#endif  // W_PLAIN
+
+#endif  // TESSERA_WEIGHTS_GLSL

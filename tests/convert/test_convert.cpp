@@ -1,0 +1,347 @@
+// tessera convert + verify on synthetic tiny models: every synth type and every --compose mode
+// converts and verifies; the packed file has the documented layout; damage to any kind of
+// tensor is found by verify; bad sources and options are refused before anything is written;
+// a conversion that fails or is killed midway leaves no output file.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <functional>
+
+#include "convert/compose.h"
+#include "convert/convert.h"
+#include "convert/verify.h"
+#include "format/error.h"
+#include "format/gguf.h"
+#include "format/tsr.h"
+#include "tests/convert/convert_test_util.h"
+
+namespace tessera::convert {
+namespace {
+
+using testing::Bytes;
+using testing::error_of;
+using testing::packed_model;
+using testing::read_file;
+using testing::synth_model;
+using testing::temp_file;
+using testing::write_file;
+
+VerifyReport verify(const std::string& gguf, const std::string& tsr) {
+  VerifyOptions o;
+  o.original_path = gguf;
+  o.packed_path = tsr;
+  o.threads = 2;
+  return verify_packed(o);
+}
+
+// Failing rows of one check category.
+std::vector<VerifyRow> failures(const VerifyReport& r, const std::string& check) {
+  std::vector<VerifyRow> out;
+  for (const VerifyRow& row : r.rows)
+    if (!row.pass && row.check == check) out.push_back(row);
+  return out;
+}
+
+struct Case {
+  const char* preset;
+  const char* type;
+};
+class ConvertVerify : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ConvertVerify, EveryComposeModePasses) {
+  const Case c = GetParam();
+  const std::string& src = synth_model(c.preset, c.type);
+  const GgufFile gguf = GgufFile::open(src);
+  const ModelConfig cfg = ModelConfig::from_metadata(gguf.metadata());
+  for (const char* compose : {"all", "qk", "vo", "none"}) {
+    SCOPED_TRACE(compose);
+    const std::string& out = packed_model(c.preset, c.type, compose);
+    const VerifyReport r = verify(src, out);
+    EXPECT_TRUE(r.ok()) << r.table(false);
+    const TsrFile f = TsrFile::open(out, {true, 2});
+    const ComposeSet set = parse_compose(compose);
+    for (uint32_t L = 0; L < cfg.n_layer; ++L) {
+      EXPECT_EQ(f.find_tensor(qk_name(L)) != nullptr, set.qk) << L;
+      EXPECT_EQ(f.find_tensor(vo_name(L)) != nullptr, set.vo) << L;
+      EXPECT_EQ(f.find_tensor(blk(L, "attn_k_b.weight")) == nullptr, set.qk) << L;
+      EXPECT_EQ(f.find_tensor(blk(L, "attn_output.weight")) == nullptr, set.vo) << L;
+      EXPECT_EQ(f.find_tensor(blk(L, "ffn_moe_tile")) != nullptr, cfg.is_moe(L)) << L;
+      EXPECT_EQ(f.find_tensor(blk(L, "ffn_gate_exps.weight")), nullptr);
+      EXPECT_EQ(f.layer_span(int(L)).offset % 4096, 0u);
+    }
+    EXPECT_EQ(f.metadata().get_string("tessera.compose"), compose);
+    EXPECT_EQ(f.header().flags, (set.qk ? kTsrFlagComposedQk : 0u) | (set.vo ? kTsrFlagComposedVo : 0u));
+    // Layout choice: float types plain, block types split1, types never changed.
+    for (const TsrTensor& t : f.tensors()) {
+      if (t.layout == TsrLayout::MoeTile1 || t.composed()) continue;
+      const GgufTensorInfo& s = gguf.require_tensor(t.name);
+      EXPECT_EQ(t.type, s.type) << t.name;
+      const bool is_float = s.type == GgmlType::F32 || s.type == GgmlType::F16 || s.type == GgmlType::BF16;
+      EXPECT_EQ(t.layout, is_float ? TsrLayout::Plain : TsrLayout::Split1) << t.name;
+    }
+  }
+  // Composed in the source type as well ("source", with llama.cpp's fallback where needed).
+  EXPECT_TRUE(verify(src, packed_model(c.preset, c.type, "all", "source")).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(AllTypes, ConvertVerify,
+                         ::testing::Values(Case{"tiny", "f32"}, Case{"tiny", "f16"}, Case{"tiny", "bf16"}, Case{"tiny", "q8_0"},
+                                           Case{"tiny", "q4_0"}, Case{"tiny", "q4_k_m"}, Case{"tiny-lite", "f32"},
+                                           Case{"tiny-lite", "f16"}, Case{"tiny-lite", "bf16"}, Case{"tiny-lite", "q8_0"},
+                                           Case{"tiny-lite", "q4_0"}, Case{"tiny-lite", "q4_k_m"}),
+                         [](const auto& info) {
+                           std::string n = std::string(info.param.preset) + "_" + info.param.type;
+                           for (char& ch : n) ch = ch == '-' ? '_' : ch;
+                           return n;
+                         });
+
+TEST(Convert, ComposedTypesAndFallbacks) {
+  // tiny: q_in = 96 (fits 32-blocks, not 256), H*kv_lora = 512.
+  EXPECT_EQ(composed_storage_type("q8_0", GgmlType::Q4_K, 96), GgmlType::Q8_0);
+  EXPECT_EQ(composed_storage_type("source", GgmlType::Q4_K, 96), GgmlType::Q5_0);
+  EXPECT_EQ(composed_storage_type("source", GgmlType::Q6_K, 96), GgmlType::Q8_0);
+  EXPECT_EQ(composed_storage_type("source", GgmlType::Q5_K, 96), GgmlType::Q5_1);
+  EXPECT_EQ(composed_storage_type("source", GgmlType::Q4_K, 512), GgmlType::Q4_K);
+  EXPECT_EQ(composed_storage_type("q4_0", GgmlType::F32, 48), GgmlType::F16);
+  EXPECT_EQ(composed_storage_type("source", GgmlType::BF16, 48), GgmlType::BF16);
+  EXPECT_EQ(composed_storage_type("f16", GgmlType::Q4_0, 96), GgmlType::F16);
+  EXPECT_THROW(composed_storage_type("q5_0", GgmlType::Q4_0, 96), Error);
+  EXPECT_THROW(parse_compose("some"), Error);
+  // In a file: q8_0 composed tensors are split1, f16 ones plain.
+  const TsrFile q8 = TsrFile::open(packed_model("tiny", "q4_0", "all", "q8_0"));
+  EXPECT_EQ(q8.require_tensor(qk_name(0)).layout, TsrLayout::Split1);
+  EXPECT_EQ(q8.require_tensor(qk_name(0)).type, GgmlType::Q8_0);
+  EXPECT_TRUE(q8.require_tensor(vo_name(1)).composed());
+  const TsrFile f16 = TsrFile::open(packed_model("tiny", "q4_0", "all", "f16"));
+  EXPECT_EQ(f16.require_tensor(vo_name(0)).layout, TsrLayout::Plain);
+  EXPECT_EQ(f16.require_tensor(vo_name(0)).type, GgmlType::F16);
+  EXPECT_TRUE(verify(synth_model("tiny", "q4_0"), packed_model("tiny", "q4_0", "all", "f16")).ok());
+  // Shapes: attn_qk {q_in, H*(kv_lora+rope)}, attn_vo {H*kv_lora, n_embd}.
+  const ModelConfig cfg = ModelConfig::from_metadata(q8.metadata());
+  const TsrTensor& qk = q8.require_tensor(qk_name(2));
+  EXPECT_EQ(qk.ne[0], cfg.q_lora_rank);
+  EXPECT_EQ(qk.ne[1], uint64_t(cfg.n_head) * (cfg.kv_lora_rank + cfg.n_rot));
+  const TsrTensor& vo = q8.require_tensor(vo_name(2));
+  EXPECT_EQ(vo.ne[0], uint64_t(cfg.n_head) * cfg.kv_lora_rank);
+  EXPECT_EQ(vo.ne[1], cfg.n_embd);
+}
+
+TEST(Convert, MetadataCarriesTheSourceAndProvenance) {
+  const std::string& src = synth_model("tiny-lite", "q4_0");
+  const GgufFile g = GgufFile::open(src);
+  const TsrFile f = TsrFile::open(packed_model("tiny-lite", "q4_0", "all"));
+  const Metadata& m = f.metadata();
+  for (const GgufKV& kv : g.metadata().entries()) EXPECT_TRUE(m.has(kv.key)) << kv.key;
+  EXPECT_EQ(m.get_string_array("tokenizer.ggml.tokens"), g.metadata().get_string_array("tokenizer.ggml.tokens"));
+  EXPECT_EQ(m.get_uint("tessera.source.size"), g.file_size());
+  EXPECT_EQ(m.get_uint("tessera.source.metadata_hash"), source_metadata_hash(g));
+  EXPECT_EQ(m.get_string("tessera.source.name"), std::filesystem::path(src).filename().string());
+  EXPECT_EQ(m.get_string("tessera.composed_type"), "q8_0");
+  EXPECT_EQ(m.get_uint("tessera.tile_layout"), 2u);
+  EXPECT_EQ(m.get_uint("tessera.split_layout"), 1u);
+  EXPECT_EQ(m.get_uint("tessera.format_version"), kTsrVersion);
+  // Verifying against another original fails on provenance and bytes.
+  const VerifyReport r = verify(synth_model("tiny-lite", "q8_0"), packed_model("tiny-lite", "q4_0", "all"));
+  EXPECT_FALSE(r.ok());
+  EXPECT_FALSE(failures(r, "metadata").empty());
+  EXPECT_FALSE(failures(r, "bytes").empty());
+}
+
+// One byte changed in a tensor of each kind, with the checksums re-sealed: the byte and composed
+// comparisons must find it. Without re-sealing the tensor checksum finds it.
+TEST(Convert, VerifyFindsAChangedByteInEveryTensorKind) {
+  const std::string& src = synth_model("tiny", "q4_0");
+  const std::string& packed = packed_model("tiny", "q4_0", "all");
+  const Bytes good = read_file(packed);
+  const TsrFile f = TsrFile::from_memory(good, "packed");
+  // {tensor, byte offset inside it, the check that must fail}: a byte of real data in each kind.
+  struct Target { const char* name; uint64_t at; const char* check; };
+  const TsrTensor& q_a = f.require_tensor("blk.0.attn_q_a.weight");
+  const TsrTensor& tile = f.require_tensor("blk.1.ffn_moe_tile");
+  const TsrTensor& qk = f.require_tensor("blk.2.attn_qk.weight");
+  const TsrTensor& vo = f.require_tensor("blk.1.attn_vo.weight");
+  const Target targets[] = {{"blk.0.attn_norm.weight", 17, "bytes"},                                  // plain f32
+                            {q_a.name.c_str(), q_a.split1().q_row_offset(q_a.split1().rows / 2) + 3, "bytes"},
+                            {tile.name.c_str(), tile.moe_tile().gateup_at(1) + 5, "bytes"},         // expert 1 gate/up
+                            {qk.name.c_str(), qk.split1().q_row_offset(qk.split1().rows / 2) + 3, "composed"},
+                            {vo.name.c_str(), vo.split1().m_row_offset(5), "composed"}};             // a scale
+  for (const Target& tg : targets) {
+    SCOPED_TRACE(tg.name);
+    const TsrTensor& t = f.require_tensor(tg.name);
+    Bytes b = good;
+    b[t.offset + tg.at] ^= 0x5A;
+    const std::string path = temp_file("changed.tsr");
+    write_file(path, b);
+    const VerifyReport unsealed = verify(src, path);
+    ASSERT_EQ(failures(unsealed, "checksum").size(), 2u) << unsealed.table(false);  // the tensor + the summary row
+    EXPECT_EQ(failures(unsealed, "checksum")[0].subject, tg.name);
+    testing::reseal(b);
+    write_file(path, b);
+    const VerifyReport sealed = verify(src, path);
+    EXPECT_TRUE(failures(sealed, "checksum").empty());
+    EXPECT_FALSE(failures(sealed, tg.check).empty()) << sealed.table(true);
+  }
+  // The split1 region M (scales) and a tile's shared slot too.
+  {
+    Bytes b = good;
+    b[q_a.offset + q_a.split1().m_offset + 1] ^= 0x01;
+    testing::reseal(b);
+    write_file(temp_file("changed.tsr"), b);
+    EXPECT_FALSE(failures(verify(src, temp_file("changed.tsr")), "bytes").empty());
+    const TsrTensor& tile2 = f.require_tensor("blk.2.ffn_moe_tile");
+    Bytes c = good;
+    c[tile2.offset + tile2.moe_tile().shared_down_offset + 7] ^= 0x10;
+    testing::reseal(c);
+    write_file(temp_file("changed.tsr"), c);
+    const auto rows = failures(verify(src, temp_file("changed.tsr")), "bytes");
+    ASSERT_EQ(rows.size(), 1u);
+    EXPECT_EQ(rows[0].subject, "blk.2.ffn_down_shexp.weight");
+  }
+}
+
+TEST(Convert, HeaderDirectoryAndMetadataDamageIsCaughtAtOpen) {
+  const Bytes good = read_file(packed_model("tiny", "q8_0", "all"));
+  const TsrFile f = TsrFile::from_memory(good, "packed");
+  const uint64_t end = f.header().metadata_offset + f.header().metadata_size;
+  size_t tried = 0;
+  for (uint64_t i = 0; i < end; i += (i < kTsrHeaderBytes ? 1 : 61)) {
+    Bytes b = good;
+    b[i] ^= 0x04;
+    EXPECT_FALSE(error_of([&] { TsrFile::from_memory(b, "x"); }).empty()) << "byte " << i;
+    ++tried;
+  }
+  EXPECT_GT(tried, 300u);
+  const std::string path = temp_file("damaged.tsr");
+  Bytes b = good;
+  b[f.header().metadata_offset + 3] ^= 0x01;
+  write_file(path, b);
+  EXPECT_NE(error_of([&] { verify(synth_model("tiny", "q8_0"), path); }).find("metadata checksum mismatch"), std::string::npos);
+}
+
+// A copy of `src` with edits: metadata changes, tensors dropped or replaced (zero bytes).
+struct Edit {
+  std::function<void(Metadata&)> metadata;
+  std::string drop;
+  std::string replace;
+  GgmlType replace_type = GgmlType::F32;
+  std::vector<uint64_t> replace_ne;
+};
+std::string rewrite(const std::string& src, const std::string& name, const Edit& e) {
+  const GgufFile g = GgufFile::open(src);
+  GgufWriter w;
+  w.metadata() = g.metadata();
+  if (e.metadata) e.metadata(w.metadata());
+  std::vector<const GgufTensorInfo*> kept;
+  for (const GgufTensorInfo& t : g.tensors()) {
+    if (t.name == e.drop) continue;
+    if (t.name == e.replace) w.add_tensor(t.name, e.replace_type, e.replace_ne);
+    else w.add_tensor(t.name, t.type, std::vector<uint64_t>(t.ne.begin(), t.ne.begin() + t.n_dims));
+    kept.push_back(&t);
+  }
+  const std::string path = temp_file(name);
+  w.begin(path);
+  for (size_t i = 0; i < kept.size(); ++i) {
+    const GgufTensorInfo& out = w.tensors()[i];
+    if (out.name == e.replace) {
+      const Bytes zeros(out.nbytes, 0);
+      w.write_tensor(i, zeros.data(), zeros.size());
+    } else {
+      w.write_tensor(i, g.tensor_data(*kept[i]), kept[i]->nbytes);
+    }
+  }
+  w.finish();
+  return path;
+}
+
+void expect_refused(const std::string& in, const std::string& phrase, ErrorKind kind = ErrorKind::BadInput) {
+  const std::string out = temp_file("refused.tsr");
+  try {
+    convert_model(testing::convert_options(in, out));
+    ADD_FAILURE() << "no error, expected \"" << phrase << "\"";
+  } catch (const Error& err) {
+    EXPECT_EQ(err.kind(), kind) << err.what();
+    EXPECT_NE(std::string(err.what()).find(phrase), std::string::npos) << err.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(out));
+}
+
+TEST(Convert, RefusesBadSourcesAndOptions) {
+  const std::string& src = synth_model("tiny", "q4_0");
+  expect_refused(rewrite(src, "llama.gguf", {[](Metadata& m) { m.set_string("general.architecture", "llama"); }}),
+                 "general.architecture is 'llama', expected 'deepseek2'");
+  expect_refused(rewrite(src, "missing.gguf", {nullptr, "blk.1.attn_kv_a_mqa.weight"}),
+                 "missing tensor 'blk.1.attn_kv_a_mqa.weight'");
+  expect_refused(rewrite(src, "shape.gguf", {nullptr, "", "blk.2.attn_norm.weight", GgmlType::F32, {128}}),
+                 "'blk.2.attn_norm.weight' has shape {128}, expected {256}");
+  const GgufFile g = GgufFile::open(src);
+  const GgufTensorInfo& up = g.require_tensor("blk.1.ffn_up_exps.weight");
+  expect_refused(rewrite(src, "mixed.gguf",
+                         {nullptr, "", up.name, GgmlType::Q8_0, std::vector<uint64_t>(up.ne.begin(), up.ne.begin() + 3)}),
+                 "gate and up of the same type");
+  ConvertOptions same = testing::convert_options(src, src);
+  EXPECT_NE(error_of([&] { convert_model(same); }).find("is the input file"), std::string::npos);
+  // Another name for the same file.
+  const std::string link = temp_file("link.gguf");
+  std::filesystem::remove(link);
+  std::filesystem::create_hard_link(src, link);
+  ConvertOptions hard = testing::convert_options(src, link);
+  EXPECT_NE(error_of([&] { convert_model(hard); }).find("is the same file as the input"), std::string::npos);
+  ConvertOptions bad = testing::convert_options(src, temp_file("bad.tsr"), "qkv");
+  EXPECT_NE(error_of([&] { convert_model(bad); }).find("--compose 'qkv'"), std::string::npos);
+  bad = testing::convert_options(src, temp_file("bad.tsr"), "all", "q6_k");
+  EXPECT_NE(error_of([&] { convert_model(bad); }).find("--composed-type 'q6_k'"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(temp_file("bad.tsr")));
+}
+
+TEST(Convert, AFailureMidwayLeavesNoOutput) {
+  const std::string& src = synth_model("tiny", "q4_k_m");
+  const std::string out = temp_file("failed.tsr");
+  ConvertOptions o = testing::convert_options(src, out);
+  o.after_tensor = [](size_t i, const std::string&) {
+    if (i == 10) runtime_error("injected failure after tensor 10");
+  };
+  EXPECT_NE(error_of([&] { convert_model(o); }).find("injected failure"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  EXPECT_FALSE(std::filesystem::exists(out + ".tmp-" + std::to_string(getpid())));
+  // An older OUT stays as it was.
+  write_file(out, Bytes{1, 2, 3});
+  EXPECT_FALSE(error_of([&] { convert_model(o); }).empty());
+  EXPECT_EQ(read_file(out), (Bytes{1, 2, 3}));
+}
+
+TEST(Convert, AProcessKilledMidwayLeavesNoOutput) {
+  const std::string& src = synth_model("tiny", "q4_0");
+  const std::string out = temp_file("killed.tsr");
+  std::filesystem::remove(out);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ConvertOptions o = testing::convert_options(src, out);
+    o.threads = 1;
+    o.after_tensor = [](size_t i, const std::string&) {
+      if (i == 20) raise(SIGKILL);
+    };
+    try {
+      convert_model(o);
+    } catch (...) {
+    }
+    _exit(0);  // not reached when the kill lands
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFSIGNALED(status));
+  EXPECT_EQ(WTERMSIG(status), SIGKILL);
+  EXPECT_FALSE(std::filesystem::exists(out));
+  // The half-written temporary file has no valid header (written last), so nothing can mistake it
+  // for a packed model.
+  const std::string tmp = out + ".tmp-" + std::to_string(child);
+  ASSERT_TRUE(std::filesystem::exists(tmp));
+  EXPECT_NE(error_of([&] { TsrFile::open(tmp); }).find("bad magic"), std::string::npos);
+  std::filesystem::remove(tmp);
+}
+
+}  // namespace
+}  // namespace tessera::convert

@@ -1,0 +1,326 @@
+// Attention kernels (kv_write, attention_partial + merge) against the CPU reference of
+// test_attention_ref.h on lavapipe (or any Vulkan device): awkward head counts, latent and rope
+// widths, context lengths that the chunking does not divide, GLM and YaRN rope, outputs poisoned
+// before every run, one recording resubmitted with changed positions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "format/error.h"
+#include "format/fp16.h"
+#include "runtime/cpu/ops.h"
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/memory.h"
+#include "runtime/vulkan/recorder.h"
+#include "tests/vulkan/test_attention_ref.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+// The shared context of the test binary (tests skip only when no Vulkan device exists at all).
+vktest::Gpu& gpu() { return vktest::gpu(); }
+#define REQUIRE_GPU() VK_TEST_REQUIRE_GPU(gpu())
+
+template <class T>
+void upload(vk::Buffer& b, const std::vector<T>& v) {
+  vktest::upload_bytes(gpu(), b, v.data(), v.size() * sizeof(T));
+}
+template <class T>
+std::vector<T> download(const vk::Buffer& b, size_t n) {
+  std::vector<T> v(n);
+  gpu().transfer->download(b, 0, v.data(), n * sizeof(T));
+  return v;
+}
+vk::Buffer make_buffer(uint64_t bytes, const char* name) { return vktest::make_buffer(gpu(), bytes, name); }
+void poison(vk::Buffer& b) { vktest::poison(gpu(), b); }
+
+struct RopeCase {
+  const char* name;
+  float base, freq_scale, ext_factor, attn_factor;
+  uint32_t n_ctx_orig;
+};
+// GLM-4.7-Flash (plain rope, base 1e6) and DeepSeek-V2-Lite (YaRN, factor 40) parameters.
+const RopeCase kGlmRope{"glm", 1e6f, 1.f, 0.f, 1.f, 0};
+const RopeCase kYarnRope{"yarn", 1e4f, 1.f / 40, 1.f, float(1.0 / (1.0 + 0.1 * std::log(40.0))), 4096};
+
+vk::RopeParams rope_params(const RopeCase& c, uint32_t n_rot) {
+  ModelConfig m;
+  m.n_rot = n_rot;
+  m.rope_base = c.base;
+  m.rope_freq_scale = c.freq_scale;
+  m.yarn = c.ext_factor != 0;
+  m.yarn_n_ctx_orig = c.n_ctx_orig;
+  vk::RopeParams p = vk::RopeParams::from_config(m);
+  p.attn_factor = c.attn_factor;
+  return p;
+}
+cpu::Rope cpu_rope(const RopeCase& c, uint32_t n_rot) {
+  const cpu::YarnCorrDims corr = c.ext_factor != 0 ? cpu::yarn_corr_dims(n_rot, c.n_ctx_orig, c.base, 32.f, 1.f)
+                                                   : cpu::YarnCorrDims{0.f, 0.f};
+  return cpu::Rope(n_rot, c.base, c.freq_scale, c.ext_factor, c.attn_factor, corr);
+}
+
+vk::AttentionShape make_shape(uint32_t n_head, uint32_t kv_lora, uint32_t n_rot, uint32_t n_ctx, const RopeCase& rope) {
+  vk::AttentionShape s;
+  s.n_head = n_head;
+  s.kv_lora = kv_lora;
+  s.n_ctx = n_ctx;
+  s.eps = 1e-5f;
+  s.kq_scale = 1.f / std::sqrt(float(kv_lora / 2 + n_rot));
+  s.rope = rope_params(rope, n_rot);
+  return s;
+}
+
+// Where the position sits in the step buffer (word 0 would be the token id).
+constexpr uint32_t kPosWord = 1;
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(AttentionRope, FrequencyTableMatchesCpuRope) {
+  for (const RopeCase& rc : {kGlmRope, kYarnRope})
+    for (uint32_t n_rot : {16u, 64u}) {
+      const vk::RopeParams p = rope_params(rc, n_rot);
+      const cpu::Rope r = cpu_rope(rc, n_rot);
+      EXPECT_NEAR(p.mscale(), r.mscale(), 1e-6) << rc.name;
+      for (uint32_t k = 0; k < n_rot / 2; ++k)
+        EXPECT_NEAR(p.frequency(k) * 1000.0, r.theta(k, 1000), 1e-9 * std::max(1.0, r.theta(k, 1000)))
+            << rc.name << " n_rot " << n_rot << " pair " << k;
+    }
+  // YaRN: V2-Lite magnitude is exactly 1 (forward.md §3.2).
+  EXPECT_NEAR(rope_params(kYarnRope, 64).mscale(), 1.0, 1e-6);
+}
+
+// kv_write: one recording, positions changed between submissions; each run writes exactly row pos.
+struct KvWriteCase {
+  uint32_t kv_lora, n_rot;
+  RopeCase rope;
+};
+void PrintTo(const KvWriteCase& c, std::ostream* os) { *os << "R" << c.kv_lora << " Dr" << c.n_rot << " " << c.rope.name; }
+class KvWriteTest : public ::testing::TestWithParam<KvWriteCase> {};
+
+TEST_P(KvWriteTest, WritesNormalizedRopedRowAtPosition) {
+  REQUIRE_GPU();
+  const KvWriteCase c = GetParam();
+  const uint32_t n_ctx = 5003, row = c.kv_lora + c.n_rot;
+  const vk::AttentionShape shape = make_shape(4, c.kv_lora, c.n_rot, n_ctx, c.rope);
+  const cpu::Rope rope = cpu_rope(c.rope, c.n_rot);
+  vk::KvWriteOp op(*gpu().ctx, shape);
+
+  vk::Buffer kv = make_buffer(row * 4, "kv"), norm = make_buffer(c.kv_lora * 4, "norm");
+  vk::Buffer step = make_buffer(16, "step"), cache = make_buffer(shape.cache_bytes(), "cache");
+  const std::vector<float> norm_w = test::random_values(c.kv_lora, 2.f, 7);
+  upload(norm, norm_w);
+  upload(cache, std::vector<uint16_t>(size_t(n_ctx) * row, 0x7E00));  // f16 NaN everywhere
+
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  op.record(rec, kv.whole(), norm.whole(), step.whole(), kPosWord, cache.whole(), "kv_write");
+  rec.end();
+  EXPECT_EQ(rec.dispatch_count(), 1u);
+
+  std::vector<std::vector<uint16_t>> expected_rows;
+  const std::vector<uint32_t> positions = {0, 7, 4999, 5002, 1};
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const uint32_t pos = positions[i];
+    const std::vector<float> kv_in = test::random_values(row, 3.f, 100 + uint32_t(i));
+    upload(kv, kv_in);
+    upload(step, std::vector<uint32_t>{12345, pos, 0, 0});
+    rec.run();
+    expected_rows.push_back(test::ref_kv_row(kv_in, norm_w, shape.eps, rope, pos));
+  }
+  const std::vector<uint16_t> got = download<uint16_t>(cache, size_t(n_ctx) * row);
+  size_t written = 0;
+  for (size_t i = 0; i < positions.size(); ++i) {
+    const uint16_t* g = &got[size_t(positions[i]) * row];
+    for (uint32_t d = 0; d < row; ++d) {
+      const float want = fp16_to_f32(expected_rows[i][d]), have = fp16_to_f32(g[d]);
+      // f16 rounding of the GPU may differ by one unit in the last place.
+      ASSERT_NEAR(have, want, std::abs(want) * 1.0e-3f + 1e-6f)
+          << "pos " << positions[i] << " dim " << d << (d < c.kv_lora ? " (latent)" : " (rope)");
+    }
+    written += row;
+  }
+  size_t untouched = 0;
+  for (uint16_t h : got) untouched += h == 0x7E00;
+  EXPECT_EQ(untouched, got.size() - written) << "rows other than the written positions changed";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, KvWriteTest,
+                         ::testing::Values(KvWriteCase{64, 16, kGlmRope}, KvWriteCase{512, 64, kGlmRope},
+                                           KvWriteCase{128, 64, kYarnRope}, KvWriteCase{512, 64, kYarnRope}),
+                         [](const auto& info) {
+                           return std::string(info.param.rope.name) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
+                                  std::to_string(info.param.n_rot);
+                         });
+
+// attention partial + merge vs the reference, over a cache of random f16 rows.
+struct AttnCase {
+  uint32_t n_head, kv_lora, n_rot;
+  RopeCase rope;
+  std::vector<uint32_t> kv_lens;
+  vk::AttentionTuning tuning;
+  float q_scale;  // larger = sharper softmax
+};
+void PrintTo(const AttnCase& c, std::ostream* os) {
+  *os << "H" << c.n_head << " R" << c.kv_lora << " Dr" << c.n_rot << " " << c.rope.name;
+}
+class AttentionTest : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionTest, MatchesReferenceAtEveryContextLength) {
+  REQUIRE_GPU();
+  const AttnCase c = GetParam();
+  uint32_t n_ctx = 0;
+  for (uint32_t l : c.kv_lens) n_ctx = std::max(n_ctx, l);
+  n_ctx += 3;  // capacity beyond the longest context used
+  const uint32_t row = c.kv_lora + c.n_rot;
+  const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, n_ctx, c.rope);
+  const cpu::Rope rope = cpu_rope(c.rope, c.n_rot);
+  vk::AttentionOp op(*gpu().ctx, shape, c.tuning);
+
+  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+  {
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 11);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  }
+  const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, c.q_scale, 12);
+
+  vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(16, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
+  upload(q, q_h);
+  upload(cache, cache_h);
+
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), olat.whole(), "attn");
+  rec.end();
+  EXPECT_EQ(rec.dispatch_count(), 2u);
+  EXPECT_EQ(rec.barrier_count(), 1u);
+
+  for (uint32_t kv_len : c.kv_lens) {
+    poison(partials);
+    poison(olat);
+    upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
+    rec.run();
+    const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+    const std::vector<float> want =
+        test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " head " << i / c.kv_lora << " col " << i % c.kv_lora;
+      max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+      max_ref = std::max(max_ref, double(std::abs(want[i])));
+    }
+    EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len << " (" << op.num_chunks(kv_len)
+                                                << " chunks, tile " << op.tile() << ", max |ref| " << max_ref << ")";
+  }
+}
+
+vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads_per_group = 0, uint32_t tile = 0) {
+  vk::AttentionTuning t;
+  t.n_groups = n_groups;
+  t.min_chunk = min_chunk;
+  t.heads_per_group = heads_per_group;
+  t.tile = tile;
+  return t;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionTest,
+    ::testing::Values(
+        // tiny heads, default split
+        AttnCase{3, 64, 16, kGlmRope, {1, 7, 100, 1000}, {}, 1.f},
+        // 5 heads, 7 groups with chunks of >= 24 rows (tile 8): chunk sizes that divide nothing
+        AttnCase{5, 128, 64, kYarnRope, {1, 7, 100, 1000, 5000}, tuning(7, 24, 0, 8), 2.f},
+        // GLM-like: 20 heads x 576, default split; sharp softmax
+        AttnCase{20, 512, 64, kGlmRope, {1, 7, 100, 1000, 5000}, {}, 3.f},
+        // 20 heads in workgroups of 8 (8 + 8 + 4), tile 16, many small chunks
+        AttnCase{20, 512, 64, kYarnRope, {7, 100, 1000}, tuning(37, 16, 8, 16), 1.f},
+        // V2-Lite-like: 16 heads, YaRN, one chunk holds everything
+        AttnCase{16, 512, 64, kYarnRope, {1, 100, 1000}, tuning(1, 32), 1.f}),
+    [](const auto& info) {
+      return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
+             std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
+    });
+
+// The decode loop as the model records it: kv_write, barrier, attention; one recording reused for
+// every token, the position advanced by the host between submissions.
+TEST(AttentionDecode, KvWriteThenAttentionOverGrowingContext) {
+  REQUIRE_GPU();
+  const uint32_t n_head = 5, kv_lora = 64, n_rot = 16, n_ctx = 40, row = kv_lora + n_rot;
+  const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kYarnRope);
+  const cpu::Rope rope = cpu_rope(kYarnRope, n_rot);
+  vk::KvWriteOp write(*gpu().ctx, shape);
+  vk::AttentionOp attn(*gpu().ctx, shape, tuning(4, 8, 0, 8));
+
+  vk::Buffer kv = make_buffer(row * 4, "kv"), norm = make_buffer(kv_lora * 4, "norm");
+  vk::Buffer q = make_buffer(n_head * row * 4, "q"), step = make_buffer(16, "step");
+  vk::Buffer cache = make_buffer(shape.cache_bytes(), "cache"), partials = make_buffer(attn.partials_bytes(), "partials");
+  vk::Buffer olat = make_buffer(n_head * kv_lora * 4, "olat");
+  const std::vector<float> norm_w = test::random_values(kv_lora, 1.5f, 3);
+  upload(norm, norm_w);
+  upload(cache, std::vector<uint16_t>(size_t(n_ctx) * row, 0x7E00));
+
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  write.record(rec, kv.whole(), norm.whole(), step.whole(), kPosWord, cache.whole(), "kv_write");
+  rec.barrier();
+  attn.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), olat.whole(), "attn");
+  rec.end();
+
+  std::vector<uint16_t> cache_ref(size_t(n_ctx) * row);
+  for (uint32_t pos = 0; pos < 37; ++pos) {
+    const std::vector<float> kv_in = test::random_values(row, 2.f, 1000 + pos);
+    const std::vector<float> q_in = test::random_values(n_head * row, 1.5f, 2000 + pos);
+    upload(kv, kv_in);
+    upload(q, q_in);
+    upload(step, std::vector<uint32_t>{0, pos, 0, 0});
+    poison(olat);
+    rec.run();
+    const std::vector<uint16_t> r = test::ref_kv_row(kv_in, norm_w, shape.eps, rope, pos);
+    std::copy(r.begin(), r.end(), cache_ref.begin() + long(pos) * row);
+    // Compare against the reference over the GPU's own cache rows (f16 rounding may differ by an ulp).
+    const std::vector<uint16_t> cache_gpu = download<uint16_t>(cache, size_t(n_ctx) * row);
+    for (size_t i = 0; i < size_t(pos + 1) * row; ++i)
+      ASSERT_NEAR(fp16_to_f32(cache_gpu[i]), fp16_to_f32(cache_ref[i]), std::abs(fp16_to_f32(cache_ref[i])) * 1e-3f + 1e-6f)
+          << "pos " << pos << " element " << i;
+    const std::vector<float> want = test::ref_attention(q_in, cache_gpu, n_head, kv_lora, n_rot, pos + 1, pos, shape.kq_scale, rope);
+    const std::vector<float> got = download<float>(olat, n_head * kv_lora);
+    for (size_t i = 0; i < want.size(); ++i)
+      ASSERT_NEAR(got[i], want[i], 5e-6 + 2e-5 * std::abs(want[i])) << "pos " << pos << " index " << i;
+  }
+}
+
+TEST(AttentionShapeTest, RefusesUnusableSizes) {
+  vk::AttentionShape s = make_shape(4, 60, 16, 100, kGlmRope);
+  EXPECT_THROW(s.validate(), Error);  // kv_lora not a multiple of 8
+  s = make_shape(4, 64, 12, 100, kGlmRope);
+  EXPECT_THROW(s.validate(), Error);  // rope dims not a multiple of 8
+  s = make_shape(4, 64, 16, 0, kGlmRope);
+  EXPECT_THROW(s.validate(), Error);  // no context
+  s = make_shape(4, 64, 16, 100, kGlmRope);
+  EXPECT_NO_THROW(s.validate());
+}
+
+TEST(AttentionChunks, ChunkRuleCoversContextWithinGroupBudget) {
+  for (uint32_t groups : {1u, 7u, 256u})
+    for (uint32_t min_chunk : {8u, 64u})
+      for (uint32_t kv_len : {1u, 7u, 63u, 64u, 65u, 1000u, 5000u, 202752u}) {
+        const uint32_t len = gpu::ts_attn_chunk_len(kv_len, groups, min_chunk, 8);
+        const uint32_t n = gpu::ts_attn_num_chunks(kv_len, groups, min_chunk, 8);
+        EXPECT_LE(n, groups);
+        EXPECT_GE(uint64_t(n) * len, kv_len);
+        EXPECT_LT(uint64_t(n - 1) * len, kv_len);  // the last chunk is not empty
+        EXPECT_EQ(len % 8, 0u);
+        EXPECT_GE(len, min_chunk);
+      }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,216 @@
+// matvec.comp (MatvecOp) against the CPU: every readable type, awkward shapes (R and K not
+// multiples of workgroups/subgroups), outputs poisoned with NaN before each run; accumulate,
+// batched, fused RMSNorm, the shared-memory reduction path and row-chunked bindings.
+#include <cmath>
+#include <random>
+
+#include "runtime/vulkan/kernels_matvec.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using vktest::Gpu;
+
+struct Case {
+  GgmlType type;
+  uint32_t rows, cols;
+  uint32_t batch = 1;
+  bool accumulate = false;
+  bool norm = false;
+  uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
+  uint64_t max_binding_bytes = 0;
+};
+
+std::string describe(const Case& c) {
+  return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
+             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "");
+}
+
+void run_case(Gpu& g, const Case& c, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<uint8_t> w = vktest::random_matrix(rng, c.type, c.rows, c.cols);
+  auto dm = vktest::upload_matrix(g, c.type, c.rows, c.cols, w);
+  const uint32_t xs = c.batch > 1 ? c.cols + c.x_pad : c.cols;
+  const uint32_t ys = c.batch > 1 ? c.rows + c.y_pad : c.rows;
+  std::vector<float> x = vktest::random_values(rng, size_t(xs) * c.batch);
+  std::vector<float> y0 = vktest::random_values(rng, size_t(ys) * c.batch);
+  std::vector<float> nw = vktest::random_values(rng, c.cols);
+  const float eps = 1e-5f;
+
+  vk::Buffer xb = vktest::make_buffer(g, x.size() * 4, "x");
+  vk::Buffer yb = vktest::make_buffer(g, y0.size() * 4, "y");
+  vk::Buffer nb = vktest::make_buffer(g, nw.size() * 4, "norm");
+  vktest::upload_bytes(g, xb, x.data(), x.size() * 4);
+  vktest::upload_bytes(g, nb, nw.data(), nw.size() * 4);
+  if (c.accumulate)
+    vktest::upload_bytes(g, yb, y0.data(), y0.size() * 4);
+  else
+    vktest::poison(g, yb);
+
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = xb.whole();
+  op.y = yb.whole();
+  op.batch = c.batch;
+  op.x_stride = xs;
+  op.y_stride = ys;
+  op.accumulate = c.accumulate;
+  if (c.norm) op.norm_weight = nb.whole();
+  op.norm_eps = eps;
+  op.max_binding_bytes = c.max_binding_bytes;
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  op.record(rec);
+  rec.end();
+  rec.run();
+  const std::vector<float> got = vktest::download_floats(g, yb, y0.size());
+
+  // CPU: dequantized rows, double accumulation.
+  std::vector<double> want(y0.size()), tol(y0.size());
+  std::vector<std::vector<float>> rows(c.rows);
+  for (uint32_t r = 0; r < c.rows; ++r) rows[r] = vktest::dequant_row(c.type, w, c.cols, r);
+  for (uint32_t b = 0; b < c.batch; ++b) {
+    std::vector<double> xin(c.cols);
+    double ss = 0;
+    for (uint32_t k = 0; k < c.cols; ++k) ss += double(x[b * xs + k]) * x[b * xs + k];
+    const double scale = c.norm ? 1.0 / std::sqrt(ss / c.cols + eps) : 1.0;
+    for (uint32_t k = 0; k < c.cols; ++k) xin[k] = double(x[b * xs + k]) * (c.norm ? nw[k] * scale : 1.0);
+    for (uint32_t i = 0; i < ys; ++i) {
+      const size_t o = size_t(b) * ys + i;
+      if (i >= c.rows) {  // padding between batched y vectors: untouched
+        want[o] = c.accumulate ? y0[o] : std::nan("");
+        tol[o] = 0;
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (uint32_t k = 0; k < c.cols; ++k) {
+        s += rows[i][k] * xin[k];
+        mag += std::fabs(rows[i][k] * xin[k]);
+      }
+      want[o] = s + (c.accumulate ? y0[o] : 0.0);
+      tol[o] = 1e-5 * mag + 1e-5 * std::fabs(want[o]) + 1e-30;
+    }
+  }
+  // NaN padding compares as a mismatch; compare padding separately.
+  std::vector<float> got_cmp = got;
+  for (size_t o = 0; o < want.size(); ++o)
+    if (std::isnan(want[o])) {
+      EXPECT_TRUE(std::isnan(got[o])) << describe(c) << ": padding element " << o << " was written";
+      got_cmp[o] = 0;
+      want[o] = 0;
+    }
+  vktest::expect_close(got_cmp, want, tol, describe(c));
+}
+
+const GgmlType kBlock32[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0};
+const GgmlType kBlock256[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+const GgmlType kPlain[] = {GgmlType::F32, GgmlType::F16, GgmlType::BF16};
+const uint32_t kRows[] = {1, 7, 67, 1000};
+
+TEST(KernelMatvec, Block32TypesAwkwardShapes) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  uint32_t seed = 1;
+  for (GgmlType t : kBlock32)
+    for (uint32_t r : kRows)
+      for (uint32_t k : {32u, 96u, 288u, 2080u}) run_case(g, {t, r, k}, seed++);
+}
+
+TEST(KernelMatvec, KQuantTypesAwkwardShapes) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  uint32_t seed = 100;
+  for (GgmlType t : kBlock256)
+    for (uint32_t r : kRows)
+      for (uint32_t k : {256u, 768u, 2304u}) run_case(g, {t, r, k}, seed++);
+}
+
+TEST(KernelMatvec, PlainTypesAnyLength) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  uint32_t seed = 200;
+  // 1, 7, 33: scalar path; 96, 2080: 16-byte loads.
+  for (GgmlType t : kPlain)
+    for (uint32_t r : kRows)
+      for (uint32_t k : {1u, 7u, 33u, 96u, 2080u}) run_case(g, {t, r, k}, seed++);
+}
+
+TEST(KernelMatvec, AccumulateAddsToY) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  run_case(g, {GgmlType::Q4_0, 67, 288, 1, true}, 300);
+  run_case(g, {GgmlType::Q6_K, 7, 768, 1, true}, 301);
+  run_case(g, {GgmlType::F16, 67, 33, 1, true}, 302);
+}
+
+TEST(KernelMatvec, BatchedColumns) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  run_case(g, {GgmlType::Q4_0, 67, 288, 3, false, false, 4, 5}, 400);
+  run_case(g, {GgmlType::Q5_K, 7, 768, 8, true, false, 0, 1}, 401);
+  run_case(g, {GgmlType::Q8_0, 1, 96, 2}, 402);
+  run_case(g, {GgmlType::BF16, 67, 96, 4, false, false, 8, 3}, 403);
+  run_case(g, {GgmlType::F32, 7, 7, 3, false, false, 1, 0}, 404);
+}
+
+TEST(KernelMatvec, FusedInputNorm) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  run_case(g, {GgmlType::Q4_0, 67, 2080, 1, false, true}, 500);
+  run_case(g, {GgmlType::Q4_K, 7, 2304, 1, true, true}, 501);
+  run_case(g, {GgmlType::F32, 67, 33, 1, false, true}, 502);
+  run_case(g, {GgmlType::Q6_K, 7, 256, 3, false, true, 4, 0}, 503);
+}
+
+TEST(KernelMatvec, SharedMemoryReductionPath) {
+  Gpu& g = vktest::gpu(/*no_subgroup_ops=*/true);
+  VK_TEST_REQUIRE_GPU(g);
+  run_case(g, {GgmlType::Q4_0, 67, 288}, 600);
+  run_case(g, {GgmlType::Q5_1, 7, 2080}, 601);
+  run_case(g, {GgmlType::Q4_K, 67, 768}, 602);
+  run_case(g, {GgmlType::Q6_K, 1, 2304}, 603);
+  run_case(g, {GgmlType::F16, 67, 2080}, 604);
+  run_case(g, {GgmlType::F32, 7, 33}, 605);
+  run_case(g, {GgmlType::Q8_0, 7, 96, 3, true, true, 4, 2}, 606);
+}
+
+TEST(KernelMatvec, RowChunkedBindings) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  // Bindings limited to a few KiB: the matrix is split into row chunks, one dispatch each.
+  run_case(g, {GgmlType::Q6_K, 67, 256, 1, false, false, 0, 0, 4096}, 700);
+  run_case(g, {GgmlType::Q4_0, 1000, 96, 1, true, false, 0, 0, 8192}, 701);
+  run_case(g, {GgmlType::F16, 67, 33, 2, false, true, 0, 0, 1024}, 702);
+}
+
+TEST(KernelMatvec, RejectsBadShapes) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  std::mt19937 rng(800);
+  auto dm = vktest::upload_matrix(g, GgmlType::Q4_0, 4, 64, vktest::random_matrix(rng, GgmlType::Q4_0, 4, 64));
+  vk::Buffer xb = vktest::make_buffer(g, 64 * 4, "x");
+  vk::Buffer yb = vktest::make_buffer(g, 4 * 4, "y");
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = xb.slice(0, 32 * 4);  // too short
+  op.y = yb.whole();
+  try {
+    op.record(rec);
+    ADD_FAILURE() << "a short x binding was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("x binding"), std::string::npos) << e.what();
+  }
+  op.x = xb.whole();
+  op.w.cols = 48;  // not a multiple of the 32-element block
+  EXPECT_THROW(op.record(rec), Error);
+  op.w.cols = 64;
+  op.w.layout = vk::WeightLayout::Plain;  // a block type cannot be read plain
+  EXPECT_THROW(op.record(rec), Error);
+  rec.end();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,303 @@
+// MoE gate-up (moe_gateup.comp) and down (moe_down.comp) on MOE_TILE1 tiles, with the routing
+// computed on the GPU (routing.glsl), against the CPU: cpu::route_token for the routing and the
+// double-precision loops of test_moe_util.h for the experts. GLM style (sigmoid + bias + norm +
+// scale 1.8) and DeepSeek-V2 style (softmax) routing, ties, awkward sizes, every tile type for
+// gate-up and down (mixed routed/shared types included), slot-range bindings, the shared-memory
+// reduction path; h and the route output poisoned with NaN before each run.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "runtime/vulkan/kernels_moe.h"
+#include "tests/vulkan/test_moe_util.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using moetest::HostTile;
+using moetest::TileTypes;
+using vktest::Gpu;
+
+enum class Style { Glm, V2 };
+
+struct TileCase {
+  uint32_t n_expert, n_used, w_routed, w_shared, n_embd;
+  TileTypes types;
+  Style style = Style::Glm;
+  uint64_t max_binding_bytes = 0;
+  bool no_subgroup = false;
+  std::vector<float> logits;  // empty = distinct random logits
+};
+
+std::string describe(const TileCase& c) {
+  return cat("E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared, " n_embd ", c.n_embd, " ",
+             type_name(c.types.gateup), "/", type_name(c.types.down), " shared ", type_name(c.types.shared_gateup), "/",
+             type_name(c.types.shared_down), c.style == Style::Glm ? " glm" : " v2",
+             c.max_binding_bytes ? cat(" binding<=", c.max_binding_bytes) : "", c.no_subgroup ? " no-subgroup" : "");
+}
+
+ModelConfig routing_config(const TileCase& c) {
+  ModelConfig m;
+  m.n_expert = c.n_expert;
+  m.n_expert_used = c.n_used;
+  if (c.style == Style::Glm) {
+    m.gating = GatingFunc::Sigmoid;
+    m.expert_weights_norm = true;
+    m.expert_weights_scale = 1.8f;
+    m.has_exp_probs_b = true;
+  } else {
+    m.gating = GatingFunc::Softmax;
+    m.expert_weights_norm = false;
+    m.expert_weights_scale = 1.0f;
+  }
+  return m;
+}
+
+// Distinct logits (steps of 0.15, shuffled) so that no two experts are near a tie.
+std::vector<float> distinct_logits(std::mt19937& rng, uint32_t n) {
+  std::vector<float> v(n);
+  for (uint32_t e = 0; e < n; ++e) v[e] = (float(e) - float(n) / 2) * 0.15f;
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+struct Outcome {
+  std::vector<uint32_t> ids;
+  std::vector<float> weights;
+  uint32_t dispatches = 0, barriers = 0;
+};
+
+Outcome run_tile_case(const TileCase& c, uint32_t seed) {
+  Gpu& g = vktest::gpu(c.no_subgroup);
+  Outcome out;
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
+  const MoeTileGeometry& geo = ht.g;
+  const ModelConfig cfg = routing_config(c);
+  const bool has_bias = c.style == Style::Glm;
+
+  const std::vector<float> h2 = vktest::random_values(rng, c.n_embd, 0.5f);
+  const std::vector<float> logits = c.logits.empty() ? distinct_logits(rng, c.n_expert) : c.logits;
+  std::vector<float> bias;
+  if (has_bias) {
+    std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+    for (uint32_t e = 0; e < c.n_expert; ++e) bias.push_back(c.logits.empty() ? u(rng) : 0.f);
+  }
+  const std::vector<float> x0 = vktest::random_values(rng, c.n_embd);
+  const cpu::Route route = cpu::route_token(cfg, logits, bias);
+
+  // Device buffers; the tile sits at a non-zero offset.
+  const uint64_t tile_offset = 512;
+  vk::Buffer tile_b = vktest::make_buffer(g, tile_offset + ht.bytes.size(), "tile");
+  vktest::upload_bytes(g, tile_b, ht.bytes.data(), ht.bytes.size(), tile_offset);
+  vk::Buffer h2_b = vktest::make_buffer(g, h2.size() * 4, "h2");
+  vktest::upload_bytes(g, h2_b, h2.data(), h2.size() * 4);
+  vk::Buffer logit_b = vktest::make_buffer(g, logits.size() * 4, "logits");
+  vktest::upload_bytes(g, logit_b, logits.data(), logits.size() * 4);
+  vk::Buffer bias_b = vktest::make_buffer(g, std::max<size_t>(bias.size(), 1) * 4, "bias");
+  if (has_bias) vktest::upload_bytes(g, bias_b, bias.data(), bias.size() * 4);
+  const uint64_t h_floats = vk::moe_h_floats(geo, c.n_used);
+  vk::Buffer h_b = vktest::make_buffer(g, h_floats * 4, "h");
+  vktest::poison(g, h_b);
+  vk::Buffer route_b = vktest::make_buffer(g, c.n_used * 8, "route");
+  vktest::poison(g, route_b);
+  vk::Buffer x_b = vktest::make_buffer(g, x0.size() * 4, "x");
+  vktest::upload_bytes(g, x_b, x0.data(), x0.size() * 4);
+
+  vk::MoeGateUpOp gu;
+  gu.tile = {&tile_b, tile_offset, geo};
+  gu.routing = vk::MoeRouting::from_config(cfg);
+  gu.h2 = h2_b.whole();
+  gu.logits = logit_b.whole();
+  if (has_bias) gu.bias = bias_b.whole();
+  gu.h = h_b.whole();
+  gu.route_out = route_b.whole();
+  gu.max_binding_bytes = c.max_binding_bytes;
+  vk::MoeDownOp down;
+  down.tile = gu.tile;
+  down.routing = gu.routing;
+  down.h = h_b.whole();
+  down.logits = gu.logits;
+  down.bias = gu.bias;
+  down.x = x_b.whole();
+  down.max_binding_bytes = c.max_binding_bytes;
+  EXPECT_GT(gu.bytes(), 0u);
+  EXPECT_GT(down.bytes(), 0u);
+
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  gu.record(rec);
+  rec.barrier();
+  down.record(rec);
+  rec.end();
+  out.dispatches = rec.dispatch_count();
+  out.barriers = rec.barrier_count();
+  rec.run();
+
+  // Routing: ids exactly, weights to float rounding.
+  const std::vector<float> rw = vktest::download_floats(g, route_b, c.n_used * 2);
+  for (uint32_t k = 0; k < c.n_used; ++k) {
+    uint32_t id;
+    std::memcpy(&id, &rw[2 * k], 4);
+    out.ids.push_back(id);
+    out.weights.push_back(rw[2 * k + 1]);
+  }
+  EXPECT_EQ(out.ids, route.experts) << "expert choice";
+  for (uint32_t k = 0; k < c.n_used; ++k)
+    EXPECT_NEAR(out.weights[k], route.weights[k], 2e-6 * std::fabs(route.weights[k]) + 1e-7) << "weight " << k;
+
+  // Gate-up: each routed slot holds its chosen expert's h, the last slot the shared expert's.
+  const std::vector<float> h = vktest::download_floats(g, h_b, h_floats);
+  const uint32_t hs = vk::moe_h_stride(geo);
+  const uint32_t n_slots = c.n_used + (geo.has_shared() ? 1 : 0);
+  for (uint32_t k = 0; k < n_slots; ++k) {
+    const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
+    const uint32_t w = uint32_t(geo.width(slot));
+    std::vector<double> want, tol;
+    moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
+                        [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, h2, want, tol);
+    vktest::expect_close(std::vector<float>(h.begin() + k * hs, h.begin() + k * hs + w), want, tol,
+                         cat("h slot ", k, " (expert ", slot, ")"));
+  }
+
+  // Down (from the GPU's h): x + sum_k w_k down_k h_k + down_shared h_shared.
+  std::vector<double> want(x0.begin(), x0.end()), abs(c.n_embd, 0.0);
+  for (uint32_t k = 0; k < n_slots; ++k) {
+    const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
+    const double weight = k < c.n_used ? route.weights[k] : 1.0;
+    moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, c.n_embd, weight, &h[k * hs], want,
+                          abs);
+  }
+  std::vector<double> tol(c.n_embd);
+  for (uint32_t r = 0; r < c.n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r]);
+  vktest::expect_close(vktest::download_floats(g, x_b, c.n_embd), want, tol, "x after down");
+  return out;
+}
+
+#define REQUIRE_GPU(no_subgroup)                 \
+  do {                                           \
+    Gpu& gg = vktest::gpu(no_subgroup);          \
+    VK_TEST_REQUIRE_GPU(gg);                     \
+  } while (0)
+
+constexpr TileTypes kQ4KM = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q6_K};
+
+TEST(MoeKernels, GlmStyleQ4KGateUpQ6KDown) {
+  REQUIRE_GPU(false);
+  const Outcome o = run_tile_case({64, 4, 256, 256, 256, kQ4KM, Style::Glm}, 1);
+  EXPECT_EQ(o.dispatches, 2u);  // one gate-up, one down: routed and shared slots together
+  EXPECT_EQ(o.barriers, 1u);
+  float sum = 0;
+  for (float w : o.weights) sum += w;
+  EXPECT_NEAR(sum, 1.8f, 1e-5f);  // normalized, then scaled (forward.md §9)
+}
+
+TEST(MoeKernels, V2StyleSoftmaxMixedSharedTypes) {
+  REQUIRE_GPU(false);
+  // DeepSeek-V2-Lite Q4_K_M shape of types: routed down Q5_0 (width not a multiple of 256), the
+  // shared expert's down of another type -> separate dispatches, one extra barrier in the down.
+  const TileTypes t = {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q8_0};
+  const Outcome o = run_tile_case({64, 6, 96, 192, 256, t, Style::V2}, 2);
+  EXPECT_EQ(o.dispatches, 4u);
+  EXPECT_EQ(o.barriers, 2u);
+}
+
+TEST(MoeKernels, WideN2080SmallExpertCount) {
+  REQUIRE_GPU(false);
+  run_tile_case({8, 2, 160, 320, 2080, {GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q8_0, GgmlType::Q4_1}, Style::V2}, 3);
+}
+
+TEST(MoeKernels, Width1408SharedTwice) {
+  REQUIRE_GPU(false);
+  run_tile_case({8, 6, 1408, 2816, 96, {GgmlType::Q5_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q5_0}, Style::V2}, 4);
+}
+
+TEST(MoeKernels, NoSharedExpert) {
+  REQUIRE_GPU(false);
+  run_tile_case({8, 2, 64, 0, 96, {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0}, Style::Glm}, 5);
+}
+
+TEST(MoeKernels, PlainFloatTypes) {
+  REQUIRE_GPU(false);
+  // 16-byte vector path (rows multiple of 8) and the scalar path (n_embd 36, widths 20/40).
+  run_tile_case({8, 3, 64, 128, 96, {GgmlType::F16, GgmlType::BF16, GgmlType::F16, GgmlType::BF16}, Style::Glm}, 6);
+  run_tile_case({8, 3, 20, 40, 36, {GgmlType::F32, GgmlType::F16, GgmlType::F32, GgmlType::F16}, Style::V2}, 7);
+}
+
+TEST(MoeKernels, EveryTypeAsGateUpAndDown) {
+  REQUIRE_GPU(false);
+  const GgmlType types[] = {GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::Q4_K,
+                            GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F32,  GgmlType::F16,  GgmlType::BF16};
+  const size_t n = std::size(types);
+  for (size_t i = 0; i < n; ++i) {
+    const GgmlType gu = types[i], dn = types[(i + 3) % n];
+    run_tile_case({8, 2, 256, 256, 256, {gu, dn, gu, dn}, i % 2 ? Style::V2 : Style::Glm}, 10 + uint32_t(i));
+  }
+}
+
+TEST(MoeKernels, SlotRangesWhenTheTileExceedsOneBinding) {
+  REQUIRE_GPU(false);
+  // Bindings of at most 3 routed slots: routed parts + a shared part, barriers between down parts.
+  TileCase c{16, 4, 64, 128, 256, {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q8_0}, Style::Glm};
+  const MoeTileGeometry geo = moe_tile_geometry(16, 64, 128, 256, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_0,
+                                                GgmlType::Q8_0);
+  c.max_binding_bytes = 3 * geo.slot_stride;
+  const Outcome o = run_tile_case(c, 20);
+  EXPECT_EQ(o.dispatches, 2u * (6 + 1));  // ceil(16 / 3) routed parts + the shared part, each kernel
+  EXPECT_EQ(o.barriers, 1u + 6);           // gate-up | down, and between the 7 down parts
+}
+
+TEST(MoeKernels, SharedMemoryReductionPath) {
+  REQUIRE_GPU(true);
+  run_tile_case({64, 4, 96, 96, 256, {GgmlType::Q4_K, GgmlType::Q5_0, GgmlType::Q4_K, GgmlType::Q5_0}, Style::Glm, 0, true},
+                30);
+  run_tile_case({8, 2, 64, 64, 96, {GgmlType::F16, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q8_0}, Style::V2, 0, true},
+                31);
+}
+
+TEST(MoeKernels, RoutingTiesPreferLowerExpertIds) {
+  REQUIRE_GPU(false);
+  const TileTypes t = {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0};
+  // All equal: experts 0..K-1. Sigmoid and softmax.
+  for (Style s : {Style::Glm, Style::V2}) {
+    TileCase c{8, 3, 32, 32, 64, t, s};
+    c.logits.assign(8, 0.25f);
+    const Outcome o = run_tile_case(c, 40);
+    EXPECT_EQ(o.ids, (std::vector<uint32_t>{0, 1, 2}));
+  }
+  // Ties inside and across the cut: the best pair {5, 2} -> 2 first; then 1.0 x {0, 3, 7} -> 0.
+  TileCase c{8, 3, 32, 32, 64, t, Style::V2};
+  c.logits = {1.f, -1.f, 2.f, 1.f, -3.f, 2.f, 0.f, 1.f};
+  const Outcome o = run_tile_case(c, 41);
+  EXPECT_EQ(o.ids, (std::vector<uint32_t>{2, 5, 0}));
+}
+
+TEST(MoeKernels, RefusesBadShapes) {
+  REQUIRE_GPU(false);
+  Gpu& g = vktest::gpu();
+  std::mt19937 rng(50);
+  const HostTile ht = moetest::build_tile(rng, 8, 32, 32, 64, {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0});
+  vk::Buffer tile_b = vktest::make_buffer(g, ht.bytes.size(), "tile");
+  vk::Buffer small = vktest::make_buffer(g, 64, "small");
+  vk::MoeGateUpOp gu;
+  gu.tile = {&tile_b, 0, ht.g};
+  gu.routing = {9, GatingFunc::Softmax, false, 0.f};  // K > E
+  gu.h2 = gu.logits = gu.h = small.whole();
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(gu.record(rec), Error);
+  gu.routing.n_used = 2;
+  EXPECT_THROW(gu.record(rec), Error);  // h2 (64 floats) and h too small
+  vk::MoeDownOp dn;
+  dn.tile = {&tile_b, 16, ht.g};  // not 256-aligned and overruns the buffer
+  dn.routing = gu.routing;
+  dn.h = dn.logits = dn.x = small.whole();
+  EXPECT_THROW(dn.record(rec), Error);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,62 @@
+// Helpers for the Vulkan kernel tests (test_vk_*.cpp, test_kernel_*.cpp): one shared context per
+// test binary (tests skip only when no Vulkan device exists at all), buffers, host <-> device
+// copies, NaN poisoning, random quantized matrices and CPU reference math.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "format/error.h"
+#include "format/quant.h"
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/memory.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+#include "runtime/vulkan/transfer.h"
+
+namespace tessera::vktest {
+
+struct Gpu {
+  std::unique_ptr<vk::Context> ctx;
+  std::unique_ptr<vk::MemoryPool> local;  // device-local
+  std::unique_ptr<vk::MemoryPool> host;   // host-visible
+  std::unique_ptr<vk::Transfer> transfer;
+  std::string why;  // why there is no context
+};
+// The shared context (default cache dir), or one with subgroup ops disabled (shared-memory paths).
+Gpu& gpu(bool no_subgroup_ops = false);
+
+#define VK_TEST_REQUIRE_GPU(g) \
+  if (!(g).ctx) GTEST_SKIP() << "no usable Vulkan device: " << (g).why
+
+vk::Buffer make_buffer(Gpu& g, uint64_t bytes, const std::string& name, bool host_visible = false);
+void upload_bytes(Gpu& g, vk::Buffer& b, const void* data, size_t bytes, uint64_t offset = 0);
+std::vector<float> download_floats(Gpu& g, const vk::Buffer& b, size_t n, uint64_t offset = 0);
+// Fills the whole buffer with f32 quiet NaN.
+void poison(Gpu& g, vk::Buffer& b);
+
+// Random floats of varied magnitude (each group of 16 scaled by exp(U(-2, 2))), so block scales
+// and K-quant sub-block scales take many values.
+std::vector<float> random_values(std::mt19937& rng, size_t n, float scale = 1.f);
+// A rows x cols matrix quantized to `type` (GGUF layout) from random_values.
+std::vector<uint8_t> random_matrix(std::mt19937& rng, GgmlType type, uint32_t rows, uint32_t cols);
+// Row r of a GGUF-layout matrix, dequantized.
+std::vector<float> dequant_row(GgmlType type, const std::vector<uint8_t>& gguf, uint32_t cols, uint32_t r);
+
+// A matrix uploaded in the layout kernels read: SPLIT1 for block types, plain otherwise; the
+// buffer holds only this matrix (offset 0). Heap-allocated: ref points at buffer.
+struct DeviceMatrix {
+  vk::Buffer buffer;
+  vk::MatrixRef ref;
+};
+std::unique_ptr<DeviceMatrix> upload_matrix(Gpu& g, GgmlType type, uint32_t rows, uint32_t cols, const std::vector<uint8_t>& gguf);
+
+// Expects |got - want| <= tol for each element; reports the first few mismatches with `what`.
+void expect_close(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
+                  const std::string& what);
+
+}  // namespace tessera::vktest

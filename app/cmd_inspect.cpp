@@ -10,6 +10,7 @@
 #include "format/gguf.h"
 #include "format/inspect.h"
 #include "format/mapped_file.h"
+#include "format/tsr_inspect.h"
 
 namespace tessera::app {
 namespace {
@@ -33,6 +34,7 @@ struct FileKind {
 
 constexpr FileKind kKinds[] = {
     {"GGUF", "GGUF", &inspect_gguf},
+    {"TSR1", "packed .tsr", &inspect_tsr},  // format/tsr_inspect.h
 };
 
 // The magic as printable text (non-printable bytes as \xNN).
@@ -68,7 +70,7 @@ int run_inspect(const InspectArgs& a) {
 
 Action setup(CLI::App& sub, const Globals&) {
   auto args = std::make_shared<InspectArgs>();
-  sub.add_option("file", args->path, "Model file (GGUF)")->required();
+  sub.add_option("file", args->path, "Model file (GGUF or packed .tsr)")->required();
   sub.add_flag("--json", args->json, "Print one JSON object instead of text");
   sub.add_option("--max-items", args->max_items, "Array elements shown per metadata array (0 = all)")
       ->capture_default_str();

@@ -3,7 +3,9 @@
 // time per thread (plus one block's dequantized attn_v_b for W_vo), never on a whole model.
 #include "convert/convert.h"
 
+#include <sys/mman.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -140,6 +142,28 @@ struct Runner {
   }
 };
 
+// Drop the source pages a finished job read from this process's resident memory. The source is a
+// private read-only file mapping, so the pages are simply re-read from the file if touched again;
+// without this, resident memory would grow to the size of the source (17 GB for GLM Q4_0).
+void release_source(const GgufFile& src, const GgufTensorInfo& t) {
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t from = uintptr_t(src.tensor_data(t)) / page * page;
+  const uintptr_t to = uintptr_t(src.tensor_data(t) + t.nbytes) / page * page;  // keep a shared last page
+  if (to > from) ::madvise(reinterpret_cast<void*>(from), to - from, MADV_DONTNEED);
+}
+
+void release_inputs(const GgufFile& src, const PlannedTensor& p, const ModelConfig& c) {
+  if (p.source) return release_source(src, *p.source);
+  std::vector<std::string> names;
+  if (p.job == Job::Tile)
+    names = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+             "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight"};
+  if (p.job == Job::ComposeQk) names = {c.q_lora_rank ? "attn_q_b.weight" : "attn_q.weight", "attn_k_b.weight"};
+  if (p.job == Job::ComposeVo) names = {"attn_output.weight", "attn_v_b.weight"};
+  for (const std::string& n : names)
+    if (const GgufTensorInfo* t = src.find_tensor(blk(p.layer, n.c_str()))) release_source(src, *t);
+}
+
 // Refuse writing over the input (same path, or another name for the same file).
 void check_not_same_file(const std::string& in, const std::string& out) {
   if (in == out) usage_error("output path '", out, "' is the input file; choose another name");
@@ -180,6 +204,7 @@ ConvertResult convert_model(const ConvertOptions& opt) {
         case Job::ComposeQk: run.compose_qk(i, p.layer); break;
         case Job::ComposeVo: run.compose_vo(i, p.layer); break;
       }
+      release_inputs(src, p, plan.config);
       res.bytes_by_job[int(p.job)] += p.entry.nbytes;
       res.tensors_by_job[int(p.job)] += 1;
       if (opt.after_tensor) opt.after_tensor(i, p.entry.name);

@@ -54,6 +54,10 @@ struct ConvertPlan {
   uint64_t composed_bytes = 0;               // bytes of the composed tensors
 };
 
+// Every tensor expected_tensors(c) lists is in `src` with its shape; throws Error(BadInput)
+// naming the file, the tensor, and the expected and found shapes.
+void check_source(const GgufFile& src, const ModelConfig& c);
+
 // Checks the source (deepseek2 via ModelConfig::from_metadata, every expected tensor present with
 // its shape, gate/up types equal for tiles) and decides every tensor. Throws Error(BadInput)
 // naming the file and tensor, Error(Usage) for bad options.

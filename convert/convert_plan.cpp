@@ -98,18 +98,8 @@ PlannedTensor plan_composed(const GgufFile& src, const ModelConfig& c, const Con
 
 }  // namespace
 
-ConvertPlan make_plan(const GgufFile& src, const ConvertOptions& opt) {
-  const ComposeSet comp = parse_compose(opt.compose);
-  check_composed_type_option(opt.composed_type);
-  ConvertPlan plan;
-  plan.config = ModelConfig::from_metadata(src.metadata());
-  const ModelConfig& c = plan.config;
-
-  // Every expected tensor present, with its shape.
-  const std::vector<TensorSpec> expected = expected_tensors(c);
-  std::unordered_set<std::string> expected_names;
-  for (const TensorSpec& s : expected) {
-    expected_names.insert(s.name);
+void check_source(const GgufFile& src, const ModelConfig& c) {
+  for (const TensorSpec& s : expected_tensors(c)) {
     const GgufTensorInfo* t = src.find_tensor(s.name);
     if (!t) bad_input(src.path(), ": missing tensor '", s.name, "' (a deepseek2 model with these hyperparameters needs it)");
     std::vector<uint64_t> have(t->ne.begin(), t->ne.begin() + t->n_dims);
@@ -123,6 +113,19 @@ ConvertPlan make_plan(const GgufFile& src, const ConvertOptions& opt) {
       bad_input(src.path(), ": tensor '", s.name, "' has shape ", t->shape_string(), ", expected ", w.shape_string());
     }
   }
+}
+
+ConvertPlan make_plan(const GgufFile& src, const ConvertOptions& opt) {
+  const ComposeSet comp = parse_compose(opt.compose);
+  check_composed_type_option(opt.composed_type);
+  ConvertPlan plan;
+  plan.config = ModelConfig::from_metadata(src.metadata());
+  const ModelConfig& c = plan.config;
+
+  check_source(src, c);
+  const std::vector<TensorSpec> expected = expected_tensors(c);
+  std::unordered_set<std::string> expected_names;
+  for (const TensorSpec& s : expected) expected_names.insert(s.name);
 
   auto add_copy = [&](const std::string& name, int32_t layer) {
     plan.tensors.push_back(copy_or_split(src, src.require_tensor(name), layer));

@@ -2,6 +2,8 @@
 // separate, plain-loop implementation (no Eigen), so it checks the converter rather than repeating it.
 #include "convert/verify.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -153,8 +155,15 @@ void check_tile(Ctx& cx, const TsrTensor& t) {
                                          s ? type_name(s->type) : "no such tensor"));
         continue;
       }
+      const uint64_t w = g.width(shared ? g.n_expert : 0);
+      const std::array<uint64_t, 4> want_ne = p.part == MoePart::Down ? std::array<uint64_t, 4>{w, g.n_embd, shared ? 1 : g.n_expert, 1}
+                                                                       : std::array<uint64_t, 4>{g.n_embd, w, shared ? 1 : g.n_expert, 1};
+      if (s->ne != want_ne) {
+        cx.add("bytes", name, false, cat("shape ", s->shape_string(), " does not match the tile ", t.name));
+        continue;
+      }
       const uint64_t rb = row_bytes(s->type, s->ne[0]);
-      const uint64_t rows_per_slot = p.part == MoePart::Down ? g.n_embd : g.width(shared ? g.n_expert : 0);
+      const uint64_t rows_per_slot = p.part == MoePart::Down ? g.n_embd : w;
       std::vector<uint8_t> rows(rows_per_slot * rb);
       std::string failure;
       const uint32_t first = shared ? g.n_expert : 0, last = shared ? g.n_expert + 1 : g.n_expert;
@@ -172,17 +181,38 @@ void check_tile(Ctx& cx, const TsrTensor& t) {
   }
 }
 
-// Plain-loop float64 product: out (m x n) = a (m x k) * b (k x n), all row-major, contiguous
-// inner loop for the compiler to vectorize. a's row stride is lda.
+// Plain-loop float64 product: out (m x n) = a (m x k) * b (k x n), all row-major, a's row
+// stride lda, out's ldo. Four output rows at a time so each row of b is read once per four rows;
+// contiguous inner loops for the compiler to vectorize.
 void matmul(const double* a, uint64_t lda, const double* b, uint64_t m, uint64_t k, uint64_t n, double* out,
             uint64_t ldo) {
-  for (uint64_t i = 0; i < m; ++i) {
-    double* o = out + i * ldo;
-    for (uint64_t j = 0; j < n; ++j) o[j] = 0.0;
+  for (uint64_t i = 0; i < m; i += 4) {
+    const uint64_t rows = std::min<uint64_t>(4, m - i);
+    double* __restrict o[4];
+    for (uint64_t r = 0; r < 4; ++r) o[r] = out + (i + std::min(r, rows - 1)) * ldo;
+    for (uint64_t r = 0; r < rows; ++r) std::fill(o[r], o[r] + n, 0.0);
     for (uint64_t p = 0; p < k; ++p) {
-      const double av = a[i * lda + p];
-      const double* br = b + p * n;
-      for (uint64_t j = 0; j < n; ++j) o[j] += av * br[j];
+      const double* __restrict br = b + p * n;
+      if (rows == 4) {
+        const double a0 = a[i * lda + p], a1 = a[(i + 1) * lda + p], a2 = a[(i + 2) * lda + p], a3 = a[(i + 3) * lda + p];
+        double* __restrict o0 = o[0];
+        double* __restrict o1 = o[1];
+        double* __restrict o2 = o[2];
+        double* __restrict o3 = o[3];
+        for (uint64_t j = 0; j < n; ++j) {
+          const double bv = br[j];
+          o0[j] += a0 * bv;
+          o1[j] += a1 * bv;
+          o2[j] += a2 * bv;
+          o3[j] += a3 * bv;
+        }
+      } else {
+        for (uint64_t r = 0; r < rows; ++r) {
+          const double av = a[(i + r) * lda + p];
+          double* __restrict orow = o[r];
+          for (uint64_t j = 0; j < n; ++j) orow[j] += av * br[j];
+        }
+      }
     }
   }
 }
@@ -243,6 +273,19 @@ void report_composed(Ctx& cx, const TsrTensor& t, const std::vector<HeadErrors>&
   cx.add("composed", t.name, pass, d);
 }
 
+// (b) The stored type is the one the recorded --composed-type gives (FORMAT.md §7).
+void check_composed_type(Ctx& cx, const TsrTensor& t, GgmlType source_type, uint64_t row_len) {
+  const std::string option = cx.tsr.metadata().get_string("tessera.composed_type").value_or("?");
+  std::string why;
+  try {
+    const GgmlType want = composed_storage_type(option, source_type, row_len);
+    if (want != t.type) why = cat("stored as ", type_name(t.type), " but --composed-type ", option, " gives ", type_name(want));
+  } catch (const Error& e) {
+    why = cat("tessera.composed_type: ", e.what());
+  }
+  if (!why.empty()) cx.add("composed", t.name, false, why);
+}
+
 // (b) W_qk: per head [Kb_h · Qb_nope_h ; Qb_pe_h], kv_lora + rope rows of q_in.
 void check_qk(Ctx& cx, const TsrTensor& t) {
   const ModelConfig& c = cx.cfg;
@@ -250,7 +293,10 @@ void check_qk(Ctx& cx, const TsrTensor& t) {
   const GgufTensorInfo& q = query_tensor(cx.src, c, L);
   const GgufTensorInfo& kb = cx.src.require_tensor(blk(L, "attn_k_b.weight"));
   const uint64_t R = c.kv_lora_rank, Dr = c.n_rot, Dn = c.n_nope, q_in = qk_row_len(c), rows = R + Dr;
+  if (t.ne[0] != q_in || t.n_rows() != c.n_head * rows || q.ne[0] != q_in || kb.ne[0] != Dn)
+    return cx.add("composed", t.name, false, cat("shape ", t.shape_string(), ", expected {", q_in, ", ", c.n_head * rows, "}"));
   const uint64_t rb = row_bytes(t.type, q_in), src_rb = row_bytes(q.type, q_in);
+  check_composed_type(cx, t, q.type, q_in);
   std::vector<HeadErrors> heads(c.n_head);
   parallel_for(c.n_head, cx.threads, [&](size_t h) {
     std::vector<double> kb_h(R * Dn), qn(Dn * q_in), ref(rows * q_in);
@@ -277,6 +323,9 @@ void check_vo(Ctx& cx, const TsrTensor& t) {
   const uint64_t H = c.n_head, Dv = c.n_v, R = c.kv_lora_rank, d = c.n_embd, len = H * R;
   const GgufTensorInfo& wo = cx.src.require_tensor(blk(L, "attn_output.weight"));
   const GgufTensorInfo& vb = cx.src.require_tensor(blk(L, "attn_v_b.weight"));
+  if (t.ne[0] != len || t.n_rows() != d)
+    return cx.add("composed", t.name, false, cat("shape ", t.shape_string(), ", expected {", len, ", ", d, "}"));
+  check_composed_type(cx, t, wo.type, len);
   std::vector<double> wo_all(d * H * Dv), vb_all(H * Dv * R), ref(d * len);
   dequant_rows_f64(cx.src, wo, 0, d, wo_all.data());
   dequant_rows_f64(cx.src, vb, 0, H * Dv, vb_all.data());
@@ -374,6 +423,8 @@ VerifyReport verify_packed(const VerifyOptions& opt) {
   const GgufFile src = GgufFile::open(opt.original_path);
   const TsrFile tsr = TsrFile::open(opt.packed_path);  // (c) header, directory, metadata checksums
   const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
+  check_source(src, ModelConfig::from_metadata(src.metadata()));  // the original is a whole model
+  check_source(src, cfg);  // ... of the shapes the packed file was made for
   uint64_t total = 0;
   for (const TsrTensor& t : tsr.tensors()) total += 2 * t.nbytes;
   ProgressBar bar("verify", total, opt.progress);

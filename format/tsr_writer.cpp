@@ -10,11 +10,11 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #include <unordered_set>
 
 #include "format/error.h"
-#include "format/mapped_file.h"
 #include "format/tsr.h"
 #include "format/tsr_codec.h"
 
@@ -163,20 +163,41 @@ void TsrWriter::finish(unsigned threads) {
       runtime_error(path_, ": tensor '", tensors_[k].name, "': ", written_[k].load(), " bytes were written, expected ",
                     tensors_[k].nbytes);
   // Hash what is in the file (so the checksums describe the bytes on disk, whatever order and
-  // thread wrote them), in parallel over tensors.
+  // thread wrote them), in parallel over tensors, reading with pread into a small buffer per
+  // thread (a mapping would pull the whole file into this process's resident memory).
   {
-    if (::fdatasync(fd_) != 0) runtime_error(tmp_path_, ": fdatasync failed: ", std::strerror(errno));
-    MappedFile map(tmp_path_);
-    const auto bytes = map.bytes();
     std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    std::string error;
+    std::mutex mu;
     auto work = [&] {
-      for (size_t i; (i = next.fetch_add(1)) < tensors_.size();)
-        tensors_[i].xxh64 = XXH64(bytes.data() + tensors_[i].offset, tensors_[i].nbytes, 0);
+      std::vector<uint8_t> buf(size_t(16) << 20);
+      XXH64_state_t* st = XXH64_createState();
+      for (size_t i; !failed && (i = next.fetch_add(1)) < tensors_.size();) {
+        TsrTensor& t = tensors_[i];
+        XXH64_reset(st, 0);
+        for (uint64_t at = 0; at < t.nbytes;) {
+          const size_t want = size_t(std::min<uint64_t>(buf.size(), t.nbytes - at));
+          const ssize_t got = ::pread(fd_, buf.data(), want, off_t(t.offset + at));
+          if (got <= 0) {
+            if (got < 0 && errno == EINTR) continue;
+            std::lock_guard<std::mutex> lock(mu);
+            error = cat(tmp_path_, ": reading back tensor '", t.name, "' failed: ", got < 0 ? std::strerror(errno) : "end of file");
+            failed = true;
+            break;
+          }
+          XXH64_update(st, buf.data(), size_t(got));
+          at += uint64_t(got);
+        }
+        t.xxh64 = XXH64_digest(st);
+      }
+      XXH64_freeState(st);
     };
     std::vector<std::thread> pool;
     for (unsigned k = 1; k < std::max(1u, threads); ++k) pool.emplace_back(work);
     work();
     for (auto& th : pool) th.join();
+    if (failed) runtime_error(error);
   }
   std::vector<uint8_t> head(kTsrHeaderBytes + header_.directory_size, 0);
   for (size_t i = 0; i < tensors_.size(); ++i)

@@ -3,20 +3,22 @@
 // attention_partial.comp into the latent attention output of every head:
 //   M = max_c m_c,  w_c = exp(m_c - M),  olat[h*R + r] = sum_c w_c o_c[h][r] / sum_c w_c l_c
 // The chunk count follows kv_len exactly as in attention_partial.comp (same arguments, same TILE).
-// Workgroup (x = block of WG latent columns, y = head); every workgroup recomputes M and the
-// weights of its head (n_groups <= MAX_GROUPS values) and then owns one column per thread.
+// Workgroup (x = block of COLS latent columns, y = head) of COLS*LANES threads: every workgroup
+// recomputes M and the weights of its head (n_groups <= MAX_GROUPS values); thread (column,
+// lane) sums the chunks lane, lane + LANES, ... of its column, and the LANES sums are added.
 //
-// Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), WG (power of two),
-// MAX_GROUPS (>= n_groups).
+// Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), COLS, LANES (COLS*LANES
+// a power of two), MAX_GROUPS (>= n_groups).
 #extension GL_GOOGLE_include_directive : require
 #include "attention_args.h"
 
+#define WG (COLS * LANES)
 layout(local_size_x = WG) in;
 
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
-layout(std430, binding = 0) readonly buffer Partials { float partials[]; };
-layout(std430, binding = 1) readonly buffer Step { uint step_words[]; };
-layout(std430, binding = 2) writeonly buffer Out { float olat[]; };  // N_HEAD x R
+layout(std430, binding = 0) readonly restrict buffer Partials { float partials[]; };
+layout(std430, binding = 1) readonly restrict buffer Step { uint step_words[]; };
+layout(std430, binding = 2) writeonly restrict buffer Out { float olat[]; };  // N_HEAD x R
 
 layout(push_constant) uniform Push { AttnMergeArgs args; };
 
@@ -26,7 +28,6 @@ shared float reduce_buf[WG];
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint head = gl_WorkGroupID.y;
-  const uint r = gl_WorkGroupID.x * WG + tid;
   const uint pos = step_words[args.pos_word];
   const uint kv_len = min(pos + 1, args.n_ctx);
   const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
@@ -57,9 +58,18 @@ void main() {
     barrier();
   }
   const float inv_l = 1.0 / reduce_buf[0];
+  barrier();
 
-  if (r >= KV_LORA) return;
+  const uint col = tid % COLS, lane = tid / COLS;
+  const uint r = gl_WorkGroupID.x * COLS + col;
   float o = 0.0;
-  for (uint c = 0; c < n_chunks; ++c) o += weights[c] * partials[(c * N_HEAD + head) * KV_LORA + r];
-  olat[head * KV_LORA + r] = o * inv_l;
+  if (r < KV_LORA) {
+    for (uint c = lane; c < n_chunks; c += LANES) o += weights[c] * partials[(c * N_HEAD + head) * KV_LORA + r];
+  }
+  reduce_buf[tid] = o;
+  barrier();
+  if (lane == 0 && r < KV_LORA) {
+    for (uint l = 1; l < LANES; ++l) o += reduce_buf[l * COLS + col];
+    olat[head * KV_LORA + r] = o * inv_l;
+  }
 }

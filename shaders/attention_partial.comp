@@ -1,6 +1,6 @@
 #version 450
 // D5 of the decode step (briefs/decode_plan.md): split-K absorbed MLA attention over one layer's
-// latent cache (forward.md section 2.3-2.4). For the query at position pos (kv_len = pos + 1 cached rows)
+// latent cache (forward.md section 2.3-2.4). For the query at position pos (kv_len = pos + 1 rows)
 //   s_h(j) = kq_scale * (q_lat_h . c_j + rope(q_pe_h, pos) . kpe_j),   j < kv_len
 // and per chunk of positions the softmax state of every head: m = max_j s, l = sum_j exp(s - m),
 // o = sum_j exp(s - m) * c_j (R floats). attention_merge.comp combines the chunks.
@@ -8,47 +8,56 @@
 // Work split: workgroup (x = chunk c, y = head group) handles the positions of chunk c
 // (ts_attn_chunk_len of attention_args.h; chunks past kv_len exit at once, so the dispatch is
 // sized for the largest context at record time while the work follows the current length) for
-// HW heads. With HW = all heads (the default) every cached row is read once from memory.
-// Inside, tiles of TILE rows are staged in shared memory as f16 and used twice:
-//   scores: thread (j, head group g, dim slice s) dots row j with HG heads over its slice of the
-//           R+Dr dims (q_lat from the q buffer, q_pe roped on load into shared memory);
-//   values: thread t owns latent column pairs t, t+WG, ... and accumulates all HW heads.
-// The query's rope happens here (each workgroup ropes its heads' q_pe into shared memory), so
-// q holds the unroped q_pe as the projection wrote it.
+// HW <= 32 heads. With HW = all heads (the default) every cached row is read once from memory.
+// Rows are staged TILE at a time in shared memory as f32 (the next tile is fetched into
+// registers while the current one is used) and used twice, each phase register-tiled so that a
+// value read from shared memory feeds several FMAs:
+//   scores: thread (dim slice s, head quad g) holds the query of heads 4g..4g+3 on the SV vec4
+//           s, s + NS, s + 2 NS, ... of the row in registers (q_pe roped at load: the query's
+//           rope happens here) and writes one partial dot per row and head; the NS slice
+//           partials are then summed;
+//   values: thread (column quad c, head group o) accumulates columns 4c..4c+3 for OH heads.
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) (R and Dr multiples of 8) + the rope.glsl table;
-// WG (threads), TILE (rows per tile), HW (heads per workgroup), HG (heads per score thread),
-// NHG (head groups, NHG*HG >= HW), NSL (dim slices); TILE*NHG*NSL == WG, WG >= HW.
+// WG (threads, a multiple of 32), TILE (rows per tile, a multiple of 2), HW (heads per
+// workgroup, <= 32), SV (vec4 per score slice), OH (heads per value thread, a multiple of 4).
+// The host sizes WG >= NS * ceil(HW/4), WG >= (R/4) * ceil(HW/OH), WG >= HW.
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
 #include "rope.glsl"
 
 layout(local_size_x = WG) in;
 
-layout(std430, binding = 0) readonly buffer Query { vec4 q4[]; };         // N_HEAD x (R+Dr) f32
-layout(std430, binding = 1) readonly buffer Cache { uvec4 cache4[]; };    // n_ctx x (R+Dr) f16
-layout(std430, binding = 2) readonly buffer Step { uint step_words[]; };  // per-token values
+layout(std430, binding = 0) readonly restrict buffer Query { vec4 q4[]; };       // N_HEAD x (R+Dr) f32
+layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; };  // n_ctx x (R+Dr) f16
+layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
-layout(std430, binding = 3) writeonly buffer Partials { float partials[]; };
+layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
-const uint kRow = KV_LORA + N_ROT;     // values per cache row
-const uint kRowQ = kRow / 8;           // uvec4 (8 halves) per cache row
-const uint kLatQ = KV_LORA / 8;        // uvec4 of the latent part
-const uint kStride = kRowQ + 1;        // padded shared row: column reads hit distinct banks
-const uint kHWP = (HW + 3) / 4 * 4;    // heads per score row, padded to vec4
-const uint kPairs = KV_LORA / 2;       // latent column pairs (one f16 pair = one uint)
-const uint kPairsPerThread = (kPairs + WG - 1) / WG;
-const float kNegHuge = -3.0e38;        // "no score yet"; exp(kNegHuge - m) == 0
+const uint kRow = KV_LORA + N_ROT;             // values per cache row
+const uint kRowQ = kRow / 8;                   // uvec4 (8 halves) per cache row
+const uint kRowV = kRow / 4;                   // vec4 per staged f32 row
+const uint kLatV = KV_LORA / 4;                // vec4 of the latent part
+const uint kNS = (kRowV + SV - 1) / SV;        // score slices
+const uint kSItems = kNS * ((HW + 3) / 4);     // score threads
+const uint kHWP = (HW + 3) / 4 * 4;            // heads per score row, padded to vec4
+const uint kOQ = KV_LORA / 4;                  // latent column quads
+const uint kOItems = kOQ * ((HW + OH - 1) / OH);  // value threads
+const uint kLoads = (TILE * kRowQ + WG - 1) / WG;  // uvec4 fetched per thread per tile
+const float kNegHuge = -3.0e38;                // "no score yet"; exp(kNegHuge - m) == 0
 
-shared uvec4 tile_kv[TILE * kStride];
-shared vec4 scores4[NSL * TILE * kHWP / 4];  // [slice][j][head]; slice 0 then holds exp(s - m)
-shared vec4 q_pe4[HW * N_ROT / 4];           // roped q_pe of this workgroup's heads
-shared float m_tile[kHWP];                   // running max including the current tile
-shared float alpha[kHWP];                    // factor rescaling the previous accumulators
+shared vec4 tile[TILE * kRowV];                // staged rows, f32
+// [slice][row][head] partial scores; slice 0 then holds s, then exp(s - m); OH/4 vec4 of slack
+// for the value threads' reads past the last head
+shared vec4 scores4[kNS * TILE * kHWP / 4 + OH / 4];
+shared float m_tile[kHWP];                     // running max including the current tile
+shared float alpha[kHWP];                      // factor rescaling the previous accumulators
 
-float score_part(uint slice, uint j, uint h) { return scores4[((slice * TILE + j) * kHWP + h) / 4][h % 4]; }
+float score_at(uint idx) { return scores4[idx / 4][idx % 4]; }
+void set_score(uint idx, float v) { scores4[idx / 4][idx % 4] = v; }
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -62,127 +71,137 @@ void main() {
   if (begin >= kv_len) return;  // uniform: chunk beyond the current context
   const uint end = min(kv_len, begin + chunk_len);
 
-  // Rope this workgroup's q_pe at the query position.
-  for (uint i = tid; i < n_heads * (N_ROT / 2); i += WG) {
-    const uint hl = i / (N_ROT / 2), k = i % (N_ROT / 2);
-    const uint src = (head0 + hl) * kRow + KV_LORA + 2 * k;
-    const vec2 pe = rope_rotate(vec2(q4[src / 4][src % 4], q4[(src + 1) / 4][(src + 1) % 4]), rope_cos_sin(pos, k));
-    const uint dst = hl * N_ROT + 2 * k;
-    q_pe4[dst / 4][dst % 4] = pe.x;
-    q_pe4[(dst + 1) / 4][(dst + 1) % 4] = pe.y;
+  // Fetch of tile rows [t0, t0 + n) into registers: thread tid takes uvec4 tid + i*WG.
+  uvec4 fetched[kLoads];
+  [[unroll]] for (uint i = 0; i < kLoads; ++i) {
+    const uint e = tid + i * WG;
+    if (e < min(uint(TILE), end - begin) * kRowQ) fetched[i] = cache4[begin * kRowQ + e];
   }
 
-  // Score-thread role: row j of the tile, heads g*HG.., dims of slice s (in uvec4 units).
-  const uint sj = tid % TILE;
-  const uint sg = (tid / TILE) % NHG;
-  const uint ss = tid / (TILE * NHG);
-  const uint u_begin = ss * kRowQ / NSL, u_end = (ss + 1) * kRowQ / NSL;
+  // Score role: slice s, head quad g; query values in registers (heads past the last duplicate it).
+  const bool s_active = tid < kSItems;
+  const uint s_slice = tid % kNS, s_quad = min(tid / kNS, (HW + 3) / 4 - 1);
+  vec4 qreg[4][SV];
+  [[unroll]] for (uint a = 0; a < 4; ++a) {
+    const uint h = head0 + min(s_quad * 4 + a, n_heads - 1);
+    [[unroll]] for (uint i = 0; i < SV; ++i) {
+      const uint v = min(s_slice + i * kNS, kRowV - 1);
+      vec4 qv = q4[h * kRowV + v];
+      if (v >= kLatV) {  // rope pairs (4v - R)/2 and +1
+        const uint k = (4 * v - KV_LORA) / 2;
+        qv.xy = rope_rotate(qv.xy, rope_cos_sin(pos, k));
+        qv.zw = rope_rotate(qv.zw, rope_cos_sin(pos, k + 1));
+      }
+      qreg[a][i] = qv;
+    }
+  }
 
-  // Value-thread role: latent column pairs tid + i*WG; accumulators of all HW heads.
-  vec2 acc[kPairsPerThread][HW];
-  for (uint i = 0; i < kPairsPerThread; ++i)
-    for (uint h = 0; h < HW; ++h) acc[i][h] = vec2(0.0);
+  // Value role: column quad, head group; accumulators of OH heads.
+  const bool o_active = tid < kOItems;
+  const uint o_quad = tid % kOQ, o_head0 = (tid / kOQ) * OH;
+  vec4 acc[OH];
+  [[unroll]] for (uint a = 0; a < OH; ++a) acc[a] = vec4(0.0);
   float m_run = kNegHuge, l_run = 0.0;  // meaningful in thread tid == local head < n_heads
 
   for (uint t0 = begin; t0 < end; t0 += TILE) {
     const uint n_valid = min(uint(TILE), end - t0);
-    barrier();  // previous tile fully consumed (and q_pe4 written, on the first tile)
-    for (uint i = tid; i < n_valid * kRowQ; i += WG) {
-      const uint r = i / kRowQ, u = i % kRowQ;
-      tile_kv[r * kStride + u] = cache4[(t0 + r) * kRowQ + u];
+    barrier();  // previous tile fully consumed
+    [[unroll]] for (uint i = 0; i < kLoads; ++i) {
+      const uint e = tid + i * WG;
+      if (e < n_valid * kRowQ) {
+        const uint r = e / kRowQ, u = e % kRowQ;
+        const uvec4 w = fetched[i];
+        tile[r * kRowV + 2 * u] = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
+        tile[r * kRowV + 2 * u + 1] = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
+      }
+    }
+    barrier();
+    // Fetch the next tile while this one is used.
+    const uint t1 = t0 + TILE;
+    if (t1 < end) {
+      [[unroll]] for (uint i = 0; i < kLoads; ++i) {
+        const uint e = tid + i * WG;
+        if (e < min(uint(TILE), end - t1) * kRowQ) fetched[i] = cache4[t1 * kRowQ + e];
+      }
+    }
+
+    // Partial scores, two rows at a time (rows past n_valid are computed and ignored).
+    if (s_active) {
+      for (uint j = 0; j < n_valid; j += 2) {
+        vec4 d0 = vec4(0.0), d1 = vec4(0.0);  // heads 4g..4g+3 of rows j, j+1
+        [[unroll]] for (uint i = 0; i < SV; ++i) {
+          const uint v = s_slice + i * kNS;
+          if (v < kRowV) {
+            const vec4 k0 = tile[j * kRowV + v], k1 = tile[(j + 1) * kRowV + v];
+            [[unroll]] for (uint a = 0; a < 4; ++a) {
+              d0[a] += dot(qreg[a][i], k0);
+              d1[a] += dot(qreg[a][i], k1);
+            }
+          }
+        }
+        scores4[((s_slice * TILE + j) * kHWP) / 4 + s_quad] = d0;
+        scores4[((s_slice * TILE + j + 1) * kHWP) / 4 + s_quad] = d1;
+      }
     }
     barrier();
 
-    // Partial scores over this thread's dim slice.
-    float dots[HG];
-    for (uint i = 0; i < HG; ++i) dots[i] = 0.0;
-    for (uint u = u_begin; u < min(u_end, kLatQ); ++u) {
-      const uvec4 w = tile_kv[sj * kStride + u];
-      const vec4 ka = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
-      const vec4 kb = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
-      for (uint i = 0; i < HG; ++i) {
-        const uint h = head0 + min(sg * HG + i, n_heads - 1);
-        const uint q = (h * kRow) / 4 + 2 * u;
-        dots[i] += dot(q4[q], ka) + dot(q4[q + 1], kb);
+    // Sum the slices into slice 0 (scaled; rows past the context and padding heads get kNegHuge).
+    for (uint i = tid; i < TILE * kHWP; i += WG) {
+      const uint j = i / kHWP, h = i % kHWP;
+      float s = kNegHuge;
+      if (j < n_valid && h < n_heads) {
+        s = 0.0;
+        for (uint sl = 0; sl < kNS; ++sl) s += score_at((sl * TILE + j) * kHWP + h);
+        s *= args.kq_scale;
       }
-    }
-    for (uint u = max(u_begin, kLatQ); u < u_end; ++u) {
-      const uvec4 w = tile_kv[sj * kStride + u];
-      const vec4 ka = vec4(unpackHalf2x16(w.x), unpackHalf2x16(w.y));
-      const vec4 kb = vec4(unpackHalf2x16(w.z), unpackHalf2x16(w.w));
-      for (uint i = 0; i < HG; ++i) {
-        const uint hl = min(sg * HG + i, n_heads - 1);
-        const uint q = (hl * N_ROT) / 4 + 2 * (u - kLatQ);
-        dots[i] += dot(q_pe4[q], ka) + dot(q_pe4[q + 1], kb);
-      }
-    }
-    for (uint i = 0; i < HG; ++i) {
-      const uint hl = sg * HG + i;
-      if (hl < n_heads) {
-        const uint idx = (ss * TILE + sj) * kHWP + hl;
-        scores4[idx / 4][idx % 4] = dots[i];
-      }
+      set_score(i, s);
     }
     barrier();
 
     // Online softmax bookkeeping, one thread per head.
     if (tid < n_heads) {
       float mx = kNegHuge;
-      for (uint j = 0; j < n_valid; ++j) {
-        float s = 0.0;
-        for (uint sl = 0; sl < NSL; ++sl) s += score_part(sl, j, tid);
-        mx = max(mx, s * args.kq_scale);
-      }
+      for (uint j = 0; j < n_valid; ++j) mx = max(mx, score_at(j * kHWP + tid));
       const float m_new = max(m_run, mx);
       alpha[tid] = exp(m_run - m_new);
       m_tile[tid] = m_new;
       m_run = m_new;
     }
     barrier();
-
-    // Probabilities exp(s - m) into slice 0 (rows past the context get 0).
     for (uint i = tid; i < TILE * kHWP; i += WG) {
-      const uint j = i / kHWP, hl = i % kHWP;
-      float p = 0.0;
-      if (hl < n_heads && j < n_valid) {
-        float s = 0.0;
-        for (uint sl = 0; sl < NSL; ++sl) s += score_part(sl, j, hl);
-        p = exp(s * args.kq_scale - m_tile[hl]);
-      }
-      scores4[i / 4][i % 4] = p;
+      const uint j = i / kHWP, h = i % kHWP;
+      set_score(i, (j < n_valid && h < n_heads) ? exp(score_at(i) - m_tile[h]) : 0.0);
     }
     barrier();
 
     // Weighted sum of the latent values.
     if (tid < n_heads) {
       float sum = 0.0;
-      for (uint j = 0; j < n_valid; ++j) sum += scores4[(j * kHWP + tid) / 4][tid % 4];
+      for (uint j = 0; j < n_valid; ++j) sum += score_at(j * kHWP + tid);
       l_run = l_run * alpha[tid] + sum;
     }
-    for (uint i = 0; i < kPairsPerThread; ++i) {
-      const uint cp = tid + i * WG;
-      if (cp >= kPairs) continue;
-      for (uint h = 0; h < HW; ++h) acc[i][h] *= alpha[h];
+    if (o_active) {
+      [[unroll]] for (uint a = 0; a < OH; ++a) acc[a] *= alpha[min(o_head0 + a, kHWP - 1)];
       for (uint j = 0; j < n_valid; ++j) {
-        const vec2 v = unpackHalf2x16(tile_kv[j * kStride + cp / 4][cp % 4]);
-        for (uint h4 = 0; h4 < kHWP / 4; ++h4) {
-          const vec4 p = scores4[(j * kHWP) / 4 + h4];
-          for (uint c = 0; c < 4; ++c)
-            if (h4 * 4 + c < HW) acc[i][h4 * 4 + c] += p[c] * v;
+        const vec4 v = tile[j * kRowV + o_quad];
+        [[unroll]] for (uint a4 = 0; a4 < OH / 4; ++a4) {
+          const vec4 p = scores4[(j * kHWP + o_head0) / 4 + a4];
+          [[unroll]] for (uint c = 0; c < 4; ++c) acc[a4 * 4 + c] += p[c] * v;
         }
       }
     }
   }
 
   // Partial of this chunk: unnormalized o, then (m, l) per head.
-  for (uint i = 0; i < kPairsPerThread; ++i) {
-    const uint cp = tid + i * WG;
-    if (cp >= kPairs) continue;
-    for (uint h = 0; h < HW; ++h) {
-      if (h >= n_heads) break;
-      const uint o = (chunk * N_HEAD + head0 + h) * KV_LORA + 2 * cp;
-      partials[o] = acc[i][h].x;
-      partials[o + 1] = acc[i][h].y;
+  if (o_active) {
+    [[unroll]] for (uint a = 0; a < OH; ++a) {
+      if (o_head0 + a < n_heads) {
+        const uint o = (chunk * N_HEAD + head0 + o_head0 + a) * KV_LORA + 4 * o_quad;
+        partials[o] = acc[a].x;
+        partials[o + 1] = acc[a].y;
+        partials[o + 2] = acc[a].z;
+        partials[o + 3] = acc[a].w;
+      }
     }
   }
   if (tid < n_heads) {

@@ -6,10 +6,11 @@
 //
 // Defines: WTYPE (ggml type id), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP,
 // else a power of two), NUM_COLS (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with
-// cols % 8 == 0: 16-byte weight loads).
+// cols % 8 == 0: 16-byte weight loads), UNIT32 (block types: 1 = 32-value units (split1_unit),
+// 0 = 8-value units (split1_unit8); the wrapper picks the faster one per type).
 // Work split: a workgroup owns WG_SIZE / THREADS_PER_ROW consecutive rows; a row is reduced by
 // one subgroup (subgroupAdd) or by THREADS_PER_ROW invocations through shared memory. Lanes walk
-// a row in 32-value units (block types) or 8/1-element steps (plain types).
+// a row in 8- or 32-value units (block types) or 8/1-element steps (plain types).
 //
 // Bindings: 0 = W region Q (plain: W rows), 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
 
@@ -51,9 +52,23 @@ vec4 xin4(uint c, uint k) {
   return v;
 }
 
+#if !W_PLAIN
+// Adds unit u (8 values, split1_unit8) of the row whose first block is entry0 to acc.
+void unit_dot(uint entry0, uint u, inout float acc[NUM_COLS]) {
+  const uint b = u / W_UNITS8, j = u % W_UNITS8;
+  vec4 lo, hi;
+  uint off_lo, off_hi;
+  split1_unit8(0u, 0u, entry0 + b, j, lo, hi, off_lo, off_hi);
+  const uint k = b * W_BLOCK;
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] += dot(lo, xin4(c, k + off_lo)) + dot(hi, xin4(c, k + off_hi));
+}
+#endif
+
 // Partial dot products of row `row` (counted from the bound rows) over the lane's share.
 void row_dot(uint row, uint lane, uint nlanes, inout float acc[NUM_COLS]) {
-#if !W_PLAIN
+#if !W_PLAIN && UNIT32
+  // Lanes take consecutive 32-value units: 16-byte weight loads and one scale decode per 32
+  // values (decoding K-quant scales is what limits the 8-value path), x read 128 bytes apart.
   const uint nb = args.cols / W_BLOCK;
   const uint units = nb * W_UNITS;
   const uint entry0 = row * nb;
@@ -72,6 +87,18 @@ void row_dot(uint row, uint lane, uint nlanes, inout float acc[NUM_COLS]) {
       acc[c] += (s.x + s.y) + (s.z + s.w);
     }
   }
+#elif !W_PLAIN
+  // Lanes take consecutive 8-value units: weight words and x vectors are read coalesced. Two
+  // units per iteration keep two independent loads in flight per lane.
+  const uint nb = args.cols / W_BLOCK;
+  const uint units = nb * W_UNITS8;
+  const uint entry0 = row * nb;
+  uint u = lane;
+  for (; u + nlanes < units; u += 2u * nlanes) {
+    unit_dot(entry0, u, acc);
+    unit_dot(entry0, u + nlanes, acc);
+  }
+  if (u < units) unit_dot(entry0, u, acc);
 #elif PLAIN_VEC8
   const uint groups = args.cols / 8u;
   const uint g0 = row * groups;

@@ -8,8 +8,12 @@
 // shared_offset). Routing is recomputed per workgroup (routing.glsl, same code as the gate-up).
 // Arguments: MoeArgs (moe_args.h). Wrapper: MoeFfnOp / DenseFfnOp (runtime/vulkan/kernels_moe.h).
 //
-// Defines: WTYPE (down type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
-// ROWS_PER_WG, PLAIN_VEC8 (plain types whose row lengths are multiples of 8).
+// Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
+// per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
+// (plain types whose row lengths are multiples of 8).
+// Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
+// invocations reducing through shared memory) computes slot s's weighted dot product for each
+// of them; the slots are then summed in order and added to x.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = router logits, 4 = expert bias.
 
 #include "common.glsl"
@@ -50,35 +54,47 @@ Mat mat_at(uint base, uint cols, uint hoff) {
 #endif
 }
 
-// Partial dot product of row r of m with its input over this lane's share of the row.
+// Unit t of row r of m dotted with its input (acc += ...).
+#if !W_PLAIN
+void row_unit(Mat m, uint r, uint nb, uint t, inout float acc) {
+  const uint b = t / W_UNITS, j = t % W_UNITS;
+  float lo[16], hi[16];
+  uint off_lo, off_hi;
+  split1_unit(m.qbase, m.mbase, r * nb + b, j, lo, hi, off_lo, off_hi);
+  const uint k_lo = m.hoff + b * W_BLOCK + off_lo, k_hi = m.hoff + b * W_BLOCK + off_hi;
+  vec4 s = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4; ++q) {
+    s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * h4[(k_lo >> 2) + q];
+    s += vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * h4[(k_hi >> 2) + q];
+  }
+  acc += (s.x + s.y) + (s.z + s.w);
+}
+#elif PLAIN_VEC8
+void row_unit(Mat m, uint r, uint groups, uint t, inout float acc) {
+  float v[8];
+  plain_vec8((m.qbase >> 3) + r * groups + t, v);
+  const uint k = (m.hoff >> 2) + 2u * t;
+  const vec4 s = vec4(v[0], v[1], v[2], v[3]) * h4[k] + vec4(v[4], v[5], v[6], v[7]) * h4[k + 1u];
+  acc += (s.x + s.y) + (s.z + s.w);
+}
+#endif
+
+// Partial dot product of row r of m with its input over this lane's share of the row (two units
+// per iteration: twice the loads in flight).
 float row_dot(Mat m, uint r, uint lane, uint nlanes) {
   float acc = 0.0;
+#if !W_PLAIN || PLAIN_VEC8
 #if !W_PLAIN
-  const uint nb = m.cols / W_BLOCK;
-  const uint units = nb * W_UNITS;
-  for (uint t = lane; t < units; t += nlanes) {
-    const uint b = t / W_UNITS, j = t % W_UNITS;
-    float lo[16], hi[16];
-    uint off_lo, off_hi;
-    split1_unit(m.qbase, m.mbase, r * nb + b, j, lo, hi, off_lo, off_hi);
-    const uint k_lo = m.hoff + b * W_BLOCK + off_lo, k_hi = m.hoff + b * W_BLOCK + off_hi;
-    vec4 s = vec4(0.0);
-    [[unroll]] for (uint q = 0; q < 4; ++q) {
-      s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * h4[(k_lo >> 2) + q];
-      s += vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * h4[(k_hi >> 2) + q];
-    }
-    acc += (s.x + s.y) + (s.z + s.w);
+  const uint per_row = m.cols / W_BLOCK, units = per_row * W_UNITS;
+#else
+  const uint per_row = m.cols / 8u, units = per_row;
+#endif
+  uint t = lane;
+  for (; t + nlanes < units; t += 2u * nlanes) {
+    row_unit(m, r, per_row, t, acc);
+    row_unit(m, r, per_row, t + nlanes, acc);
   }
-#elif PLAIN_VEC8
-  const uint groups = m.cols / 8u;
-  const uint g0 = (m.qbase >> 3) + r * groups;
-  for (uint t = lane; t < groups; t += nlanes) {
-    float v[8];
-    plain_vec8(g0 + t, v);
-    const uint k = (m.hoff >> 2) + 2u * t;
-    const vec4 s = vec4(v[0], v[1], v[2], v[3]) * h4[k] + vec4(v[4], v[5], v[6], v[7]) * h4[k + 1u];
-    acc += (s.x + s.y) + (s.z + s.w);
-  }
+  if (t < units) row_unit(m, r, per_row, t, acc);
 #else
   const uint e0 = m.qbase + r * m.cols;
   for (uint k = lane; k < m.cols; k += nlanes) acc += plain_value(e0 + k) * h[m.hoff + k];
@@ -86,52 +102,72 @@ float row_dot(Mat m, uint r, uint lane, uint nlanes) {
   return acc;
 }
 
-// This lane's share of the whole sum for output row r.
-float row_sum(uint r, uint lane, uint nlanes) {
-  float acc = 0.0;
-  if ((args.flags & TS_MOE_ROUTED) != 0u) {
-    for (uint k = 0; k < args.n_used; ++k) {
-      const uint e = route_expert(k);
-      if (e < args.expert_lo || e >= args.expert_hi) continue;
-      const Mat m = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, args.w_routed, k * args.h_stride);
-      acc += route_weight(k) * row_dot(m, r, lane, nlanes);
-    }
+// Slot s of this dispatch: routed slot s < n_routed (its expert's down matrix, unless bound
+// elsewhere), else the shared slot. Returns false when the slot has nothing to add here.
+bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
+  weight = 1.0;
+  if (s < n_routed) {
+    const uint e = route_expert(s);
+    if (e < args.expert_lo || e >= args.expert_hi) return false;
+    weight = route_weight(s);
+    m = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, args.w_routed, s * args.h_stride);
+  } else {
+    m = mat_at(args.shared_offset, args.w_shared, args.n_used * args.h_stride);
   }
-  if ((args.flags & TS_MOE_SHARED) != 0u)
-    acc += row_dot(mat_at(args.shared_offset, args.w_shared, args.n_used * args.h_stride), r, lane, nlanes);
-  return acc;
+  return true;
 }
 
+// part[r][s]: slot s's weighted dot product for row r of the workgroup.
+shared float part[ROWS_PER_WG][TEAMS];
 #if !USE_SUBGROUP
 shared float row_partial[WG_SIZE];
 #endif
 
 void main() {
-  if ((args.flags & TS_MOE_ROUTED) != 0u)
-    route_compute(args.n_expert, args.n_used, args.gating, args.flags, args.weights_scale);
+  const bool routed = (args.flags & TS_MOE_ROUTED) != 0u;
+  if (routed) route_compute(args.n_expert, args.n_used, args.gating, args.flags, args.weights_scale);
+  const uint n_routed = routed ? args.n_used : 0u;
+  const uint n_slots = n_routed + ((args.flags & TS_MOE_SHARED) != 0u ? 1u : 0u);  // <= TEAMS
 
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.n_embd) return;  // uniform per workgroup
-  const uint row_end = min(row0 + ROWS_PER_WG, args.n_embd);
+  const uint rows = min(ROWS_PER_WG, args.n_embd - row0);
 
+  // Team s computes slot s of every row of the workgroup.
 #if USE_SUBGROUP
-  for (uint r = row0 + gl_SubgroupID; r < row_end; r += gl_NumSubgroups) {
-    const float acc = subgroupAdd(row_sum(r, gl_SubgroupInvocationID, gl_SubgroupSize));
-    if (subgroupElect()) x[r] += acc;
+  const uint s = gl_SubgroupID;
+  if (s < n_slots) {
+    Mat m;
+    float weight;
+    const bool has_slot = slot_matrix(s, n_routed, m, weight);
+    for (uint r = 0; r < rows; ++r) {
+      const float d = has_slot ? subgroupAdd(row_dot(m, row0 + r, gl_SubgroupInvocationID, gl_SubgroupSize)) : 0.0;
+      if (subgroupElect()) part[r][s] = weight * d;
+    }
   }
 #else
   const uint lid = gl_LocalInvocationIndex;
-  const uint lane = lid % THREADS_PER_ROW;
-  for (uint rb = row0; rb < row_end; rb += WG_SIZE / THREADS_PER_ROW) {
-    const uint r = rb + lid / THREADS_PER_ROW;
-    row_partial[lid] = r < row_end ? row_sum(r, lane, THREADS_PER_ROW) : 0.0;
+  const uint s = lid / THREADS_PER_ROW, lane = lid % THREADS_PER_ROW;
+  Mat m;
+  float weight = 0.0;
+  const bool has_slot = s < n_slots && slot_matrix(s, n_routed, m, weight);
+  for (uint r = 0; r < rows; ++r) {
+    row_partial[lid] = has_slot ? row_dot(m, row0 + r, lane, THREADS_PER_ROW) : 0.0;
     barrier();
-    [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
-      if (lane < s) row_partial[lid] += row_partial[lid + s];
+    [[unroll]] for (uint k = THREADS_PER_ROW / 2; k > 0; k >>= 1) {
+      if (lane < k) row_partial[lid] += row_partial[lid + k];
       barrier();
     }
-    if (lane == 0 && r < row_end) x[r] += row_partial[lid];
+    if (lane == 0 && s < n_slots) part[r][s] = weight * row_partial[lid];
     barrier();
   }
 #endif
+  barrier();
+  // Slots summed in order: the result does not depend on which team finished first.
+  if (gl_LocalInvocationIndex < rows) {
+    const uint r = gl_LocalInvocationIndex;
+    float acc = 0.0;
+    for (uint k = 0; k < n_slots; ++k) acc += part[r][k];
+    x[row0 + r] += acc;
+  }
 }

@@ -14,7 +14,9 @@
 // OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0).
 // Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
 // [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
-// following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way.
+// following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way. With
+// OUT_PER_WG = subgroups per workgroup, each subgroup computes one output: many small
+// independent dot products keep enough loads in flight to stream the weights.
 // Bindings: 0 = weights (tile / slot range / dense span; regions Q and M), 1 = in (h2 or x),
 // 2 = norm weight (TS_MOE_NORM_INPUT), 3 = router logits, 4 = expert bias, 5 = h (out),
 // 6 = route_out (uint pairs (expert, weight bits), TS_MOE_WRITE_ROUTE).
@@ -64,43 +66,55 @@ Mat mat_at(uint base, uint rows) {
 #endif
 }
 
+// Unit t (block t / W_UNITS, part t % W_UNITS) of gate row gr of g and up row ur of u, dotted
+// with the input: acc += (gate part . in, up part . in).
+#if !W_PLAIN
+void pair_unit(Mat g, uint gr, Mat u, uint ur, uint nb, uint t, inout vec2 acc) {
+  const uint b = t / W_UNITS, j = t % W_UNITS;
+  float glo[16], ghi[16], ulo[16], uhi[16];
+  uint off_lo, off_hi;
+  split1_unit(g.qbase, g.mbase, gr * nb + b, j, glo, ghi, off_lo, off_hi);
+  split1_unit(u.qbase, u.mbase, ur * nb + b, j, ulo, uhi, off_lo, off_hi);
+  const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
+  vec4 sg = vec4(0.0), su = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4; ++q) {
+    const vec4 xl = in_vec4(k_lo + 4 * q), xh = in_vec4(k_hi + 4 * q);
+    sg += vec4(glo[4 * q], glo[4 * q + 1], glo[4 * q + 2], glo[4 * q + 3]) * xl;
+    sg += vec4(ghi[4 * q], ghi[4 * q + 1], ghi[4 * q + 2], ghi[4 * q + 3]) * xh;
+    su += vec4(ulo[4 * q], ulo[4 * q + 1], ulo[4 * q + 2], ulo[4 * q + 3]) * xl;
+    su += vec4(uhi[4 * q], uhi[4 * q + 1], uhi[4 * q + 2], uhi[4 * q + 3]) * xh;
+  }
+  acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+}
+#elif PLAIN_VEC8
+void pair_unit(Mat g, uint gr, Mat u, uint ur, uint groups, uint t, inout vec2 acc) {
+  float gv[8], uv[8];
+  plain_vec8((g.qbase >> 3) + gr * groups + t, gv);
+  plain_vec8((u.qbase >> 3) + ur * groups + t, uv);
+  const vec4 x0 = in_vec4(8u * t), x1 = in_vec4(8u * t + 4u);
+  const vec4 sg = vec4(gv[0], gv[1], gv[2], gv[3]) * x0 + vec4(gv[4], gv[5], gv[6], gv[7]) * x1;
+  const vec4 su = vec4(uv[0], uv[1], uv[2], uv[3]) * x0 + vec4(uv[4], uv[5], uv[6], uv[7]) * x1;
+  acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+}
+#endif
+
 // Partial dot products (x: gate row gr of matrix g, y: up row ur of matrix u) over this lane's
-// share of the row.
+// share of the row. Two units per iteration, so each lane has twice the loads in flight.
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint n = args.n_embd;
   vec2 acc = vec2(0.0);
+#if !W_PLAIN || PLAIN_VEC8
 #if !W_PLAIN
-  const uint nb = n / W_BLOCK;
-  const uint units = nb * W_UNITS;
-  for (uint t = lane; t < units; t += nlanes) {
-    const uint b = t / W_UNITS, j = t % W_UNITS;
-    float glo[16], ghi[16], ulo[16], uhi[16];
-    uint off_lo, off_hi;
-    split1_unit(g.qbase, g.mbase, gr * nb + b, j, glo, ghi, off_lo, off_hi);
-    split1_unit(u.qbase, u.mbase, ur * nb + b, j, ulo, uhi, off_lo, off_hi);
-    const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
-    vec4 sg = vec4(0.0), su = vec4(0.0);
-    [[unroll]] for (uint q = 0; q < 4; ++q) {
-      const vec4 xl = in_vec4(k_lo + 4 * q), xh = in_vec4(k_hi + 4 * q);
-      sg += vec4(glo[4 * q], glo[4 * q + 1], glo[4 * q + 2], glo[4 * q + 3]) * xl;
-      sg += vec4(ghi[4 * q], ghi[4 * q + 1], ghi[4 * q + 2], ghi[4 * q + 3]) * xh;
-      su += vec4(ulo[4 * q], ulo[4 * q + 1], ulo[4 * q + 2], ulo[4 * q + 3]) * xl;
-      su += vec4(uhi[4 * q], uhi[4 * q + 1], uhi[4 * q + 2], uhi[4 * q + 3]) * xh;
-    }
-    acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+  const uint per_row = n / W_BLOCK, units = per_row * W_UNITS;
+#else
+  const uint per_row = n / 8u, units = per_row;
+#endif
+  uint t = lane;
+  for (; t + nlanes < units; t += 2u * nlanes) {
+    pair_unit(g, gr, u, ur, per_row, t, acc);
+    pair_unit(g, gr, u, ur, per_row, t + nlanes, acc);
   }
-#elif PLAIN_VEC8
-  const uint groups = n / 8u;
-  const uint g0 = (g.qbase >> 3) + gr * groups, u0 = (u.qbase >> 3) + ur * groups;
-  for (uint t = lane; t < groups; t += nlanes) {
-    float gv[8], uv[8];
-    plain_vec8(g0 + t, gv);
-    plain_vec8(u0 + t, uv);
-    const vec4 x0 = in_vec4(8u * t), x1 = in_vec4(8u * t + 4u);
-    const vec4 sg = vec4(gv[0], gv[1], gv[2], gv[3]) * x0 + vec4(gv[4], gv[5], gv[6], gv[7]) * x1;
-    const vec4 su = vec4(uv[0], uv[1], uv[2], uv[3]) * x0 + vec4(uv[4], uv[5], uv[6], uv[7]) * x1;
-    acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
-  }
+  if (t < units) pair_unit(g, gr, u, ur, per_row, t, acc);
 #else
   const uint e_g = g.qbase + gr * n, e_u = u.qbase + ur * n;
   for (uint k = lane; k < n; k += nlanes) {

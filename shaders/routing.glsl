@@ -1,6 +1,6 @@
-// MoE routing of one token (forward.md section 5.2 steps 2-7), computed by a whole workgroup from the
-// E router logits. moe_gateup.comp and moe_down.comp run this same code in every workgroup
-// that needs it (E is small), so there is no separate top-k dispatch and both kernels agree.
+// MoE routing of one token (forward.md section 5.2 steps 2-7) from the E router logits.
+// moe_gateup.comp and moe_down.comp run this same code in every workgroup that needs it (E is
+// small), so there is no separate top-k dispatch and both kernels agree.
 //
 //   probs  = sigmoid(logits) or softmax(logits)              (gating)
 //   score  = probs + bias (TS_MOE_EXPERT_BIAS), NaN -> -inf   (bias steers the choice only)
@@ -8,23 +8,104 @@
 //   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_MOE_NORM_WEIGHTS);
 //            * scale when scale is not 0 or 1
 //
+// With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of subgroup
+// max/min, no barrier inside) and publishes the result through shared memory: the routing then
+// costs one pair of global loads, a few hundred cycles and one workgroup barrier. Without, the
+// whole workgroup computes it through shared memory (ranks of every expert).
+//
 // The including kernel defines WG_SIZE and declares the float buffers `route_logits[]` and
 // `route_bias[]` (bias read only with TS_MOE_EXPERT_BIAS) before #include "routing.glsl".
-// Every function here must be reached by all invocations (uniform control flow: barriers).
+// route_compute() must be reached by all invocations (uniform control flow: barriers).
 #ifndef TESSERA_ROUTING_GLSL
 #define TESSERA_ROUTING_GLSL
 
 #include "moe_args.h"
 
-shared float rt_prob[TS_ROUTE_MAX_E];   // probabilities, then (step 3 on) kept as the weights' source
-shared float rt_score[TS_ROUTE_MAX_E];  // softmax exponentials, then selection scores
-shared uint rt_id[TS_ROUTE_MAX_K];      // chosen experts, best first
-shared float rt_w[TS_ROUTE_MAX_K];      // their unnormalized weights (probs)
-float rt_factor;                        // per invocation: normalization * scale of the weights
+shared uint rt_id[TS_ROUTE_MAX_K];  // chosen experts, best first
+shared float rt_w[TS_ROUTE_MAX_K];  // their final weights
 
-// Computes the routing into rt_id / rt_w / rt_factor. n_expert <= TS_ROUTE_MAX_E,
-// 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
-void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
+// Selection score of expert e with probability p (NaN -> -inf).
+float route_score(uint e, float p, uint flags) {
+  const float s = (flags & TS_MOE_EXPERT_BIAS) != 0u ? p + route_bias[e] : p;
+  return isnan(s) ? uintBitsToFloat(0xFF800000u) : s;
+}
+
+// Normalization and scale of the weights (same arithmetic in both paths).
+float route_factor(float sum, uint flags, float scale) {
+  float f = (flags & TS_MOE_NORM_WEIGHTS) != 0u ? 1.0 / max(sum, 6.103515625e-5) : 1.0;
+  if (scale != 0.0 && scale != 1.0) f *= scale;
+  return f;
+}
+
+#if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // TS_ROUTE_MAX_E / SUBGROUP_SIZE <= 32
+#define RT_SUBGROUP_PATH 1
+#define RT_PER_LANE ((TS_ROUTE_MAX_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
+
+// Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
+void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
+  const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize;
+  const float ninf = uintBitsToFloat(0xFF800000u);
+  float prob[RT_PER_LANE], score[RT_PER_LANE];
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+    const uint e = lane + j * step;
+    prob[j] = e < n_expert ? route_logits[e] : ninf;
+  }
+  if (gating == TS_GATING_SOFTMAX) {
+    float mx = ninf;
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) mx = max(mx, prob[j]);
+    mx = subgroupMax(mx);
+    float sum = 0.0;
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+      prob[j] = lane + j * step < n_expert ? exp(prob[j] - mx) : 0.0;
+      sum += prob[j];
+    }
+    sum = subgroupAdd(sum);
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] /= sum;
+  } else {
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] = 1.0 / (1.0 + exp(-prob[j]));
+  }
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+    const uint e = lane + j * step;
+    score[j] = e < n_expert ? route_score(e, prob[j], flags) : ninf;
+  }
+  // K rounds: the best remaining (score, lower index); its lane marks it taken.
+  uint taken = 0u;  // bit j: entry j already chosen
+  float wsum = 0.0;
+  for (uint k = 0; k < n_used; ++k) {
+    float bs = ninf;
+    uint bi = 0xFFFFFFFFu;
+    float bp = 0.0;
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+      const uint e = lane + j * step;
+      if (e < n_expert && (taken & (1u << j)) == 0u && (score[j] > bs || (score[j] == bs && e < bi))) {
+        bs = score[j];
+        bi = e;
+        bp = prob[j];
+      }
+    }
+    const float ms = subgroupMax(bs);
+    const uint win = subgroupMin(bs == ms ? bi : 0xFFFFFFFFu);
+    const float wp = subgroupMax(bi == win ? bp : ninf);  // the winner's probability, exactly
+    if (bi == win) taken |= 1u << ((win - lane) / step);
+    wsum += wp;
+    if (subgroupElect()) {
+      rt_id[k] = win;
+      rt_w[k] = wp;
+    }
+  }
+  const float f = route_factor(wsum, flags, scale);
+  if (subgroupElect())
+    for (uint k = 0; k < n_used; ++k) rt_w[k] *= f;
+}
+#endif
+
+#ifndef RT_SUBGROUP_PATH
+shared float rt_prob[TS_ROUTE_MAX_E];   // probabilities
+shared float rt_score[TS_ROUTE_MAX_E];  // softmax exponentials, then selection scores
+
+// Whole workgroup: expert e's rank = experts ahead of it in (score descending, index ascending),
+// a total order, so ranks 0..n_used-1 are each written exactly once.
+void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
   const uint tid = gl_LocalInvocationIndex;
   for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = route_logits[e];
   barrier();
@@ -41,14 +122,8 @@ void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float sc
     for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = 1.0 / (1.0 + exp(-rt_prob[e]));
   }
   barrier();
-  for (uint e = tid; e < n_expert; e += WG_SIZE) {
-    float s = rt_prob[e];
-    if ((flags & TS_MOE_EXPERT_BIAS) != 0u) s += route_bias[e];
-    rt_score[e] = isnan(s) ? uintBitsToFloat(0xFF800000u) : s;
-  }
+  for (uint e = tid; e < n_expert; e += WG_SIZE) rt_score[e] = route_score(e, rt_prob[e], flags);
   barrier();
-  // Rank of expert e = experts ahead of it in (score descending, index ascending) order; a total
-  // order, so ranks 0..n_used-1 are each written exactly once.
   for (uint e = tid; e < n_expert; e += WG_SIZE) {
     const float s = rt_score[e];
     uint rank = 0;
@@ -62,18 +137,27 @@ void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float sc
     }
   }
   barrier();
-  float factor = 1.0;
-  if ((flags & TS_MOE_NORM_WEIGHTS) != 0u) {
-    float sum = 0.0;
-    for (uint k = 0; k < n_used; ++k) sum += rt_w[k];
-    factor = 1.0 / max(sum, 6.103515625e-5);
-  }
-  if (scale != 0.0 && scale != 1.0) factor *= scale;
-  rt_factor = factor;
+  float sum = 0.0;
+  for (uint k = 0; k < n_used; ++k) sum += rt_w[k];
+  const float f = route_factor(sum, flags, scale);
+  barrier();
+  if (tid < n_used) rt_w[tid] *= f;
+}
+#endif
+
+// Computes the routing into rt_id / rt_w (ends with a workgroup barrier). n_expert <=
+// TS_ROUTE_MAX_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
+void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
+#ifdef RT_SUBGROUP_PATH
+  if (gl_SubgroupID == 0u) route_subgroup(n_expert, n_used, gating, flags, scale);
+#else
+  route_workgroup(n_expert, n_used, gating, flags, scale);
+#endif
+  barrier();
 }
 
-// Expert and weight of routed slot k (after route_compute).
+// Expert and final weight of routed slot k (after route_compute).
 uint route_expert(uint k) { return rt_id[k]; }
-float route_weight(uint k) { return rt_w[k] * rt_factor; }
+float route_weight(uint k) { return rt_w[k]; }
 
 #endif  // TESSERA_ROUTING_GLSL

@@ -9,9 +9,15 @@
 // qbase (in 16-byte units from the Q binding start) and mbase (in 32-bit words from the M
 // binding start).
 //
-// SPLIT1 decoding works in "units" of 32 values: W_UNITS units per block; unit j of block
-// `entry` (= row * blocks_per_row + block, counted from the matrix start) yields two runs of 16
-// consecutive elements of the block: lo[i] = element off_lo + i, hi[i] = element off_hi + i.
+// SPLIT1 decoding, two granularities (entry = row * blocks_per_row + block, counted from the
+// matrix start; off_lo / off_hi are element offsets inside the block):
+//  - split1_unit8: unit j < W_UNITS8 of a block = one 32-bit word of quant bytes (two for Q8_0)
+//    -> 8 values: lo[i] = element off_lo + i, hi[i] = element off_hi + i (i < 4). Consecutive
+//    lanes taking consecutive units read consecutive weight words AND consecutive x elements
+//    (coalesced on both sides): the fast path, used by matvec.
+//  - split1_unit: unit j < W_UNITS = 16 bytes of quant bytes -> 32 values: lo[i] = element
+//    off_lo + i, hi[i] = element off_hi + i (i < 16). 16-byte weight loads, but lanes then read x
+//    128 bytes apart.
 #ifndef TESSERA_WEIGHTS_GLSL
 #define TESSERA_WEIGHTS_GLSL
 
@@ -37,6 +43,9 @@
 #define W_QVEC 8
 #elif !W_PLAIN
 #error "weights.glsl: unsupported WTYPE"
+#endif
+#if !W_PLAIN
+#define W_UNITS8 (W_BLOCK / 8)  // 8-value units per block (split1_unit8)
 #endif
 
 layout(std430, binding = W_Q_BINDING) readonly restrict buffer WeightQ { uvec4 w_q[]; };
@@ -71,57 +80,45 @@ vec2 kquant_scale_min(uvec3 s, uint j) {
 #endif
 
 #if !W_PLAIN
+// float(q) - offset for 0 <= q < 2^22 without an int -> float conversion instruction (a
+// quarter-rate instruction on NVIDIA GPUs, the bottleneck of dequantization): the bits
+// 0x4B000000 | q are the float 2^23 + q, exactly.
+#define U2F_MINUS(q, offset) (uintBitsToFloat((q) | 0x4B000000u) - (8388608.0 + (offset)))
+
 void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], out float hi[16], out uint off_lo,
                  out uint off_hi) {
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q4_1 || WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+  const uvec4 q = w_q[qbase + entry];
 #if WTYPE == TS_TYPE_Q4_0
-  const uvec4 q = w_q[qbase + entry];
-  const float d = m_half(mbase, entry);
-  [[unroll]] for (uint i = 0; i < 16; ++i) {
-    const uint b = byte_of(q, i);
-    lo[i] = (float(b & 15u) - 8.0) * d;
-    hi[i] = (float(b >> 4) - 8.0) * d;
-  }
-  off_lo = 0;
-  off_hi = 16;
+  const float d = m_half(mbase, entry), m = 0.0, offset = 8.0;
+  const uint qh = 0u;
 #elif WTYPE == TS_TYPE_Q4_1
-  const uvec4 q = w_q[qbase + entry];
   const vec2 dm = unpackHalf2x16(w_m[mbase + entry]);
-  [[unroll]] for (uint i = 0; i < 16; ++i) {
-    const uint b = byte_of(q, i);
-    lo[i] = float(b & 15u) * dm.x + dm.y;
-    hi[i] = float(b >> 4) * dm.x + dm.y;
-  }
-  off_lo = 0;
-  off_hi = 16;
+  const float d = dm.x, m = dm.y, offset = 0.0;
+  const uint qh = 0u;
 #elif WTYPE == TS_TYPE_Q5_0
-  const uvec4 q = w_q[qbase + entry];
-  const float d = m_half(mbase, 3u * entry);
+  const float d = m_half(mbase, 3u * entry), m = 0.0, offset = 16.0;
   const uint qh = m_u16(mbase, 3u * entry + 1u) | (m_u16(mbase, 3u * entry + 2u) << 16);
-  [[unroll]] for (uint i = 0; i < 16; ++i) {
-    const uint b = byte_of(q, i);
-    lo[i] = (float((b & 15u) | (((qh >> i) & 1u) << 4)) - 16.0) * d;
-    hi[i] = (float((b >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) - 16.0) * d;
-  }
-  off_lo = 0;
-  off_hi = 16;
-#elif WTYPE == TS_TYPE_Q5_1
-  const uvec4 q = w_q[qbase + entry];
+#else
   const vec2 dm = unpackHalf2x16(w_m[mbase + 2u * entry]);
+  const float d = dm.x, m = dm.y, offset = 0.0;
   const uint qh = w_m[mbase + 2u * entry + 1u];
+#endif
   [[unroll]] for (uint i = 0; i < 16; ++i) {
     const uint b = byte_of(q, i);
-    lo[i] = float((b & 15u) | (((qh >> i) & 1u) << 4)) * dm.x + dm.y;
-    hi[i] = float((b >> 4) | (((qh >> (i + 16u)) & 1u) << 4)) * dm.x + dm.y;
+    lo[i] = U2F_MINUS((b & 15u) | (((qh >> i) & 1u) << 4), offset) * d + m;
+    hi[i] = U2F_MINUS((b >> 4) | (((qh >> (i + 16u)) & 1u) << 4), offset) * d + m;
   }
   off_lo = 0;
   off_hi = 16;
 #elif WTYPE == TS_TYPE_Q8_0
+  // Signed bytes: b ^ 0x80 = b + 128 as an unsigned byte.
   const uvec4 q0 = w_q[qbase + 2u * entry];
   const uvec4 q1 = w_q[qbase + 2u * entry + 1u];
   const float d = m_half(mbase, entry);
   [[unroll]] for (uint i = 0; i < 16; ++i) {
-    lo[i] = float(bitfieldExtract(int(q0[i >> 2]), int((i & 3u) * 8u), 8)) * d;
-    hi[i] = float(bitfieldExtract(int(q1[i >> 2]), int((i & 3u) * 8u), 8)) * d;
+    lo[i] = U2F_MINUS(byte_of(q0, i) ^ 0x80u, 128.0) * d;
+    hi[i] = U2F_MINUS(byte_of(q1, i) ^ 0x80u, 128.0) * d;
   }
   off_lo = 0;
   off_hi = 16;
@@ -146,11 +143,11 @@ void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], o
     uint vl = b & 15u, vh = b >> 4;
 #if WTYPE == TS_TYPE_Q5_K
     const uint hb = byte_of(qh, i);
-    vl += ((hb >> (2u * c)) & 1u) << 4;
-    vh += ((hb >> (2u * c + 1u)) & 1u) << 4;
+    vl |= ((hb >> (2u * c)) & 1u) << 4;
+    vh |= ((hb >> (2u * c + 1u)) & 1u) << 4;
 #endif
-    lo[i] = d_lo * float(vl) - m_lo;
-    hi[i] = d_hi * float(vh) - m_hi;
+    lo[i] = d_lo * U2F_MINUS(vl, 0.0) - m_lo;
+    hi[i] = d_hi * U2F_MINUS(vh, 0.0) - m_hi;
   }
   off_lo = 64u * c + 16u * h;
   off_hi = off_lo + 32u;
@@ -176,10 +173,97 @@ void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], o
     [[unroll]] for (uint k = 0; k < 2; ++k) {
       const uint b = byte_of(q, i + k);
       const uint hb = (hpair >> (8u * k)) & 0xFFu;
-      lo[i + k] = d_lo * (float((b & 15u) | (((hb >> shift) & 3u) << 4)) - 32.0);
-      hi[i + k] = d_hi * (float((b >> 4) | (((hb >> (shift + 4u)) & 3u) << 4)) - 32.0);
+      lo[i + k] = d_lo * U2F_MINUS((b & 15u) | (((hb >> shift) & 3u) << 4), 32.0);
+      hi[i + k] = d_hi * U2F_MINUS((b >> 4) | (((hb >> (shift + 4u)) & 3u) << 4), 32.0);
     }
   }
+#endif
+}
+
+// The 4 bytes of a word as uvec4 (byte i in component i).
+uvec4 word_bytes(uint w) { return (uvec4(w) >> uvec4(0u, 8u, 16u, 24u)) & 0xFFu; }
+
+void split1_unit8(uint qbase, uint mbase, uint entry, uint j, out vec4 lo, out vec4 hi, out uint off_lo,
+                  out uint off_hi) {
+  const uint qw = 4u * qbase;  // word index of region Q's start
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q4_1 || WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+  // Word j = qs[4j .. 4j+3]: elements 4j + i (low nibbles) and 16 + 4j + i (high nibbles).
+  const uint w = w_words[qw + 4u * entry + j];
+  uvec4 ql = word_bytes(w & 0x0F0F0F0Fu), qh4 = word_bytes((w >> 4) & 0x0F0F0F0Fu);
+#if WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+#if WTYPE == TS_TYPE_Q5_0
+  const uint qh = m_u16(mbase, 3u * entry + 1u) | (m_u16(mbase, 3u * entry + 2u) << 16);
+#else
+  const uint qh = w_m[mbase + 2u * entry + 1u];
+#endif
+  ql |= ((uvec4(qh >> (4u * j)) >> uvec4(0u, 1u, 2u, 3u)) & 1u) << 4;
+  qh4 |= ((uvec4(qh >> (16u + 4u * j)) >> uvec4(0u, 1u, 2u, 3u)) & 1u) << 4;
+#endif
+#if WTYPE == TS_TYPE_Q4_0
+  const float d = m_half(mbase, entry);
+  lo = U2F_MINUS(ql, 8.0) * d;
+  hi = U2F_MINUS(qh4, 8.0) * d;
+#elif WTYPE == TS_TYPE_Q5_0
+  const float d = m_half(mbase, 3u * entry);
+  lo = U2F_MINUS(ql, 16.0) * d;
+  hi = U2F_MINUS(qh4, 16.0) * d;
+#else
+#if WTYPE == TS_TYPE_Q4_1
+  const vec2 dm = unpackHalf2x16(w_m[mbase + entry]);
+#else
+  const vec2 dm = unpackHalf2x16(w_m[mbase + 2u * entry]);
+#endif
+  lo = U2F_MINUS(ql, 0.0) * dm.x + dm.y;
+  hi = U2F_MINUS(qh4, 0.0) * dm.x + dm.y;
+#endif
+  off_lo = 4u * j;
+  off_hi = 16u + 4u * j;
+#elif WTYPE == TS_TYPE_Q8_0
+  // Words j and j + 4 of qs[32]: elements 4j + i and 16 + 4j + i (signed bytes, b ^ 0x80 = b + 128).
+  const float d = m_half(mbase, entry);
+  lo = U2F_MINUS(word_bytes(w_words[qw + 8u * entry + j] ^ 0x80808080u), 128.0) * d;
+  hi = U2F_MINUS(word_bytes(w_words[qw + 8u * entry + 4u + j] ^ 0x80808080u), 128.0) * d;
+  off_lo = 4u * j;
+  off_hi = 16u + 4u * j;
+#elif WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
+  // Word j = qs[4j .. 4j+3]: chunk c = j/8, l = 4(j%8) + i: element 64c + l (sub-block 2c) and
+  // 64c + 32 + l (sub-block 2c+1).
+  const uint c = j >> 3, t = j & 7u;
+  const uint w = w_words[qw + 32u * entry + j];
+  uvec4 ql = word_bytes(w & 0x0F0F0F0Fu), qh4 = word_bytes((w >> 4) & 0x0F0F0F0Fu);
+#if WTYPE == TS_TYPE_Q4_K
+  const uint mw = mbase + 4u * entry;
+#else
+  const uint mw = mbase + 12u * entry;
+  const uvec4 hb = word_bytes(w_m[mw + 4u + t]);  // qh[4t .. 4t+3]
+  ql |= ((hb >> (2u * c)) & 1u) << 4;
+  qh4 |= ((hb >> (2u * c + 1u)) & 1u) << 4;
+#endif
+  const vec2 dm = unpackHalf2x16(w_m[mw]);
+  const uvec3 sc = uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]);
+  const vec2 sm_lo = kquant_scale_min(sc, 2u * c), sm_hi = kquant_scale_min(sc, 2u * c + 1u);
+  lo = U2F_MINUS(ql, 0.0) * (dm.x * sm_lo.x) - dm.y * sm_lo.y;
+  hi = U2F_MINUS(qh4, 0.0) * (dm.x * sm_hi.x) - dm.y * sm_hi.y;
+  off_lo = 64u * c + 4u * t;
+  off_hi = off_lo + 32u;
+#elif WTYPE == TS_TYPE_Q6_K
+  // Word j = ql[4j .. 4j+3]: half n = j/16, jj = (j/8)%2, l = 4(j%8) + i: element
+  // 128n + 32jj + l (low nibble, qh bits 2jj) and that + 64 (high nibble, qh bits 2jj + 4);
+  // qh byte 32n + l.
+  const uint n = j >> 4, jj = (j >> 3) & 1u, t = j & 7u;
+  const uint w = w_words[qw + 32u * entry + j];
+  const uint e16 = 41u * entry;
+  const uint h = m_u16(mbase, e16 + 16u * n + 2u * t) | (m_u16(mbase, e16 + 16u * n + 2u * t + 1u) << 16);
+  const uint shift = 2u * jj;
+  off_lo = 128u * n + 32u * jj + 4u * t;
+  off_hi = off_lo + 64u;
+  const float d = m_half(mbase, e16 + 40u);
+  const uint sb_lo = m_u16(mbase, e16 + 32u + (off_lo >> 5)) >> (((off_lo >> 4) & 1u) * 8u);
+  const uint sb_hi = m_u16(mbase, e16 + 32u + (off_hi >> 5)) >> (((off_hi >> 4) & 1u) * 8u);
+  const uvec4 ql = word_bytes((w & 0x0F0F0F0Fu) | (((h >> shift) & 0x03030303u) << 4));
+  const uvec4 qh4 = word_bytes(((w >> 4) & 0x0F0F0F0Fu) | (((h >> (shift + 4u)) & 0x03030303u) << 4));
+  lo = U2F_MINUS(ql, 32.0) * (d * float(bitfieldExtract(int(sb_lo), 0, 8)));
+  hi = U2F_MINUS(qh4, 32.0) * (d * float(bitfieldExtract(int(sb_hi), 0, 8)));
 #endif
 }
 #endif  // !W_PLAIN

@@ -4,17 +4,21 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <utility>
 
 #include "format/error.h"
 
 namespace tessera::vk {
 namespace {
 
-constexpr uint32_t kAttnThreads = 256;  // workgroup of attention_partial / kv_write
-constexpr uint32_t kMergeThreads = 64;  // workgroup of attention_merge (latent columns per group)
+constexpr uint32_t kKvWriteThreads = 256;  // workgroup of kv_write
+constexpr uint32_t kMergeColumns = 64;  // latent columns per attention_merge workgroup
+constexpr uint32_t kMergeLanes = 4;     // threads per column (each sums every 4th chunk)
+constexpr uint32_t kMaxHeadsPerGroup = 32;  // attention_partial: one head per lane of a 32-thread group
 constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared weights array)
-constexpr uint32_t kDefaultGroups = 256;
-constexpr uint32_t kDefaultMinChunk = 64;
+constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
+constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
@@ -30,23 +34,36 @@ ShaderDefines merged(ShaderDefines a, const ShaderDefines& b) {
   return a;
 }
 
-// Score-thread layout of attention_partial.comp for a tile: TILE rows x NHG head groups x NSL
-// dim slices = WG threads, with at most 6 heads per thread where possible.
-struct ScoreLayout {
-  uint32_t hg, nhg, nsl;
+// Thread layout and shared memory of attention_partial.comp for HW heads and a tile of rows.
+struct PartialLayout {
+  uint32_t wg = 0, sv = 0, oh = 0;  // threads, vec4 per score slice, heads per value thread
+  uint64_t shared_bytes = 0;
 };
-ScoreLayout score_layout(uint32_t heads, uint32_t tile) {
-  const uint32_t per_row = kAttnThreads / tile;
-  uint32_t nhg = 1;
-  while (nhg < per_row && ceil_div(heads, nhg) > 6) nhg *= 2;
-  return {ceil_div(heads, nhg), nhg, per_row / nhg};
+PartialLayout partial_layout(const AttentionShape& s, uint32_t heads, uint32_t tile, uint32_t sv) {
+  PartialLayout l;
+  l.sv = sv;
+  const uint32_t row_v = s.row() / 4, quads = s.kv_lora / 4, hwp = ceil_div(heads, 4) * 4;
+  const uint32_t value_groups = std::max(1u, 256 / quads);  // head groups that fill ~256 threads
+  l.oh = ceil_div(ceil_div(heads, value_groups), 4) * 4;
+  const uint32_t slices = ceil_div(row_v, sv);
+  const uint32_t threads = std::max({slices * ceil_div(heads, 4), quads * ceil_div(heads, l.oh), heads, 32u});
+  l.wg = ceil_div(threads, 32) * 32;
+  l.shared_bytes = uint64_t(tile) * s.row() * 4 + (uint64_t(slices) * tile * hwp + l.oh) * 4 + 2ull * hwp * 4;
+  return l;
 }
-
-uint64_t partial_shared_bytes(const AttentionShape& s, uint32_t heads, uint32_t tile) {
-  const ScoreLayout l = score_layout(heads, tile);
-  const uint64_t hwp = (heads + 3) / 4 * 4;
-  return uint64_t(tile) * (s.row() / 8 + 1) * 16 + uint64_t(l.nsl) * tile * hwp * 4 + uint64_t(heads) * s.rope.n_rot * 4 +
-         2 * hwp * 4;
+// The first (tile, slice width) choice, in order of preference, that fits the device.
+std::optional<PartialLayout> choose_layout(const AttentionShape& s, uint32_t heads, uint32_t tile, uint32_t slice,
+                                           const DeviceInfo& info, uint32_t* chosen_tile) {
+  const std::pair<uint32_t, uint32_t> prefs[] = {{16, 4}, {8, 4}, {4, 4}, {16, 8}, {8, 8}, {4, 8}};
+  for (auto [t, sv] : prefs) {
+    if ((tile && t != tile) || (slice && sv != slice)) continue;
+    const PartialLayout l = partial_layout(s, heads, t, sv);
+    if (l.shared_bytes <= info.max_compute_shared_memory && l.wg <= std::min(1024u, info.max_compute_workgroup_invocations)) {
+      *chosen_tile = t;
+      return l;
+    }
+  }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -138,7 +155,7 @@ KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : shape_(shape) 
   PipelineDesc d;
   d.name = "kv_write";
   d.file = "kv_write.comp";
-  d.defines = merged({{"KV_LORA", std::to_string(shape.kv_lora)}, {"WG", std::to_string(kAttnThreads)}},
+  d.defines = merged({{"KV_LORA", std::to_string(shape.kv_lora)}, {"WG", std::to_string(kKvWriteThreads)}},
                      shape.rope.defines());
   d.num_buffers = 4;
   d.push_bytes = sizeof(gpu::KvWriteArgs);
@@ -168,23 +185,23 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   shape.validate();
   const DeviceInfo& info = ctx.info();
   heads_per_group_ = tuning.heads_per_group ? std::min(tuning.heads_per_group, shape.n_head) : shape.n_head;
-  if (heads_per_group_ > kAttnThreads) runtime_error("attention: ", heads_per_group_, " heads per workgroup > ", kAttnThreads);
-  if (tuning.tile) {
-    if (tuning.tile != 8 && tuning.tile != 16 && tuning.tile != 32)
-      usage_error("attention tile must be 8, 16 or 32, found ", tuning.tile);
-    tile_ = tuning.tile;
-  } else {
-    for (uint32_t t : {32u, 16u, 8u})
-      if (partial_shared_bytes(shape, heads_per_group_, t) <= info.max_compute_shared_memory) {
-        tile_ = t;
-        break;
-      }
+  if (heads_per_group_ > kMaxHeadsPerGroup) {
+    if (tuning.heads_per_group) usage_error("attention: at most ", kMaxHeadsPerGroup, " heads per workgroup, asked for ", tuning.heads_per_group);
+    heads_per_group_ = ceil_div(shape.n_head, ceil_div(shape.n_head, kMaxHeadsPerGroup));  // even split
   }
-  const uint64_t shared = tile_ ? partial_shared_bytes(shape, heads_per_group_, tile_) : 0;
-  if (!tile_ || shared > info.max_compute_shared_memory)
-    runtime_error("attention: ", heads_per_group_, " heads x ", shape.row(), "-value rows need ",
-                  partial_shared_bytes(shape, heads_per_group_, tile_ ? tile_ : 8), " bytes of shared memory, ", info.name,
-                  " has ", info.max_compute_shared_memory, " (use fewer heads per workgroup)");
+  if (tuning.tile && tuning.tile != 4 && tuning.tile != 8 && tuning.tile != 16)
+    usage_error("attention tile must be 4, 8 or 16, found ", tuning.tile);
+  if (tuning.score_slice && tuning.score_slice != 4 && tuning.score_slice != 8)
+    usage_error("attention score slice must be 4 or 8 vec4, found ", tuning.score_slice);
+  const std::optional<PartialLayout> layout =
+      choose_layout(shape, heads_per_group_, tuning.tile, tuning.score_slice, info, &tile_);
+  if (!layout) {
+    const PartialLayout smallest =
+        partial_layout(shape, heads_per_group_, tuning.tile ? tuning.tile : 4, tuning.score_slice ? tuning.score_slice : 8);
+    runtime_error("attention: ", heads_per_group_, " heads x ", shape.row(), "-value rows need ", smallest.shared_bytes,
+                  " bytes of shared memory and ", smallest.wg, " threads per workgroup; ", info.name, " has ",
+                  info.max_compute_shared_memory, " bytes and ", info.max_compute_workgroup_invocations, " threads");
+  }
   min_chunk_ = ceil_div(tuning.min_chunk ? tuning.min_chunk : kDefaultMinChunk, tile_) * tile_;
   n_groups_ = tuning.n_groups ? tuning.n_groups : std::min(kDefaultGroups, ceil_div(shape.n_ctx, min_chunk_));
   if (n_groups_ == 0 || n_groups_ > kMaxGroups || n_groups_ > info.max_workgroup_count[0])
@@ -194,18 +211,16 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     runtime_error("attention: partials of ", n_groups_, " groups exceed 2^32 floats");
   profile_kv_len_ = shape.n_ctx;
 
-  const ScoreLayout l = score_layout(heads_per_group_, tile_);
   const ShaderDefines common = merged({{"N_HEAD", std::to_string(shape.n_head)}, {"KV_LORA", std::to_string(shape.kv_lora)},
                                        {"TILE", std::to_string(tile_)}},
                                       shape.rope.defines());
   PipelineDesc p;
   p.name = "attention_partial";
   p.file = "attention_partial.comp";
-  p.defines = merged(common, {{"WG", std::to_string(kAttnThreads)},
+  p.defines = merged(common, {{"WG", std::to_string(layout->wg)},
                               {"HW", std::to_string(heads_per_group_)},
-                              {"HG", std::to_string(l.hg)},
-                              {"NHG", std::to_string(l.nhg)},
-                              {"NSL", std::to_string(l.nsl)}});
+                              {"SV", std::to_string(layout->sv)},
+                              {"OH", std::to_string(layout->oh)}});
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
   partial_ = &ctx.pipeline(p);
@@ -213,7 +228,9 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   PipelineDesc m;
   m.name = "attention_merge";
   m.file = "attention_merge.comp";
-  m.defines = merged(common, {{"WG", std::to_string(kMergeThreads)}, {"MAX_GROUPS", std::to_string(kMaxGroups)}});
+  m.defines = merged(common, {{"COLS", std::to_string(kMergeColumns)},
+                              {"LANES", std::to_string(kMergeLanes)},
+                              {"MAX_GROUPS", std::to_string(kMaxGroups)}});
   m.num_buffers = 3;
   m.push_bytes = sizeof(gpu::AttnMergeArgs);
   merge_ = &ctx.pipeline(m);
@@ -259,7 +276,7 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
   const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_};
   const BufferSlice b[] = {partials, step, olat};
-  rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeThreads), shape_.n_head, 1, label,
+  rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, 1, label,
                merge_bytes(profile_kv_len_));
 }
 

@@ -29,7 +29,24 @@
 //     k_b / v_b: MatrixRef of attn_k_b {Dn, R, H} as H*R rows x Dn, attn_v_b {R, Dv, H} as H*Dv
 //     rows x R; any readable type, SPLIT1 or plain.
 //
-// Every op has bytes() (what one call moves, for the profiler); record() declares it.
+// Every op has bytes() (what one call moves, for the profiler); record() declares it
+// (AttentionOp: for set_profile_kv_len(), default n_ctx, since its bytes follow the context).
+//
+// Choices (measured on an H200, GLM shape H=20 R=512 Dr=64, Vulkan timestamps, each figure
+// including ~5.9 us of dispatch + barrier + timestamp cost, which is what an empty-ish kernel such
+// as kv_write measures there):
+//  - Rope of the query: done by attention_partial while it loads q (no extra dispatch: the q
+//    projection (D3) and kv_write (D4) share a barrier stage, so nothing else could rope q).
+//  - Rope angles: a per-pair frequency table computed on the host in double (YaRN blend folded
+//    in) and compiled into the shaders; the angle is reduced modulo 2*pi exactly (rope.glsl), so
+//    positions up to 2^24 keep full accuracy on GPUs whose sin/cos are only accurate near 0.
+//  - Split-K: a fixed grid of n_groups workgroups (record time); at run time the chunk length
+//    is max(min_chunk, ceil(kv_len / n_groups)) so short contexts use few small chunks and long
+//    ones every group; surplus workgroups exit at once. No indirect dispatch, no host work.
+//    Defaults n_groups 128, min_chunk 8: partial + merge ~19 us at 1-1024 positions, 36 us at
+//    4096, 84 us at 16384, 289 us at 65536 (the partial kernel is FMA/latency bound: H*(2R+Dr)
+//    FMAs per cached position; a cooperative-matrix version is the next step for long contexts).
+//  - f32 everywhere except the f16 cache; the cache row is converted to f32 once per workgroup.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -96,8 +113,10 @@ class KvWriteOp {
 struct AttentionTuning {
   uint32_t n_groups = 0;         // workgroups along the context (max chunks); auto: <= 256
   uint32_t min_chunk = 0;        // fewest positions per chunk; auto: 64 (rounded to the tile)
-  uint32_t heads_per_group = 0;  // heads per workgroup; auto: all (each cache row read once)
-  uint32_t tile = 0;             // rows staged per step; auto: largest of 32/16/8 that fits shared memory
+  uint32_t heads_per_group = 0;  // heads per workgroup (<= 32); auto: all (each cache row read once),
+                                 // split evenly when there are more than 32
+  uint32_t tile = 0;             // rows staged per step (4, 8, 16); auto: the largest that fits
+  uint32_t score_slice = 0;      // vec4 of a row per score thread (4 or 8); auto: 4 where it fits
 };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).

@@ -70,8 +70,10 @@ void EmbedOp::record(CommandRecorder& rec) const {
   desc.push_bytes = sizeof(gpu::EmbedArgs);
   const Pipeline& pipe = ctx.pipeline(desc);
 
-  // Threads along a row: one per 32-value unit (block types) or per element (plain).
-  const uint32_t threads = table.layout == WeightLayout::Split1 ? table.cols / 32 : table.cols;
+  // Threads along a row: one per element (plain), per 32-element block, or per 8-value unit of a
+  // K-quant block (embed.comp).
+  const uint32_t block = type_info(table.type).block_elems;
+  const uint32_t threads = block == 1 ? table.cols : block == 32 ? table.cols / 32 : table.cols / 8;
   const uint32_t gx = (threads + kEmbedWorkgroup - 1) / kEmbedWorkgroup;
   const std::vector<RowChunk> chunks = row_chunks(table, ctx.info(), max_binding_bytes);
   for (const RowChunk& c : chunks) {

@@ -1,5 +1,7 @@
 #include "runtime/vulkan/kernels_matvec.h"
 
+#include <cstdlib>
+
 #include "format/error.h"
 #include "shaders/kernel_args.h"
 
@@ -61,7 +63,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
   PipelineLibrary& lib = ctx.pipelines();
   const bool sg = lib.use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  const uint32_t rows_per_wg = kRowsPerWorkgroup;
+  const uint32_t rows_per_wg = std::getenv("TS_MV_ROWS") ? std::atoi(std::getenv("TS_MV_ROWS")) : kRowsPerWorkgroup;
   PipelineDesc desc;
   desc.name = name;
   desc.file = "matvec.comp";
@@ -70,7 +72,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                   {"THREADS_PER_ROW", std::to_string(tpr)},
                   {"NUM_COLS", std::to_string(batch)},
                   {"NORM_INPUT", v.norm ? "1" : "0"},
-                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"}};
+                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"}, {"UNIT32", std::getenv("TS_MV_U32") ? std::getenv("TS_MV_U32") : (type_info(w.type).block_elems == 256 ? "1" : "0")}};
   desc.num_buffers = v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;

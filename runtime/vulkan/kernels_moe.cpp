@@ -9,11 +9,12 @@
 namespace tessera::vk {
 namespace {
 
+// Work split (measured on an H200, see kernels_moe.h): many small independent dot products, so
+// that enough weight loads are in flight to stream the tile at full bandwidth.
 constexpr uint32_t kSharedThreadsPerRow = 32;  // team width of the shared-memory reduction path
-constexpr uint32_t kTeamsPerWorkgroup = 4;     // subgroups (or teams) per workgroup
-constexpr uint32_t kGateUpOutPerWg = 8;        // gate-up outputs i per workgroup
-constexpr uint32_t kDownRowsPerWg = 8;         // down output rows per workgroup
-constexpr uint32_t kRouterRowsPerWg = 4;       // router rows per workgroup
+constexpr uint32_t kGateUpTeams = 4;           // gate-up: teams per workgroup, one output each
+constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one team per slot)
+constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 uint32_t elem_bytes(GgmlType t) { return t == GgmlType::F32 ? 4 : 2; }
@@ -21,32 +22,45 @@ uint32_t elem_bytes(GgmlType t) { return t == GgmlType::F32 ? 4 : 2; }
 // Bytes a kernel reads to use a whole tile part / matrix once (without alignment padding).
 uint64_t read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
 
-// Threads per row team and workgroup size of the row kernels on this device.
+// A team reduces one dot product: a subgroup, or kSharedThreadsPerRow invocations reducing
+// through shared memory where subgroup arithmetic is missing.
 struct TeamShape {
   bool subgroup;
-  uint32_t threads_per_row, wg_size;
+  uint32_t threads_per_row;
 };
 TeamShape team_shape(Context& ctx) {
   const bool sg = ctx.pipelines().use_subgroup();
-  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  return {sg, tpr, tpr * kTeamsPerWorkgroup};
+  return {sg, sg ? ctx.info().subgroup_size : kSharedThreadsPerRow};
 }
 
+// The gate-up / down pipeline for a weight type: `teams` teams per workgroup; `extra` adds the
+// kernel's own defines (OUT_PER_WG, or TEAMS and ROWS_PER_WG).
 const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* file, GgmlType type, bool vec8,
-                           const char* rows_define, uint32_t rows, uint32_t num_buffers, uint32_t push_bytes) {
+                           uint32_t teams, const ShaderDefines& extra, uint32_t num_buffers) {
   const TeamShape ts = team_shape(ctx);
   PipelineDesc desc;
   desc.name = name;
   desc.file = file;
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
-                  {"WG_SIZE", std::to_string(ts.wg_size)},
+                  {"WG_SIZE", std::to_string(ts.threads_per_row * teams)},
                   {"THREADS_PER_ROW", std::to_string(ts.threads_per_row)},
                   {"PLAIN_VEC8", vec8 ? "1" : "0"}};
-  if (rows_define) desc.defines[rows_define] = std::to_string(rows);
+  for (const auto& [k, v] : extra) desc.defines[k] = v;
   desc.num_buffers = num_buffers;
-  desc.push_bytes = push_bytes;
+  desc.push_bytes = sizeof(gpu::MoeArgs);
   desc.full_subgroups = ts.subgroup;
   return ctx.pipelines().get(desc);
+}
+
+const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : ""), "moe_gateup.comp", type, vec8,
+                    kGateUpTeams, {{"OUT_PER_WG", std::to_string(kGateUpTeams)}}, 7);
+}
+
+const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots) {
+  return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
+                    vec8, slots, {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(kDownRowsPerWg)}},
+                    5);
 }
 
 void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
@@ -210,17 +224,15 @@ void RouterOp::record(CommandRecorder& rec) const {
   if (wbytes > ctx.info().max_storage_buffer_range)
     runtime_error(what, ": router weight of ", wbytes, " bytes exceeds the binding limit");
 
-  const TeamShape ts = team_shape(ctx);
-  const uint32_t rows_per_wg = ts.subgroup ? kTeamsPerWorkgroup : kRouterRowsPerWg;
+  const bool vec4 = w.type == GgmlType::F32 && w.cols % 4 == 0;
   PipelineDesc desc;
   desc.name = name;
   desc.file = "router.comp";
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
-                  {"WG_SIZE", std::to_string(ts.threads_per_row * rows_per_wg)},
-                  {"THREADS_PER_ROW", std::to_string(ts.threads_per_row)}};
+                  {"WG_SIZE", std::to_string(kRouterWgSize)},
+                  {"VEC4", vec4 ? "1" : "0"}};
   desc.num_buffers = 5;
   desc.push_bytes = sizeof(gpu::RouterArgs);
-  desc.full_subgroups = ts.subgroup;
   const Pipeline& pipe = ctx.pipelines().get(desc);
 
   gpu::RouterArgs a{};
@@ -228,8 +240,7 @@ void RouterOp::record(CommandRecorder& rec) const {
   a.n_expert = w.rows;
   a.eps = eps;
   const BufferSlice bufs[5] = {weight_slice(*w.buffer, w.offset, wbytes), x, norm_weight, logits, h2};
-  const uint32_t groups = (w.rows + rows_per_wg - 1) / rows_per_wg;
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, bytes());
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, w.rows, 1, 1, what, bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -256,14 +267,12 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
-  const uint32_t groups_routed = uint32_t((g.w_routed + kGateUpOutPerWg - 1) / kGateUpOutPerWg);
-  const uint32_t groups_shared = uint32_t((g.w_shared + kGateUpOutPerWg - 1) / kGateUpOutPerWg);
+  const uint32_t groups_routed = uint32_t((g.w_routed + kGateUpTeams - 1) / kGateUpTeams);
+  const uint32_t groups_shared = uint32_t((g.w_shared + kGateUpTeams - 1) / kGateUpTeams);
   bool route_written = false;
   for (const TilePart& p : parts) {
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const std::string pname = cat("moe_gateup.", type_name(p.type), vec8 ? ".v8" : "");
-    const Pipeline& pipe = row_kernel(ctx, pname, "moe_gateup.comp", p.type, vec8, "OUT_PER_WG", kGateUpOutPerWg, 7,
-                                      sizeof(gpu::MoeArgs));
+    const Pipeline& pipe = gateup_kernel(ctx, p.type, vec8);
     gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
     set_part(a, p);
     a.groups_routed = groups_routed;
@@ -311,9 +320,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
-    const std::string pname = cat("moe_down.", type_name(p.type), vec8 ? ".v8" : "");
-    const Pipeline& pipe = row_kernel(ctx, pname, "moe_down.comp", p.type, vec8, "ROWS_PER_WG", kDownRowsPerWg, 5,
-                                      sizeof(gpu::MoeArgs));
+    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? routing.n_used : 0) + (p.shared ? 1 : 0));
     gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
     set_part(a, p);
     const BufferSlice bufs[5] = {p.w, h, x, logits, bias_b};
@@ -376,9 +383,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                   plain ? "element" : "256-byte", " aligned relative to each other");
   const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
                     up_at % (8 * elem_bytes(gate.type)) == 0;
-  const std::string pname = cat("moe_gateup.", type_name(gate.type), vec8 ? ".v8" : "");
-  const Pipeline& pipe = row_kernel(ctx, pname, "moe_gateup.comp", gate.type, vec8, "OUT_PER_WG", kGateUpOutPerWg, 7,
-                                    sizeof(gpu::MoeArgs));
+  const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | TS_MOE_NORM_INPUT;
@@ -388,7 +393,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   a.shared_offset = uint32_t(gate_at);
   a.shared_up_offset = uint32_t(up_at);
   const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm_weight, x, x, h, h};
-  const GroupCounts gc = split_workgroups((gate.rows + kGateUpOutPerWg - 1) / kGateUpOutPerWg, ctx.info());
+  const GroupCounts gc = split_workgroups((gate.rows + kGateUpTeams - 1) / kGateUpTeams, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
 }
 
@@ -407,9 +412,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                   ctx.info().max_storage_buffer_range);
   const bool plain = down.layout == WeightLayout::Plain;
   const bool vec8 = plain && down.cols % 8 == 0;
-  const std::string pname = cat("moe_down.", type_name(down.type), vec8 ? ".v8" : "");
-  const Pipeline& pipe = row_kernel(ctx, pname, "moe_down.comp", down.type, vec8, "ROWS_PER_WG", kDownRowsPerWg, 5,
-                                    sizeof(gpu::MoeArgs));
+  const Pipeline& pipe = down_kernel(ctx, down.type, vec8, 1);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;

@@ -87,7 +87,7 @@ TEST_P(ConvertVerify, EveryComposeModePasses) {
   EXPECT_TRUE(verify(src, packed_model(c.preset, c.type, "all", "source")).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(AllTypes, ConvertVerify,
+INSTANTIATE_TEST_SUITE_P(Synth, ConvertVerify,
                          ::testing::Values(Case{"tiny", "f32"}, Case{"tiny", "f16"}, Case{"tiny", "bf16"}, Case{"tiny", "q8_0"},
                                            Case{"tiny", "q4_0"}, Case{"tiny", "q4_k_m"}, Case{"tiny-lite", "f32"},
                                            Case{"tiny-lite", "f16"}, Case{"tiny-lite", "bf16"}, Case{"tiny-lite", "q8_0"},
@@ -148,6 +148,9 @@ TEST(Convert, MetadataCarriesTheSourceAndProvenance) {
   EXPECT_FALSE(r.ok());
   EXPECT_FALSE(failures(r, "metadata").empty());
   EXPECT_FALSE(failures(r, "bytes").empty());
+  // An original of other shapes is refused before any comparison.
+  const std::string msg = error_of([] { verify(synth_model("tiny", "q4_0"), packed_model("tiny-lite", "q4_0", "all")); });
+  EXPECT_NE(msg.find("missing tensor"), std::string::npos) << msg;
 }
 
 // One byte changed in a tensor of each kind, with the checksums re-sealed: the byte and composed

@@ -54,9 +54,9 @@ struct Case {
   const char* preset;
   const char* type;
 };
-class PackedLogits : public ::testing::TestWithParam<Case> {};
+class PackedCpuLogits : public ::testing::TestWithParam<Case> {};
 
-TEST_P(PackedLogits, UncomposedIsExactComposedIsClose) {
+TEST_P(PackedCpuLogits, UncomposedIsExactComposedIsClose) {
   const Case c = GetParam();
   const GgufWeights orig(synth_model(c.preset, c.type));
   const std::vector<float> ref = logits(orig);
@@ -81,7 +81,7 @@ TEST_P(PackedLogits, UncomposedIsExactComposedIsClose) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tiny, PackedLogits,
+INSTANTIATE_TEST_SUITE_P(Synth, PackedCpuLogits,
                          ::testing::Values(Case{"tiny", "q4_k_m"}, Case{"tiny-lite", "q4_0"}, Case{"tiny", "bf16"},
                                            Case{"tiny-lite", "q4_k_m"}),
                          [](const auto& info) {

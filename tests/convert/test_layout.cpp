@@ -23,7 +23,7 @@ std::vector<uint8_t> random_bytes(size_t n, uint32_t seed) {
   return b;
 }
 
-TEST(Split1, BlockTableMatchesTheFormatDoc) {
+TEST(TsrSplit1, BlockTableMatchesTheFormatDoc) {
   // {type, quant bytes start, quant bytes, rest}: FORMAT.md §6.2.
   struct Row { GgmlType t; uint32_t q_start, q, m; };
   const Row rows[] = {{GgmlType::Q4_0, 2, 16, 2},    {GgmlType::Q4_1, 4, 16, 4},   {GgmlType::Q5_0, 6, 16, 6},
@@ -41,7 +41,7 @@ TEST(Split1, BlockTableMatchesTheFormatDoc) {
   for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16, GgmlType::Q8_1}) EXPECT_FALSE(split1_block(t));
 }
 
-TEST(Split1, SplitsOneBlockIntoQuantBytesAndTheRestInOrder) {
+TEST(TsrSplit1, SplitsOneBlockIntoQuantBytesAndTheRestInOrder) {
   // Block bytes numbered 0..n-1: the Q part is the quant range, M the prefix then the suffix.
   for (GgmlType t : kSplitTypes) {
     const Split1Block b = *split1_block(t);
@@ -65,7 +65,7 @@ TEST(Split1, SplitsOneBlockIntoQuantBytesAndTheRestInOrder) {
   EXPECT_EQ(q6k.m_bytes(), 64u + 16u + 2u);
 }
 
-TEST(Split1, GeometryByHand) {
+TEST(TsrSplit1, GeometryByHand) {
   // 3 rows x 64 columns of Q4_0: 2 blocks per row, Q = 3*2*16 = 96 -> M at 256, 3*2*2 = 12 bytes.
   const Split1Geometry g = split1_geometry(GgmlType::Q4_0, 3, 64);
   EXPECT_EQ(g.blocks_per_row, 2u);
@@ -87,7 +87,7 @@ TEST(Split1, GeometryByHand) {
   EXPECT_THROW(split1_geometry(GgmlType::Q8_1, 2, 32), Error);   // no split form
 }
 
-TEST(Split1, RowsRoundTripAndLandWhereTheDocSays) {
+TEST(TsrSplit1, RowsRoundTripAndLandWhereTheDocSays) {
   for (GgmlType t : kSplitTypes) {
     const uint32_t be = type_info(t).block_elems;
     const uint64_t rows = 5, cols = 3 * be;
@@ -107,7 +107,7 @@ TEST(Split1, RowsRoundTripAndLandWhereTheDocSays) {
   }
 }
 
-TEST(MoeTile, GeometryByHand) {
+TEST(TsrMoeTile, GeometryByHand) {
   // E = 2 routed experts of width 32, shared width 64, n_embd 64; gate/up Q4_0, down Q8_0.
   const MoeTileGeometry g = moe_tile_geometry(2, 32, 64, 64, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q8_0);
   // gateup 64 x 64 Q4_0: Q = 64*2*16 = 2048, M = 64*2*2 = 256 -> 2304; down 64 x 32 Q8_0:
@@ -129,7 +129,7 @@ TEST(MoeTile, GeometryByHand) {
   EXPECT_THROW(MoeTileGeometry::from_params(p, "t", "x"), Error);
 }
 
-TEST(MoeTile, GlmSizeEqualsTheGgufBytes) {
+TEST(TsrMoeTile, GlmSizeEqualsTheGgufBytes) {
   // GLM-4.7-Flash Q4_0: every part is a whole number of 256-byte units, so the tile holds
   // exactly the bytes of the six GGUF expert tensors (gguf.md §10.1 shapes).
   const MoeTileGeometry g =
@@ -139,7 +139,7 @@ TEST(MoeTile, GlmSizeEqualsTheGgufBytes) {
   EXPECT_EQ(g.total_bytes, gguf);
 }
 
-TEST(MoeTile, PartsRoundTripAndGateUpInterleave) {
+TEST(TsrMoeTile, PartsRoundTripAndGateUpInterleave) {
   const MoeTileGeometry g =
       moe_tile_geometry(3, 32, 64, 64, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::F16, GgmlType::Q4_1);
   std::vector<uint8_t> tile(g.total_bytes, 0);
@@ -190,7 +190,7 @@ TEST(TsrEntry, PaddingRanges) {
   EXPECT_EQ(p[0].offset, 96u);
   EXPECT_EQ(p[0].size, 160u);
   EXPECT_TRUE(TsrTensor::plain("n", GgmlType::F32, ne, 0).padding().empty());
-  // The hand-computed tile of MoeTile.GeometryByHand: each routed slot ends with 128 bytes of
+  // The hand-computed tile of TsrMoeTile.GeometryByHand: each routed slot ends with 128 bytes of
   // padding after its down part (4480 -> 4608); the shared slot has none.
   const MoeTileGeometry g = moe_tile_geometry(2, 32, 64, 64, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q8_0);
   const auto t = TsrTensor::moe_tile("tile", g, 1).padding();

@@ -240,10 +240,12 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{5, 128, 64, kYarnRope, {1, 7, 100, 1000, 5000}, tuning(7, 24, 0, 8), 2.f},
         // GLM-like: 20 heads x 576, default split; sharp softmax
         AttnCase{20, 512, 64, kGlmRope, {1, 7, 100, 1000, 5000}, {}, 3.f},
-        // 20 heads in workgroups of 8 (8 + 8 + 4), tile 16, many small chunks
-        AttnCase{20, 512, 64, kYarnRope, {7, 100, 1000}, tuning(37, 16, 8, 16), 1.f},
+        // 20 heads in workgroups of 8 (8 + 8 + 4), tile 8, many small chunks
+        AttnCase{20, 512, 64, kYarnRope, {7, 100, 1000}, tuning(37, 16, 8, 8), 1.f},
         // V2-Lite-like: 16 heads, YaRN, one chunk holds everything
-        AttnCase{16, 512, 64, kYarnRope, {1, 100, 1000}, tuning(1, 32), 1.f}),
+        AttnCase{16, 512, 64, kYarnRope, {1, 100, 1000}, tuning(1, 32), 1.f},
+        // more heads than one workgroup takes (33 -> 17 + 16), tile 4
+        AttnCase{33, 64, 16, kGlmRope, {1, 100, 1000}, tuning(0, 0, 0, 4), 2.f}),
     [](const auto& info) {
       return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);

@@ -1,0 +1,427 @@
+// GpuModel: load (plan, upload) and the decode step recording. See gpu_model.h.
+#include "runtime/model/gpu_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <map>
+
+#include "format/error.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/transfer.h"
+
+namespace tessera::model {
+
+namespace {
+
+constexpr uint32_t kTokenWord = 0;  // step buffer: [token, position]
+constexpr uint32_t kPosWord = 1;
+constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
+
+void progress(bool on, uint64_t done, uint64_t total) {
+  if (!on || total == 0) return;
+  const int pct = int(100.0 * double(done) / double(total));
+  std::fprintf(stderr, "\rupload %3d%% (%.1f / %.1f MB)", pct, done / 1e6, total / 1e6);
+  if (done == total) std::fputc('\n', stderr);
+}
+
+}  // namespace
+
+// Every device buffer of the model. A tensor is found by name: its buffer and byte offset.
+struct GpuModel::Weights {
+  struct Loc {
+    const vk::Buffer* buffer = nullptr;
+    uint64_t offset = 0;
+    const TsrTensor* tensor = nullptr;
+  };
+  std::vector<vk::Buffer> weight_buffers;  // one per decoder block + one per other tensor
+  std::map<std::string, Loc, std::less<>> loc;
+
+  // activations (f32) and state
+  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, h, hdense, logits, partials, sample_scratch;
+  std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
+  vk::Buffer step, ring;          // host-visible
+
+  const Loc& at(std::string_view name) const {
+    auto it = loc.find(name);
+    if (it == loc.end()) bad_input("packed model: tensor '", name, "' is missing");
+    return it->second;
+  }
+  bool has(std::string_view name) const { return loc.find(name) != loc.end(); }
+
+  // The tensor as a matrix of n_rows x ne[0] (3-D tensors: slabs stacked).
+  vk::MatrixRef matrix(std::string_view name) const {
+    const Loc& l = at(name);
+    const TsrTensor& t = *l.tensor;
+    vk::MatrixRef m;
+    m.buffer = l.buffer;
+    m.offset = l.offset;
+    m.type = t.type;
+    if (t.layout == TsrLayout::Split1) m.layout = vk::WeightLayout::Split1;
+    else if (t.layout == TsrLayout::Plain) m.layout = vk::WeightLayout::Plain;
+    else bad_input("packed model: tensor '", name, "' has layout ", layout_name(t.layout), ", expected a matrix layout");
+    m.rows = uint32_t(t.n_rows());
+    m.cols = uint32_t(t.ne[0]);
+    m.validate(t.name.c_str());
+    return m;
+  }
+  // A plain F32 vector (norm weights, biases).
+  vk::BufferSlice vec(std::string_view name, uint64_t n) const {
+    const Loc& l = at(name);
+    const TsrTensor& t = *l.tensor;
+    if (t.layout != TsrLayout::Plain || t.type != GgmlType::F32 || t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3] != n)
+      bad_input("packed model: tensor '", name, "' is ", type_name(t.type), " ", t.shape_string(), ", expected F32 {", n, "}");
+    return l.buffer->slice(l.offset, n * 4);
+  }
+};
+
+GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions& options)
+    : ctx_(ctx), options_(options), config_(ModelConfig::from_metadata(file.metadata())) {
+  n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
+  w_ = std::make_unique<Weights>();
+  for (uint32_t l = 0; l < config_.n_layer; ++l)
+    if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
+      config_.has_exp_probs_b = false;  // a softmax-routed file without selection bias
+  plan_and_upload(file);
+  rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = options_.timestamps});
+  // Zero the sampler's scratch once (its arrival counter must start at 0).
+  rec_->begin();
+  rec_->fill(w_->sample_scratch.whole(), 0);
+  rec_->end();
+  rec_->run();
+  rec_->begin();
+  record_step(*rec_, n_ctx_);
+  rec_->end();
+  stats_.dispatches = rec_->dispatch_count();
+  stats_.barriers = rec_->barrier_count();
+  stats_.layers = config_.n_layer;
+}
+
+GpuModel::~GpuModel() {
+  rec_.reset();
+  xfer_.reset();
+  w_.reset();
+}
+
+void GpuModel::plan_and_upload(const TsrFile& file) {
+  const ModelConfig& c = config_;
+  const vk::Device& dev = ctx_.device();
+  // Which bytes go to which buffer: each decoder block's span, then every tensor outside blocks.
+  struct Upload {
+    std::string what;
+    uint64_t offset, size;
+    std::vector<const TsrTensor*> tensors;
+  };
+  std::vector<Upload> uploads;
+  for (int l = 0; l < file.n_layer_groups(); ++l) {
+    const TsrSpan s = file.layer_span(l);
+    uploads.push_back({cat("blk.", l), s.offset, s.size, {}});
+  }
+  for (const TsrTensor& t : file.tensors()) {
+    if (t.layer >= 0 && t.layer < file.n_layer_groups()) {
+      uploads[size_t(t.layer)].tensors.push_back(&t);
+    } else {
+      uploads.push_back({t.name, t.offset, (t.nbytes + 255) / 256 * 256, {&t}});
+    }
+  }
+  if (uint32_t(file.n_layer_groups()) < c.n_layer)
+    bad_input(file.path(), ": holds tensors of ", file.n_layer_groups(), " decoder blocks, the metadata says ", c.n_layer);
+
+  // Activation sizes.
+  const uint64_t H = c.n_head, R = c.kv_lora_rank, Dr = c.n_rot, row = c.kv_row();
+  uint64_t moe_h = 4;
+  for (const TsrTensor& t : file.tensors())
+    if (t.layout == TsrLayout::MoeTile1) moe_h = std::max<uint64_t>(moe_h, vk::moe_h_floats(t.moe_tile(), c.n_expert_used));
+  const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
+  vk::AttentionOp probe(ctx_, ashape);
+  struct Act {
+    vk::Buffer* buf;
+    const char* name;
+    uint64_t bytes;
+  };
+  Weights& w = *w_;
+  const std::vector<Act> acts = {
+      {&w.x, "x", c.n_embd * 4ull},
+      {&w.cq, "cq", std::max<uint64_t>(c.q_lora_rank, 4) * 4},
+      {&w.kv, "kv", row * 4},
+      {&w.qfull, "q_b out", H * c.n_qk() * 4},
+      {&w.q, "q", H * row * 4},
+      {&w.olat, "olat", H * R * 4},
+      {&w.o, "o", H * c.n_v * 4},
+      {&w.router_logits, "router logits", std::max<uint64_t>(c.n_expert, 4) * 4},
+      {&w.h2, "h2", c.n_embd * 4ull},
+      {&w.h, "moe h", moe_h * 4},
+      {&w.hdense, "dense h", std::max<uint64_t>(c.n_ff, 4) * 4},
+      {&w.logits, "logits", uint64_t(c.n_vocab) * 4},
+      {&w.partials, "attention partials", probe.partials_bytes()},
+      {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
+  };
+  (void)Dr;
+
+  vk::MemoryPlan plan;
+  uint64_t weight_total = 0;
+  for (const Upload& u : uploads) weight_total += u.size;
+  plan.add("weights", vk::MemoryKind::DeviceLocal, weight_total);
+  plan.add(cat("KV cache (", c.n_layer, " layers x ", n_ctx_, " positions x ", row, " f16)"), vk::MemoryKind::DeviceLocal,
+           uint64_t(c.n_layer) * ashape.cache_bytes());
+  uint64_t act_total = 0;
+  for (const Act& a : acts) act_total += (a.bytes + 255) / 256 * 256;
+  plan.add("activations and scratch", vk::MemoryKind::DeviceLocal, act_total);
+  plan.add("step values", vk::MemoryKind::Host, 4096);
+  const uint64_t need = plan.total(vk::MemoryKind::DeviceLocal) + plan.total(vk::MemoryKind::Host);
+  if (options_.memory_limit && need > options_.memory_limit)
+    runtime_error("memory plan: needs ", need, " bytes, but the memory limit is ", options_.memory_limit,
+                  " bytes; the plan:\n", plan.summary(), "use a smaller --ctx or a device with more memory");
+  plan.check(dev);
+  stats_.device_bytes = need;
+
+  local_ = std::make_unique<vk::MemoryPool>(dev, vk::MemoryKind::DeviceLocal, 256ull << 20);
+  host_ = std::make_unique<vk::MemoryPool>(dev, vk::MemoryKind::Host, 1ull << 20);
+  {
+    vk::Transfer xfer(dev);
+    uint64_t done = 0;
+    const auto bytes = file.bytes();
+    for (const Upload& u : uploads) {
+      vk::Buffer b = local_->create_buffer(u.size, u.what);
+      // Upload in pieces so the staging ring overlaps copies and the progress bar moves.
+      for (uint64_t off = 0; off < u.size; off += 16ull << 20) {
+        const uint64_t n = std::min<uint64_t>(16ull << 20, u.size - off);
+        const uint64_t avail = u.offset + off < bytes.size() ? std::min<uint64_t>(n, bytes.size() - u.offset - off) : 0;
+        if (avail) xfer.upload(b, off, bytes.data() + u.offset + off, avail);
+        done += n;
+        progress(options_.progress, done, weight_total);
+      }
+      w.weight_buffers.push_back(std::move(b));
+    }
+    xfer.finish();
+    for (size_t i = 0; i < uploads.size(); ++i)
+      for (const TsrTensor* t : uploads[i].tensors)
+        w.loc[t->name] = {&w.weight_buffers[i], t->offset - uploads[i].offset, t};
+  }
+  for (const Act& a : acts) *a.buf = local_->create_buffer(std::max<uint64_t>(a.bytes, 16), a.name);
+  for (uint32_t l = 0; l < c.n_layer; ++l) w.cache.push_back(local_->create_buffer(ashape.cache_bytes(), cat("KV cache blk.", l)));
+  w.step = host_->create_buffer(16, "step");
+  w.ring = host_->create_buffer(kRing * 4, "sampled tokens");
+  std::memset(w.step.mapped(), 0, 16);
+}
+
+void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
+  const ModelConfig& c = config_;
+  Weights& w = *w_;
+  const vk::BufferSlice step = w.step.whole();
+  const uint32_t H = c.n_head, R = c.kv_lora_rank;
+  uint64_t weight_bytes = 0;
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc) {
+    vk::MatvecOp op;
+    op.w = w.matrix(name);
+    op.x = x;
+    op.y = y;
+    op.accumulate = acc;
+    op.norm_weight = norm;
+    op.norm_eps = c.eps;
+    op.label = op.kernel_name() + " " + name;
+    op.record(rec);
+    weight_bytes += op.w.read_bytes();
+  };
+
+  vk::EmbedOp embed;
+  embed.table = w.matrix("token_embd.weight");
+  embed.ids = step.sub(kTokenWord * 4, 4);
+  embed.out = w.x.whole();
+  embed.record(rec);
+  rec.barrier();
+
+  const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
+  vk::KvWriteOp kv_write(ctx_, ashape);
+  vk::AttentionOp attn(ctx_, ashape);
+  attn.set_profile_kv_len(std::max<uint32_t>(1, profile_kv_len));
+  const vk::MoeRouting routing = vk::MoeRouting::from_config(c);
+
+  for (uint32_t l = 0; l < c.n_layer; ++l) {
+    const std::string L = cat("blk.", l, ".");
+    const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
+    stats_.composed_qk = qk;
+    stats_.composed_vo = vo;
+    const vk::BufferSlice attn_norm = w.vec(L + "attn_norm.weight", c.n_embd);
+    const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
+    const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
+    // Stage 1: everything that reads only x.
+    if (c.q_lora_rank) matvec(L + "attn_q_a.weight", w.x.whole(), w.cq.whole(), attn_norm, false);
+    else matvec(qname, w.x.whole(), qdst, attn_norm, false);
+    matvec(L + "attn_kv_a_mqa.weight", w.x.whole(), w.kv.whole(), attn_norm, false);
+    rec.barrier();
+    // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
+    if (c.q_lora_rank)
+      matvec(qname, w.cq.whole(), qdst, w.vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+    kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
+                    "kv_write " + L);
+    if (!qk) {
+      if (c.q_lora_rank) rec.barrier();  // the absorb reads q_b's output
+      vk::AbsorbOp a = vk::AbsorbOp::query(w.matrix(L + "attn_k_b.weight"), H, c.n_rot, w.qfull.whole(), w.q.whole());
+      a.label = a.kernel_name() + " " + L + "attn_k_b";
+      a.record(rec);
+      weight_bytes += a.w.read_bytes();
+    }
+    rec.barrier();
+    attn.record(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord, w.partials.whole(), w.olat.whole(), "attention " + L);
+    rec.barrier();
+    if (vo) {
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true);
+    } else {
+      vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
+      a.label = a.kernel_name() + " " + L + "attn_v_b";
+      a.record(rec);
+      weight_bytes += a.w.read_bytes();
+      rec.barrier();
+      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true);
+    }
+    rec.barrier();
+    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
+    if (!c.is_moe(l)) {
+      vk::DenseGateUpOp gu;
+      gu.gate = w.matrix(L + "ffn_gate.weight");
+      gu.up = w.matrix(L + "ffn_up.weight");
+      gu.x = w.x.whole();
+      gu.norm_weight = ffn_norm;
+      gu.eps = c.eps;
+      gu.h = w.hdense.whole();
+      gu.label = "dense_gateup " + L;
+      gu.record(rec);
+      rec.barrier();
+      vk::DenseDownOp dd;
+      dd.down = w.matrix(L + "ffn_down.weight");
+      dd.h = w.hdense.whole();
+      dd.x = w.x.whole();
+      dd.label = "dense_down " + L;
+      dd.record(rec);
+      rec.barrier();
+      weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes() + dd.down.read_bytes();
+      continue;
+    }
+    vk::RouterOp router;
+    router.w = w.matrix(L + "ffn_gate_inp.weight");
+    router.x = w.x.whole();
+    router.norm_weight = ffn_norm;
+    router.eps = c.eps;
+    router.logits = w.router_logits.whole();
+    router.h2 = w.h2.whole();
+    router.label = "router " + L;
+    router.record(rec);
+    rec.barrier();
+    weight_bytes += router.w.read_bytes();
+    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+    if (tile.tensor->layout != TsrLayout::MoeTile1)
+      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
+    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    vk::MoeGateUpOp gu;
+    gu.tile = tref;
+    gu.routing = routing;
+    gu.h2 = w.h2.whole();
+    gu.logits = w.router_logits.whole();
+    gu.bias = bias;
+    gu.h = w.h.whole();
+    gu.label = "moe_gateup " + L;
+    gu.record(rec);
+    rec.barrier();
+    vk::MoeDownOp down;
+    down.tile = tref;
+    down.routing = routing;
+    down.h = w.h.whole();
+    down.logits = w.router_logits.whole();
+    down.bias = bias;
+    down.x = w.x.whole();
+    down.label = "moe_down " + L;
+    down.record(rec);
+    rec.barrier();
+    weight_bytes += gu.bytes() + down.bytes();
+  }
+  matvec("output.weight", w.x.whole(), w.logits.whole(), w.vec("output_norm.weight", c.n_embd), false);
+  rec.barrier();
+  vk::SampleOp sample;
+  sample.n_vocab = c.n_vocab;
+  sample.params = options_.sampling;
+  sample.logits = w.logits.whole();
+  sample.scratch = w.sample_scratch.whole();
+  sample.step = step;
+  sample.token_word = kTokenWord;
+  sample.pos_word = kPosWord;
+  sample.advance_pos = true;
+  sample.tokens_out = w.ring.whole();
+  sample.out_ring = kRing;
+  sample.record(rec);
+  stats_.weight_bytes = weight_bytes;
+}
+
+void GpuModel::run_step(int32_t token, uint32_t pos) {
+  if (pos >= n_ctx_)
+    usage_error("context full: position ", pos, " needs a KV cache of more than ", n_ctx_,
+                " positions (start a new context, or raise --ctx)");
+  if (token < 0 || uint32_t(token) >= config_.n_vocab)
+    bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
+  const uint32_t words[2] = {uint32_t(token), pos};
+  w_->step.write(0, words, sizeof words);
+  rec_->run();
+}
+
+std::vector<float> GpuModel::forward(std::span<const int32_t> tokens, bool last_only) {
+  if (uint64_t(n_past_) + tokens.size() > n_ctx_)
+    usage_error("context full: ", n_past_, " cached + ", tokens.size(), " new tokens exceed the context of ", n_ctx_,
+                " positions (reset, or raise --ctx)");
+  std::vector<float> out;
+  const size_t V = config_.n_vocab;
+  out.reserve(last_only ? V : V * tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    run_step(tokens[i], n_past_);
+    ++n_past_;
+    if (!last_only || i + 1 == tokens.size()) {
+      const std::vector<float> l = last_logits();
+      out.insert(out.end(), l.begin(), l.end());
+    }
+  }
+  return out;
+}
+
+int32_t GpuModel::sampled_token() const {
+  uint32_t t = 0;
+  w_->step.read(kTokenWord * 4, &t, 4);
+  return int32_t(t);
+}
+
+int32_t GpuModel::decode_step() {
+  run_step(sampled_token(), n_past_);
+  ++n_past_;
+  return sampled_token();
+}
+
+std::vector<float> GpuModel::last_logits() const {
+  std::vector<float> l(config_.n_vocab);
+  if (w_->logits.mapped()) {
+    w_->logits.read(0, l.data(), l.size() * 4);
+  } else {
+    if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
+    xfer_->download(w_->logits, 0, l.data(), l.size() * 4);
+  }
+  return l;
+}
+
+std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len) {
+  if (!options_.timestamps) usage_error("profile_step needs a model loaded with timestamps on");
+  if (kv_len == 0 || kv_len > n_ctx_) usage_error("profile_step: context length ", kv_len, " outside 1..", n_ctx_);
+  // Re-record with the byte counts of this context length, run once at position kv_len - 1.
+  rec_->begin();
+  record_step(*rec_, kv_len);
+  rec_->end();
+  const int32_t token = sampled_token();
+  run_step(token, kv_len - 1);
+  std::vector<vk::DispatchTiming> t = rec_->timings();
+  // Leave the step buffer as it was for the session (position n_past, same token).
+  const uint32_t words[2] = {uint32_t(token), n_past_};
+  w_->step.write(0, words, sizeof words);
+  return t;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,102 @@
+// GpuModel: a packed .tsr model on a Vulkan device, decoding with one pre-recorded command buffer.
+//
+// Load: the memory plan (weights + latent KV cache for n_ctx + scratch) is checked before any
+// allocation; each decoder block's byte span is uploaded as one buffer (the file keeps a block's
+// tensors together), the rest (token_embd, output) one buffer each.
+//
+// Decode step (briefs/decode_plan.md), recorded once at load and resubmitted for every token:
+//   embed(step.token) -> for each block: attention (composed or factored, by what the file holds)
+//   + dense FFN or MoE (routing on the GPU) -> output norm + LM head -> sample/argmax, which writes
+//   the next token and position back into the step buffer: the GPU feeds itself.
+// Per-token values live in a host-visible step buffer {token, position}; nothing is re-recorded.
+//
+//   GpuModel m(ctx, file, {.n_ctx = 4096});
+//   std::vector<float> logits = m.forward(prompt_ids, /*last_only=*/true);   // prompt
+//   int32_t t = m.sampled_token();            // chosen on the GPU from the last logits
+//   while (...) { t = m.decode_step(); }      // one submit per token, token in, token out
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "format/model_config.h"
+#include "format/tsr.h"
+#include "runtime/cpu/generate.h"
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_sample.h"
+#include "runtime/vulkan/memory.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/transfer.h"
+
+namespace tessera::model {
+
+struct GpuModelOptions {
+  uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)
+  vk::SampleParams sampling;      // the GPU sampler's parameters (temperature 0 = greedy)
+  bool timestamps = false;        // time every dispatch (profile_step)
+  bool progress = false;          // upload progress bar on stderr
+  uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
+};
+
+struct DecodeStats {
+  uint32_t dispatches = 0;        // per decoded token
+  uint32_t barriers = 0;
+  uint32_t layers = 0;
+  bool composed_qk = false, composed_vo = false;
+  uint64_t weight_bytes = 0;      // bytes of weights read per token (declared by the kernels)
+  uint64_t device_bytes = 0;      // device memory planned
+};
+
+class GpuModel : public LanguageModel {
+ public:
+  // Throws Error(BadInput) for a file that lacks a tensor or has an unexpected layout,
+  // Error(Runtime) when the device cannot hold the plan (before allocating).
+  GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions& options);
+  ~GpuModel() override;
+  GpuModel(const GpuModel&) = delete;
+  GpuModel& operator=(const GpuModel&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  int n_ctx() const override { return int(n_ctx_); }
+  int n_past() const override { return int(n_past_); }
+  uint32_t n_vocab() const override { return config_.n_vocab; }
+  const DecodeStats& stats() const { return stats_; }
+
+  // Runs tokens at positions n_past().. through the decode graph, one step each, and returns
+  // their logits ([n x n_vocab], or only the last row when last_only). Throws Error(Usage) when
+  // the context would overflow, Error(BadInput) for a token id outside the vocabulary.
+  std::vector<float> forward(std::span<const int32_t> tokens, bool last_only) override;
+  // The token the GPU sampler chose from the last step's logits.
+  int32_t sampled_token() const;
+  // One step on sampled_token() at position n_past(); returns the next sampled token.
+  int32_t decode_step();
+  // Logits of the last step (downloaded on request).
+  std::vector<float> last_logits() const;
+  // Forgets the context (the cache is simply overwritten from position 0).
+  void reset() override { n_past_ = 0; }
+
+  // Runs one decode step with GPU timestamps (requires options.timestamps) at the current
+  // position without advancing it, and returns per-dispatch timings (label, bytes, µs).
+  std::vector<vk::DispatchTiming> profile_step(uint32_t kv_len);
+
+ private:
+  struct Weights;
+  void plan_and_upload(const TsrFile& file);
+  void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
+  void run_step(int32_t token, uint32_t pos);
+
+  vk::Context& ctx_;
+  GpuModelOptions options_;
+  ModelConfig config_;
+  uint32_t n_ctx_ = 0;
+  uint32_t n_past_ = 0;
+  DecodeStats stats_;
+  std::unique_ptr<vk::MemoryPool> local_, host_;
+  std::unique_ptr<Weights> w_;
+  std::unique_ptr<vk::CommandRecorder> rec_;
+  mutable std::unique_ptr<vk::Transfer> xfer_;  // logits read-back on non-mappable memory
+};
+
+}  // namespace tessera::model

@@ -1,0 +1,222 @@
+// End-to-end: synth GGUF -> convert -> GpuModel (Vulkan, lavapipe here) against the CPU reference
+// on the original GGUF: logits of a prompt, greedy tokens, decode vs prompt, context and memory
+// errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "format/error.h"
+#include "format/tsr.h"
+#include "runtime/cpu/forward.h"
+#include "runtime/cpu/weight_source.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/vulkan/context.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir() {
+  static const fs::path dir = [] {
+    auto p = fs::temp_directory_path() / ("tessera-test-model-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return dir;
+}
+
+class Cleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(temp_dir()); }
+};
+const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+
+vk::Context& context() {
+  static std::unique_ptr<vk::Context> ctx = [] {
+    try {
+      return std::make_unique<vk::Context>();
+    } catch (const Error&) {
+      return std::unique_ptr<vk::Context>();
+    }
+  }();
+  return *ctx;
+}
+bool have_vulkan() {
+  try {
+    context();
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+// Synthesizes (once per preset/type) and converts (once per compose mode); returns both paths.
+struct Files {
+  std::string gguf, tsr;
+};
+Files files(const std::string& preset, const std::string& type, const std::string& compose,
+            const std::string& composed_type = "q8_0") {
+  const fs::path g = temp_dir() / (preset + "-" + type + ".gguf");
+  if (!fs::exists(g)) synth::synthesize({preset, type, 3, -1, g.string()});
+  const fs::path t = temp_dir() / (preset + "-" + type + "-" + compose + "-" + composed_type + ".tsr");
+  if (!fs::exists(t)) {
+    convert::ConvertOptions o;
+    o.in_path = g.string();
+    o.out_path = t.string();
+    o.compose = compose;
+    o.composed_type = composed_type;
+    o.threads = 2;
+    convert::convert_model(o);
+  }
+  return {g.string(), t.string()};
+}
+
+std::vector<int32_t> prompt(uint32_t n_vocab, size_t n) {
+  std::vector<int32_t> p;
+  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13) % n_vocab));
+  return p;
+}
+
+struct Compare {
+  double max_rel = 0;   // max |a-b| / max |b| over all rows
+  size_t top1_same = 0, rows = 0;
+};
+Compare compare(const std::vector<float>& gpu, const std::vector<float>& cpu, size_t V) {
+  Compare c;
+  c.rows = cpu.size() / V;
+  EXPECT_EQ(gpu.size(), cpu.size());
+  double diff = 0, ref = 0;
+  for (size_t r = 0; r < c.rows; ++r) {
+    const float* a = gpu.data() + r * V;
+    const float* b = cpu.data() + r * V;
+    for (size_t i = 0; i < V; ++i) {
+      EXPECT_TRUE(std::isfinite(a[i])) << "row " << r << " logit " << i;
+      diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
+      ref = std::max(ref, std::abs(double(b[i])));
+    }
+    c.top1_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
+  }
+  c.max_rel = ref > 0 ? diff / ref : diff;
+  return c;
+}
+
+struct Case {
+  const char* preset;
+  const char* type;
+  const char* compose;
+  const char* composed_type;
+  double tol;  // max relative logit error vs the CPU reference on the original GGUF
+};
+
+class GpuVsCpu : public ::testing::TestWithParam<Case> {};
+
+TEST_P(GpuVsCpu, PromptLogitsMatchTheReference) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Case& k = GetParam();
+  const Files f = files(k.preset, k.type, k.compose, k.composed_type);
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::GpuModel gpu(context(), tsr, {.n_ctx = 64});
+  GgufWeights src(GgufFile::open(f.gguf));
+  CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
+  const auto p = prompt(gpu.n_vocab(), 9);
+  const auto lg = gpu.forward(p, false);
+  const auto lc = cpu.forward(p, false);
+  const Compare c = compare(lg, lc, gpu.n_vocab());
+  EXPECT_LT(c.max_rel, k.tol) << k.preset << " " << k.type << " compose " << k.compose;
+  EXPECT_GE(c.top1_same + 1, c.rows) << "top-1 differs in more than one position";
+  // The recording meets the dispatch budget: <= 12 per layer plus embed, head and sampler.
+  EXPECT_LE(gpu.stats().dispatches, 12 * gpu.config().n_layer + 3);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiny, GpuVsCpu,
+    ::testing::Values(Case{"tiny", "f32", "none", "q8_0", 2e-3}, Case{"tiny", "f32", "all", "f32", 2e-3},
+                      Case{"tiny", "q8_0", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "none", "q8_0", 2e-3},
+                      Case{"tiny", "q4_k_m", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "all", "q8_0", 3e-2},
+                      Case{"tiny", "f16", "qk", "f16", 5e-3}, Case{"tiny", "bf16", "vo", "bf16", 2e-2},
+                      Case{"tiny-lite", "f32", "none", "q8_0", 2e-3}, Case{"tiny-lite", "q4_k_m", "none", "q8_0", 2e-3},
+                      Case{"tiny-lite", "q4_0", "all", "q8_0", 3e-2}, Case{"tiny-lite", "f32", "all", "f32", 2e-3}),
+    [](const ::testing::TestParamInfo<Case>& i) {
+      std::string s = std::string(i.param.preset) + "_" + i.param.type + "_" + i.param.compose + "_" + i.param.composed_type;
+      std::replace(s.begin(), s.end(), '-', '_');
+      return s;
+    });
+
+TEST(GpuModel, GreedyTokensEqualTheReference) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q8_0", "none");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::GpuModel gpu(context(), tsr, {.n_ctx = 64});
+  GgufWeights src(GgufFile::open(f.gguf));
+  CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
+  const auto p = prompt(gpu.n_vocab(), 4);
+  gpu.forward(p, true);
+  std::vector<float> lc = cpu.forward(p, true);
+  std::vector<int32_t> tg, tc;
+  int32_t t = gpu.sampled_token();
+  for (int i = 0; i < 32; ++i) {
+    tg.push_back(t);
+    tc.push_back(int32_t(std::max_element(lc.begin(), lc.end()) - lc.begin()));
+    if (i == 31) break;
+    t = gpu.decode_step();
+    const int32_t next[1] = {tc.back()};
+    lc = cpu.forward(next, true);
+  }
+  EXPECT_EQ(tg, tc);
+}
+
+TEST(GpuModel, DecodeOfTokenNEqualsPromptOfNTokens) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny-lite", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::GpuModel a(context(), tsr, {.n_ctx = 32});
+  const auto p = prompt(a.n_vocab(), 6);
+  const auto whole = a.forward(p, false);
+  a.reset();
+  std::vector<float> last;
+  for (int32_t tok : p) last = a.forward(std::span<const int32_t>(&tok, 1), true);
+  const size_t V = a.n_vocab();
+  const std::vector<float> ref(whole.end() - V, whole.end());
+  EXPECT_EQ(last, ref);  // the same recording, the same inputs: bit-identical
+}
+
+TEST(GpuModel, ContextFullIsAUsageError) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::GpuModel m(context(), tsr, {.n_ctx = 4});
+  const auto p = prompt(m.n_vocab(), 5);
+  try {
+    m.forward(p, true);
+    FAIL() << "expected a context-full error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("context full"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m.n_past(), 0);  // nothing was processed
+}
+
+TEST(GpuModel, TooLittleMemoryIsRefusedBeforeAllocating) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  try {
+    model::GpuModel m(context(), tsr, {.n_ctx = 64, .memory_limit = 1 << 20});
+    FAIL() << "expected the memory plan to refuse";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Runtime);
+    EXPECT_NE(std::string(e.what()).find("memory plan"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -69,7 +69,8 @@ uint32_t file_type(std::string_view type);
 // - f32 / f16 / bf16 / q8_0: every other tensor at that type.
 // - q4_0: Q4_0, except output.weight Q6_K.
 // - q4_k_m: Q4_K, except output Q6_K; ffn_down* Q6_K where use_more_bits(layer, n_layer);
-//   attn_kv_b Q6_K where use_more_bits; attn_output Q5_K when n_expert == 8.
+//   attn_kv_b (legacy files only) Q6_K where use_more_bits, Q8_0 when n_expert == 8;
+//   attn_output Q5_K when n_expert == 8 (the tiny presets). layer / n_layer = block index / count.
 // - Shape fallbacks when ne0 is not a multiple of the block: output -> Q8_0 when ne0 is not a
 //   multiple of the base type's block; Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0; then F16 when
 //   even 32 does not divide ne0 (also for q4_0 / q8_0 bases, where llama.cpp would refuse).

@@ -10,7 +10,7 @@
 //
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
 // per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
-// (plain types whose row lengths are multiples of 8).
+// (plain types whose row lengths are multiples of 8), UNROLL (1 or 2 units per loop iteration).
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
@@ -79,8 +79,8 @@ void row_unit(Mat m, uint r, uint groups, uint t, inout float acc) {
 }
 #endif
 
-// Partial dot product of row r of m with its input over this lane's share of the row (two units
-// per iteration: twice the loads in flight).
+// Partial dot product of row r of m with its input over this lane's share of the row (UNROLL = 2:
+// two units per iteration, twice the loads in flight).
 float row_dot(Mat m, uint r, uint lane, uint nlanes) {
   float acc = 0.0;
 #if !W_PLAIN || PLAIN_VEC8
@@ -90,11 +90,13 @@ float row_dot(Mat m, uint r, uint lane, uint nlanes) {
   const uint per_row = m.cols / 8u, units = per_row;
 #endif
   uint t = lane;
+#if UNROLL >= 2
   for (; t + nlanes < units; t += 2u * nlanes) {
     row_unit(m, r, per_row, t, acc);
     row_unit(m, r, per_row, t + nlanes, acc);
   }
-  if (t < units) row_unit(m, r, per_row, t, acc);
+#endif
+  for (; t < units; t += nlanes) row_unit(m, r, per_row, t, acc);
 #else
   const uint e0 = m.qbase + r * m.cols;
   for (uint k = lane; k < m.cols; k += nlanes) acc += plain_value(e0 + k) * h[m.hoff + k];

@@ -11,7 +11,8 @@
 // Arguments: MoeArgs (moe_args.h). Wrapper: MoeFfnOp / DenseFfnOp (runtime/vulkan/kernels_moe.h).
 //
 // Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
-// OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0).
+// OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
+// (1 or 2 units per loop iteration).
 // Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
 // [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
 // following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way. With
@@ -99,7 +100,7 @@ void pair_unit(Mat g, uint gr, Mat u, uint ur, uint groups, uint t, inout vec2 a
 #endif
 
 // Partial dot products (x: gate row gr of matrix g, y: up row ur of matrix u) over this lane's
-// share of the row. Two units per iteration, so each lane has twice the loads in flight.
+// share of the row. UNROLL = 2: two units per iteration, so each lane has twice the loads in flight.
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint n = args.n_embd;
   vec2 acc = vec2(0.0);
@@ -110,11 +111,13 @@ vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint per_row = n / 8u, units = per_row;
 #endif
   uint t = lane;
+#if UNROLL >= 2
   for (; t + nlanes < units; t += 2u * nlanes) {
     pair_unit(g, gr, u, ur, per_row, t, acc);
     pair_unit(g, gr, u, ur, per_row, t + nlanes, acc);
   }
-  if (t < units) pair_unit(g, gr, u, ur, per_row, t, acc);
+#endif
+  for (; t < units; t += nlanes) pair_unit(g, gr, u, ur, per_row, t, acc);
 #else
   const uint e_g = g.qbase + gr * n, e_u = u.qbase + ur * n;
   for (uint k = lane; k < n; k += nlanes) {

@@ -16,6 +16,18 @@ constexpr uint32_t kGateUpTeams = 4;           // gate-up: teams per workgroup, 
 constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one team per slot)
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 
+// MoeTuning with the automatic choices filled in for this device.
+MoeTuning resolve(const MoeTuning& t, Context& ctx) {
+  MoeTuning r = t;
+  if (r.unroll == 0) r.unroll = ctx.info().type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 1 : 2;  // a CPU gains nothing
+  if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
+  if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
+  if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16)
+    runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
+                  r.down_rows, ") outside 1..2 / 1..16 / 1..16");
+  return r;
+}
+
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
 uint32_t elem_bytes(GgmlType t) { return t == GgmlType::F32 ? 4 : 2; }
 
@@ -36,7 +48,7 @@ TeamShape team_shape(Context& ctx) {
 // The gate-up / down pipeline for a weight type: `teams` teams per workgroup; `extra` adds the
 // kernel's own defines (OUT_PER_WG, or TEAMS and ROWS_PER_WG).
 const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* file, GgmlType type, bool vec8,
-                           uint32_t teams, const ShaderDefines& extra, uint32_t num_buffers) {
+                           uint32_t teams, uint32_t unroll, const ShaderDefines& extra, uint32_t num_buffers) {
   const TeamShape ts = team_shape(ctx);
   PipelineDesc desc;
   desc.name = name;
@@ -44,7 +56,8 @@ const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* fi
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                   {"WG_SIZE", std::to_string(ts.threads_per_row * teams)},
                   {"THREADS_PER_ROW", std::to_string(ts.threads_per_row)},
-                  {"PLAIN_VEC8", vec8 ? "1" : "0"}};
+                  {"PLAIN_VEC8", vec8 ? "1" : "0"},
+                  {"UNROLL", std::to_string(unroll)}};
   for (const auto& [k, v] : extra) desc.defines[k] = v;
   desc.num_buffers = num_buffers;
   desc.push_bytes = sizeof(gpu::MoeArgs);
@@ -52,14 +65,14 @@ const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* fi
   return ctx.pipelines().get(desc);
 }
 
-const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8) {
+const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t) {
   return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : ""), "moe_gateup.comp", type, vec8,
-                    kGateUpTeams, {{"OUT_PER_WG", std::to_string(kGateUpTeams)}}, 7);
+                    t.gateup_teams, t.unroll, {{"OUT_PER_WG", std::to_string(t.gateup_teams)}}, 7);
 }
 
-const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots) {
+const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
   return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
-                    vec8, slots, {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(kDownRowsPerWg)}},
+                    vec8, slots, t.unroll, {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}},
                     5);
 }
 
@@ -267,12 +280,13 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
-  const uint32_t groups_routed = uint32_t((g.w_routed + kGateUpTeams - 1) / kGateUpTeams);
-  const uint32_t groups_shared = uint32_t((g.w_shared + kGateUpTeams - 1) / kGateUpTeams);
+  const MoeTuning t = resolve(tuning, ctx);
+  const uint32_t groups_routed = uint32_t((g.w_routed + t.gateup_teams - 1) / t.gateup_teams);
+  const uint32_t groups_shared = uint32_t((g.w_shared + t.gateup_teams - 1) / t.gateup_teams);
   bool route_written = false;
   for (const TilePart& p : parts) {
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = gateup_kernel(ctx, p.type, vec8);
+    const Pipeline& pipe = gateup_kernel(ctx, p.type, vec8, t);
     gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
     set_part(a, p);
     a.groups_routed = groups_routed;
@@ -316,11 +330,12 @@ void MoeDownOp::record(CommandRecorder& rec) const {
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
-  const uint32_t groups = uint32_t((g.n_embd + kDownRowsPerWg - 1) / kDownRowsPerWg);
+  const MoeTuning t = resolve(tuning, ctx);
+  const uint32_t groups = uint32_t((g.n_embd + t.down_rows - 1) / t.down_rows);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
-    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? routing.n_used : 0) + (p.shared ? 1 : 0));
+    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? routing.n_used : 0) + (p.shared ? 1 : 0), t);
     gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
     set_part(a, p);
     const BufferSlice bufs[5] = {p.w, h, x, logits, bias_b};
@@ -383,7 +398,8 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                   plain ? "element" : "256-byte", " aligned relative to each other");
   const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
                     up_at % (8 * elem_bytes(gate.type)) == 0;
-  const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8);
+  const MoeTuning t = resolve(tuning, ctx);
+  const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | TS_MOE_NORM_INPUT;
@@ -393,7 +409,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   a.shared_offset = uint32_t(gate_at);
   a.shared_up_offset = uint32_t(up_at);
   const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm_weight, x, x, h, h};
-  const GroupCounts gc = split_workgroups((gate.rows + kGateUpTeams - 1) / kGateUpTeams, ctx.info());
+  const GroupCounts gc = split_workgroups((gate.rows + t.gateup_teams - 1) / t.gateup_teams, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
 }
 
@@ -412,14 +428,15 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                   ctx.info().max_storage_buffer_range);
   const bool plain = down.layout == WeightLayout::Plain;
   const bool vec8 = plain && down.cols % 8 == 0;
-  const Pipeline& pipe = down_kernel(ctx, down.type, vec8, 1);
+  const MoeTuning t = resolve(tuning, ctx);
+  const Pipeline& pipe = down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;
   a.h_stride = (down.cols + 3) / 4 * 4;
   a.w_shared = down.cols;
   const BufferSlice bufs[5] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, x, x};
-  const uint32_t groups = (down.rows + kDownRowsPerWg - 1) / kDownRowsPerWg;
+  const uint32_t groups = (down.rows + t.down_rows - 1) / t.down_rows;
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, bytes());
 }
 

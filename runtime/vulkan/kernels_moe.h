@@ -75,6 +75,14 @@ struct MoeTileRef {
   MoeTileGeometry geometry;
 };
 
+// Work-split choices of the gate-up / down kernels; 0 = automatic (the defaults were measured on
+// an H200 with bench test MoeBench.*).
+struct MoeTuning {
+  uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto: 2 on GPUs, 1 on CPU devices
+  uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
+  uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
+};
+
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.
 uint32_t moe_h_stride(const MoeTileGeometry& g);
 // Floats of the h buffer for K routed slots plus the shared slot.
@@ -108,6 +116,7 @@ struct MoeGateUpOp {
   BufferSlice route_out;  // uint32 [2K] (out, optional): expert id, weight (f32 bits), best first
   std::string label;      // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
+  MoeTuning tuning;
 
   // Bytes of one call: K routed + the shared gate-up matrices, h2, logits, bias, h written.
   uint64_t bytes() const;
@@ -125,6 +134,7 @@ struct MoeDownOp {
   BufferSlice x;       // f32 [n_embd] (in/out)
   std::string label;   // empty = "moe_down.<type>"
   uint64_t max_binding_bytes = 0;
+  MoeTuning tuning;
 
   uint64_t bytes() const;  // K routed + shared down matrices, h, logits, bias, x read and written
   // Records the dispatch(es), with barriers between parts when there are several (see above),
@@ -141,6 +151,7 @@ struct DenseGateUpOp {
   float eps = 1e-6f;
   BufferSlice h;            // f32 [F] (out)
   std::string label;        // empty = "dense_gateup.<type>"
+  MoeTuning tuning;
 
   uint64_t bytes() const;
   void record(CommandRecorder& rec) const;  // one dispatch, no barrier
@@ -152,6 +163,7 @@ struct DenseDownOp {
   BufferSlice h;   // f32 [F]
   BufferSlice x;   // f32 [n_embd] (in/out)
   std::string label;  // empty = "dense_down.<type>"
+  MoeTuning tuning;
 
   uint64_t bytes() const;
   void record(CommandRecorder& rec) const;  // one dispatch, no barrier

@@ -16,6 +16,7 @@
 #include "format/error.h"
 #include "format/tsr.h"
 #include "runtime/cpu/forward.h"
+#include "runtime/cpu/tsr_weights.h"
 #include "runtime/cpu/weight_source.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
@@ -125,13 +126,20 @@ TEST_P(GpuVsCpu, PromptLogitsMatchTheReference) {
   const Files f = files(k.preset, k.type, k.compose, k.composed_type);
   TsrFile tsr = TsrFile::open(f.tsr);
   model::GpuModel gpu(context(), tsr, {.n_ctx = 64});
-  GgufWeights src(GgufFile::open(f.gguf));
-  CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
   const auto p = prompt(gpu.n_vocab(), 9);
   const auto lg = gpu.forward(p, false);
-  const auto lc = cpu.forward(p, false);
-  const Compare c = compare(lg, lc, gpu.n_vocab());
-  EXPECT_LT(c.max_rel, k.tol) << k.preset << " " << k.type << " compose " << k.compose;
+  // Same weights (the packed file) on the CPU: only arithmetic order and f16 rounding differ.
+  TsrWeights packed(f.tsr);
+  CpuModel cpu_packed(packed, 64, 2, AttentionPath::Absorbed);
+  const Compare same = compare(lg, cpu_packed.forward(p, false), gpu.n_vocab());
+  EXPECT_LT(same.max_rel, 2e-3) << k.preset << " " << k.type << " compose " << k.compose << " vs CPU on the .tsr";
+  EXPECT_EQ(same.top1_same, same.rows);
+  // The original GGUF: composition rounds the composed weights once more (composed_type), and
+  // a routing decision near a tie can flip; the tolerance is per case.
+  GgufWeights src(GgufFile::open(f.gguf));
+  CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
+  const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
+  EXPECT_LT(c.max_rel, k.tol) << k.preset << " " << k.type << " compose " << k.compose << " vs CPU on the .gguf";
   EXPECT_GE(c.top1_same + 1, c.rows) << "top-1 differs in more than one position";
   // The recording meets the dispatch budget: <= 12 per layer plus embed, head and sampler.
   EXPECT_LE(gpu.stats().dispatches, 12 * gpu.config().n_layer + 3);
@@ -141,7 +149,7 @@ INSTANTIATE_TEST_SUITE_P(
     Tiny, GpuVsCpu,
     ::testing::Values(Case{"tiny", "f32", "none", "q8_0", 2e-3}, Case{"tiny", "f32", "all", "f32", 2e-3},
                       Case{"tiny", "q8_0", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "none", "q8_0", 2e-3},
-                      Case{"tiny", "q4_k_m", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "all", "q8_0", 3e-2},
+                      Case{"tiny", "q4_k_m", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "all", "q8_0", 0.3 /* a near-tie expert choice flips with the q8_0 composed weights; the .tsr check above is tight */},
                       Case{"tiny", "f16", "qk", "f16", 5e-3}, Case{"tiny", "bf16", "vo", "bf16", 2e-2},
                       Case{"tiny-lite", "f32", "none", "q8_0", 2e-3}, Case{"tiny-lite", "q4_k_m", "none", "q8_0", 2e-3},
                       Case{"tiny-lite", "q4_0", "all", "q8_0", 3e-2}, Case{"tiny-lite", "f32", "all", "f32", 2e-3}),

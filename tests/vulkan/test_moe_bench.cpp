@@ -39,7 +39,7 @@ void print_timings(const vk::CommandRecorder& rec, const char* title) {
                 a.bytes / 1e3 / a.us);
 }
 
-void bench_moe(GgmlType gu_type, GgmlType down_type, const char* title) {
+void bench_moe(GgmlType gu_type, GgmlType down_type, const std::string& title, vk::MoeTuning tuning = {}) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
   const uint32_t n_embd = 2048, E = 64, K = 4, w = 1536, layers = 8, repeats = 6;
@@ -91,6 +91,7 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, const char* title) {
       gu.bias = bias.whole();
       gu.h = h.whole();
       gu.label = cat("moe_gateup.", type_name(gu_type));
+      gu.tuning = tuning;
       gu.record(rec);
       rec.barrier();
       vk::MoeDownOp dn;
@@ -101,16 +102,24 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, const char* title) {
       dn.bias = bias.whole();
       dn.x = x.whole();
       dn.label = cat("moe_down.", type_name(down_type));
+      dn.tuning = tuning;
       dn.record(rec);
       rec.barrier();
     }
   rec.end();
   rec.run();  // warm-up
   rec.run();
-  print_timings(rec, title);
+  print_timings(rec, title.c_str());
 }
 
-TEST(MoeBench, DISABLED_GlmMoeBlockQ4_0) { bench_moe(GgmlType::Q4_0, GgmlType::Q4_0, "GLM MoE block, Q4_0"); }
+TEST(MoeBench, DISABLED_GlmMoeBlockQ4_0) {
+  bench_moe(GgmlType::Q4_0, GgmlType::Q4_0, "GLM MoE block, Q4_0 (default tuning)");
+  // Work-split alternatives (MoeTuning): unroll, gate-up outputs per workgroup, down rows per workgroup.
+  for (const vk::MoeTuning& t : {vk::MoeTuning{1, 4, 2}, vk::MoeTuning{2, 2, 1}, vk::MoeTuning{2, 8, 4},
+                                 vk::MoeTuning{1, 8, 1}})
+    bench_moe(GgmlType::Q4_0, GgmlType::Q4_0,
+              cat("GLM MoE block, Q4_0, unroll ", t.unroll, ", gate-up teams ", t.gateup_teams, ", down rows ", t.down_rows), t);
+}
 TEST(MoeBench, DISABLED_GlmMoeBlockQ4_K_Q6_K) { bench_moe(GgmlType::Q4_K, GgmlType::Q6_K, "GLM MoE block, Q4_K/Q6_K"); }
 TEST(MoeBench, DISABLED_GlmMoeBlockQ8_0) { bench_moe(GgmlType::Q8_0, GgmlType::Q8_0, "GLM MoE block, Q8_0"); }
 

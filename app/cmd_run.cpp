@@ -1,4 +1,4 @@
-// tessera run MODEL [--backend cpu] (-p TEXT | -f FILE | --tokens ID,ID,...) [-n N] [--temp T]
+// tessera run MODEL [--backend auto|cpu|vulkan] [--device N] (-p TEXT | -f FILE | --tokens ID,ID,...) [-n N] [--temp T]
 //   [--top-k K] [--top-p P] [--min-p P] [--seed S] [--chat] [--chat-template NAME] [--think]
 //   [--no-special] [--ctx N] [--attention absorbed|expanded] [--dump-logits FILE] [--print-ids]
 // Generates text from a prompt, streaming it to stdout; speeds go to stderr at the end.
@@ -16,7 +16,10 @@
 #include "format/error.h"
 #include "runtime/cpu/forward.h"
 #include "runtime/cpu/generate.h"
+#include "runtime/cpu/tsr_weights.h"
 #include "runtime/cpu/weight_source.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/vulkan/context.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/sampler.h"
 #include "runtime/text/tokenizer.h"
@@ -26,7 +29,8 @@ namespace {
 
 struct RunArgs {
   std::string model;
-  std::string backend = "cpu";
+  std::string backend = "auto";
+  int device = -1;
   std::string prompt, prompt_file, tokens;
   int n_predict = 128;
   text::SamplerParams sampling;
@@ -65,8 +69,10 @@ std::vector<int32_t> prompt_tokens(const RunArgs& a, const Metadata& md, const t
 Action setup(CLI::App& sub, const Globals& globals) {
   auto a = std::make_shared<RunArgs>();
   a->sampling = text::SamplerParams{};
-  sub.add_option("MODEL", a->model, "Model file (.gguf)")->required();
-  sub.add_option("--backend", a->backend, "Compute backend")->check(CLI::IsMember({"cpu"}))->capture_default_str();
+  sub.add_option("MODEL", a->model, "Model file (.tsr, or .gguf for the CPU backend)")->required();
+  sub.add_option("--backend", a->backend, "Compute backend (auto: vulkan for .tsr, cpu for .gguf)")
+      ->check(CLI::IsMember({"auto", "cpu", "vulkan"}))->capture_default_str();
+  sub.add_option("--device", a->device, "Vulkan device number (tessera devices; default: the best one)");
   auto* p = sub.add_option("-p,--prompt", a->prompt, "Prompt text");
   auto* f = sub.add_option("-f,--file", a->prompt_file, "Read the prompt text from a file");
   auto* t = sub.add_option("--tokens", a->tokens, "Prompt as token ids: ID,ID,...");
@@ -109,26 +115,50 @@ Action setup(CLI::App& sub, const Globals& globals) {
     if (need_tokenizer) tok.emplace(text::Tokenizer::from_metadata(md));
     const std::vector<int32_t> prompt = prompt_tokens(*a, md, tok ? &*tok : nullptr);
 
-    const AttentionPath path = a->attention == "expanded" ? AttentionPath::Expanded : AttentionPath::Absorbed;
-    CpuModel model(*weights, a->ctx, globals.thread_count(), path);
-    if (tok && uint32_t(tok->n_vocab()) > model.n_vocab())
-      bad_input(a->model, ": the tokenizer has ", tok->n_vocab(), " tokens but the model's vocabulary is ",
-                model.n_vocab());
-
     text::SamplerParams sp = a->sampling;
     sp.seed = a->seed ? *a->seed : std::random_device{}();
+    const auto* packed_weights = dynamic_cast<const TsrWeights*>(weights.get());
+    const bool packed = packed_weights != nullptr;
+    const std::string backend = a->backend == "auto" ? (packed ? "vulkan" : "cpu") : a->backend;
+    const AttentionPath path = a->attention == "expanded" ? AttentionPath::Expanded : AttentionPath::Absorbed;
+    std::unique_ptr<vk::Context> vkctx;  // outlives the model that uses it
+    std::unique_ptr<LanguageModel> model;
+    if (backend == "vulkan") {
+      if (!packed)
+        usage_error(a->model, ": the Vulkan backend runs packed .tsr files; convert it first (tessera convert ",
+                    a->model, " -o MODEL.tsr) or use --backend cpu");
+      vkctx = std::make_unique<vk::Context>([&] { vk::ContextOptions o; o.device = a->device; return o; }());
+      model::GpuModelOptions mo;
+      mo.n_ctx = uint32_t(a->ctx);
+      mo.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .min_p = sp.min_p, .seed = sp.seed};
+      // The GPU sampler has no repetition penalties: with penalties the host samples.
+      mo.device_sampling = sp.repeat_penalty == 1.f && sp.presence_penalty == 0.f && sp.frequency_penalty == 0.f;
+      mo.progress = stderr_is_tty();
+      auto gm = std::make_unique<model::GpuModel>(*vkctx, packed_weights->file(), mo);
+      if (globals.verbose)
+        std::fprintf(stderr, "tessera run: %s on %s: %u dispatches and %u barriers per token (%u layers)\n",
+                     a->model.c_str(), vkctx->info().name.c_str(), gm->stats().dispatches, gm->stats().barriers,
+                     gm->stats().layers);
+      model = std::move(gm);
+    } else {
+      model = std::make_unique<CpuModel>(*weights, a->ctx, globals.thread_count(), path);
+    }
+    if (tok && uint32_t(tok->n_vocab()) > model->n_vocab())
+      bad_input(a->model, ": the tokenizer has ", tok->n_vocab(), " tokens but the model's vocabulary is ",
+                model->n_vocab());
+
     text::Sampler sampler(sp);
     GenerateOptions go;
     go.n_predict = a->n_predict;
     go.render_special = !a->no_special;
     go.dump_logits_path = a->dump_logits;
     if (globals.verbose)
-      std::fprintf(stderr, "tessera run: %s, %zu prompt tokens, backend cpu (%s attention, %u threads), seed %llu\n",
-                   a->model.c_str(), prompt.size(), attention_path_name(path), globals.thread_count(),
+      std::fprintf(stderr, "tessera run: %s, %zu prompt tokens, backend %s (%s attention, %u threads), seed %llu\n",
+                   a->model.c_str(), prompt.size(), backend.c_str(), attention_path_name(path), globals.thread_count(),
                    static_cast<unsigned long long>(sp.seed));
 
     bool printed = false;
-    const GenerateResult r = generate(model, prompt, tok ? &*tok : nullptr, sampler, go, [&](std::string_view s) {
+    const GenerateResult r = generate(*model, prompt, tok ? &*tok : nullptr, sampler, go, [&](std::string_view s) {
       std::fwrite(s.data(), 1, s.size(), stdout);
       std::fflush(stdout);
       printed = true;
@@ -140,7 +170,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
       std::printf("%s\n", line.c_str());
     }
     std::fflush(stdout);
-    if (r.context_full) std::fprintf(stderr, "tessera run: stopped, the context of %d tokens is full\n", model.n_ctx());
+    if (r.context_full) std::fprintf(stderr, "tessera run: stopped, the context of %d tokens is full\n", model->n_ctx());
     std::fprintf(stderr, "prompt: %zu tokens in %.3f s (%.2f tok/s)\n", r.n_prompt, r.prompt_seconds,
                  r.prompt_seconds > 0 ? double(r.n_prompt) / r.prompt_seconds : 0.0);
     if (a->n_predict > 0)
@@ -150,7 +180,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   };
 }
 
-CommandRegistrar reg("run", "Generate text from a prompt (CPU reference backend)", &setup, 50);
+CommandRegistrar reg("run", "Generate text from a prompt (Vulkan for .tsr, CPU reference for .gguf)", &setup, 50);
 
 }  // namespace
 }  // namespace tessera::app

@@ -5,12 +5,12 @@
 // Arguments: MatvecArgs (kernel_args.h). Wrapper: runtime/vulkan/kernels_matvec.h.
 //
 // Defines: WTYPE (ggml type id), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP,
-// else a power of two), NUM_COLS (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with
-// cols % 8 == 0: 16-byte weight loads), UNIT32 (block types: 1 = 32-value units (split1_unit),
-// 0 = 8-value units (split1_unit8); the wrapper picks the faster one per type).
-// Work split: a workgroup owns WG_SIZE / THREADS_PER_ROW consecutive rows; a row is reduced by
-// one subgroup (subgroupAdd) or by THREADS_PER_ROW invocations through shared memory. Lanes walk
-// a row in 8- or 32-value units (block types) or 8/1-element steps (plain types).
+// else a power of two), NUM_ROWS (rows per subgroup, 1..4; 1 without USE_SUBGROUP), NUM_COLS
+// (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with cols % 8 == 0: 16-byte weight loads),
+// UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)).
+// Work split: a subgroup (or THREADS_PER_ROW invocations) owns NUM_ROWS consecutive rows and
+// walks them together (every x value it loads serves NUM_ROWS rows: pays off in the batched
+// form); rows are reduced with subgroupAdd, or through shared memory.
 //
 // Bindings: 0 = W region Q (plain: W rows), 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
 
@@ -19,6 +19,10 @@
 #define W_Q_BINDING 0
 #define W_M_BINDING 1
 #include "weights.glsl"
+
+#if !USE_SUBGROUP && NUM_ROWS != 1
+#error "matvec.comp: the shared-memory path handles one row per invocation group"
+#endif
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -32,7 +36,8 @@ layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 
 layout(push_constant) uniform Push { MatvecArgs args; };
 
-#define ROWS_PER_WG (WG_SIZE / THREADS_PER_ROW)
+#define GROUPS_PER_WG (WG_SIZE / THREADS_PER_ROW)
+#define ROWS_PER_WG (GROUPS_PER_WG * NUM_ROWS)
 
 // x element k of column c, times the norm weight when NORM_INPUT (the 1/rms factor is applied
 // to the finished dot product).
@@ -53,78 +58,92 @@ vec4 xin4(uint c, uint k) {
 }
 
 #if !W_PLAIN
-// Adds unit u (8 values, split1_unit8) of the row whose first block is entry0 to acc.
-void unit_dot(uint entry0, uint u, inout float acc[NUM_COLS]) {
+// Adds 8-value unit u (split1_unit8) of rows entry0 / nb .. + nvalid - 1 to acc.
+void unit8_dot(uint entry0, uint nb, uint nvalid, uint u, inout float acc[NUM_ROWS][NUM_COLS]) {
   const uint b = u / W_UNITS8, j = u % W_UNITS8;
-  vec4 lo, hi;
+  vec4 lo[NUM_ROWS], hi[NUM_ROWS];
   uint off_lo, off_hi;
-  split1_unit8(0u, 0u, entry0 + b, j, lo, hi, off_lo, off_hi);
-  const uint k = b * W_BLOCK;
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] += dot(lo, xin4(c, k + off_lo)) + dot(hi, xin4(c, k + off_hi));
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    if (r == 0u || r < nvalid) split1_unit8(0u, 0u, entry0 + r * nb + b, j, lo[r], hi[r], off_lo, off_hi);
+  }
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+    const vec4 xl = xin4(c, b * W_BLOCK + off_lo), xh = xin4(c, b * W_BLOCK + off_hi);
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) acc[r][c] += dot(lo[r], xl) + dot(hi[r], xh);
+  }
 }
 #endif
 
-// Partial dot products of row `row` (counted from the bound rows) over the lane's share.
-void row_dot(uint row, uint lane, uint nlanes, inout float acc[NUM_COLS]) {
-#if !W_PLAIN && UNIT32
-  // Lanes take consecutive 32-value units: 16-byte weight loads and one scale decode per 32
-  // values (decoding K-quant scales is what limits the 8-value path), x read 128 bytes apart.
+// Partial dot products of rows row .. row + nvalid - 1 (counted from the bound rows, nvalid <=
+// NUM_ROWS) over the lane's share of the columns.
+void rows_dot(uint row, uint nvalid, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
+#if !W_PLAIN
   const uint nb = args.cols / W_BLOCK;
-  const uint units = nb * W_UNITS;
   const uint entry0 = row * nb;
-  for (uint u = lane; u < units; u += nlanes) {
+#endif
+#if !W_PLAIN && UNIT32
+  // 32-value units: 16-byte weight loads, one scale decode per 32 values (decoding K-quant
+  // scales is what limits the 8-value path); x is read 128 bytes apart across lanes.
+  for (uint u = lane; u < nb * W_UNITS; u += nlanes) {
     const uint b = u / W_UNITS, j = u % W_UNITS;
-    float lo[16], hi[16];
+    float lo[NUM_ROWS][16], hi[NUM_ROWS][16];
     uint off_lo, off_hi;
-    split1_unit(0u, 0u, entry0 + b, j, lo, hi, off_lo, off_hi);
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r == 0u || r < nvalid) split1_unit(0u, 0u, entry0 + r * nb + b, j, lo[r], hi[r], off_lo, off_hi);
+    }
     const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-      vec4 s = vec4(0.0);
+      vec4 s[NUM_ROWS];
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) s[r] = vec4(0.0);
       [[unroll]] for (uint q = 0; q < 4; ++q) {
-        s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * xin4(c, k_lo + 4 * q);
-        s += vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * xin4(c, k_hi + 4 * q);
+        const vec4 xl = xin4(c, k_lo + 4 * q), xh = xin4(c, k_hi + 4 * q);
+        [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+          s[r] += vec4(lo[r][4 * q], lo[r][4 * q + 1], lo[r][4 * q + 2], lo[r][4 * q + 3]) * xl;
+          s[r] += vec4(hi[r][4 * q], hi[r][4 * q + 1], hi[r][4 * q + 2], hi[r][4 * q + 3]) * xh;
+        }
       }
-      acc[c] += (s.x + s.y) + (s.z + s.w);
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) acc[r][c] += (s[r].x + s[r].y) + (s[r].z + s[r].w);
     }
   }
 #elif !W_PLAIN
-  // Lanes take consecutive 8-value units: weight words and x vectors are read coalesced. Two
-  // units per iteration keep two independent loads in flight per lane.
-  const uint nb = args.cols / W_BLOCK;
+  // 8-value units: consecutive lanes read consecutive weight words and consecutive x vectors.
+  // Two units per iteration keep two independent weight loads in flight per lane.
   const uint units = nb * W_UNITS8;
-  const uint entry0 = row * nb;
   uint u = lane;
   for (; u + nlanes < units; u += 2u * nlanes) {
-    unit_dot(entry0, u, acc);
-    unit_dot(entry0, u + nlanes, acc);
+    unit8_dot(entry0, nb, nvalid, u, acc);
+    unit8_dot(entry0, nb, nvalid, u + nlanes, acc);
   }
-  if (u < units) unit_dot(entry0, u, acc);
+  if (u < units) unit8_dot(entry0, nb, nvalid, u, acc);
 #elif PLAIN_VEC8
   const uint groups = args.cols / 8u;
-  const uint g0 = row * groups;
   for (uint g = lane; g < groups; g += nlanes) {
-    float v[8];
-    plain_vec8(g0 + g, v);
+    float v[NUM_ROWS][8];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r == 0u || r < nvalid) plain_vec8((row + r) * groups + g, v[r]);
+    }
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-      const vec4 s = vec4(v[0], v[1], v[2], v[3]) * xin4(c, 8u * g) + vec4(v[4], v[5], v[6], v[7]) * xin4(c, 8u * g + 4u);
-      acc[c] += (s.x + s.y) + (s.z + s.w);
+      const vec4 xl = xin4(c, 8u * g), xh = xin4(c, 8u * g + 4u);
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+        const vec4 s = vec4(v[r][0], v[r][1], v[r][2], v[r][3]) * xl + vec4(v[r][4], v[r][5], v[r][6], v[r][7]) * xh;
+        acc[r][c] += (s.x + s.y) + (s.z + s.w);
+      }
     }
   }
 #else
-  const uint e0 = row * args.cols;
   for (uint k = lane; k < args.cols; k += nlanes) {
-    const float w = plain_value(e0 + k);
-    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] += w * xin(c, k);
+    float w[NUM_ROWS];
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) w[r] = (r == 0u || r < nvalid) ? plain_value((row + r) * args.cols + k) : 0.0;
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+      const float xv = xin(c, k);
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) acc[r][c] += w[r] * xv;
+    }
   }
 #endif
 }
 
-void store(uint row, float acc[NUM_COLS], float scale[NUM_COLS]) {
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-    const uint i = c * args.y_stride + args.row_begin + row;
-    const float v = acc[c] * scale[c];
-    y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
-  }
+void store(uint row, uint c, float v) {
+  const uint i = c * args.y_stride + args.row_begin + row;
+  y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
 }
 
 #if !USE_SUBGROUP
@@ -151,24 +170,38 @@ void main() {
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
 
+  float acc[NUM_ROWS][NUM_COLS];
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
+  }
 #if USE_SUBGROUP
-  // Subgroup s of the workgroup takes rows row0 + s, row0 + s + gl_NumSubgroups, ... (robust to
-  // a device whose actual subgroup size differs from SUBGROUP_SIZE).
-  for (uint row = row0 + gl_SubgroupID; row < row_end; row += gl_NumSubgroups) {
-    float acc[NUM_COLS];
-    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] = 0.0;
-    row_dot(row, gl_SubgroupInvocationID, gl_SubgroupSize, acc);
-    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] = subgroupAdd(acc[c]);
-    if (subgroupElect()) store(row, acc, scale);
+  // Subgroup s takes row groups s, s + gl_NumSubgroups, ... of the workgroup (robust to a device
+  // whose actual subgroup size differs from SUBGROUP_SIZE).
+  for (uint g = gl_SubgroupID; g < GROUPS_PER_WG; g += gl_NumSubgroups) {
+    const uint row = row0 + g * NUM_ROWS;
+    if (row >= row_end) break;
+    const uint nvalid = min(NUM_ROWS, row_end - row);
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
+    }
+    rows_dot(row, nvalid, gl_SubgroupInvocationID, gl_SubgroupSize, acc);
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = subgroupAdd(acc[r][c]);
+    }
+    if (subgroupElect()) {
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+        if (r < nvalid) {
+          [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c]);
+        }
+      }
+    }
   }
 #else
   const uint lid = gl_LocalInvocationIndex;
   const uint lane = lid % THREADS_PER_ROW;
   const uint row = row0 + lid / THREADS_PER_ROW;
-  float acc[NUM_COLS];
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] = 0.0;
-  if (row < row_end) row_dot(row, lane, THREADS_PER_ROW, acc);
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) row_partial[c][lid] = acc[c];
+  if (row < row_end) rows_dot(row, 1u, lane, THREADS_PER_ROW, acc);
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) row_partial[c][lid] = acc[0][c];
   barrier();
   [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
     if (lane < s) {
@@ -177,8 +210,7 @@ void main() {
     barrier();
   }
   if (lane == 0 && row < row_end) {
-    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[c] = row_partial[c][lid];
-    store(row, acc, scale);
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row, c, row_partial[c][lid] * scale[c]);
   }
 #endif
 }

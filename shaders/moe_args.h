@@ -75,6 +75,7 @@ struct MoeArgs {
 // per workgroup g and round r < TS_SAMPLE_MAX_K: (logit bits, id) at
 // TS_SAMPLE_PARTIALS + 2*(g*TS_SAMPLE_MAX_K + r).
 #define TS_SAMPLE_MAX_K 128u
+#define TS_SAMPLE_MAX_CAND 3072u  // n_groups * top_k: the merge holds every list in shared memory
 #define TS_SAMPLE_STATS 4u
 #define TS_SAMPLE_KEPT 8u
 #define TS_SAMPLE_PARTIALS (8u + TS_SAMPLE_MAX_K)

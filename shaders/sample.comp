@@ -13,7 +13,8 @@
 // Deterministic: same logits, seed and position -> same token.
 // Arguments: SampleArgs (moe_args.h; scratch layout there). Wrapper: SampleOp (kernels_sample.h).
 //
-// Defines: WG_SIZE (power of two, >= n_groups).
+// Defines: WG_SIZE (power of two, >= n_groups), ELEMS (logits per invocation in phase 1:
+// per_group <= ELEMS * WG_SIZE). n_groups * top_k <= TS_SAMPLE_MAX_CAND (the merge's shared lists).
 // Bindings: 0 = logits, 1 = scratch (zeroed once before first use), 2 = step (uint words),
 // 3 = tokens_out (uint ring).
 
@@ -91,6 +92,8 @@ float uniform01(uint pos) {
 uint partial_word(uint g, uint r) { return TS_SAMPLE_PARTIALS + 2u * (g * TS_SAMPLE_MAX_K + r); }
 
 shared bool is_last;
+shared float cand_v[TS_SAMPLE_MAX_CAND];  // phase 2: list g entry r at g * k + r
+shared uint cand_i[TS_SAMPLE_MAX_CAND];
 shared float top_v[TS_SAMPLE_MAX_K];
 shared uint top_i[TS_SAMPLE_MAX_K];
 
@@ -98,20 +101,25 @@ void main() {
   const uint tid = gl_LocalInvocationIndex;
   const uint k = args.top_k;
 
-  // Phase 1: this workgroup's k best, one per round, each strictly behind the previous one.
+  // Phase 1: this workgroup's k best, one per round, each strictly behind the previous one. The
+  // invocation's logits (begin + tid + j*WG_SIZE) stay in registers across the rounds.
   const uint g = linear_workgroup_id();
   const uint begin = g * args.per_group, end = min(begin + args.per_group, args.n_vocab);
+  float lv[ELEMS];
+  [[unroll]] for (uint j = 0; j < ELEMS; ++j) {
+    const uint idx = begin + tid + j * WG_SIZE;
+    const float v = idx < end ? logits[idx] : neg_inf();
+    lv[j] = isnan(v) ? neg_inf() : v;
+  }
   float pv = 0.0;
   uint pi = kNone;
   for (uint r = 0; r < k; ++r) {
     float bv = neg_inf();
     uint bi = kNone;
-    for (uint idx = begin + tid; idx < end; idx += WG_SIZE) {
-      float v = logits[idx];
-      if (isnan(v)) v = neg_inf();
-      if (r > 0u && !ahead(pv, pi, v, idx)) continue;
-      if (ahead(v, idx, bv, bi)) {
-        bv = v;
+    [[unroll]] for (uint j = 0; j < ELEMS; ++j) {
+      const uint idx = begin + tid + j * WG_SIZE;
+      if (idx < end && (r == 0u || ahead(pv, pi, lv[j], idx)) && ahead(lv[j], idx, bv, bi)) {
+        bv = lv[j];
         bi = idx;
       }
     }
@@ -132,14 +140,21 @@ void main() {
   if (!is_last) return;
   memoryBarrierBuffer();
 
-  // Phase 2: k-way merge; invocation t < n_groups walks list t.
+  // Phase 2: the lists into shared memory (all loads at once), then a k-way merge in which
+  // invocation t < n_groups walks list t.
+  for (uint c = tid; c < args.n_groups * k; c += WG_SIZE) {
+    const uint w = partial_word(c / k, c % k);
+    cand_v[c] = uintBitsToFloat(scratch[w]);
+    cand_i[c] = scratch[w + 1u];
+  }
+  barrier();
   uint head = 0;
   for (uint r = 0; r < k; ++r) {
     float v = neg_inf();
     uint i = kNone;
     if (tid < args.n_groups && head < k) {
-      v = uintBitsToFloat(scratch[partial_word(tid, head)]);
-      i = scratch[partial_word(tid, head) + 1u];
+      v = cand_v[tid * k + head];
+      i = cand_i[tid * k + head];
     }
     workgroup_best(v, i);
     if (i != kNone && tid == i / args.per_group) ++head;

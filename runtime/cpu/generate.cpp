@@ -32,6 +32,9 @@ void write_logits(const std::string& path, const std::vector<float>& logits) {
 
 }  // namespace
 
+int32_t LanguageModel::device_token() const { runtime_error("this model does not sample on its device"); }
+int32_t LanguageModel::device_step() { runtime_error("this model does not sample on its device"); }
+
 GenerateResult generate(LanguageModel& model, std::span<const int32_t> prompt, const text::Tokenizer* tokenizer,
                         text::Sampler& sampler, const GenerateOptions& options,
                         const std::function<void(std::string_view)>& on_text) {
@@ -57,8 +60,9 @@ GenerateResult generate(LanguageModel& model, std::span<const int32_t> prompt, c
 
   t0 = std::chrono::steady_clock::now();
   text::TokenDecoder decoder(*tokenizer);
+  const bool on_device = model.samples_on_device();
   for (int i = 0; i < options.n_predict; ++i) {
-    const int32_t id = sampler.sample(logits);
+    const int32_t id = on_device ? (i == 0 ? model.device_token() : model.device_step()) : sampler.sample(logits);
     sampler.accept(id);
     r.generated.push_back(id);
     if (tokenizer->is_eog(id)) {
@@ -72,7 +76,7 @@ GenerateResult generate(LanguageModel& model, std::span<const int32_t> prompt, c
       r.context_full = true;
       break;
     }
-    logits = model.forward(std::span<const int32_t>(&id, 1), true);
+    if (!on_device) logits = model.forward(std::span<const int32_t>(&id, 1), true);
   }
   const std::string rest = decoder.flush();
   if (!rest.empty()) on_text(rest);

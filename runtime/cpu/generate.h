@@ -25,6 +25,12 @@ class LanguageModel {
   virtual int n_past() const = 0;
   virtual int n_ctx() const = 0;
   virtual uint32_t n_vocab() const = 0;
+  // Models that choose the next token on the device (the GPU feeds itself): after forward(),
+  // device_token() is the token chosen from the last position's logits, and device_step() runs
+  // one step on it and returns the next choice. Default: the host samples from the logits.
+  virtual bool samples_on_device() const { return false; }
+  virtual int32_t device_token() const;
+  virtual int32_t device_step();
 };
 
 struct GenerateOptions {

@@ -35,6 +35,8 @@ namespace tessera::model {
 struct GpuModelOptions {
   uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)
   vk::SampleParams sampling;      // the GPU sampler's parameters (temperature 0 = greedy)
+  bool device_sampling = true;    // generate() takes the GPU's choice (false: the host samples
+                                  // from downloaded logits, e.g. for repetition penalties)
   bool timestamps = false;        // time every dispatch (profile_step)
   bool progress = false;          // upload progress bar on stderr
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
@@ -72,10 +74,16 @@ class GpuModel : public LanguageModel {
   int32_t sampled_token() const;
   // One step on sampled_token() at position n_past(); returns the next sampled token.
   int32_t decode_step();
+  bool samples_on_device() const override { return options_.device_sampling; }
+  int32_t device_token() const override { return sampled_token(); }
+  int32_t device_step() override { return decode_step(); }
   // Logits of the last step (downloaded on request).
   std::vector<float> last_logits() const;
   // Forgets the context (the cache is simply overwritten from position 0).
   void reset() override { n_past_ = 0; }
+  // Forgets positions >= n, keeping the cache rows below n: the next step runs at position n
+  // (n >= n_past() changes nothing). Lets a benchmark repeat a test at one context depth.
+  void rewind(uint32_t n) { n_past_ = n < n_past_ ? n : n_past_; }
 
   // Runs one decode step with GPU timestamps (requires options.timestamps) at the current
   // position without advancing it, and returns per-dispatch timings (label, bytes, µs).

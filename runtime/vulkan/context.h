@@ -1,4 +1,4 @@
-// tessera's Vulkan runtime (namespace tessera::vk) — overview
+// tessera's Vulkan runtime (namespace tessera::vk) - overview
 //
 //   Context          instance + device + shader cache + pipeline library: one per process/run
 //     Instance       VkInstance, DeviceInfo of every physical device        (instance.h)

@@ -1,14 +1,12 @@
 #include "runtime/vulkan/kernels_matvec.h"
 
-#include <cstdlib>
-
 #include "format/error.h"
 #include "shaders/kernel_args.h"
 
 namespace tessera::vk {
 namespace {
 
-constexpr uint32_t kRowsPerWorkgroup = 4;
+constexpr uint32_t kGroupsPerWorkgroup = 4;  // subgroups (row groups) per workgroup
 constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
 
 struct Variant {
@@ -63,16 +61,24 @@ void MatvecOp::record(CommandRecorder& rec) const {
   PipelineLibrary& lib = ctx.pipelines();
   const bool sg = lib.use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  const uint32_t rows_per_wg = std::getenv("TS_MV_ROWS") ? std::atoi(std::getenv("TS_MV_ROWS")) : kRowsPerWorkgroup;
+  // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
+  // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
+  // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
+  // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
+  const uint32_t nrows = sg && batch > 1 ? 2u : 1u;
+  const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
+  const uint32_t rows_per_wg = kGroupsPerWorkgroup * nrows;
   PipelineDesc desc;
   desc.name = name;
   desc.file = "matvec.comp";
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
-                  {"WG_SIZE", std::to_string(tpr * rows_per_wg)},
+                  {"WG_SIZE", std::to_string(tpr * kGroupsPerWorkgroup)},
                   {"THREADS_PER_ROW", std::to_string(tpr)},
+                  {"NUM_ROWS", std::to_string(nrows)},
                   {"NUM_COLS", std::to_string(batch)},
                   {"NORM_INPUT", v.norm ? "1" : "0"},
-                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"}, {"UNIT32", std::getenv("TS_MV_U32") ? std::getenv("TS_MV_U32") : (type_info(w.type).block_elems == 256 ? "1" : "0")}};
+                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
+                  {"UNIT32", unit32 ? "1" : "0"}};
   desc.num_buffers = v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;

@@ -12,19 +12,26 @@ constexpr uint32_t kWgSize = 256;          // phase 1 and merge workgroup; >= th
 constexpr uint32_t kLogitsPerThread = 8;   // phase-1 logits per invocation (sets the group count)
 
 static_assert(SampleOp::kMaxTopK == TS_SAMPLE_MAX_K);
+static_assert(TS_SAMPLE_MAX_CAND / TS_SAMPLE_MAX_K <= kWgSize);
 
 bool greedy(const SampleParams& p) { return p.temperature <= 0.f || p.top_k == 1; }
 
 }  // namespace
 
-uint32_t SampleOp::groups_for(uint32_t n_vocab) {
+uint32_t SampleOp::groups_for(uint32_t n_vocab, uint32_t top_k) {
   const uint64_t per_wg = uint64_t(kWgSize) * kLogitsPerThread;
   const uint64_t g = (uint64_t(n_vocab) + per_wg - 1) / per_wg;
-  return uint32_t(std::clamp<uint64_t>(g, 1, kWgSize));
+  // Sampling: the merge keeps every list in shared memory (groups * k <= TS_SAMPLE_MAX_CAND); one
+  // group count for every k > 1, so that one pipeline serves them all.
+  const uint64_t cap = top_k <= 1 ? kWgSize : TS_SAMPLE_MAX_CAND / TS_SAMPLE_MAX_K;
+  const uint32_t groups = uint32_t(std::clamp<uint64_t>(g, 1, cap));
+  const uint32_t per_group = (n_vocab + groups - 1) / groups;
+  return (n_vocab + per_group - 1) / per_group;  // every group gets >= 1 logit
 }
 
 uint64_t SampleOp::scratch_bytes(uint32_t n_vocab) {
-  return (uint64_t(TS_SAMPLE_PARTIALS) + 2ull * groups_for(n_vocab) * TS_SAMPLE_MAX_K) * 4;
+  const uint32_t groups = std::max(groups_for(n_vocab, 1), groups_for(n_vocab, 2));
+  return (uint64_t(TS_SAMPLE_PARTIALS) + 2ull * groups * TS_SAMPLE_MAX_K) * 4;
 }
 
 uint32_t SampleOp::effective_top_k(const SampleParams& p) {
@@ -52,7 +59,7 @@ SampleStats SampleOp::read_stats(std::span<const uint32_t> w) {
 
 uint64_t SampleOp::bytes() const {
   const uint64_t k = effective_top_k(params);
-  return uint64_t(n_vocab) * 4 + 2ull * groups_for(n_vocab) * k * 8 + (TS_SAMPLE_KEPT + k) * 4 + 16;
+  return uint64_t(n_vocab) * 4 + 2ull * groups_for(n_vocab, k) * k * 8 + (TS_SAMPLE_KEPT + k) * 4 + 16;
 }
 
 void SampleOp::record(CommandRecorder& rec) const {
@@ -76,20 +83,22 @@ void SampleOp::record(CommandRecorder& rec) const {
   if (!(params.top_p == params.top_p) || !(params.min_p == params.min_p) || !(params.temperature == params.temperature))
     runtime_error(what, ": sampling parameters must not be NaN");
 
+  const uint32_t k = effective_top_k(params);
+  const uint32_t groups = groups_for(n_vocab, k);
+  const uint32_t per_group = (n_vocab + groups - 1) / groups;
   PipelineDesc desc;
-  desc.name = "sample";
+  desc.name = argmax ? "argmax" : "sample";
   desc.file = "sample.comp";
-  desc.defines = {{"WG_SIZE", std::to_string(kWgSize)}};
+  desc.defines = {{"WG_SIZE", std::to_string(kWgSize)}, {"ELEMS", std::to_string((per_group + kWgSize - 1) / kWgSize)}};
   desc.num_buffers = 4;
   desc.push_bytes = sizeof(gpu::SampleArgs);
   const Pipeline& pipe = ctx.pipelines().get(desc);
 
-  const uint32_t groups = groups_for(n_vocab);
   gpu::SampleArgs a{};
   a.n_vocab = n_vocab;
-  a.per_group = (n_vocab + groups - 1) / groups;
-  a.n_groups = (n_vocab + a.per_group - 1) / a.per_group;  // every group gets >= 1 logit
-  a.top_k = effective_top_k(params);
+  a.per_group = per_group;
+  a.n_groups = groups;
+  a.top_k = k;
   a.top_p = params.top_p;
   a.min_p = params.min_p;
   a.temperature = greedy(params) ? 0.f : params.temperature;

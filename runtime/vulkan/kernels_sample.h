@@ -67,8 +67,8 @@ struct SampleOp {
   uint32_t out_ring = 0;
   std::string label;       // empty = "sample" / "argmax"
 
-  // Workgroups of phase 1 for a vocabulary, and the scratch bytes they need.
-  static uint32_t groups_for(uint32_t n_vocab);
+  // Workgroups of phase 1 for a vocabulary and k, and the scratch bytes any k needs.
+  static uint32_t groups_for(uint32_t n_vocab, uint32_t top_k);
   static uint64_t scratch_bytes(uint32_t n_vocab);
   // The k the kernel uses for these parameters (1 when greedy: the kept set is then the argmax).
   static uint32_t effective_top_k(const SampleParams& p);

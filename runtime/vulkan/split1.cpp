@@ -10,7 +10,7 @@ namespace {
 
 uint64_t align256(uint64_t v) { return (v + 255) / 256 * 256; }
 
-// Where the quant bytes sit inside the GGUF block (gguf.md §7).
+// Where the quant bytes sit inside the GGUF block (gguf.md section 7).
 struct QuantPart {
   uint32_t q_begin, q_bytes;
 };

@@ -1,0 +1,81 @@
+// tessera bench [MODEL] [-p N,..] [-n N,..] [-d D,..] [-r R] [-o md|json|csv] [--json FILE] [--backend vulkan|cpu]
+//   [--device N] [--threads N] [--profile] [--profile-out FILE.svg] [--roofline] [--roofline-mib M]
+// Throughput like llama-bench (prefill pp<N>, decode tg<N>, at cache depths), a per-kernel profile
+// of a decoded token, and the device's ceilings. Results to stdout, progress to stderr.
+// Logic: runtime/model/bench.h, profile.h, bench_roofline.h.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+
+#include "app/cli.h"
+#include "format/error.h"
+#include "runtime/model/bench.h"
+
+namespace tessera::app {
+namespace {
+
+struct BenchArgs {
+  model::BenchOptions bench;
+  std::string output = "md";
+  std::string profile_out;
+  std::string json_out;
+  unsigned threads = 0;
+  uint64_t roofline_mib = 0;
+};
+
+Action setup(CLI::App& sub, const Globals& globals) {
+  auto a = std::make_shared<BenchArgs>();
+  model::BenchOptions& b = a->bench;
+  sub.add_option("MODEL", b.model_path, "Model file: .tsr (Vulkan) or .gguf (CPU reference); optional with --roofline");
+  sub.add_option("-p,--n-prompt", b.prompt_sizes, "Prefill tests of N tokens (comma-separated list; 0: none)")
+      ->delimiter(',')->capture_default_str();
+  sub.add_option("-n,--n-gen", b.decode_sizes, "Decode tests of N tokens (comma-separated list; 0: none)")
+      ->delimiter(',')->capture_default_str();
+  sub.add_option("-d,--depth", b.depths, "Context depths: tokens cached (untimed) before each test (list)")
+      ->delimiter(',')->capture_default_str();
+  sub.add_option("-r,--repetitions", b.repetitions, "Timed runs per test, after one warm-up")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  sub.add_option("-o,--output", a->output, "Output format")->check(CLI::IsMember({"md", "json", "csv"}))->capture_default_str();
+  sub.add_option("--backend", b.backend, "vulkan or cpu (default: vulkan for .tsr, cpu for .gguf)")
+      ->check(CLI::IsMember({"vulkan", "cpu"}));
+  sub.add_option("--device", b.device, "Vulkan device number (default: the best one)")->check(CLI::NonNegativeNumber);
+  sub.add_option("--threads", a->threads, "CPU reference threads (default: the global --threads, else all)");
+  sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
+  sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
+  sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
+  sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
+  sub.add_option("--roofline-mib", a->roofline_mib, "Buffer for the read-bandwidth test, MiB (default: 1024 on a GPU, 64 on a CPU device)")
+      ->check(CLI::PositiveNumber);
+
+  return [a, &globals]() -> int {
+    model::BenchOptions& o = a->bench;
+    o.threads = a->threads ? a->threads : globals.thread_count();
+    o.roofline_options.read_bytes = a->roofline_mib << 20;
+    if (!a->profile_out.empty()) o.profile = true;
+    o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
+    const model::BenchReport r = model::run_bench(o);
+    const std::string text = a->output == "json" ? model::bench_json(r)
+                             : a->output == "csv" ? model::bench_csv(r)
+                                                  : model::bench_markdown(r);
+    std::fputs(text.c_str(), stdout);
+    std::fflush(stdout);
+    if (!a->json_out.empty()) {
+      std::ofstream json(a->json_out, std::ios::binary);
+      if (!(json << model::bench_json(r))) runtime_error("--json ", a->json_out, ": cannot write the JSON file");
+    }
+    if (!a->profile_out.empty()) {
+      std::ofstream svg(a->profile_out, std::ios::binary);
+      const std::string title = "tessera bench --profile: " + r.header.model_path + " on " + r.header.device;
+      if (!(svg << model::profile_svg(r.profiles, title)))
+        runtime_error("--profile-out ", a->profile_out, ": cannot write the SVG file");
+      std::fprintf(stderr, "bench: profile chart written to %s\n", a->profile_out.c_str());
+    }
+    return 0;
+  };
+}
+
+CommandRegistrar reg("bench", "Measure prefill / decode speed (llama-bench style), profile kernels, measure the device",
+                     &setup, 80);
+
+}  // namespace
+}  // namespace tessera::app

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# The one-call GPU benchmark. Runs ON the GPU machine (bare Ubuntu 24.04, 16 cores, no internet),
+# from the folder bench/gpu/package.sh fills (dist/: tessera, run.sh, debs/):
+#   device tool: carry ["dist"], command "bash dist/run.sh"
+# Stages (each timed; a stage is skipped when the time left is below what it needs):
+#   Vulkan loader from debs/, `tessera devices`, `tessera bench --roofline`,
+#   synth full-size GLM-4.7-Flash q4_0 -> convert --compose all and none -> verify (bytes level)
+#   -> bench -p 64 -n 64 -d 0,4096 -r 3 on both (+ --profile and its SVG on the composed one),
+#   then, time allowing, GLM q4_k_m and DeepSeek-V2-Lite q4_0.
+# Results: at most 8 small files in $OUT; a short summary table is printed last.
+# Environment: OUT (results folder, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work,
+# never under $OUT), BUDGET_S (seconds for everything, default 530), DEPTHS (default 0,4096),
+# PRESET / PRESET_LITE (default glm47flash / ds2lite).
+set -uo pipefail
+
+HERE="$(cd "$(dirname "$0")" && pwd)"
+T="$HERE/tessera"
+OUT="${OUT:-/tmp/tessera-out}"
+WORK="${WORK:-/tmp/tessera-work}"
+BUDGET_S="${BUDGET_S:-530}"
+DEPTHS="${DEPTHS:-0,4096}"
+PRESET="${PRESET:-glm47flash}"          # a small preset (tiny, tiny-lite) tries the script on lavapipe
+PRESET_LITE="${PRESET_LITE:-ds2lite}"
+THREADS="$(nproc)"
+START=$(date +%s)
+DEADLINE=$((START + BUDGET_S))
+mkdir -p "$OUT" "$WORK"
+SUMMARY="$OUT/summary.md"   # file 1: everything readable
+LOG="$OUT/log.txt"          # file 2: stderr of every stage
+SHORT="$WORK/short.md"      # the table printed last (also appended to summary.md)
+: >"$SUMMARY"
+: >"$LOG"
+printf '| model | compose | dispatches / barriers | test | depth | tok/s (median) | ms/token |\n|---|---|---|---|---:|---:|---:|\n' >"$SHORT"
+STAGES="$WORK/stages.md"
+printf '| stage | seconds | result |\n|---|---:|---|\n' >"$STAGES"
+
+left() { echo $((DEADLINE - $(date +%s))); }
+note() { echo "== $*" | tee -a "$SUMMARY"; }
+
+# stage NAME NEED_S CMD...: runs CMD (stdout appended to summary.md or $STAGE_STDOUT, stderr to log.txt) when at
+# least NEED_S seconds are left, killed at the deadline; records its time. Returns CMD's status.
+stage() {
+  local name="$1" need="$2"
+  shift 2
+  local l
+  l=$(left)
+  if ((l < need)); then
+    echo "| $name | 0 | skipped: $l s left, needs ~$need s |" >>"$STAGES"
+    echo "== $name: skipped ($l s left, needs ~$need s)" | tee -a "$SUMMARY"
+    return 99
+  fi
+  echo "== $name" | tee -a "$SUMMARY"
+  echo "== $name" >>"$LOG"
+  local t0=$(date +%s) rc
+  timeout --kill-after=10 "$l" "$@" >>"${STAGE_STDOUT:-$SUMMARY}" 2>>"$LOG"
+  rc=$?
+  local dt=$(($(date +%s) - t0))
+  local what="ok"
+  ((rc == 124 || rc == 137)) && what="killed at the deadline"
+  ((rc != 0 && rc != 124 && rc != 137)) && what="failed (exit $rc)"
+  echo "| $name | $dt | $what |" >>"$STAGES"
+  echo "   $name: $what in ${dt} s" | tee -a "$SUMMARY"
+  ((rc != 0)) && tail -n 5 "$LOG" | sed 's/^/   log: /'
+  return $rc
+}
+
+free_gb() { df --output=avail -B1G "$WORK" | tail -n 1 | tr -d ' '; }
+
+# Rows "| tgN | depth | ... | median | ms |" of a bench markdown output -> the short table.
+shorten() {
+  local model="$1" compose="$2" md="$3"
+  local per_token
+  per_token=$(grep -m1 '^per token:' "$md" | sed -E 's/^per token: *([0-9]+) dispatches, ([0-9]+) barriers.*/\1 \/ \2/')
+  awk -F'|' -v m="$model" -v c="$compose" -v d="${per_token:-?}" '
+    $2 ~ /^ (pp|tg)[0-9]+ $/ { gsub(/ /, "", $2); gsub(/ /, "", $3); gsub(/ /, "", $6); gsub(/ /, "", $7);
+                               printf "| %s | %s | %s | %s | %s | %s | %s |\n", m, c, d, $2, $3, $6, $7 }' "$md" >>"$SHORT"
+}
+
+# bench_model NAME COMPOSE TSR [extra bench args]: bench into $WORK/NAME.md and $OUT/NAME.json.
+bench_model() {
+  local name="$1" compose="$2" tsr="$3"
+  shift 3
+  : >"$WORK/$name.md"
+  STAGE_STDOUT="$WORK/$name.md" stage "bench $name" 40 "$T" bench "$tsr" -p 64 -n 64 -d "$DEPTHS" -r 3 \
+    --json "$OUT/$name.json" "$@"
+  local rc=$?
+  cat "$WORK/$name.md" >>"$SUMMARY"
+  shorten "${name%-*}" "$compose" "$WORK/$name.md"
+  return $rc
+}
+
+# --- 1. Vulkan loader and driver ------------------------------------------------------------
+note "tessera GPU benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET_S} s, $THREADS threads"
+t0=$(date +%s)
+for deb in "$HERE"/debs/*.deb; do
+  [ -e "$deb" ] && dpkg -x "$deb" / 2>>"$LOG"
+done
+ldconfig 2>>"$LOG" || true
+if ! "$T" devices >/dev/null 2>>"$LOG"; then
+  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
+    /etc/vulkan/icd.d/nvidia_icd.json; do
+    if [ -e "$icd" ]; then
+      export VK_DRIVER_FILES="$icd"
+      note "no Vulkan driver found by default: VK_DRIVER_FILES=$icd"
+      break
+    fi
+  done
+fi
+echo "| vulkan setup | $(($(date +%s) - t0)) | ok |" >>"$STAGES"
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+  | sed 's/^/nvidia-smi: /' | tee -a "$SUMMARY"
+
+stage "devices" 5 "$T" devices || { note "no usable Vulkan device: stopping"; cat "$STAGES"; exit 3; }
+stage "roofline" 20 "$T" bench --roofline
+
+# --- 2. GLM-4.7-Flash q4_0: composed and factored ----------------------------------------------
+GGUF="$WORK/glm-q4_0.gguf"
+ALL="$WORK/glm-q4_0-all.tsr"
+NONE="$WORK/glm-q4_0-none.tsr"
+note "disk free in $WORK: $(free_gb) GB"
+if stage "synth $PRESET q4_0" 150 "$T" --threads "$THREADS" synth --preset "$PRESET" --type q4_0 -o "$GGUF"; then
+  stage "convert glm q4_0 --compose all" 90 "$T" convert "$GGUF" -o "$ALL" --compose all --threads "$THREADS"
+  stage "verify glm q4_0 all" 120 timeout 100 "$T" verify "$GGUF" "$ALL" --threads "$THREADS"
+  [ -e "$ALL" ] && bench_model glm-q4_0-all all "$ALL" --profile --profile-out "$OUT/glm-q4_0-all-profile.svg"
+  rm -f "$ALL"
+  stage "convert glm q4_0 --compose none" 90 "$T" convert "$GGUF" -o "$NONE" --compose none --threads "$THREADS"
+  [ -e "$NONE" ] && bench_model glm-q4_0-none none "$NONE"
+  rm -f "$NONE"
+fi
+rm -f "$GGUF"
+
+# --- 3. time allowing: GLM q4_k_m, DeepSeek-V2-Lite q4_0 ---------------------------------------
+extra() {
+  local preset="$1" type="$2" name="$3"
+  local gguf="$WORK/$name.gguf" tsr="$WORK/$name-all.tsr"
+  if stage "synth $preset $type" 200 "$T" --threads "$THREADS" synth --preset "$preset" --type "$type" -o "$gguf"; then
+    stage "convert $name --compose all" 100 "$T" convert "$gguf" -o "$tsr" --compose all --threads "$THREADS"
+    rm -f "$gguf"
+    [ -e "$tsr" ] && bench_model "$name-all" all "$tsr"
+  fi
+  rm -f "$gguf" "$tsr"
+}
+extra "$PRESET" q4_k_m glm-q4_k_m
+extra "$PRESET_LITE" q4_0 ds2lite-q4_0
+
+# --- 4. summary ----------------------------------------------------------------------------
+{
+  echo
+  echo "## stage times"
+  cat "$STAGES"
+  echo
+  echo "## decode / prefill (median tok/s; prefill = the decode graph token by token)"
+  cat "$SHORT"
+} >>"$SUMMARY"
+echo
+echo "## stage times (total $(($(date +%s) - START)) s of ${BUDGET_S} s)"
+cat "$STAGES"
+echo
+echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+echo
+echo "## summary (median tok/s; prefill = the decode graph token by token)"
+cat "$SHORT"
+rm -rf "$WORK"

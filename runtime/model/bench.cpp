@@ -1,0 +1,333 @@
+// `tessera bench`: the test grid on the Vulkan runtime or the CPU reference. See bench.h.
+#include "runtime/model/bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <thread>
+
+#include "format/error.h"
+#include "format/gguf.h"
+#include "format/model_config.h"
+#include "format/tsr.h"
+#include "runtime/cpu/forward.h"
+#include "runtime/cpu/weight_source.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/vulkan/context.h"
+
+namespace tessera::model {
+namespace {
+
+double now_s() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Deterministic, spread-out token ids (the speed of a step does not depend on which ids).
+std::vector<int32_t> bench_tokens(uint32_t n, uint32_t first, uint32_t n_vocab) {
+  std::vector<int32_t> t(n);
+  for (uint32_t i = 0; i < n; ++i) t[i] = int32_t((uint64_t(first + i) * 2654435761ull + 12345) % n_vocab);
+  return t;
+}
+
+bool file_is_tsr(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) bad_input(path, ": cannot open the model file");
+  uint8_t magic[8] = {};
+  in.read(reinterpret_cast<char*>(magic), sizeof magic);
+  return is_tsr_magic(std::span<const uint8_t>(magic, size_t(in.gcount())));
+}
+
+// "q4_0 93.1 %, f32 2.7 %" from bytes per type; also the total.
+std::string types_summary(const std::map<std::string, uint64_t>& bytes, uint64_t& total) {
+  total = 0;
+  for (const auto& [t, b] : bytes) total += b;
+  std::vector<std::pair<uint64_t, std::string>> order;
+  for (const auto& [t, b] : bytes) order.push_back({b, t});
+  std::sort(order.rbegin(), order.rend());
+  std::string s;
+  char buf[64];
+  for (const auto& [b, t] : order) {
+    std::snprintf(buf, sizeof buf, "%s%s %.1f %%", s.empty() ? "" : ", ", t.c_str(), total ? 100.0 * b / total : 0.0);
+    s += buf;
+  }
+  return s;
+}
+
+// Weight types, composition and name of a model file, for the header.
+void describe_file(const std::string& path, bool tsr, BenchHeader& h) {
+  std::map<std::string, uint64_t> bytes;
+  auto has = [&](auto& file, const std::string& n) { return file.find_tensor(n) != nullptr; };
+  bool qk = false, vo = false;
+  if (tsr) {
+    const TsrFile f = TsrFile::open(path);
+    for (const TsrTensor& t : f.tensors()) {
+      if (t.layout == TsrLayout::MoeTile1) {
+        const MoeTileGeometry g = t.moe_tile();
+        bytes[type_name(g.gateup_type)] += g.n_expert * g.down_offset;
+        bytes[type_name(g.down_type)] += g.n_expert * (g.slot_stride - g.down_offset);
+        if (g.has_shared()) {
+          bytes[type_name(g.shared_gateup_type)] += g.shared_down_offset - g.shared_gateup_offset;
+          bytes[type_name(g.shared_down_type)] += g.total_bytes - g.shared_down_offset;
+        }
+      } else {
+        bytes[type_name(t.type)] += t.nbytes;
+      }
+    }
+    qk = has(f, "blk.0.attn_qk.weight");
+    vo = has(f, "blk.0.attn_vo.weight");
+    h.model_name = f.metadata().get_string("general.name").value_or("");
+  } else {
+    const GgufFile f = GgufFile::open(path);
+    for (const GgufTensorInfo& t : f.tensors()) bytes[type_name(t.type)] += t.nbytes;
+    qk = has(f, "blk.0.attn_qk.weight");
+    vo = has(f, "blk.0.attn_vo.weight");
+    h.model_name = f.metadata().get_string("general.name").value_or("");
+  }
+  h.types = types_summary(bytes, h.model_bytes);
+  h.composition = qk && vo ? "qk+vo" : qk ? "qk" : vo ? "vo" : "none";
+}
+
+// One backend under test: keeps the cache at a depth, runs prefill and decode.
+class Target {
+ public:
+  virtual ~Target() = default;
+  // Makes the cache hold exactly `depth` positions (filling it untimed when it holds fewer).
+  virtual void set_depth(uint32_t depth) = 0;
+  virtual void prefill(std::span<const int32_t> tokens) = 0;
+  virtual void decode(uint32_t n) = 0;
+};
+
+constexpr uint32_t kFillChunk = 256;
+
+class GpuTarget : public Target {
+ public:
+  explicit GpuTarget(GpuModel& m) : m_(m) {}
+  void set_depth(uint32_t depth) override {
+    m_.rewind(depth);
+    while (uint32_t(m_.n_past()) < depth) {
+      const uint32_t n = std::min(kFillChunk, depth - uint32_t(m_.n_past()));
+      m_.forward(bench_tokens(n, uint32_t(m_.n_past()), m_.n_vocab()), true);
+    }
+  }
+  void prefill(std::span<const int32_t> tokens) override { m_.forward(tokens, true); }
+  void decode(uint32_t n) override {
+    for (uint32_t i = 0; i < n; ++i) m_.decode_step();
+  }
+
+ private:
+  GpuModel& m_;
+};
+
+class CpuTarget : public Target {
+ public:
+  explicit CpuTarget(CpuModel& m) : m_(m) {}
+  void set_depth(uint32_t depth) override {
+    if (uint32_t(m_.n_past()) > depth) m_.reset();  // no rewind on the CPU model: refill
+    while (uint32_t(m_.n_past()) < depth) {
+      const uint32_t n = std::min(kFillChunk, depth - uint32_t(m_.n_past()));
+      last_ = m_.forward(bench_tokens(n, uint32_t(m_.n_past()), m_.n_vocab()), true);
+    }
+  }
+  void prefill(std::span<const int32_t> tokens) override { last_ = m_.forward(tokens, true); }
+  void decode(uint32_t n) override {
+    for (uint32_t i = 0; i < n; ++i) {
+      int32_t next = 0;
+      if (!last_.empty()) next = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
+      last_ = m_.forward(std::span<const int32_t>(&next, 1), true);
+    }
+  }
+
+ private:
+  CpuModel& m_;
+  std::vector<float> last_;
+};
+
+void say(const BenchOptions& o, const std::string& s) {
+  if (o.log) o.log(s);
+}
+
+// Runs every test of the grid on `t`, depths ascending.
+std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_vocab) {
+  std::vector<uint32_t> depths = o.depths;
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
+  std::vector<BenchResult> out;
+  for (uint32_t d : depths) {
+    if (d > 0) say(o, cat("filling the cache to depth ", d, " (untimed)"));
+    t.set_depth(d);
+    auto run_test = [&](const char* kind, uint32_t n) {
+      BenchResult r;
+      r.kind = kind;
+      r.n_tokens = n;
+      r.depth = d;
+      say(o, cat("running ", r.name(), " (1 warm-up + ", o.repetitions, " runs)"));
+      const std::vector<int32_t> prompt = bench_tokens(n, 7 * d + 1, n_vocab);
+      for (int rep = -1; rep < o.repetitions; ++rep) {
+        t.set_depth(d);
+        const double t0 = now_s();
+        if (r.kind == "pp") t.prefill(prompt);
+        else t.decode(n);
+        const double dt = now_s() - t0;
+        if (rep >= 0) r.seconds.push_back(dt);
+      }
+      std::vector<double> tps;
+      for (double s : r.seconds) tps.push_back(s > 0 ? n / s : 0);
+      double sum = 0, sq = 0;
+      for (double v : tps) sum += v;
+      r.tps_mean = sum / tps.size();
+      for (double v : tps) sq += (v - r.tps_mean) * (v - r.tps_mean);
+      r.tps_stddev = tps.size() > 1 ? std::sqrt(sq / (tps.size() - 1)) : 0;
+      r.tps_median = median(tps);
+      out.push_back(std::move(r));
+    };
+    for (uint32_t p : o.prompt_sizes)
+      if (p) run_test("pp", p);
+    for (uint32_t n : o.decode_sizes)
+      if (n) run_test("tg", n);
+  }
+  return out;
+}
+
+// Profiles one decoded token per depth on a model loaded with timestamps.
+std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, double read_gbps) {
+  std::vector<uint32_t> depths = o.depths;
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
+  GpuTarget t(m);
+  std::vector<TokenProfile> out;
+  const int reps = std::max(o.repetitions, 1);
+  for (uint32_t d : depths) {
+    say(o, cat("profiling a decoded token at depth ", d));
+    t.set_depth(d);
+    std::vector<std::vector<vk::DispatchTiming>> steps;
+    std::vector<double> wall_us;
+    // Warm-up, then profiled and host-timed tokens interleaved (so a drift in the device's speed
+    // affects both alike). profile_step re-records (its byte counts follow the depth) and runs
+    // the token at position d; decode_step then resubmits that same recording at position d.
+    m.profile_step(d + 1);
+    m.decode_step();
+    for (int r = 0; r < reps; ++r) {
+      steps.push_back(m.profile_step(d + 1));
+      m.rewind(d);
+      const double t0 = now_s();
+      m.decode_step();
+      wall_us.push_back((now_s() - t0) * 1e6);
+    }
+    m.rewind(d);
+    out.push_back(summarize_profile(steps, wall_us, read_gbps, d));
+  }
+  return out;
+}
+
+uint32_t max_of(const std::vector<uint32_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
+
+void check_options(const BenchOptions& o) {
+  if (o.repetitions < 1) usage_error("bench: -r must be >= 1, got ", o.repetitions);
+  if (o.model_path.empty()) {
+    if (!o.roofline) usage_error("bench: give a model file, or --roofline to measure only the device");
+    return;
+  }
+  if (o.depths.empty()) usage_error("bench: -d needs at least one depth");
+  if (max_of(o.prompt_sizes) == 0 && max_of(o.decode_sizes) == 0 && !o.profile)
+    usage_error("bench: nothing to run: every -p and -n value is 0");
+}
+
+}  // namespace
+
+std::string BenchResult::name() const {
+  return cat(kind, n_tokens, depth ? cat(" @ d", depth) : std::string());
+}
+
+BenchReport run_bench(const BenchOptions& o) {
+  check_options(o);
+  BenchReport report;
+  BenchHeader& h = report.header;
+  h.version = TESSERA_VERSION;
+  h.commit = TESSERA_GIT_COMMIT;
+  const bool tsr = !o.model_path.empty() && file_is_tsr(o.model_path);
+  h.backend = o.backend.empty() ? (tsr || o.model_path.empty() ? "vulkan" : "cpu") : o.backend;
+  if (h.backend != "vulkan" && h.backend != "cpu") usage_error("bench: --backend must be vulkan or cpu, got '", h.backend, "'");
+  if (h.backend == "vulkan" && !o.model_path.empty() && !tsr)
+    usage_error("bench: ", o.model_path, " is not a packed .tsr file; the Vulkan runtime runs .tsr files (make one with "
+                "`tessera convert`), or use --backend cpu for the CPU reference");
+  if (h.backend == "cpu" && (o.profile || o.roofline)) usage_error("bench: --profile and --roofline need the Vulkan backend");
+
+  const uint32_t need_ctx = max_of(o.depths) + std::max(std::max(max_of(o.prompt_sizes), max_of(o.decode_sizes)), 1u);
+  h.model_path = o.model_path;
+  if (!o.model_path.empty()) describe_file(o.model_path, tsr, h);
+
+  if (h.backend == "cpu") {
+    const unsigned threads = o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+    h.device = cat("CPU reference (", threads, " threads)");
+    say(o, cat("loading ", o.model_path, " (CPU reference)"));
+    const std::unique_ptr<WeightSource> weights = open_weights(o.model_path);
+    const ModelConfig cfg = ModelConfig::from_metadata(weights->metadata());
+    if (cfg.n_ctx_train && need_ctx > cfg.n_ctx_train)
+      usage_error("bench: the grid needs ", need_ctx, " context positions, the model is trained for ", cfg.n_ctx_train);
+    CpuModel model(*weights, int(need_ctx), threads, AttentionPath::Absorbed);
+    h.n_ctx = uint32_t(model.n_ctx());
+    CpuTarget t(model);
+    report.results = run_grid(o, t, model.n_vocab());
+    return report;
+  }
+
+  vk::ContextOptions co;
+  co.device = o.device;
+  vk::Context ctx(co);
+  h.device = ctx.info().name;
+  h.driver = ctx.info().driver_name + " " + ctx.info().driver_info;
+  double read_gbps = 0;
+  if (o.roofline || o.profile) {
+    RooflineOptions ro = o.roofline_options;
+    ro.read_only = !o.roofline;
+    say(o, o.roofline ? "measuring the device's read bandwidth and dispatch costs" : "measuring the device's read bandwidth");
+    report.roofline = measure_roofline(ctx, ro);
+    read_gbps = report.roofline->read_gbps;
+  }
+  if (o.model_path.empty()) return report;
+
+  const TsrFile file = TsrFile::open(o.model_path);
+  const ModelConfig cfg = ModelConfig::from_metadata(file.metadata());
+  if (cfg.n_ctx_train && need_ctx > cfg.n_ctx_train)
+    usage_error("bench: the grid needs ", need_ctx, " context positions (largest -d plus largest -p/-n), the model is "
+                "trained for ", cfg.n_ctx_train);
+  GpuModelOptions go;
+  go.n_ctx = need_ctx;
+  go.progress = false;
+  if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0) {
+    say(o, cat("loading ", o.model_path, " onto ", h.device));
+    GpuModel model(ctx, file, go);
+    h.n_ctx = uint32_t(model.n_ctx());
+    h.dispatches = model.stats().dispatches;
+    h.barriers = model.stats().barriers;
+    h.weight_bytes_per_token = model.stats().weight_bytes;
+    GpuTarget t(model);
+    report.results = run_grid(o, t, model.n_vocab());
+  }
+  if (o.profile) {
+    go.timestamps = true;
+    if (!ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
+    say(o, cat("loading ", o.model_path, " again, with GPU timestamps on every dispatch"));
+    GpuModel model(ctx, file, go);
+    h.n_ctx = uint32_t(model.n_ctx());
+    h.dispatches = model.stats().dispatches;
+    h.barriers = model.stats().barriers;
+    h.weight_bytes_per_token = model.stats().weight_bytes;
+    report.profiles = run_profiles(o, model, read_gbps);
+  }
+  return report;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,91 @@
+// `tessera bench`: llama-bench style throughput tests of a model, on the Vulkan runtime (.tsr) or
+// the CPU reference (.gguf, or any file with --backend cpu).
+//
+// Tests (a grid over every value of each list):
+//   pp<P> @ d<D>  prefill of P tokens with D positions already cached. There is no batched prefill
+//                 path yet: prefill runs the decode graph token by token (one submit per token,
+//                 logits read back only for the last one).
+//   tg<N> @ d<D>  decode of N tokens, each fed the previous one's sampled token (GPU sampler on
+//                 Vulkan, argmax on the CPU), one submit + wait per token.
+// The cache is filled to D first, untimed (steps without reading logits back, once per depth:
+// later tests at the same depth rewind to D). Each test runs once as a warm-up, then
+// `repetitions` timed runs: tok/s mean ± stddev and median.
+//
+// With `profile` (Vulkan only), a second load of the model with GPU timestamps profiles one decoded
+// token per depth (profile.h); the floor uses the read bandwidth measured by bench_roofline.h.
+//
+//   BenchOptions o; o.model_path = "glm.tsr"; o.depths = {0, 4096};
+//   BenchReport r = run_bench(o);
+//   std::fputs(bench_markdown(r).c_str(), stdout);
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/model/bench_roofline.h"
+#include "runtime/model/profile.h"
+
+namespace tessera::model {
+
+struct BenchOptions {
+  std::string model_path;                 // .tsr or .gguf; empty: only the roofline (needs roofline)
+  std::string backend;                    // "vulkan", "cpu"; empty: vulkan for .tsr, cpu for .gguf
+  std::vector<uint32_t> prompt_sizes{512};  // -p (0 entries are skipped)
+  std::vector<uint32_t> decode_sizes{128};  // -n (0 entries are skipped)
+  std::vector<uint32_t> depths{0};          // -d
+  int repetitions = 5;                    // timed runs per test after one warm-up
+  int device = -1;                        // Vulkan device (-1: the best one)
+  unsigned threads = 0;                   // CPU backend threads (0: all)
+  bool profile = false;                   // per-kernel profile per depth (Vulkan only)
+  bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
+  RooflineOptions roofline_options;
+  // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
+  std::function<void(const std::string&)> log;
+};
+
+// What ran where: the report's header lines.
+struct BenchHeader {
+  std::string device;          // "NVIDIA H100 80GB HBM3" / "CPU reference (16 threads)"
+  std::string driver;          // "NVIDIA 580.159" / "" for the CPU
+  std::string backend;         // "vulkan" / "cpu"
+  std::string version, commit; // tessera's
+  std::string model_path, model_name;
+  std::string types;           // weight bytes by type: "q4_0 93.1 %, q6_K 4.2 %, f32 2.7 %"
+  std::string composition;     // composed MLA weights in the file: "qk+vo", "qk", "vo", "none"
+  uint64_t model_bytes = 0;    // weight bytes in the file
+  uint32_t n_ctx = 0;          // KV-cache positions allocated for the grid
+  uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
+  uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
+};
+
+struct BenchResult {
+  std::string kind;            // "pp" (prefill) or "tg" (decode)
+  uint32_t n_tokens = 0;
+  uint32_t depth = 0;
+  std::vector<double> seconds; // per timed repetition
+  double tps_mean = 0, tps_stddev = 0, tps_median = 0;  // tokens per second
+  std::string name() const;    // "pp512", "tg128 @ d4096"
+};
+
+struct BenchReport {
+  BenchHeader header;
+  std::vector<BenchResult> results;
+  std::vector<TokenProfile> profiles;   // one per depth with profile
+  std::optional<RooflineResult> roofline;
+};
+
+// Runs the grid. Throws Error(Usage) for bad options (empty lists, a grid that exceeds the model's
+// context, --profile on the CPU backend), Error(BadInput) for an unusable model file,
+// Error(Runtime) for device failures.
+BenchReport run_bench(const BenchOptions& options);
+
+// Output formats: a markdown table with the header lines above it (and the profile and roofline
+// tables after it when present); JSON (one object: "tessera", "device", "model", "results",
+// optional "profiles" and "roofline"); CSV (one line per result, header line first).
+std::string bench_markdown(const BenchReport& r);
+std::string bench_json(const BenchReport& r);
+std::string bench_csv(const BenchReport& r);
+
+}  // namespace tessera::model

@@ -1,0 +1,165 @@
+// `tessera bench` output: markdown, JSON and CSV. See bench.h.
+#include <cmath>
+#include <cstdio>
+#include <string>
+
+#include "format/error.h"
+#include "runtime/model/bench.h"
+
+namespace tessera::model {
+namespace {
+
+std::string f(const char* fmt, double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, fmt, v);
+  return b;
+}
+
+// A JSON string literal.
+std::string js(std::string_view s) {
+  std::string o = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      o += '\\';
+      o += char(c);
+    } else if (c < 0x20) {
+      char b[8];
+      std::snprintf(b, sizeof b, "\\u%04x", c);
+      o += b;
+    } else {
+      o += char(c);
+    }
+  }
+  return o + "\"";
+}
+
+// A JSON number (null for NaN / infinity, which JSON cannot hold).
+std::string jn(double v) {
+  if (!std::isfinite(v)) return "null";
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+std::string ju(uint64_t v) { return std::to_string(v); }
+
+// A CSV field (quoted when it holds a separator, a quote or a line break).
+std::string cs(std::string_view s) {
+  if (s.find_first_of(",\"\n") == std::string_view::npos) return std::string(s);
+  std::string o = "\"";
+  for (char c : s) o += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return o + "\"";
+}
+
+std::string composition_words(const std::string& c) {
+  if (c == "qk+vo") return "composed W_qk and W_vo";
+  if (c == "qk") return "composed W_qk, factored V/O";
+  if (c == "vo") return "factored Q/K, composed W_vo";
+  return "factored (none composed)";
+}
+
+}  // namespace
+
+std::string bench_markdown(const BenchReport& r) {
+  const BenchHeader& h = r.header;
+  std::string s;
+  s += "device:     " + h.device + (h.driver.empty() ? "" : "  (driver " + h.driver + ")") + "\n";
+  s += "tessera:    " + h.version + " (commit " + h.commit + "), backend " + h.backend + "\n";
+  if (!h.model_path.empty()) {
+    s += "model:      " + h.model_path + (h.model_name.empty() ? "" : "  (" + h.model_name + ")") +
+         f(", %.3f GB of weights", h.model_bytes / 1e9) + "\n";
+    s += "types:      " + h.types + "\n";
+    s += "mla:        " + composition_words(h.composition) + "\n";
+    s += "context:    " + std::to_string(h.n_ctx) + " positions\n";
+    if (h.dispatches)
+      s += "per token:  " + std::to_string(h.dispatches) + " dispatches, " + std::to_string(h.barriers) + " barriers, " +
+           f("%.3f GB of weights read", h.weight_bytes_per_token / 1e9) + "\n";
+    if (h.backend == "vulkan") s += "prefill:    the decode graph token by token (no batched prefill path yet)\n";
+  }
+  if (!r.results.empty()) {
+    s += "\n| test | depth | reps | tok/s (mean ± sd) | tok/s (median) | ms/token (median) |\n";
+    s += "|---|---:|---:|---:|---:|---:|\n";
+    for (const BenchResult& b : r.results) {
+      s += "| " + b.kind + std::to_string(b.n_tokens) + " | " + std::to_string(b.depth) + " | " +
+           std::to_string(b.seconds.size()) + " | " + f("%.2f", b.tps_mean) + f(" ± %.2f", b.tps_stddev) + " | " +
+           f("%.2f", b.tps_median) + " | " + f("%.3f", b.tps_median > 0 ? 1e3 / b.tps_median : 0.0) + " |\n";
+    }
+  }
+  for (const TokenProfile& p : r.profiles) s += "\n" + profile_markdown(p);
+  if (r.roofline) s += "\ndevice ceilings\n\n" + roofline_markdown(*r.roofline);
+  return s;
+}
+
+std::string bench_json(const BenchReport& r) {
+  const BenchHeader& h = r.header;
+  std::string s = "{\n";
+  s += "  \"tessera\": {\"version\": " + js(h.version) + ", \"commit\": " + js(h.commit) + "},\n";
+  s += "  \"device\": {\"name\": " + js(h.device) + ", \"driver\": " + js(h.driver) + ", \"backend\": " +
+       js(h.backend) + "},\n";
+  s += "  \"model\": {\"path\": " + js(h.model_path) + ", \"name\": " + js(h.model_name) + ", \"types\": " +
+       js(h.types) + ", \"composition\": " + js(h.composition) + ", \"weight_bytes\": " + ju(h.model_bytes) +
+       ", \"n_ctx\": " + ju(h.n_ctx) + ", \"dispatches_per_token\": " + ju(h.dispatches) +
+       ", \"barriers_per_token\": " + ju(h.barriers) + ", \"weight_bytes_per_token\": " +
+       ju(h.weight_bytes_per_token) + "},\n";
+  s += "  \"results\": [";
+  for (size_t i = 0; i < r.results.size(); ++i) {
+    const BenchResult& b = r.results[i];
+    s += i ? ",\n    " : "\n    ";
+    s += "{\"test\": " + js(b.kind + std::to_string(b.n_tokens)) + ", \"kind\": " +
+         js(b.kind == "pp" ? "prefill" : "decode") + ", \"n_tokens\": " + ju(b.n_tokens) + ", \"depth\": " +
+         ju(b.depth) + ", \"repetitions\": " + ju(b.seconds.size()) + ", \"tok_per_s_mean\": " + jn(b.tps_mean) +
+         ", \"tok_per_s_stddev\": " + jn(b.tps_stddev) + ", \"tok_per_s_median\": " + jn(b.tps_median) +
+         ", \"seconds\": [";
+    for (size_t k = 0; k < b.seconds.size(); ++k) s += (k ? ", " : "") + jn(b.seconds[k]);
+    s += "]}";
+  }
+  s += r.results.empty() ? "]" : "\n  ]";
+  if (!r.profiles.empty()) {
+    s += ",\n  \"profiles\": [";
+    for (size_t i = 0; i < r.profiles.size(); ++i) {
+      const TokenProfile& p = r.profiles[i];
+      s += i ? ",\n    " : "\n    ";
+      s += "{\"depth\": " + ju(p.depth) + ", \"tokens\": " + ju(uint64_t(p.tokens)) + ", \"dispatches\": " +
+           ju(p.dispatches) + ", \"kernel_us\": " + jn(p.kernel_us) + ", \"token_us\": " + jn(p.token_us) +
+           ", \"outside_us\": " + jn(p.outside_us) + ", \"bytes_per_token\": " + ju(p.bytes_per_token) +
+           ", \"read_gbps\": " + jn(p.read_gbps) + ", \"floor_us\": " + jn(p.floor_us) + ", \"kernels\": [";
+      for (size_t k = 0; k < p.families.size(); ++k) {
+        const KernelFamilyStats& q = p.families[k];
+        s += (k ? ",\n      " : "\n      ");
+        s += "{\"kernel\": " + js(q.family) + ", \"calls_per_token\": " + jn(q.calls_per_token) +
+             ", \"us_per_call\": " + jn(q.us_per_call) + ", \"us_per_token\": " + jn(q.us_per_token) +
+             ", \"bytes_per_call\": " + jn(q.bytes_per_call) + ", \"gbps\": " + jn(q.gbps) + ", \"share\": " +
+             jn(q.share) + "}";
+      }
+      s += "]}";
+    }
+    s += "\n  ]";
+  }
+  if (r.roofline) {
+    const RooflineResult& q = *r.roofline;
+    s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
+         ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
+         ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
+         ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";
+  }
+  s += "\n}\n";
+  return s;
+}
+
+std::string bench_csv(const BenchReport& r) {
+  const BenchHeader& h = r.header;
+  std::string s =
+      "device,driver,backend,version,commit,model,types,composition,n_ctx,dispatches,barriers,test,kind,n_tokens,"
+      "depth,repetitions,tok_per_s_mean,tok_per_s_stddev,tok_per_s_median\n";
+  for (const BenchResult& b : r.results) {
+    s += cs(h.device) + "," + cs(h.driver) + "," + cs(h.backend) + "," + cs(h.version) + "," + cs(h.commit) + "," +
+         cs(h.model_path) + "," + cs(h.types) + "," + cs(h.composition) + "," + ju(h.n_ctx) + "," + ju(h.dispatches) +
+         "," + ju(h.barriers) + "," + b.kind + std::to_string(b.n_tokens) + "," +
+         (b.kind == "pp" ? "prefill" : "decode") + "," + ju(b.n_tokens) + "," + ju(b.depth) + "," +
+         ju(b.seconds.size()) + "," + f("%.4f", b.tps_mean) + "," + f("%.4f", b.tps_stddev) + "," +
+         f("%.4f", b.tps_median) + "\n";
+  }
+  return s;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,175 @@
+// Device ceilings: read bandwidth and dispatch costs. See bench_roofline.h.
+#include "runtime/model/bench_roofline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <vector>
+
+#include "format/error.h"
+#include "runtime/vulkan/memory.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/vk_common.h"
+
+namespace tessera::model {
+namespace {
+
+constexpr uint32_t kReadWorkgroup = 256;
+constexpr uint32_t kReadUnroll = 8;
+constexpr uint32_t kTinyWorkgroup = 64;
+constexpr uint32_t kFillWord = 0x3f800001u;  // what the read buffer holds (never zeros)
+constexpr uint32_t kNever = 0xdeadbeefu;      // no fold of kFillWord words equals this
+
+// Mirrors the push-constant block of shaders/roofline.comp.
+struct RooflineArgs {
+  uint32_t n_vec4 = 0;
+  uint32_t never = kNever;
+  uint32_t pad0 = 0, pad1 = 0;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double now_us() {
+  using namespace std::chrono;
+  return duration<double, std::micro>(steady_clock::now().time_since_epoch()).count();
+}
+
+const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
+  vk::PipelineDesc desc;
+  desc.name = mode == 0 ? "roofline.read" : "roofline.tiny";
+  desc.file = "roofline.comp";
+  desc.defines = {{"MODE", std::to_string(mode)},
+                  {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
+                  {"UNROLL", std::to_string(kReadUnroll)}};
+  desc.num_buffers = 2;
+  desc.push_bytes = sizeof(RooflineArgs);
+  return ctx.pipeline(desc);
+}
+
+// Median wall time of `runs` submissions of what `rec` holds (after one warm-up).
+double median_run_us(vk::CommandRecorder& rec, int runs) {
+  rec.run();
+  std::vector<double> t;
+  for (int i = 0; i < runs; ++i) {
+    const double t0 = now_us();
+    rec.run();
+    t.push_back(now_us() - t0);
+  }
+  return median(t);
+}
+
+uint64_t read_buffer_bytes(const vk::DeviceInfo& info, uint64_t requested) {
+  uint64_t bytes = requested ? requested : (info.type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 64ull << 20 : 1ull << 30);
+  bytes = std::min<uint64_t>(bytes, info.max_storage_buffer_range);
+  bytes = std::min<uint64_t>(bytes, info.max_memory_allocation_size);
+  bytes = std::min<uint64_t>(bytes, info.device_local_bytes() / 4);
+  bytes = std::min<uint64_t>(bytes, uint64_t(UINT32_MAX) * 16);  // n_vec4 is a 32-bit count
+  bytes = bytes / (16 * kReadWorkgroup * kReadUnroll) * (16 * kReadWorkgroup * kReadUnroll);
+  if (bytes == 0) runtime_error("roofline: the device's buffer limits leave no room for the read test");
+  return bytes;
+}
+
+}  // namespace
+
+RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options) {
+  if (options.repetitions < 1) usage_error("roofline: repetitions must be >= 1, got ", options.repetitions);
+  const vk::DeviceInfo& info = ctx.info();
+  RooflineResult r;
+  r.read_bytes = read_buffer_bytes(info, options.read_bytes);
+
+  vk::MemoryPool pool(ctx.device(), vk::MemoryKind::DeviceLocal, 64ull << 20);
+  vk::Buffer src = pool.create_buffer(r.read_bytes, "roofline read buffer");
+  vk::Buffer dst = pool.create_buffer(4096, "roofline sink");
+  const vk::Pipeline& read = roofline_pipeline(ctx, 0);
+  const vk::Pipeline& tiny = roofline_pipeline(ctx, 1);
+  const vk::BufferSlice bufs[2] = {src.whole(), dst.whole()};
+  RooflineArgs args;
+  args.n_vec4 = uint32_t(r.read_bytes / 16);
+  const vk::GroupCounts groups = vk::split_workgroups(r.read_bytes / 16 / (kReadWorkgroup * kReadUnroll), info);
+
+  // Fill the buffer (a non-zero word), then time passes over it.
+  {
+    vk::CommandRecorder fill(ctx);
+    fill.begin();
+    fill.fill(src.whole(), kFillWord);
+    fill.fill(dst.whole(), 0);
+    fill.end();
+    fill.run();
+  }
+  const int runs = options.repetitions;
+  const uint32_t passes = uint32_t(runs) + 1;  // the first pass is the warm-up
+  vk::CommandRecorder timed(ctx, vk::RecorderOptions{.timestamps = true});
+  timed.begin();
+  for (uint32_t p = 0; p < passes; ++p) {
+    timed.dispatch(read, bufs, args, groups.x, groups.y, 1, "roofline.read", r.read_bytes);
+    timed.barrier();
+  }
+  timed.end();
+  timed.run();
+  const std::vector<vk::DispatchTiming> times = timed.timings();
+  if (times.size() == passes) {
+    std::vector<double> us;
+    for (uint32_t p = 1; p < passes; ++p) us.push_back(times[p].microseconds);
+    r.read_us = median(us);
+    r.gpu_timestamps = true;
+  } else {
+    // No timestamps on this queue: host clock around a submission of one pass, less an empty one.
+    vk::CommandRecorder empty(ctx), one(ctx);
+    empty.begin();
+    empty.end();
+    one.begin();
+    one.dispatch(read, bufs, args, groups.x, groups.y, 1, "roofline.read", r.read_bytes);
+    one.end();
+    r.read_us = std::max(1e-3, median_run_us(one, runs) - median_run_us(empty, runs));
+  }
+  r.read_gbps = double(r.read_bytes) / (r.read_us * 1e3);
+  if (options.read_only) return r;
+
+  // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
+  const uint32_t n = std::max<uint32_t>(options.dispatches, 1);
+  r.dispatches = n;
+  RooflineArgs tiny_args;
+  vk::CommandRecorder empty(ctx), with_barriers(ctx), without(ctx);
+  empty.begin();
+  empty.end();
+  with_barriers.begin();
+  without.begin();
+  for (uint32_t i = 0; i < n; ++i) {
+    with_barriers.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
+    with_barriers.barrier();
+    without.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
+  }
+  with_barriers.end();
+  without.end();
+  r.submit_us = median_run_us(empty, runs);
+  r.dispatch_barrier_us = std::max(0.0, (median_run_us(with_barriers, runs) - r.submit_us) / n);
+  r.dispatch_us = std::max(0.0, (median_run_us(without, runs) - r.submit_us) / n);
+  return r;
+}
+
+std::string roofline_markdown(const RooflineResult& r) {
+  std::string s = "| figure | value |\n|---|---|\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "| read bandwidth, 16-byte loads, %s buffer | %.1f GB/s (%.1f µs per pass, %s) |\n",
+                vk::format_bytes(r.read_bytes).c_str(), r.read_gbps, r.read_us,
+                r.gpu_timestamps ? "GPU timestamps" : "host clock");
+  s += line;
+  if (r.dispatches) {
+    std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",
+                  r.dispatches, r.dispatch_barrier_us);
+    s += line;
+    std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
+                  r.dispatches, r.dispatch_us);
+    s += line;
+    std::snprintf(line, sizeof line, "| empty submit + wait round trip | %.1f µs |\n", r.submit_us);
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace tessera::model

@@ -1,0 +1,42 @@
+// The device's ceilings, measured with small kernels of tessera's own (shaders/roofline.comp):
+//  - read bandwidth: one pass over a large buffer with coalesced 16-byte loads (GPU timestamps
+//    when the queue has them, else the host clock minus an empty submission);
+//  - the cost of one dispatch with a compute->compute barrier after it, and without barriers
+//    (N tiny dispatches in one submission, host clock, minus the empty submission);
+//  - the round trip of an empty submit + wait.
+// `tessera bench --roofline` prints these; the profiler's floor divides bytes by the bandwidth.
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/vulkan/context.h"
+
+namespace tessera::model {
+
+struct RooflineOptions {
+  uint64_t read_bytes = 0;     // size of the read test's buffer (0: 1 GiB on a GPU, 64 MiB on a
+                               // CPU device; always capped by the device's buffer limits)
+  uint32_t dispatches = 1000;  // tiny dispatches per submission in the dispatch-cost tests
+  int repetitions = 7;         // timed runs of each test after one warm-up (the median is kept)
+  bool read_only = false;      // measure only the read bandwidth (what the profiler needs)
+};
+
+struct RooflineResult {
+  uint64_t read_bytes = 0;          // bytes read per pass
+  double read_gbps = 0;             // median read bandwidth, GB/s (1e9 bytes per second)
+  double read_us = 0;               // median time of one pass
+  bool gpu_timestamps = false;      // the read test was timed with GPU timestamps
+  uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
+  double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier
+  double dispatch_us = 0;           // per dispatch, no barriers
+  double submit_us = 0;             // an empty submit + wait round trip (median)
+};
+
+// Runs the tests on ctx's device. Throws Error(Runtime) when buffers cannot be allocated or a
+// submission fails.
+RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options);
+
+// A markdown table of the result (one row per figure).
+std::string roofline_markdown(const RooflineResult& r);
+
+}  // namespace tessera::model

@@ -1,0 +1,324 @@
+// `tessera bench` on a tiny synthetic model (lavapipe here): the JSON schema, the markdown and CSV
+// shapes, the CPU backend, the profiler (grouping; per-kernel times adding up to the measured
+// token time), the SVG, --roofline, and usage errors.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "format/error.h"
+#include "runtime/model/bench.h"
+#include "runtime/model/profile.h"
+#include "runtime/vulkan/context.h"
+#include "tests/bench/mini_json.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+using testjson::Value;
+
+fs::path temp_dir() {
+  static const fs::path dir = [] {
+    auto p = fs::temp_directory_path() / ("tessera-test-bench-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return dir;
+}
+
+class Cleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(temp_dir()); }
+};
+const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+
+bool have_vulkan() {
+  static const bool ok = [] {
+    try {
+      vk::Context ctx;
+      return true;
+    } catch (const Error&) {
+      return false;
+    }
+  }();
+  return ok;
+}
+
+// The tiny preset as GGUF (once) and packed with every MLA weight composed (once).
+const std::string& tiny_gguf() {
+  static const std::string p = [] {
+    const fs::path g = temp_dir() / "tiny-q4_0.gguf";
+    synth::synthesize({"tiny", "q4_0", 5, -1, g.string()});
+    return g.string();
+  }();
+  return p;
+}
+const std::string& tiny_tsr() {
+  static const std::string p = [] {
+    const fs::path t = temp_dir() / "tiny-q4_0-all.tsr";
+    convert::ConvertOptions o;
+    o.in_path = tiny_gguf();
+    o.out_path = t.string();
+    o.compose = "all";
+    o.threads = 2;
+    convert::convert_model(o);
+    return t.string();
+  }();
+  return p;
+}
+
+struct RunResult {
+  int rc = -1;
+  std::string out;
+};
+// Runs the tessera binary with `args` (a shell-quoted string); stdout captured, stderr dropped.
+RunResult run_tessera(const std::string& args) {
+  const std::string cmd = std::string("'") + TESSERA_BINARY + "' " + args + " 2>/dev/null";
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure functions: no device needed.
+
+TEST(BenchProfile, KernelFamilyDropsTensorAndBlockNames) {
+  EXPECT_EQ(model::kernel_family("matvec.q4_0.norm blk.3.attn_q_a.weight"), "matvec.q4_0.norm");
+  EXPECT_EQ(model::kernel_family("matvec.q6_k output.weight"), "matvec.q6_k");
+  EXPECT_EQ(model::kernel_family("attention blk.3. partial"), "attention.partial");
+  EXPECT_EQ(model::kernel_family("attention blk.12. merge"), "attention.merge");
+  EXPECT_EQ(model::kernel_family("moe_gateup blk.1."), "moe_gateup");
+  EXPECT_EQ(model::kernel_family("absorb.q blk.0.attn_k_b"), "absorb.q");
+  EXPECT_EQ(model::kernel_family("sample"), "sample");
+  EXPECT_EQ(model::kernel_family(""), "unnamed");
+}
+
+TEST(BenchProfile, SummaryAddsUpAndSortsByTime) {
+  // Two tokens of four dispatches: two matvecs, one attention, one sample.
+  const std::vector<std::vector<vk::DispatchTiming>> steps = {
+      {{"matvec.q4_0 blk.0.a.weight", 1000, 10}, {"attention blk.0. partial", 200, 5},
+       {"matvec.q4_0 blk.1.a.weight", 3000, 30}, {"sample", 40, 1}},
+      {{"matvec.q4_0 blk.0.a.weight", 1000, 12}, {"attention blk.0. partial", 200, 7},
+       {"matvec.q4_0 blk.1.a.weight", 3000, 28}, {"sample", 40, 3}}};
+  const std::vector<double> wall = {60, 50, 55};
+  const model::TokenProfile p = model::summarize_profile(steps, wall, 100.0, 17);
+  EXPECT_EQ(p.depth, 17u);
+  EXPECT_EQ(p.tokens, 2);
+  EXPECT_EQ(p.dispatches, 4u);
+  EXPECT_EQ(p.bytes_per_token, 4240u);
+  EXPECT_DOUBLE_EQ(p.kernel_us, 48.0);  // median of 46 and 50
+  EXPECT_DOUBLE_EQ(p.token_us, 55.0);
+  EXPECT_DOUBLE_EQ(p.outside_us, 7.0);
+  EXPECT_NEAR(p.floor_us, 4240 / (100.0 * 1e3), 1e-12);
+  ASSERT_EQ(p.families.size(), 3u);
+  EXPECT_EQ(p.families[0].family, "matvec.q4_0");
+  EXPECT_EQ(p.families[0].calls_per_token, 2);
+  EXPECT_DOUBLE_EQ(p.families[0].us_per_token, 40.0);
+  EXPECT_DOUBLE_EQ(p.families[0].us_per_call, 20.0);  // median of 10, 30, 12, 28
+  EXPECT_DOUBLE_EQ(p.families[0].bytes_per_call, 2000.0);
+  EXPECT_NEAR(p.families[0].gbps, 8000.0 / (80.0 * 1e3), 1e-12);
+  EXPECT_EQ(p.families[1].family, "attention.partial");
+  EXPECT_EQ(p.families[2].family, "sample");
+  double share = 0;
+  for (const auto& f : p.families) share += f.share;
+  EXPECT_NEAR(share, 1.0, 0.05);
+
+  const std::string md = model::profile_markdown(p);
+  EXPECT_NE(md.find("| matvec.q4_0 | 2 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("outside kernels"), std::string::npos);
+  const std::vector<model::TokenProfile> ps = {p};
+  const std::string svg = model::profile_svg(ps, "a <title> & more");
+  EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.find("</svg>"), std::string::npos);
+  EXPECT_NE(svg.find("a &lt;title&gt; &amp; more"), std::string::npos);
+  EXPECT_NE(svg.find(">attention.partial<"), std::string::npos);
+  size_t rects = 0;
+  for (size_t at = svg.find("<rect"); at != std::string::npos; at = svg.find("<rect", at + 1)) ++rects;
+  EXPECT_EQ(rects, 1u + 3u);  // background + one bar per family
+}
+
+TEST(BenchProfile, MismatchedStepsAreRefused) {
+  const std::vector<std::vector<vk::DispatchTiming>> steps = {{{"a", 1, 1}, {"b", 1, 1}}, {{"a", 1, 1}}};
+  const std::vector<double> wall = {1};
+  EXPECT_THROW(model::summarize_profile(steps, wall, 1, 0), Error);
+  EXPECT_THROW(model::summarize_profile({}, wall, 1, 0), Error);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The command, end to end.
+
+TEST(BenchCli, JsonHasTheSchemaFields) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 3 -n 4 -d 0,5 -r 2 -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  EXPECT_EQ(j["tessera"]["version"].kind, Value::String);
+  EXPECT_FALSE(j["tessera"]["commit"].str.empty());
+  EXPECT_FALSE(j["device"]["name"].str.empty());
+  EXPECT_EQ(j["device"]["backend"].str, "vulkan");
+  EXPECT_EQ(j["model"]["composition"].str, "qk+vo");
+  EXPECT_NE(j["model"]["types"].str.find("q4_0"), std::string::npos);
+  EXPECT_GE(j["model"]["n_ctx"].num, 5 + 4);
+  EXPECT_GT(j["model"]["dispatches_per_token"].num, 0);
+  EXPECT_GT(j["model"]["barriers_per_token"].num, 0);
+  EXPECT_GT(j["model"]["weight_bytes_per_token"].num, 0);
+  const Value& res = j["results"];
+  ASSERT_EQ(res.kind, Value::Array);
+  ASSERT_EQ(res.arr.size(), 4u);  // pp3, tg4 at depths 0 and 5
+  const char* tests[] = {"pp3", "tg4", "pp3", "tg4"};
+  const double depths[] = {0, 0, 5, 5};
+  for (size_t i = 0; i < 4; ++i) {
+    const Value& t = res.arr[i];
+    EXPECT_EQ(t["test"].str, tests[i]);
+    EXPECT_EQ(t["kind"].str, i % 2 ? "decode" : "prefill");
+    EXPECT_EQ(t["depth"].num, depths[i]);
+    EXPECT_EQ(t["repetitions"].num, 2);
+    ASSERT_EQ(t["seconds"].arr.size(), 2u);
+    EXPECT_GT(t["tok_per_s_mean"].num, 0);
+    EXPECT_GE(t["tok_per_s_stddev"].num, 0);
+    EXPECT_GT(t["tok_per_s_median"].num, 0);
+    // The median of two runs' tok/s is their mean.
+    const double n = t["n_tokens"].num, s0 = t["seconds"].arr[0].num, s1 = t["seconds"].arr[1].num;
+    EXPECT_NEAR(t["tok_per_s_median"].num, 0.5 * (n / s0 + n / s1), 1e-6 * t["tok_per_s_median"].num);
+    EXPECT_NEAR(t["tok_per_s_mean"].num, 0.5 * (n / s0 + n / s1), 1e-6 * t["tok_per_s_mean"].num);
+  }
+  EXPECT_FALSE(j.has("profiles"));
+  EXPECT_FALSE(j.has("roofline"));
+}
+
+TEST(BenchCli, MarkdownAndCsvShapes) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult md = run_tessera("bench '" + tiny_tsr() + "' -p 2 -n 2 -r 1");
+  ASSERT_EQ(md.rc, 0) << md.out;
+  for (const char* s : {"device:", "tessera:", "model:", "types:", "mla:", "context:", "per token:",
+                        "| test | depth | reps |", "| pp2 | 0 | 1 |", "| tg2 | 0 | 1 |"})
+    EXPECT_NE(md.out.find(s), std::string::npos) << s << "\n" << md.out;
+  const RunResult csv = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2,3 -r 1 -o csv");
+  ASSERT_EQ(csv.rc, 0) << csv.out;
+  std::istringstream lines(csv.out);
+  std::string header, line;
+  std::getline(lines, header);
+  EXPECT_EQ(header.rfind("device,driver,backend,", 0), 0u);
+  const size_t columns = std::count(header.begin(), header.end(), ',');
+  int rows = 0;
+  while (std::getline(lines, line)) {
+    ++rows;
+    EXPECT_NE(line.find(rows == 1 ? ",tg2,decode,2,0,1," : ",tg3,decode,3,0,1,"), std::string::npos) << line;
+    EXPECT_GE(size_t(std::count(line.begin(), line.end(), ',')), columns);  // quoted fields may hold commas
+  }
+  EXPECT_EQ(rows, 2);
+}
+
+TEST(BenchCli, CpuReferenceRunsTheGguf) {
+  const RunResult r = run_tessera("bench '" + tiny_gguf() + "' -p 2 -n 2 -d 0,3 -r 1 --threads 2 -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  EXPECT_EQ(j["device"]["backend"].str, "cpu");
+  EXPECT_EQ(j["model"]["composition"].str, "none");
+  EXPECT_EQ(j["results"].arr.size(), 4u);
+  for (const Value& t : j["results"].arr) EXPECT_GT(t["tok_per_s_median"].num, 0);
+}
+
+TEST(BenchCli, UsageErrors) {
+  EXPECT_EQ(run_tessera("bench").rc, 1);                                          // no model, no --roofline
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --profile").rc, 1);          // CPU backend
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --backend vulkan").rc, 1);   // not a .tsr
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' -p 0 -n 0").rc, 1);         // nothing to run
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' -d 100000000 -n 1").rc, 1);  // beyond the context
+  EXPECT_EQ(run_tessera("bench /nonexistent/model.tsr").rc, 2);
+}
+
+TEST(BenchCli, RooflineRuns) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult r = run_tessera("bench --roofline --roofline-mib 8 -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  const Value& q = j["roofline"];
+  EXPECT_EQ(q["read_bytes"].num, 8 << 20);
+  EXPECT_GT(q["read_gbps"].num, 0);
+  EXPECT_GT(q["dispatches"].num, 0);
+  EXPECT_GE(q["dispatch_barrier_us"].num, 0);
+  EXPECT_GE(q["dispatch_us"].num, 0);
+  EXPECT_GT(q["submit_us"].num, 0);
+  EXPECT_TRUE(j["results"].arr.empty());
+  const RunResult md = run_tessera("bench --roofline --roofline-mib 8");
+  ASSERT_EQ(md.rc, 0);
+  EXPECT_NE(md.out.find("read bandwidth, 16-byte loads"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
+}
+
+// The profiler's per-kernel times add up to the measured token time (within 10 %), and the
+// profile lands in the SVG. Host-clock times on a loaded CPU device are noisy (a late thread
+// wake-up adds milliseconds outside the kernels), so up to 3 attempts may be made: a profiler that
+// misses or double-counts dispatches fails every one.
+TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const fs::path svg = temp_dir() / "profile.svg";
+  Value j;
+  std::string why;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 4 -d 0,6 -r 5 --roofline-mib 8 -o json --profile-out '" +
+                                    svg.string() + "'");
+    ASSERT_EQ(r.rc, 0) << r.out;
+    j = testjson::parse(r.out);
+    why.clear();
+    for (const Value& p : j["profiles"].arr) {
+      const double kernel = p["kernel_us"].num, token = p["token_us"].num;
+      if (!(std::fabs(kernel - token) <= 0.10 * token))
+        why += cat("depth ", p["depth"].num, ": kernels ", kernel, " µs, token ", token, " µs\n");
+    }
+    if (why.empty()) break;
+  }
+  EXPECT_TRUE(why.empty()) << "per-kernel times do not add up to the token time in 3 attempts:\n" << why;
+  const Value& profiles = j["profiles"];
+  ASSERT_EQ(profiles.arr.size(), 2u);
+  for (const Value& p : profiles.arr) {
+    const double kernel = p["kernel_us"].num, token = p["token_us"].num;
+    EXPECT_EQ(p["dispatches"].num, j["model"]["dispatches_per_token"].num);
+    EXPECT_GT(kernel, 0);
+    EXPECT_NEAR(p["outside_us"].num, token - kernel, 1e-6 * token);
+    EXPECT_GT(p["floor_us"].num, 0);
+    EXPECT_GT(p["read_gbps"].num, 0);
+    double per_token = 0, share = 0, calls = 0;
+    for (const Value& k : p["kernels"].arr) {
+      per_token += k["us_per_token"].num;
+      share += k["share"].num;
+      calls += k["calls_per_token"].num;
+      EXPECT_FALSE(k["kernel"].str.empty());
+    }
+    EXPECT_EQ(calls, p["dispatches"].num);
+    EXPECT_NEAR(per_token, kernel, 0.10 * kernel);
+    EXPECT_NEAR(share, 1.0, 0.10);
+  }
+  const std::string text = read_text(svg);
+  EXPECT_EQ(text.rfind("<svg", 0), 0u);
+  EXPECT_NE(text.find("depth 6"), std::string::npos);
+  EXPECT_NE(text.find("attention"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -13,13 +13,11 @@
 #include <string>
 
 #include "app/cli.h"
+#include "app/open_model.h"
 #include "format/error.h"
 #include "runtime/cpu/forward.h"
 #include "runtime/cpu/generate.h"
-#include "runtime/cpu/tsr_weights.h"
 #include "runtime/cpu/weight_source.h"
-#include "runtime/model/gpu_model.h"
-#include "runtime/vulkan/context.h"
 #include "runtime/text/chat_template.h"
 #include "runtime/text/sampler.h"
 #include "runtime/text/tokenizer.h"
@@ -108,41 +106,19 @@ Action setup(CLI::App& sub, const Globals& globals) {
   return [a, &globals]() -> int {
     if (a->prompt.empty() && a->prompt_file.empty() && a->tokens.empty())
       usage_error("run: give a prompt with -p TEXT, -f FILE or --tokens ID,ID,...");
-    const std::unique_ptr<WeightSource> weights = open_weights(a->model);
-    const Metadata& md = weights->metadata();
+    text::SamplerParams sp = a->sampling;
+    sp.seed = a->seed ? *a->seed : std::random_device{}();
+    const AttentionPath path = a->attention == "expanded" ? AttentionPath::Expanded : AttentionPath::Absorbed;
+    OpenModel om = open_model({.path = a->model, .backend = a->backend, .device = a->device, .n_ctx = a->ctx,
+                               .threads = globals.thread_count(), .attention = path, .sampling = sp,
+                               .verbose = globals.verbose});
+    LanguageModel* model = om.model.get();
+    const std::string& backend = om.backend;
+    const Metadata& md = om.weights->metadata();
     const bool need_tokenizer = a->tokens.empty() || a->n_predict > 0;
     std::optional<text::Tokenizer> tok;
     if (need_tokenizer) tok.emplace(text::Tokenizer::from_metadata(md));
     const std::vector<int32_t> prompt = prompt_tokens(*a, md, tok ? &*tok : nullptr);
-
-    text::SamplerParams sp = a->sampling;
-    sp.seed = a->seed ? *a->seed : std::random_device{}();
-    const auto* packed_weights = dynamic_cast<const TsrWeights*>(weights.get());
-    const bool packed = packed_weights != nullptr;
-    const std::string backend = a->backend == "auto" ? (packed ? "vulkan" : "cpu") : a->backend;
-    const AttentionPath path = a->attention == "expanded" ? AttentionPath::Expanded : AttentionPath::Absorbed;
-    std::unique_ptr<vk::Context> vkctx;  // outlives the model that uses it
-    std::unique_ptr<LanguageModel> model;
-    if (backend == "vulkan") {
-      if (!packed)
-        usage_error(a->model, ": the Vulkan backend runs packed .tsr files; convert it first (tessera convert ",
-                    a->model, " -o MODEL.tsr) or use --backend cpu");
-      vkctx = std::make_unique<vk::Context>([&] { vk::ContextOptions o; o.device = a->device; return o; }());
-      model::GpuModelOptions mo;
-      mo.n_ctx = uint32_t(a->ctx);
-      mo.sampling = {.temperature = sp.temperature, .top_k = sp.top_k, .top_p = sp.top_p, .min_p = sp.min_p, .seed = sp.seed};
-      // The GPU sampler has no repetition penalties: with penalties the host samples.
-      mo.device_sampling = sp.repeat_penalty == 1.f && sp.presence_penalty == 0.f && sp.frequency_penalty == 0.f;
-      mo.progress = stderr_is_tty();
-      auto gm = std::make_unique<model::GpuModel>(*vkctx, packed_weights->file(), mo);
-      if (globals.verbose)
-        std::fprintf(stderr, "tessera run: %s on %s: %u dispatches and %u barriers per token (%u layers)\n",
-                     a->model.c_str(), vkctx->info().name.c_str(), gm->stats().dispatches, gm->stats().barriers,
-                     gm->stats().layers);
-      model = std::move(gm);
-    } else {
-      model = std::make_unique<CpuModel>(*weights, a->ctx, globals.thread_count(), path);
-    }
     if (tok && uint32_t(tok->n_vocab()) > model->n_vocab())
       bad_input(a->model, ": the tokenizer has ", tok->n_vocab(), " tokens but the model's vocabulary is ",
                 model->n_vocab());

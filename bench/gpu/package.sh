@@ -3,7 +3,7 @@
 # dynamically) and puts everything the GPU machine needs into dist/ (git-ignored):
 #   dist/tessera            the binary
 #   dist/run.sh             the one-call benchmark (bench/gpu/run.sh)
-#   dist/debs/*.deb         Debian's libvulkan1 (the GPU machine has no Vulkan loader)
+#   dist/debs/*.deb         Debian's libvulkan1 + GL/EGL libraries (the GPU machine has no Vulkan loader)
 # Ship it with the device tool: carry ["dist"], command "bash dist/run.sh".
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,13 +13,13 @@ rm -rf dist && mkdir -p dist/debs
 cp build-portable/tessera dist/
 strip dist/tessera
 cp bench/gpu/run.sh dist/run.sh
-if ! ls .gl/libvulkan1_*.deb >/dev/null 2>&1; then
+if ! ls .gl/libvulkan1_*.deb .gl/libegl1_*.deb >/dev/null 2>&1; then
   mkdir -p .gl /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update >/dev/null
-  (cd .gl && apt-get $o download libvulkan1)
+  (cd .gl && apt-get $o download libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2)
 fi
-cp .gl/libvulkan1_*.deb dist/debs/
+cp .gl/*.deb dist/debs/  # libvulkan1 + the GL/EGL libraries the NVIDIA driver loads
 echo "dynamic dependencies of dist/tessera:"
 ldd dist/tessera | sed 's/^/  /'
 du -sh dist

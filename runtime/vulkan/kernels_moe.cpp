@@ -365,7 +365,8 @@ void check_dense_matrix(const MatrixRef& m, const char* which, const std::string
 }  // namespace
 
 uint64_t DenseGateUpOp::bytes() const {
-  return gate.read_bytes() + up.read_bytes() + uint64_t(gate.cols) * 8 + uint64_t(gate.rows) * 4;
+  const uint64_t in = norm_weight.buffer != VK_NULL_HANDLE ? 8 : 4;
+  return gate.read_bytes() + up.read_bytes() + uint64_t(gate.cols) * in + uint64_t(gate.rows) * 4;
 }
 
 void DenseGateUpOp::record(CommandRecorder& rec) const {
@@ -380,7 +381,8 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                   " ", up.rows, "x", up.cols, ") must have one type, shape and buffer");
   if (gate.cols % 4 != 0) runtime_error(what, ": n_embd ", gate.cols, " must be a multiple of 4");
   need(x, uint64_t(gate.cols) * 4, what, "x");
-  need(norm_weight, uint64_t(gate.cols) * 4, what, "norm_weight");
+  const bool norm = norm_weight.buffer != VK_NULL_HANDLE;
+  if (norm) need(norm_weight, uint64_t(gate.cols) * 4, what, "norm_weight");
   need(h, uint64_t(gate.rows) * 4, what, "h");
 
   // One binding over both matrices, starting at the first one.
@@ -402,13 +404,13 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
-  a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | TS_MOE_NORM_INPUT;
+  a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
   a.norm_eps = eps;
   a.h_stride = (gate.rows + 3) / 4 * 4;
   a.w_shared = gate.rows;
   a.shared_offset = uint32_t(gate_at);
   a.shared_up_offset = uint32_t(up_at);
-  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm_weight, x, x, h, h};
+  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, x, h, h};
   const GroupCounts gc = split_workgroups((gate.rows + t.gateup_teams - 1) / t.gateup_teams, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
 }

@@ -142,12 +142,14 @@ struct MoeDownOp {
   void record(CommandRecorder& rec) const;
 };
 
-// Dense FFN gate-up: h[i] = silu(gate_i . xn) * (up_i . xn), xn = RMSNorm(x; norm_weight), i < F.
+// Dense FFN gate-up: h[i] = silu(gate_i . xn) * (up_i . xn), i < F, with xn = RMSNorm(x; norm_weight)
+// computed by every workgroup, or xn = x when norm_weight is empty (x already normalized, e.g. by
+// RmsNormOp: on an H200 that is faster than the fused norm, see kernels_moe.h header).
 struct DenseGateUpOp {
   MatrixRef gate, up;       // ffn_gate, ffn_up [F][n_embd], same type and layout, same buffer;
                             // the span covering both must fit one binding
   BufferSlice x;            // f32 [n_embd]
-  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
+  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm, or empty (x is the normalized input)
   float eps = 1e-6f;
   BufferSlice h;            // f32 [F] (out)
   std::string label;        // empty = "dense_gateup.<type>"

@@ -160,7 +160,12 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, vk::MoeTuning tuning = {}) 
           dg.x = x.whole();
           dg.norm_weight = norm.whole();
           dg.h = h.whole();
-          dg.label = "dense_gateup";
+          dg.label = "dense_gateup (norm fused)";
+          dg.record(rec);
+          rec.barrier();
+          dg.x = h2.whole();
+          dg.norm_weight = {};
+          dg.label = "dense_gateup (input h2)";
           dg.record(rec);
           rec.barrier();
           vk::DenseDownOp dd;

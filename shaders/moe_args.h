@@ -19,38 +19,51 @@ using uint = uint32_t;
 #define TS_ROUTE_MAX_E 256u
 #define TS_ROUTE_MAX_K 16u
 
-// router.comp: h2 = RMSNorm(x; norm_w, eps) (n_embd values), logits[e] = W[e] . h2 (e < n_expert);
-// workgroup 0 also writes h2 to its own buffer (moe_gateup reads it instead of re-normalizing).
+// RouterArgs.flags bits.
+#define TS_ROUTER_LOGITS 1u       // compute logits = W . RMSNorm(x) (else they are an input)
+#define TS_ROUTER_EXPERT_BIAS 2u  // routing: selection score = probs + bias (exp_probs_b)
+#define TS_ROUTER_NORM_WEIGHTS 4u // routing: weights /= max(sum of chosen weights, 6.103515625e-5)
+#define TS_ROUTER_ROUTE 8u        // compute the routing into the route buffer (else logits only)
+
+// router.comp, one dispatch:
+//   with TS_ROUTER_LOGITS (one workgroup per expert): h2 = RMSNorm(x; norm_w, eps),
+//     logits[e] = W[e] . h2; workgroup 0 also writes h2 (the gate-up reads it);
+//   with TS_ROUTER_ROUTE, the last workgroup to finish (arrival counter route[2*n_used]) computes
+//     the routing (routing.glsl) from the logits and writes route[2k] = expert, route[2k+1] =
+//     weight bits, k < n_used, best first, and resets the counter. Without TS_ROUTER_LOGITS: one
+//     workgroup, routing only (logits given).
 struct RouterArgs {
   uint n_embd;
   uint n_expert;
   float eps;
+  uint n_used;          // K
+  uint gating;          // TS_GATING_*
+  uint flags;           // TS_ROUTER_*
+  float weights_scale;  // routing weights scale, applied unless 0 or 1
   uint pad0;
 };
 
 // MoeArgs.flags bits.
-#define TS_MOE_EXPERT_BIAS 1u     // routing: selection score = probs + bias (exp_probs_b)
-#define TS_MOE_NORM_WEIGHTS 2u    // routing: weights /= max(sum of chosen weights, 6.103515625e-5)
 #define TS_MOE_ROUTED 4u          // this dispatch does the routed slots 0..n_used-1
 #define TS_MOE_SHARED 8u          // this dispatch does the shared slot (slot n_used of h)
-#define TS_MOE_WRITE_ROUTE 16u    // gate-up: workgroup 0 writes (id, weight bits) pairs to route_out
 #define TS_MOE_NORM_INPUT 32u     // gate-up: input = RMSNorm(x; norm_w, norm_eps) (dense FFN)
 #define TS_MOE_SEPARATE_GATE_UP 64u  // gate-up, shared slot: gate and up are two matrices at
                                      // shared_offset / shared_up_offset (dense FFN), not interleaved
+#define TS_MOE_ROUTE_RECOMPUTE 128u  // every workgroup computes the routing itself (routing.glsl)
+                                     // from logits + bias, instead of reading the route buffer
 
 // moe_gateup.comp and moe_down.comp (the weight binding holds a MOE_TILE1 tile, a range of its
 // slots, or a dense FFN's matrices; every offset is in bytes from the binding's first byte).
 //   gate-up: h[s*h_stride + i] = silu(gate_i . in) * (up_i . in), i < width(s)
 //   down:    x[r] += sum_{k<n_used} w_k (down_{e_k} row r . h[k]) + (shared down row r . h[n_used])
-// Routed slot k uses expert e_k (routing.glsl) and is skipped unless expert_lo <= e_k < expert_hi;
-// expert e's part starts at (e - expert_lo) * slot_stride + routed_offset.
+// Routed slot k uses expert e_k = route[2k] with weight w_k = route[2k+1] (written by router.comp),
+// or with TS_MOE_ROUTE_RECOMPUTE the routing of the logits computed by the workgroup; it is
+// skipped unless expert_lo <= e_k < expert_hi; expert e's part starts at
+// (e - expert_lo) * slot_stride + routed_offset.
 struct MoeArgs {
   uint n_embd;            // model width: gate/up row length, down rows
-  uint n_expert;          // E: router logits (routed dispatches)
   uint n_used;            // K: routed slots; the shared slot is slot K of h
-  uint gating;            // TS_GATING_*
   uint flags;             // TS_MOE_*
-  float weights_scale;    // routing weights scale, applied unless 0 or 1
   float norm_eps;         // TS_MOE_NORM_INPUT
   uint h_stride;          // floats between slots of h (multiple of 4)
   uint w_routed;          // routed slot width (n_ff_exp)
@@ -62,7 +75,11 @@ struct MoeArgs {
   uint shared_offset;     // shared part (gate-up: gateup matrix, or the dense gate matrix; down: down matrix)
   uint shared_up_offset;  // TS_MOE_SEPARATE_GATE_UP: the dense up matrix
   uint groups_routed;     // gate-up: workgroups per routed slot (then groups for the shared slot)
-  uint pad0, pad1, pad2;
+  uint n_expert;          // TS_MOE_ROUTE_RECOMPUTE: logits, and the routing's gating, flags
+  uint gating;            //   (TS_ROUTER_EXPERT_BIAS, TS_ROUTER_NORM_WEIGHTS) and weights scale
+  uint route_flags;
+  float weights_scale;
+  uint pad0, pad1;
 };
 
 // sample.comp flags.

@@ -5,8 +5,8 @@
 // The routed terms come only with TS_MOE_ROUTED (and only for experts e_k in
 // [expert_lo, expert_hi), the slots bound to this dispatch), the shared term only with
 // TS_MOE_SHARED. The dense FFN is the shared-only case (n_used = 0, its down matrix at
-// shared_offset). Routing is recomputed per workgroup (routing.glsl, same code as the gate-up).
-// Arguments: MoeArgs (moe_args.h). Wrapper: MoeFfnOp / DenseFfnOp (runtime/vulkan/kernels_moe.h).
+// shared_offset). Expert e_k = route[2k] and weight w_k = route[2k+1] come from router.comp.
+// Arguments: MoeArgs (moe_args.h). Wrappers: MoeDownOp, DenseDownOp (runtime/vulkan/kernels_moe.h).
 //
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
 // per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
@@ -14,7 +14,8 @@
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
-// Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = router logits, 4 = expert bias.
+// Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
+// 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -28,12 +29,18 @@ layout(local_size_x = WG_SIZE) in;
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
 layout(std430, binding = 2) restrict buffer XBuf { float x[]; };
-layout(std430, binding = 3) readonly restrict buffer LogitBuf { float route_logits[]; };
-layout(std430, binding = 4) readonly restrict buffer BiasBuf { float route_bias[]; };
+layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
+layout(std430, binding = 4) readonly restrict buffer LogitBuf { float route_logits[]; };
+layout(std430, binding = 5) readonly restrict buffer BiasBuf { float route_bias[]; };
 
 layout(push_constant) uniform Push { MoeArgs args; };
 
 #include "routing.glsl"
+
+bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
+// Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
+uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
+float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }
 
 // A matrix of n_embd rows x `cols` starting at byte `base` of the weight binding, its input at
 // float `hoff` of h.
@@ -109,9 +116,9 @@ float row_dot(Mat m, uint r, uint lane, uint nlanes) {
 bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
   weight = 1.0;
   if (s < n_routed) {
-    const uint e = route_expert(s);
+    const uint e = slot_expert(s);
     if (e < args.expert_lo || e >= args.expert_hi) return false;
-    weight = route_weight(s);
+    weight = slot_weight(s);
     m = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, args.w_routed, s * args.h_stride);
   } else {
     m = mat_at(args.shared_offset, args.w_shared, args.n_used * args.h_stride);
@@ -127,7 +134,8 @@ shared float row_partial[WG_SIZE];
 
 void main() {
   const bool routed = (args.flags & TS_MOE_ROUTED) != 0u;
-  if (routed) route_compute(args.n_expert, args.n_used, args.gating, args.flags, args.weights_scale);
+  if (routed && recompute_route())
+    route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
   const uint n_routed = routed ? args.n_used : 0u;
   const uint n_slots = n_routed + ((args.flags & TS_MOE_SHARED) != 0u ? 1u : 0u);  // <= TEAMS
 

@@ -1,14 +1,14 @@
 #version 450
 // MoE gate-up (decode_plan.md D9): for each slot s handled by this dispatch and each row i of
 // its width, h[s*h_stride + i] = silu(gate_i . in) * (up_i . in).
-//   routed slot k < n_used: expert e_k from routing.glsl (recomputed by the workgroup), its
-//     gate-up matrix (2w rows x n_embd, row 2i gate i, row 2i+1 up i) in a MOE_TILE1 slot;
+//   routed slot k < n_used: expert e_k = route[2k] (written by router.comp), its gate-up matrix
+//     (2w rows x n_embd, row 2i gate i, row 2i+1 up i) in a MOE_TILE1 slot;
 //   shared slot (h slot n_used): the tile's shared gate-up matrix, or (TS_MOE_SEPARATE_GATE_UP,
 //     the dense FFN) separate gate and up matrices of w_shared rows each.
 //   in = the h2 buffer (RMSNorm(x; ffn_norm) written by the router), or with TS_MOE_NORM_INPUT
 //     RMSNorm(x; norm_w) computed here (dense layers have no router).
 // One pass reads a gate row and its up row together (one input load serves both).
-// Arguments: MoeArgs (moe_args.h). Wrapper: MoeFfnOp / DenseFfnOp (runtime/vulkan/kernels_moe.h).
+// Arguments: MoeArgs (moe_args.h). Wrappers: MoeGateUpOp, DenseGateUpOp (runtime/vulkan/kernels_moe.h).
 //
 // Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
 // OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
@@ -19,8 +19,8 @@
 // OUT_PER_WG = subgroups per workgroup, each subgroup computes one output: many small
 // independent dot products keep enough loads in flight to stream the weights.
 // Bindings: 0 = weights (tile / slot range / dense span; regions Q and M), 1 = in (h2 or x),
-// 2 = norm weight (TS_MOE_NORM_INPUT), 3 = router logits, 4 = expert bias, 5 = h (out),
-// 6 = route_out (uint pairs (expert, weight bits), TS_MOE_WRITE_ROUTE).
+// 2 = norm weight (TS_MOE_NORM_INPUT), 3 = route (uint pairs (expert, weight bits)), 4 = h (out),
+// 5 = router logits, 6 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -35,14 +35,19 @@ layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
 layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf { float nw[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
-layout(std430, binding = 3) readonly restrict buffer LogitBuf { float route_logits[]; };
-layout(std430, binding = 4) readonly restrict buffer BiasBuf { float route_bias[]; };
-layout(std430, binding = 5) writeonly restrict buffer HBuf { float h[]; };
-layout(std430, binding = 6) writeonly restrict buffer RouteBuf { uint route_out[]; };
+layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
+layout(std430, binding = 5) readonly restrict buffer LogitBuf { float route_logits[]; };
+layout(std430, binding = 6) readonly restrict buffer BiasBuf { float route_bias[]; };
+layout(std430, binding = 4) writeonly restrict buffer HBuf { float h[]; };
 
 layout(push_constant) uniform Push { MoeArgs args; };
 
 #include "routing.glsl"
+
+bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
+// Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
+uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
+float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }
 
 bool norm_input() { return (args.flags & TS_MOE_NORM_INPUT) != 0u; }
 
@@ -139,7 +144,7 @@ void main() {
   float scale = 1.0;
   if (norm_input()) {
     float ss = 0.0;
-    for (uint k = gl_LocalInvocationIndex; k < args.n_embd; k += WG_SIZE) ss += in_v[k] * in_v[k];
+    for (uint k = gl_LocalInvocationIndex; k < args.n_embd / 4u; k += WG_SIZE) ss += dot(in4[k], in4[k]);
     scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
   }
 
@@ -163,13 +168,8 @@ void main() {
   Mat gmat, umat;
   uint gate_mul, up_add;  // gate row = gate_mul * i, up row = gate_mul * i + up_add
   if (routed) {
-    route_compute(args.n_expert, args.n_used, args.gating, args.flags, args.weights_scale);
-    if (wg == 0u && (args.flags & TS_MOE_WRITE_ROUTE) != 0u && gl_LocalInvocationIndex < args.n_used) {
-      const uint k = gl_LocalInvocationIndex;
-      route_out[2u * k] = route_expert(k);
-      route_out[2u * k + 1u] = floatBitsToUint(route_weight(k));
-    }
-    const uint e = route_expert(slot);
+    if (recompute_route()) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
+    const uint e = slot_expert(slot);
     if (e < args.expert_lo || e >= args.expert_hi) return;  // this expert's slot is bound elsewhere
     gmat = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, 2u * width);
     umat = gmat;

@@ -1,11 +1,13 @@
-// MoE routing of one token (forward.md section 5.2 steps 2-7) from the E router logits.
-// moe_gateup.comp and moe_down.comp run this same code in every workgroup that needs it (E is
-// small), so there is no separate top-k dispatch and both kernels agree.
+// MoE routing of one token (forward.md section 5.2 steps 2-7) from the E router logits, run by
+// the last workgroup of the router dispatch (router.comp), so there is no separate top-k
+// dispatch and the expert kernels only read the K (expert, weight) pairs it writes. The expert
+// kernels can also run it themselves in every workgroup (TS_MOE_ROUTE_RECOMPUTE): measured on an
+// H200 that prologue costs about 5 us per expert kernel, more than the routing done once.
 //
 //   probs  = sigmoid(logits) or softmax(logits)              (gating)
-//   score  = probs + bias (TS_MOE_EXPERT_BIAS), NaN -> -inf   (bias steers the choice only)
+//   score  = probs + bias (TS_ROUTER_EXPERT_BIAS), NaN -> -inf   (bias steers the choice only)
 //   ids    = top-K by score, best first, ties -> lower expert index
-//   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_MOE_NORM_WEIGHTS);
+//   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_ROUTER_NORM_WEIGHTS);
 //            * scale when scale is not 0 or 1
 //
 // With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of subgroup
@@ -14,7 +16,7 @@
 // whole workgroup computes it through shared memory (ranks of every expert).
 //
 // The including kernel defines WG_SIZE and declares the float buffers `route_logits[]` and
-// `route_bias[]` (bias read only with TS_MOE_EXPERT_BIAS) before #include "routing.glsl".
+// `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl".
 // route_compute() must be reached by all invocations (uniform control flow: barriers).
 #ifndef TESSERA_ROUTING_GLSL
 #define TESSERA_ROUTING_GLSL
@@ -26,13 +28,13 @@ shared float rt_w[TS_ROUTE_MAX_K];  // their final weights
 
 // Selection score of expert e with probability p (NaN -> -inf).
 float route_score(uint e, float p, uint flags) {
-  const float s = (flags & TS_MOE_EXPERT_BIAS) != 0u ? p + route_bias[e] : p;
+  const float s = (flags & TS_ROUTER_EXPERT_BIAS) != 0u ? p + route_bias[e] : p;
   return isnan(s) ? uintBitsToFloat(0xFF800000u) : s;
 }
 
 // Normalization and scale of the weights (same arithmetic in both paths).
 float route_factor(float sum, uint flags, float scale) {
-  float f = (flags & TS_MOE_NORM_WEIGHTS) != 0u ? 1.0 / max(sum, 6.103515625e-5) : 1.0;
+  float f = (flags & TS_ROUTER_NORM_WEIGHTS) != 0u ? 1.0 / max(sum, 6.103515625e-5) : 1.0;
   if (scale != 0.0 && scale != 1.0) f *= scale;
   return f;
 }

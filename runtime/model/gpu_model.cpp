@@ -41,7 +41,7 @@ struct GpuModel::Weights {
   std::map<std::string, Loc, std::less<>> loc;
 
   // activations (f32) and state
-  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, h, hdense, logits, partials, sample_scratch;
+  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
 
@@ -90,6 +90,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   // Zero the sampler's scratch once (its arrival counter must start at 0).
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
+  rec_->fill(w_->route.whole(), 0);  // the router's arrival counter
   rec_->end();
   rec_->run();
   rec_->begin();
@@ -153,6 +154,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.o, "o", H * c.n_v * 4},
       {&w.router_logits, "router logits", std::max<uint64_t>(c.n_expert, 4) * 4},
       {&w.h2, "h2", c.n_embd * 4ull},
+      {&w.route, "route", (2ull * std::max<uint32_t>(c.n_expert_used, 1) + 1) * 4},
       {&w.h, "moe h", moe_h * 4},
       {&w.hdense, "dense h", std::max<uint64_t>(c.n_ff, 4) * 4},
       {&w.logits, "logits", uint64_t(c.n_vocab) * 4},
@@ -301,13 +303,17 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes() + dd.down.read_bytes();
       continue;
     }
+    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
     vk::RouterOp router;
     router.w = w.matrix(L + "ffn_gate_inp.weight");
     router.x = w.x.whole();
     router.norm_weight = ffn_norm;
     router.eps = c.eps;
+    router.routing = routing;
+    router.bias = bias;
     router.logits = w.router_logits.whole();
     router.h2 = w.h2.whole();
+    router.route = w.route.whole();
     router.label = "router " + L;
     router.record(rec);
     rec.barrier();
@@ -316,23 +322,20 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (tile.tensor->layout != TsrLayout::MoeTile1)
       bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
     const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
-    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
     vk::MoeGateUpOp gu;
     gu.tile = tref;
-    gu.routing = routing;
+    gu.n_used = c.n_expert_used;
     gu.h2 = w.h2.whole();
-    gu.logits = w.router_logits.whole();
-    gu.bias = bias;
+    gu.route = w.route.whole();
     gu.h = w.h.whole();
     gu.label = "moe_gateup " + L;
     gu.record(rec);
     rec.barrier();
     vk::MoeDownOp down;
     down.tile = tref;
-    down.routing = routing;
+    down.n_used = c.n_expert_used;
     down.h = w.h.whole();
-    down.logits = w.router_logits.whole();
-    down.bias = bias;
+    down.route = w.route.whole();
     down.x = w.x.whole();
     down.label = "moe_down " + L;
     down.record(rec);

@@ -73,7 +73,7 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
   return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
                     vec8, slots, t.unroll, {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}},
-                    5);
+                    6);
 }
 
 void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
@@ -165,14 +165,10 @@ std::vector<TilePart> tile_parts(const MoeTileRef& t, bool down, uint64_t limit,
   return parts;
 }
 
-gpu::MoeArgs base_args(const MoeTileGeometry& g, const MoeRouting& r, bool has_bias) {
+gpu::MoeArgs base_args(const MoeTileGeometry& g, uint32_t n_used) {
   gpu::MoeArgs a{};
   a.n_embd = uint32_t(g.n_embd);
-  a.n_expert = g.n_expert;
-  a.n_used = r.n_used;
-  a.gating = uint32_t(r.gating);
-  a.flags = (has_bias ? TS_MOE_EXPERT_BIAS : 0u) | (r.norm_weights ? TS_MOE_NORM_WEIGHTS : 0u);
-  a.weights_scale = r.weights_scale;
+  a.n_used = n_used;
   a.h_stride = moe_h_stride(g);
   a.w_routed = uint32_t(g.w_routed);
   a.w_shared = uint32_t(g.w_shared);
@@ -188,16 +184,79 @@ void set_part(gpu::MoeArgs& a, const TilePart& p) {
   a.shared_offset = uint32_t(p.shared_offset);
 }
 
-// Checks shared by the gate-up and the down of a tile; returns the bias binding to use.
-BufferSlice check_moe_common(const MoeTileRef& tile, const MoeRouting& routing, const BufferSlice& logits,
-                             const BufferSlice& bias, const std::string& what) {
+// How the expert kernels get the routing: the route buffer, or computed per workgroup.
+struct RouteSource {
+  uint32_t n_used;
+  bool recompute, has_bias;
+  BufferSlice route, logits, bias;  // bindings (unused ones point at a valid buffer)
+};
+
+// Checks shared by the gate-up and the down of a tile; resolves where the routing comes from.
+RouteSource check_moe_common(const MoeTileRef& tile, uint32_t n_used, const BufferSlice& route, const MoeRouting& routing,
+                             const BufferSlice& logits, const BufferSlice& bias, const std::string& what) {
   const MoeTileGeometry& g = tile.geometry;
-  check_routing(routing, g.n_expert, what);
+  RouteSource src{n_used ? n_used : routing.n_used, route.buffer == VK_NULL_HANDLE, bias.buffer != VK_NULL_HANDLE,
+                  route, logits, bias};
+  if (src.n_used == 0 || src.n_used > g.n_expert || src.n_used > TS_ROUTE_MAX_K)
+    runtime_error(what, ": ", src.n_used, " experts used of ", g.n_expert, "; expected 1..",
+                  std::min(g.n_expert, TS_ROUTE_MAX_K));
   if (g.n_embd % 4 != 0 || g.n_embd > 0xFFFFFFu) runtime_error(what, ": n_embd ", g.n_embd, " must be a multiple of 4");
   if (g.total_bytes >= (uint64_t(1) << 32)) runtime_error(what, ": tile of ", g.total_bytes, " bytes exceeds 4 GiB");
-  need(logits, uint64_t(g.n_expert) * 4, what, "logits");
-  if (bias.buffer != VK_NULL_HANDLE) need(bias, uint64_t(g.n_expert) * 4, what, "bias");
-  return bias.buffer != VK_NULL_HANDLE ? bias : logits;
+  if (src.recompute) {
+    if (routing.n_used != src.n_used)
+      runtime_error(what, ": n_used ", src.n_used, " differs from routing.n_used ", routing.n_used);
+    check_routing(routing, g.n_expert, what);
+    need(logits, uint64_t(g.n_expert) * 4, what, "logits (no route buffer given)");
+    if (bias.buffer != VK_NULL_HANDLE) need(bias, uint64_t(g.n_expert) * 4, what, "bias");
+    src.route = logits;
+  } else {
+    need(route, uint64_t(src.n_used) * 8, what, "route");
+    src.logits = route;
+  }
+  if (!src.recompute || !src.has_bias) src.bias = src.logits;
+  return src;
+}
+
+void set_routing(gpu::MoeArgs& a, const RouteSource& src, const MoeRouting& r, const MoeTileGeometry& g) {
+  if (!src.recompute) return;
+  a.flags |= TS_MOE_ROUTE_RECOMPUTE;
+  a.n_expert = g.n_expert;
+  a.gating = uint32_t(r.gating);
+  a.route_flags = (src.has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) | (r.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
+  a.weights_scale = r.weights_scale;
+}
+
+// The router / route dispatch shared by RouterOp and RouteOp.
+// w: the router matrix (logits computed), or null (logits given). routing: null = logits only.
+void record_router(CommandRecorder& rec, const MatrixRef* w, uint32_t n_expert, uint32_t n_embd, const MoeRouting* routing,
+                   float eps, const BufferSlice bufs[7], bool has_bias, const std::string& name, const std::string& what,
+                   uint64_t bytes) {
+  Context& ctx = rec.context();
+  const MoeRouting r = routing ? *routing : MoeRouting{};
+  if (routing) check_routing(r, n_expert, what);
+  else if (n_expert == 0 || n_expert > TS_ROUTE_MAX_E)
+    runtime_error(what, ": ", n_expert, " experts; the router handles 1..", TS_ROUTE_MAX_E);
+  const GgmlType type = w ? w->type : GgmlType::F32;
+  const bool vec4 = w && type == GgmlType::F32 && n_embd % 4 == 0;
+  PipelineDesc desc;
+  desc.name = name;
+  desc.file = "router.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
+                  {"WG_SIZE", std::to_string(kRouterWgSize)},
+                  {"VEC4", vec4 ? "1" : "0"}};
+  desc.num_buffers = 7;
+  desc.push_bytes = sizeof(gpu::RouterArgs);
+  const Pipeline& pipe = ctx.pipelines().get(desc);
+  gpu::RouterArgs a{};
+  a.n_embd = n_embd;
+  a.n_expert = n_expert;
+  a.eps = eps;
+  a.n_used = r.n_used;
+  a.gating = uint32_t(r.gating);
+  a.flags = (w ? TS_ROUTER_LOGITS : 0u) | (routing ? TS_ROUTER_ROUTE : 0u) | (has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) |
+            (r.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
+  a.weights_scale = r.weights_scale;
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, w ? n_expert : 1, 1, 1, what, bytes);
 }
 
 }  // namespace
@@ -218,7 +277,9 @@ uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used) {
 // RouterOp
 
 uint64_t RouterOp::bytes() const {
-  return w.read_bytes() + uint64_t(w.cols) * 4 * 3 + uint64_t(w.rows) * 4;
+  if (route.buffer == VK_NULL_HANDLE) return w.read_bytes() + uint64_t(w.cols) * 4 * 3 + uint64_t(w.rows) * 4;
+  return w.read_bytes() + uint64_t(w.cols) * 4 * 3 + uint64_t(w.rows) * 4 * (bias.buffer != VK_NULL_HANDLE ? 3 : 2) +
+         moe_route_bytes(routing.n_used);
 }
 
 void RouterOp::record(CommandRecorder& rec) const {
@@ -227,33 +288,35 @@ void RouterOp::record(CommandRecorder& rec) const {
   const std::string what = label.empty() ? name : label;
   w.validate(what.c_str());
   if (w.layout != WeightLayout::Plain) runtime_error(what, ": the router weight must be a plain F32/F16/BF16 matrix");
-  if (w.rows == 0 || w.rows > TS_ROUTE_MAX_E) runtime_error(what, ": ", w.rows, " experts; expected 1..", TS_ROUTE_MAX_E);
   if (w.offset % elem_bytes(w.type) != 0) runtime_error(what, ": weight offset ", w.offset, " is not element aligned");
   need(x, uint64_t(w.cols) * 4, what, "x");
   need(norm_weight, uint64_t(w.cols) * 4, what, "norm_weight");
   need(logits, uint64_t(w.rows) * 4, what, "logits");
   need(h2, uint64_t(w.cols) * 4, what, "h2");
+  const bool with_route = route.buffer != VK_NULL_HANDLE;
+  if (with_route) need(route, moe_route_bytes(routing.n_used), what, "route");
+  const bool has_bias = with_route && bias.buffer != VK_NULL_HANDLE;
+  if (has_bias) need(bias, uint64_t(w.rows) * 4, what, "bias");
   const uint64_t wbytes = w.bytes();
   if (wbytes > ctx.info().max_storage_buffer_range)
     runtime_error(what, ": router weight of ", wbytes, " bytes exceeds the binding limit");
+  const BufferSlice bufs[7] = {weight_slice(*w.buffer, w.offset, wbytes), x, norm_weight, logits, h2,
+                               has_bias ? bias : logits, with_route ? route : logits};
+  record_router(rec, &w, w.rows, w.cols, with_route ? &routing : nullptr, eps, bufs, has_bias, name, what, bytes());
+}
 
-  const bool vec4 = w.type == GgmlType::F32 && w.cols % 4 == 0;
-  PipelineDesc desc;
-  desc.name = name;
-  desc.file = "router.comp";
-  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
-                  {"WG_SIZE", std::to_string(kRouterWgSize)},
-                  {"VEC4", vec4 ? "1" : "0"}};
-  desc.num_buffers = 5;
-  desc.push_bytes = sizeof(gpu::RouterArgs);
-  const Pipeline& pipe = ctx.pipelines().get(desc);
+uint64_t RouteOp::bytes() const {
+  return uint64_t(n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1) + moe_route_bytes(routing.n_used);
+}
 
-  gpu::RouterArgs a{};
-  a.n_embd = w.cols;
-  a.n_expert = w.rows;
-  a.eps = eps;
-  const BufferSlice bufs[5] = {weight_slice(*w.buffer, w.offset, wbytes), x, norm_weight, logits, h2};
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, w.rows, 1, 1, what, bytes());
+void RouteOp::record(CommandRecorder& rec) const {
+  const std::string what = label.empty() ? "route" : label;
+  need(logits, uint64_t(n_expert) * 4, what, "logits");
+  need(route, moe_route_bytes(routing.n_used), what, "route");
+  const bool has_bias = bias.buffer != VK_NULL_HANDLE;
+  if (has_bias) need(bias, uint64_t(n_expert) * 4, what, "bias");
+  const BufferSlice bufs[7] = {logits, logits, logits, logits, logits, has_bias ? bias : logits, route};
+  record_router(rec, nullptr, n_expert, 0, &routing, 0.f, bufs, has_bias, "route", what, bytes());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,10 +324,11 @@ void RouterOp::record(CommandRecorder& rec) const {
 
 uint64_t MoeGateUpOp::bytes() const {
   const MoeTileGeometry& g = tile.geometry;
-  uint64_t b = uint64_t(routing.n_used) * read_bytes(g.gateup(0));
+  const uint32_t n_used = this->n_used ? this->n_used : routing.n_used;
+  uint64_t b = uint64_t(n_used) * read_bytes(g.gateup(0));
   if (g.has_shared()) b += read_bytes(g.gateup(g.n_expert));
-  b += g.n_embd * 4 + uint64_t(g.n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1);
-  b += (uint64_t(routing.n_used) * g.w_routed + g.w_shared) * 4;
+  b += g.n_embd * 4 + uint64_t(n_used) * 8;
+  b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
   return b;
 }
 
@@ -273,34 +337,29 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const MoeTileGeometry& g = tile.geometry;
   const std::string name = cat("moe_gateup.", type_name(g.gateup_type));
   const std::string what = label.empty() ? name : label;
-  const BufferSlice bias_b = check_moe_common(tile, routing, logits, bias, what);
+  const RouteSource src = check_moe_common(tile, n_used, route, routing, logits, bias, what);
+  const uint32_t n_used = src.n_used;
   need(h2, g.n_embd * 4, what, "h2");
-  need(h, moe_h_floats(g, routing.n_used) * 4, what, "h");
-  if (route_out.buffer != VK_NULL_HANDLE) need(route_out, uint64_t(routing.n_used) * 8, what, "route_out");
+  need(h, moe_h_floats(g, n_used) * 4, what, "h");
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning, ctx);
   const uint32_t groups_routed = uint32_t((g.w_routed + t.gateup_teams - 1) / t.gateup_teams);
   const uint32_t groups_shared = uint32_t((g.w_shared + t.gateup_teams - 1) / t.gateup_teams);
-  bool route_written = false;
   for (const TilePart& p : parts) {
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
     const Pipeline& pipe = gateup_kernel(ctx, p.type, vec8, t);
-    gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
+    gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
+    set_routing(a, src, routing, g);
     a.groups_routed = groups_routed;
-    if (p.routed && route_out.buffer != VK_NULL_HANDLE && !route_written) {
-      a.flags |= TS_MOE_WRITE_ROUTE;
-      route_written = true;
-    }
-    const uint64_t n_groups = (p.routed ? uint64_t(routing.n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice route_b = route_out.buffer != VK_NULL_HANDLE ? route_out : h;
-    const BufferSlice bufs[7] = {p.w, h2, h2, logits, bias_b, h, route_b};
+    const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
+    const BufferSlice bufs[7] = {p.w, h2, h2, src.route, h, src.logits, src.bias};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
-      part_bytes = p.routed ? uint64_t(routing.n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
+      part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
     rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, part_bytes);
@@ -312,10 +371,11 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
 
 uint64_t MoeDownOp::bytes() const {
   const MoeTileGeometry& g = tile.geometry;
-  uint64_t b = uint64_t(routing.n_used) * read_bytes(g.down(0));
+  const uint32_t n_used = this->n_used ? this->n_used : routing.n_used;
+  uint64_t b = uint64_t(n_used) * read_bytes(g.down(0));
   if (g.has_shared()) b += read_bytes(g.down(g.n_expert));
-  b += (uint64_t(routing.n_used) * g.w_routed + g.w_shared) * 4;
-  b += uint64_t(g.n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1) + g.n_embd * 8;
+  b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
+  b += uint64_t(n_used) * 8 + g.n_embd * 8;
   return b;
 }
 
@@ -324,8 +384,9 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const MoeTileGeometry& g = tile.geometry;
   const std::string name = cat("moe_down.", type_name(g.down_type));
   const std::string what = label.empty() ? name : label;
-  const BufferSlice bias_b = check_moe_common(tile, routing, logits, bias, what);
-  need(h, moe_h_floats(g, routing.n_used) * 4, what, "h");
+  const RouteSource src = check_moe_common(tile, n_used, route, routing, logits, bias, what);
+  const uint32_t n_used = src.n_used;
+  need(h, moe_h_floats(g, n_used) * 4, what, "h");
   need(x, g.n_embd * 4, what, "x");
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
@@ -335,18 +396,19 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
-    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? routing.n_used : 0) + (p.shared ? 1 : 0), t);
-    gpu::MoeArgs a = base_args(g, routing, bias.buffer != VK_NULL_HANDLE);
+    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? n_used : 0) + (p.shared ? 1 : 0), t);
+    gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
-    const BufferSlice bufs[5] = {p.w, h, x, logits, bias_b};
+    set_routing(a, src, routing, g);
+    const BufferSlice bufs[6] = {p.w, h, x, src.route, src.logits, src.bias};
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {
-      part_bytes = p.routed ? uint64_t(routing.n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
+      part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.down(g.n_expert));
       part_bytes += g.n_embd * 8;
     }
     if (i > 0) rec.barrier();  // every part adds into x
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, groups, 1, 1, what, part_bytes);
   }
 }
 
@@ -410,7 +472,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   a.w_shared = gate.rows;
   a.shared_offset = uint32_t(gate_at);
   a.shared_up_offset = uint32_t(up_at);
-  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, x, h, h};
+  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, h, x, x};
   const GroupCounts gc = split_workgroups((gate.rows + t.gateup_teams - 1) / t.gateup_teams, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
 }
@@ -437,9 +499,9 @@ void DenseDownOp::record(CommandRecorder& rec) const {
   a.flags = TS_MOE_SHARED;
   a.h_stride = (down.cols + 3) / 4 * 4;
   a.w_shared = down.cols;
-  const BufferSlice bufs[5] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, x, x};
+  const BufferSlice bufs[6] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h};
   const uint32_t groups = (down.rows + t.down_rows - 1) / t.down_rows;
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, groups, 1, 1, what, bytes());
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, groups, 1, 1, what, bytes());
 }
 
 }  // namespace tessera::vk

@@ -1,8 +1,9 @@
-// Router and feed-forward kernels of a decoder block (briefs/decode_plan.md D8-D10 and the dense
-// layer; math: shared/spec/forward.md §5). Expert weights are read straight from a MOE_TILE1 tile
-// (docs/FORMAT.md §6.3, format/tsr_layout.h MoeTileGeometry). Every op is a plain description:
-// record() adds its dispatch(es) to a recording, bytes() is what one call moves (the profiler's
-// GB/s). Routing runs on the GPU inside the expert kernels: no host round trip, no gather copy.
+// Router, routing and feed-forward kernels of a decoder block (briefs/decode_plan.md D8-D10 and
+// the dense layer; math: shared/spec/forward.md §5). Expert weights are read straight from a
+// MOE_TILE1 tile (docs/FORMAT.md §6.3, format/tsr_layout.h MoeTileGeometry). Every op is a plain
+// description: record() adds its dispatch(es) to a recording, bytes() is what one call moves
+// (the profiler's GB/s). Routing runs on the GPU: no host round trip, no gather copy, no
+// separate top-k dispatch.
 //
 // API — one MoE block (the decode graph records this once per block, barriers as shown):
 //
@@ -10,31 +11,45 @@
 //   router.w      = {&weights, off, GgmlType::F32, WeightLayout::Plain, E, n_embd};  // ffn_gate_inp
 //   router.x      = x;          // f32 [n_embd]   residual stream (read)
 //   router.norm_weight = ffn_norm;              // f32 [n_embd]
-//   router.eps    = cfg.rms_eps;
+//   router.eps    = cfg.eps;
+//   router.routing = MoeRouting::from_config(cfg);
+//   router.bias   = exp_probs_b;  // f32 [E], or {} when the model has none
 //   router.logits = logits;     // f32 [E]        out: W_router . h2
-//   router.h2     = h2;         // f32 [n_embd]   out: RMSNorm(x; ffn_norm), read by the gate-up
+//   router.h2     = h2;         // f32 [n_embd]   out: RMSNorm(x; ffn_norm), the experts' input
+//   router.route  = route;      // uint32 [2K+1]  out: (expert id, f32 weight bits) per routed slot,
+//                               //   best first, then an arrival counter: zero it ONCE after
+//                               //   allocation; the kernel leaves it at 0 (scratch, per block or shared)
 //   router.record(rec);  rec.barrier();
 //
 //   MoeGateUpOp gu;                        // D9: shaders/moe_gateup.comp
-//   gu.tile    = {&weights, tile_offset, tile_geometry};   // blk.L.ffn_moe_tile
-//   gu.routing = MoeRouting::from_config(cfg);
-//   gu.h2 = h2; gu.logits = logits; gu.bias = exp_probs_b;  // bias: f32 [E], or {} when absent
+//   gu.tile   = {&weights, tile_offset, tile_geometry};   // blk.L.ffn_moe_tile
+//   gu.n_used = K;
+//   gu.h2 = h2; gu.route = route;
 //   gu.h  = h;             // f32 [moe_h_floats(g, K)]: slot k < K at k*h_stride, shared slot at K*h_stride
-//   gu.route_out = route;  // optional uint [2K]: (expert id, f32 weight bits) per routed slot, best first
 //   gu.record(rec);  rec.barrier();
 //
 //   MoeDownOp down;                        // D10: shaders/moe_down.comp
-//   down.tile = gu.tile; down.routing = gu.routing; down.logits = logits; down.bias = exp_probs_b;
+//   down.tile = gu.tile; down.n_used = K; down.route = route;
 //   down.h = h;  down.x = x;   // x[r] += sum_k w_k down_{e_k}[r] . h[k] + down_shared[r] . h[K]
 //   down.record(rec);  rec.barrier();
+//
+//   RouteOp: the routing alone from given logits (one workgroup), e.g. when the logits come
+//   from elsewhere; same route output.
+//
+//   Without a route buffer (router.route, gu.route, down.route left empty) every gate-up and
+//   down workgroup computes the routing itself from the logits: set gu.routing / gu.logits /
+//   gu.bias (same for down) instead. Same results; measured on an H200 about 5 us slower per
+//   expert kernel, so prefer the route buffer.
 //
 // API — the dense FFN block (layer < leading_dense_block_count): the same kernels, shared-slot only.
 //
 //   DenseGateUpOp dg;  dg.gate = ffn_gate; dg.up = ffn_up;   // MatrixRefs in ONE buffer (one binding)
-//   dg.x = x; dg.norm_weight = ffn_norm; dg.eps = eps; dg.h = h;   // h[i] = silu(gate_i.h2)*(up_i.h2)
+//   dg.x = x; dg.norm_weight = ffn_norm; dg.eps = eps; dg.h = h;   // h[i] = silu(gate_i.xn)*(up_i.xn)
 //   dg.record(rec);  rec.barrier();
 //   DenseDownOp dd;  dd.down = ffn_down; dd.h = h; dd.x = x;      // x += W_down . h
 //   dd.record(rec);  rec.barrier();
+//   (Measured on an H200: the norm fused into the dense gate-up costs more than an RmsNormOp
+//   dispatch into a buffer given as dg.x with dg.norm_weight left empty.)
 //
 // Dispatch counts: the gate-up is one dispatch and the down one dispatch when the tile fits one
 // binding (maxStorageBufferRange: always on a 4 GiB-range GPU) and the shared slot has the routed
@@ -43,8 +58,8 @@
 // records a barrier between consecutive parts (a Q4_K_M DeepSeek-V2-Lite tile, whose routed and
 // shared down types differ, costs one extra barrier per block).
 //
-// Routing (routing.glsl, identical in the gate-up and the down): probs = sigmoid/softmax(logits),
-// top-K of probs + bias (ties: lower expert id), weights = chosen probs, normalized
+// Routing (routing.glsl, in the router's last workgroup): probs = sigmoid/softmax(logits), top-K
+// of probs + bias (ties: lower expert id), weights = chosen probs, normalized
 // (expert_weights_norm) and scaled (expert_weights_scale unless 0/1). E <= 256, K <= 16.
 #pragma once
 #include <cstdint>
@@ -76,7 +91,7 @@ struct MoeTileRef {
 };
 
 // Work-split choices of the gate-up / down kernels; 0 = automatic (the defaults were measured on
-// an H200 with bench test MoeBench.*).
+// an H200 with the bench test MoeBench.*).
 struct MoeTuning {
   uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto: 2 on GPUs, 1 on CPU devices
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
@@ -87,20 +102,38 @@ struct MoeTuning {
 uint32_t moe_h_stride(const MoeTileGeometry& g);
 // Floats of the h buffer for K routed slots plus the shared slot.
 uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used);
+// Bytes of the route buffer for K experts: K (id, weight) pairs and the arrival counter.
+inline uint64_t moe_route_bytes(uint32_t n_used) { return (2ull * n_used + 1) * 4; }
 
-// D8: logits = W_router . RMSNorm(x; norm_weight), and h2 = RMSNorm(x; norm_weight).
+// D8: logits = W_router . RMSNorm(x; norm_weight), h2 = RMSNorm(x; norm_weight), and the routing.
 struct RouterOp {
   MatrixRef w;              // ffn_gate_inp [E][n_embd], plain F32 (F16/BF16 accepted)
   BufferSlice x;            // f32 [n_embd]
   BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
   float eps = 1e-6f;
+  MoeRouting routing;
+  BufferSlice bias;         // f32 [E] exp_probs_b; empty = no bias
   BufferSlice logits;       // f32 [E] (out)
   BufferSlice h2;           // f32 [n_embd] (out)
+  BufferSlice route;        // uint32 [2K+1] (out; counter word zeroed once); empty = logits only
   std::string label;        // empty = "router.<type>"
 
-  uint64_t bytes() const;   // weights, x and norm weight read, logits and h2 written
+  uint64_t bytes() const;   // weights, x, norm weight, bias read; logits, h2, route written
   // Records one dispatch (no barrier). Throws Error(Runtime) naming the label and the problem
-  // (shape, layout, buffer sizes, E > 256).
+  // (shape, layout, buffer sizes, E > 256, K out of range).
+  void record(CommandRecorder& rec) const;
+};
+
+// The routing alone: route = top-K of the given logits (one workgroup).
+struct RouteOp {
+  uint32_t n_expert = 0;
+  MoeRouting routing;
+  BufferSlice logits;  // f32 [E]
+  BufferSlice bias;    // f32 [E] or empty
+  BufferSlice route;   // uint32 [2K+1] (out; counter word zeroed once)
+  std::string label;   // empty = "route"
+
+  uint64_t bytes() const;
   void record(CommandRecorder& rec) const;
 };
 
@@ -108,17 +141,18 @@ struct RouterOp {
 // with the shared slot's weights into h[K] (when the tile has one).
 struct MoeGateUpOp {
   MoeTileRef tile;
-  MoeRouting routing;
-  BufferSlice h2;         // f32 [n_embd] (RouterOp::h2)
-  BufferSlice logits;     // f32 [E] router logits
-  BufferSlice bias;       // f32 [E] exp_probs_b; empty buffer = no bias
-  BufferSlice h;          // f32 [moe_h_floats] (out)
-  BufferSlice route_out;  // uint32 [2K] (out, optional): expert id, weight (f32 bits), best first
-  std::string label;      // empty = "moe_gateup.<type>"
+  uint32_t n_used = 0;   // K (0: routing.n_used)
+  BufferSlice h2;        // f32 [n_embd] (RouterOp::h2)
+  BufferSlice route;     // uint32 [2K] (RouterOp::route); empty: the routing below, per workgroup
+  MoeRouting routing;    // routing per workgroup only: its parameters,
+  BufferSlice logits;    //   f32 [E] router logits,
+  BufferSlice bias;      //   f32 [E] exp_probs_b or empty
+  BufferSlice h;         // f32 [moe_h_floats] (out)
+  std::string label;     // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
   MoeTuning tuning;
 
-  // Bytes of one call: K routed + the shared gate-up matrices, h2, logits, bias, h written.
+  // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written.
   uint64_t bytes() const;
   // Records the dispatch(es), no barrier at the end. Validates first (Error(Runtime)).
   void record(CommandRecorder& rec) const;
@@ -127,24 +161,25 @@ struct MoeGateUpOp {
 // D10: x[r] += sum_k w_k (down_{e_k} row r . h[k]) + (down_shared row r . h[K]).
 struct MoeDownOp {
   MoeTileRef tile;
-  MoeRouting routing;
-  BufferSlice h;       // f32 [moe_h_floats] (MoeGateUpOp::h)
-  BufferSlice logits;  // f32 [E]
-  BufferSlice bias;    // f32 [E] or empty
-  BufferSlice x;       // f32 [n_embd] (in/out)
-  std::string label;   // empty = "moe_down.<type>"
+  uint32_t n_used = 0;  // K (0: routing.n_used)
+  BufferSlice h;        // f32 [moe_h_floats] (MoeGateUpOp::h)
+  BufferSlice route;    // uint32 [2K]; empty: the routing below, per workgroup
+  MoeRouting routing;   // routing per workgroup only (as MoeGateUpOp)
+  BufferSlice logits;
+  BufferSlice bias;
+  BufferSlice x;        // f32 [n_embd] (in/out)
+  std::string label;    // empty = "moe_down.<type>"
   uint64_t max_binding_bytes = 0;
   MoeTuning tuning;
 
-  uint64_t bytes() const;  // K routed + shared down matrices, h, logits, bias, x read and written
+  uint64_t bytes() const;  // K routed + shared down matrices, h, route, x read and written
   // Records the dispatch(es), with barriers between parts when there are several (see above),
   // none at the end.
   void record(CommandRecorder& rec) const;
 };
 
 // Dense FFN gate-up: h[i] = silu(gate_i . xn) * (up_i . xn), i < F, with xn = RMSNorm(x; norm_weight)
-// computed by every workgroup, or xn = x when norm_weight is empty (x already normalized, e.g. by
-// RmsNormOp: on an H200 that is faster than the fused norm, see kernels_moe.h header).
+// computed by every workgroup, or xn = x when norm_weight is empty (x already normalized).
 struct DenseGateUpOp {
   MatrixRef gate, up;       // ffn_gate, ffn_up [F][n_embd], same type and layout, same buffer;
                             // the span covering both must fit one binding

@@ -31,8 +31,10 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-// Runs `tessera <args>` (args are passed to the shell as written).
-RunResult run_tessera(const std::string& args) {
+// Runs `tessera <args>` (args are passed to the shell as written). `run` commands get
+// --backend cpu unless they name a backend.
+RunResult run_tessera(std::string args) {
+  if (args.rfind("run ", 0) == 0 && args.find("--backend") == std::string::npos) args += " --backend cpu";
   const std::string out = (test::temp_dir() / "stdout.txt").string(), err = (test::temp_dir() / "stderr.txt").string();
   const std::string cmd = std::string("'") + TESSERA_BINARY + "' --threads 2 " + args + " >'" + out + "' 2>'" + err + "'";
   const int status = std::system(cmd.c_str());
@@ -125,7 +127,7 @@ TEST(RunCli, ExitCodes) {
   EXPECT_EQ(run_tessera("run " + m + " --tokens 1,x").rc, 1);                 // bad id list
   EXPECT_EQ(run_tessera("run " + m + " --tokens 1,99999 -n 0").rc, 1);        // id outside the vocab
   EXPECT_EQ(run_tessera("run " + m + " --tokens 1,2,3 --ctx 2 -n 0").rc, 1);  // prompt > context
-  EXPECT_EQ(run_tessera("run " + m + " -p hi --backend vulkan").rc, 1);       // backend not offered
+  EXPECT_EQ(run_tessera("run " + m + " -p hi --backend metal").rc, 1);        // no such backend
   const RunResult missing = run_tessera("run /nonexistent/model.gguf -p hi");
   EXPECT_EQ(missing.rc, 3);
   EXPECT_NE(missing.err.find("/nonexistent/model.gguf"), std::string::npos) << missing.err;

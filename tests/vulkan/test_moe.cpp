@@ -1,5 +1,5 @@
-// MoE gate-up (moe_gateup.comp) and down (moe_down.comp) on MOE_TILE1 tiles, with the routing
-// computed on the GPU (routing.glsl), against the CPU: cpu::route_token for the routing and the
+// Routing (router.comp in its routing-only form, routing.glsl), MoE gate-up (moe_gateup.comp) and
+// down (moe_down.comp) on MOE_TILE1 tiles against the CPU: cpu::route_token for the routing and the
 // double-precision loops of test_moe_util.h for the experts. GLM style (sigmoid + bias + norm +
 // scale 1.8) and DeepSeek-V2 style (softmax) routing, ties, awkward sizes, every tile type for
 // gate-up and down (mixed routed/shared types included), slot-range bindings, the shared-memory
@@ -117,26 +117,31 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   const uint64_t h_floats = vk::moe_h_floats(geo, c.n_used);
   vk::Buffer h_b = vktest::make_buffer(g, h_floats * 4, "h");
   vktest::poison(g, h_b);
-  vk::Buffer route_b = vktest::make_buffer(g, c.n_used * 8, "route");
+  vk::Buffer route_b = vktest::make_buffer(g, vk::moe_route_bytes(c.n_used), "route");
   vktest::poison(g, route_b);
+  const uint32_t zero = 0;
+  vktest::upload_bytes(g, route_b, &zero, 4, 8ull * c.n_used);  // the arrival counter
   vk::Buffer x_b = vktest::make_buffer(g, x0.size() * 4, "x");
   vktest::upload_bytes(g, x_b, x0.data(), x0.size() * 4);
 
+  vk::RouteOp ro;
+  ro.n_expert = c.n_expert;
+  ro.routing = vk::MoeRouting::from_config(cfg);
+  ro.logits = logit_b.whole();
+  if (has_bias) ro.bias = bias_b.whole();
+  ro.route = route_b.whole();
   vk::MoeGateUpOp gu;
   gu.tile = {&tile_b, tile_offset, geo};
-  gu.routing = vk::MoeRouting::from_config(cfg);
+  gu.n_used = c.n_used;
   gu.h2 = h2_b.whole();
-  gu.logits = logit_b.whole();
-  if (has_bias) gu.bias = bias_b.whole();
+  gu.route = route_b.whole();
   gu.h = h_b.whole();
-  gu.route_out = route_b.whole();
   gu.max_binding_bytes = c.max_binding_bytes;
   vk::MoeDownOp down;
   down.tile = gu.tile;
-  down.routing = gu.routing;
+  down.n_used = c.n_used;
   down.h = h_b.whole();
-  down.logits = gu.logits;
-  down.bias = gu.bias;
+  down.route = route_b.whole();
   down.x = x_b.whole();
   down.max_binding_bytes = c.max_binding_bytes;
   EXPECT_GT(gu.bytes(), 0u);
@@ -144,16 +149,21 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
 
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
+  ro.record(rec);
+  rec.barrier();
   gu.record(rec);
   rec.barrier();
   down.record(rec);
   rec.end();
-  out.dispatches = rec.dispatch_count();
-  out.barriers = rec.barrier_count();
+  out.dispatches = rec.dispatch_count() - 1;  // the expert kernels' dispatches and barriers
+  out.barriers = rec.barrier_count() - 1;
   rec.run();
 
   // Routing: ids exactly, weights to float rounding.
-  const std::vector<float> rw = vktest::download_floats(g, route_b, c.n_used * 2);
+  const std::vector<float> rw = vktest::download_floats(g, route_b, c.n_used * 2 + 1);
+  uint32_t counter;
+  std::memcpy(&counter, &rw[2 * c.n_used], 4);
+  EXPECT_EQ(counter, 0u) << "the arrival counter is left at 0 for the next step";
   for (uint32_t k = 0; k < c.n_used; ++k) {
     uint32_t id;
     std::memcpy(&id, &rw[2 * k], 4);
@@ -297,19 +307,25 @@ TEST(MoeKernels, RefusesBadShapes) {
   const HostTile ht = moetest::build_tile(rng, 8, 32, 32, 64, {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0});
   vk::Buffer tile_b = vktest::make_buffer(g, ht.bytes.size(), "tile");
   vk::Buffer small = vktest::make_buffer(g, 64, "small");
-  vk::MoeGateUpOp gu;
-  gu.tile = {&tile_b, 0, ht.g};
-  gu.routing = {9, GatingFunc::Softmax, false, 0.f};  // K > E
-  gu.h2 = gu.logits = gu.h = small.whole();
+  vk::RouteOp ro;
+  ro.n_expert = 8;
+  ro.routing = {9, GatingFunc::Softmax, false, 0.f};  // K > E
+  ro.logits = ro.route = small.whole();
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
-  EXPECT_THROW(gu.record(rec), Error);
-  gu.routing.n_used = 2;
+  EXPECT_THROW(ro.record(rec), Error);
+  ro.routing.gating = GatingFunc::None;
+  ro.routing.n_used = 2;
+  EXPECT_THROW(ro.record(rec), Error);  // gating function 0
+  vk::MoeGateUpOp gu;
+  gu.tile = {&tile_b, 0, ht.g};
+  gu.n_used = 2;
+  gu.h2 = gu.route = gu.h = small.whole();
   EXPECT_THROW(gu.record(rec), Error);  // h2 (64 floats) and h too small
   vk::MoeDownOp dn;
   dn.tile = {&tile_b, 16, ht.g};  // not 256-aligned and overruns the buffer
-  dn.routing = gu.routing;
-  dn.h = dn.logits = dn.x = small.whole();
+  dn.n_used = 2;
+  dn.h = dn.route = dn.x = small.whole();
   EXPECT_THROW(dn.record(rec), Error);
 }
 

@@ -93,6 +93,7 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, vk::MoeTuning tuning = {}) 
   vk::Buffer x = vktest::make_buffer(g, kEmbd * 4, "x"), norm = vktest::make_buffer(g, kEmbd * 4, "norm");
   vk::Buffer h2 = vktest::make_buffer(g, kEmbd * 4, "h2"), logits = vktest::make_buffer(g, kExperts * 4, "logits");
   vk::Buffer bias = vktest::make_buffer(g, kExperts * 4, "bias");
+  vk::Buffer route = vktest::make_buffer(g, vk::moe_route_bytes(kUsed), "route");
   vk::Buffer h = vktest::make_buffer(g, std::max<uint64_t>(vk::moe_h_floats(geo, kUsed), f) * 4, "h");
   vk::Buffer y = vktest::make_buffer(g, 2 * f * 4, "y");
   {
@@ -104,6 +105,7 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, vk::MoeTuning tuning = {}) 
     init.fill(x.whole(), 0x3f800000u);
     init.fill(norm.whole(), 0x3f800000u);
     init.fill(bias.whole(), 0);
+    init.fill(route.whole(), 0);
     init.end();
     init.run();
   }
@@ -124,15 +126,17 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, vk::MoeTuning tuning = {}) 
           ro.norm_weight = norm.whole();
           ro.logits = logits.whole();
           ro.h2 = h2.whole();
+          ro.routing = vk::MoeRouting::from_config(cfg);
+          ro.bias = bias.whole();
+          ro.route = route.whole();
           ro.label = "router";
           ro.record(rec);
           rec.barrier();
           vk::MoeGateUpOp gu;
           gu.tile = {&tiles[b % kCopies], 0, geo};
-          gu.routing = vk::MoeRouting::from_config(cfg);
+          gu.n_used = kUsed;
           gu.h2 = h2.whole();
-          gu.logits = logits.whole();
-          gu.bias = bias.whole();
+          gu.route = route.whole();
           gu.h = h.whole();
           gu.label = cat("moe_gateup.", type_name(gu_type));
           gu.tuning = tuning;
@@ -140,10 +144,9 @@ void bench_moe(GgmlType gu_type, GgmlType down_type, vk::MoeTuning tuning = {}) 
           rec.barrier();
           vk::MoeDownOp dn;
           dn.tile = gu.tile;
-          dn.routing = gu.routing;
+          dn.n_used = kUsed;
           dn.h = h.whole();
-          dn.logits = logits.whole();
-          dn.bias = bias.whole();
+          dn.route = route.whole();
           dn.x = x.whole();
           dn.label = cat("moe_down.", type_name(down_type));
           dn.tuning = tuning;

@@ -1,5 +1,5 @@
-// Router (router.comp), the dense FFN ops (moe_gateup/moe_down in their dense form) and a whole
-// MoE block as the decode step records it (router | gate-up | down, barriers between) against the
+// Router + routing (router.comp), the dense FFN ops (moe_gateup/moe_down in their dense form) and a
+// whole MoE block as the decode step records it (router | gate-up | down, barriers between) against the
 // CPU reference of forward.md §5 (cpu::rms_norm, cpu::route_token and double loops); the block's
 // recording is resubmitted with a new residual stream, which must change the routing and the result.
 #include <gtest/gtest.h>
@@ -36,10 +36,19 @@ void run_router_case(Gpu& g, GgmlType type, uint32_t n_expert, uint32_t n_embd, 
   const float eps = 1e-5f;
   vk::Buffer xb = vktest::make_buffer(g, n_embd * 4, "x"), nb = vktest::make_buffer(g, n_embd * 4, "norm");
   vk::Buffer lb = vktest::make_buffer(g, n_expert * 4, "logits"), hb = vktest::make_buffer(g, n_embd * 4, "h2");
+  const uint32_t K = std::min(n_expert, 4u);
+  vk::Buffer rb = vktest::make_buffer(g, vk::moe_route_bytes(K), "route");
   vktest::upload_bytes(g, xb, x.data(), n_embd * 4);
   vktest::upload_bytes(g, nb, nw.data(), n_embd * 4);
   vktest::poison(g, lb);
   vktest::poison(g, hb);
+  std::vector<uint32_t> route0(2 * K + 1, 0x7FC00000u);
+  route0.back() = 0;  // arrival counter
+  vktest::upload_bytes(g, rb, route0.data(), route0.size() * 4);
+  ModelConfig cfg;
+  cfg.n_expert = n_expert;
+  cfg.n_expert_used = K;
+  cfg.gating = GatingFunc::Softmax;
 
   vk::RouterOp op;
   op.w = dm->ref;
@@ -48,8 +57,10 @@ void run_router_case(Gpu& g, GgmlType type, uint32_t n_expert, uint32_t n_embd, 
   op.eps = eps;
   op.logits = lb.whole();
   op.h2 = hb.whole();
+  op.routing = vk::MoeRouting::from_config(cfg);
+  op.route = rb.whole();
   const uint64_t elem = type == GgmlType::F32 ? 4 : 2;
-  EXPECT_EQ(op.bytes(), uint64_t(n_expert) * n_embd * elem + uint64_t(n_embd) * 12 + n_expert * 4);
+  EXPECT_EQ(op.bytes(), uint64_t(n_expert) * n_embd * elem + uint64_t(n_embd) * 12 + n_expert * 8 + (2 * K + 1) * 4);
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   op.record(rec);
@@ -70,7 +81,19 @@ void run_router_case(Gpu& g, GgmlType type, uint32_t n_expert, uint32_t n_embd, 
     }
     tol[e] = moetest::sum_tol(a, want[e]);
   }
-  vktest::expect_close(vktest::download_floats(g, lb, n_expert), want, tol, "router logits");
+  const std::vector<float> got = vktest::download_floats(g, lb, n_expert);
+  vktest::expect_close(got, want, tol, "router logits");
+  // The routing of the GPU's logits (the CPU's own logits could differ at a near-tie).
+  const cpu::Route route = cpu::route_token(cfg, got, {});
+  std::vector<uint32_t> words(2 * K + 1);
+  g.transfer->download(rb, 0, words.data(), words.size() * 4);
+  for (uint32_t k = 0; k < K; ++k) {
+    EXPECT_EQ(words[2 * k], route.experts[k]) << "slot " << k;
+    float w;
+    std::memcpy(&w, &words[2 * k + 1], 4);
+    EXPECT_NEAR(w, route.weights[k], 2e-6 * route.weights[k] + 1e-7) << "slot " << k;
+  }
+  EXPECT_EQ(words[2 * K], 0u) << "arrival counter reset";
 }
 
 TEST(MoeBlock, Router) {
@@ -183,7 +206,9 @@ TEST(MoeBlock, RecordedBlockFollowsTheResidualStream) {
   vktest::upload_bytes(g, nb, nw.data(), n_embd * 4);
   vktest::upload_bytes(g, bb, bias.data(), E * 4);
   vk::Buffer xb = vktest::make_buffer(g, n_embd * 4, "x"), h2b = vktest::make_buffer(g, n_embd * 4, "h2");
-  vk::Buffer lb = vktest::make_buffer(g, E * 4, "logits"), routeb = vktest::make_buffer(g, K * 8, "route");
+  vk::Buffer lb = vktest::make_buffer(g, E * 4, "logits"), routeb = vktest::make_buffer(g, vk::moe_route_bytes(K), "route");
+  const std::vector<uint32_t> zeros(2 * K + 1, 0);
+  vktest::upload_bytes(g, routeb, zeros.data(), zeros.size() * 4);
   vk::Buffer hb = vktest::make_buffer(g, vk::moe_h_floats(ht.g, K) * 4, "h");
 
   vk::RouterOp ro;
@@ -193,20 +218,20 @@ TEST(MoeBlock, RecordedBlockFollowsTheResidualStream) {
   ro.eps = eps;
   ro.logits = lb.whole();
   ro.h2 = h2b.whole();
+  ro.routing = vk::MoeRouting::from_config(cfg);
+  ro.bias = bb.whole();
+  ro.route = routeb.whole();
   vk::MoeGateUpOp gu;
   gu.tile = {&tile_b, 0, ht.g};
-  gu.routing = vk::MoeRouting::from_config(cfg);
+  gu.n_used = K;
   gu.h2 = h2b.whole();
-  gu.logits = lb.whole();
-  gu.bias = bb.whole();
+  gu.route = routeb.whole();
   gu.h = hb.whole();
-  gu.route_out = routeb.whole();
   vk::MoeDownOp dn;
   dn.tile = gu.tile;
-  dn.routing = gu.routing;
+  dn.n_used = K;
   dn.h = hb.whole();
-  dn.logits = lb.whole();
-  dn.bias = bb.whole();
+  dn.route = routeb.whole();
   dn.x = xb.whole();
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();

@@ -1,8 +1,10 @@
 // Micro-benchmark: the MoE expert kernels of one block (gate-up with SiLU·mul, then down with the
 // routing weights and the residual add; shaders/moe_gateup.comp, moe_down.comp) at
 // GLM-4.7-Flash's shape (n_embd 2048, 64 experts of width 1536, 4 used, 1 shared slot of 1536;
-// sigmoid routing with selection bias), per weight type. Checked first against the CPU: routing
-// (sigmoid + bias, top-4, normalized, scaled) and the whole block's x update, in double.
+// sigmoid routing with selection bias), per weight type. The routing is computed once (RouteOp)
+// into the route buffer the expert kernels read, as in the decode graph; the timed work is the
+// gate-up and the down. Checked first against the CPU: routing (sigmoid + bias, top-4,
+// normalized, scaled) and the whole block's x update, in double.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -112,21 +114,36 @@ void BM_Moe(benchmark::State& state, GgmlType type) {
   vk::Buffer h2b = upload(g, h2.data(), h2.size() * 4, "h2"), lb = upload(g, logits.data(), logits.size() * 4, "logits");
   vk::Buffer bb = upload(g, bias.data(), bias.size() * 4, "bias"), xb = upload(g, x.data(), x.size() * 4, "x");
   vk::Buffer hb = make_buffer(g, vk::moe_h_floats(t.g, kUsed) * 4, "h");
+  // The route buffer as the router leaves it (the decode graph's path): expert ids and weights,
+  // computed once here by RouteOp from the logits (its counter word starts at zero).
+  const std::vector<uint32_t> zeros(2 * kUsed + 1, 0);
+  vk::Buffer route = upload(g, zeros.data(), zeros.size() * 4, "route");
+  {
+    vk::RouteOp r;
+    r.n_expert = kExperts;
+    r.routing = routing;
+    r.logits = lb.whole();
+    r.bias = bb.whole();
+    r.route = route.whole();
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    r.record(rec);
+    rec.end();
+    rec.run();
+  }
   auto ops_for = [&](uint32_t c) {
     std::pair<vk::MoeGateUpOp, vk::MoeDownOp> p;
     vk::MoeGateUpOp& gu = p.first;
     gu.tile = {&tiles[c], 0, t.g};
-    gu.routing = routing;
+    gu.n_used = kUsed;
     gu.h2 = h2b.whole();
-    gu.logits = lb.whole();
-    gu.bias = bb.whole();
+    gu.route = route.whole();
     gu.h = hb.whole();
     vk::MoeDownOp& dn = p.second;
     dn.tile = gu.tile;
-    dn.routing = routing;
+    dn.n_used = kUsed;
     dn.h = hb.whole();
-    dn.logits = lb.whole();
-    dn.bias = bb.whole();
+    dn.route = route.whole();
     dn.x = xb.whole();
     return p;
   };

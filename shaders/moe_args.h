@@ -27,7 +27,7 @@ using uint = uint32_t;
 
 // router.comp, one dispatch:
 //   with TS_ROUTER_LOGITS (one workgroup per expert): h2 = RMSNorm(x; norm_w, eps),
-//     logits[e] = W[e] . h2; workgroup 0 also writes h2 (the gate-up reads it);
+//     logits[e] = W[e] . h2; the workgroups also write h2, a share each (the gate-up reads it);
 //   with TS_ROUTER_ROUTE, the last workgroup to finish (arrival counter route[2*n_used]) computes
 //     the routing (routing.glsl) from the logits and writes route[2k] = expert, route[2k+1] =
 //     weight bits, k < n_used, best first, and resets the counter. Without TS_ROUTER_LOGITS: one

@@ -5,7 +5,8 @@
 // The routed terms come only with TS_MOE_ROUTED (and only for experts e_k in
 // [expert_lo, expert_hi), the slots bound to this dispatch), the shared term only with
 // TS_MOE_SHARED. The dense FFN is the shared-only case (n_used = 0, its down matrix at
-// shared_offset). Expert e_k = route[2k] and weight w_k = route[2k+1] come from router.comp.
+// shared_offset). Expert e_k = route[2k] and weight w_k = route[2k+1] come from router.comp
+// (or, with TS_MOE_ROUTE_RECOMPUTE, from routing.glsl run by this workgroup).
 // Arguments: MoeArgs (moe_args.h). Wrappers: MoeDownOp, DenseDownOp (runtime/vulkan/kernels_moe.h).
 //
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots

@@ -1,7 +1,8 @@
 #version 450
 // MoE gate-up (decode_plan.md D9): for each slot s handled by this dispatch and each row i of
 // its width, h[s*h_stride + i] = silu(gate_i . in) * (up_i . in).
-//   routed slot k < n_used: expert e_k = route[2k] (written by router.comp), its gate-up matrix
+//   routed slot k < n_used: expert e_k = route[2k] (written by router.comp; with
+//     TS_MOE_ROUTE_RECOMPUTE the workgroup runs routing.glsl itself), its gate-up matrix
 //     (2w rows x n_embd, row 2i gate i, row 2i+1 up i) in a MOE_TILE1 slot;
 //   shared slot (h slot n_used): the tile's shared gate-up matrix, or (TS_MOE_SEPARATE_GATE_UP,
 //     the dense FFN) separate gate and up matrices of w_shared rows each.
@@ -77,20 +78,27 @@ Mat mat_at(uint base, uint rows) {
 #if !W_PLAIN
 void pair_unit(Mat g, uint gr, Mat u, uint ur, uint nb, uint t, inout vec2 acc) {
   const uint b = t / W_UNITS, j = t % W_UNITS;
-  float glo[16], ghi[16], ulo[16], uhi[16];
+  float lo[16], hi[16];
   uint off_lo, off_hi;
-  split1_unit(g.qbase, g.mbase, gr * nb + b, j, glo, ghi, off_lo, off_hi);
-  split1_unit(u.qbase, u.mbase, ur * nb + b, j, ulo, uhi, off_lo, off_hi);
+  // Gate, then up, through the same 32 registers: fewer live registers, more resident workgroups.
+  split1_unit(g.qbase, g.mbase, gr * nb + b, j, lo, hi, off_lo, off_hi);
   const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
-  vec4 sg = vec4(0.0), su = vec4(0.0);
+  vec4 xl[4], xh[4];
   [[unroll]] for (uint q = 0; q < 4; ++q) {
-    const vec4 xl = in_vec4(k_lo + 4 * q), xh = in_vec4(k_hi + 4 * q);
-    sg += vec4(glo[4 * q], glo[4 * q + 1], glo[4 * q + 2], glo[4 * q + 3]) * xl;
-    sg += vec4(ghi[4 * q], ghi[4 * q + 1], ghi[4 * q + 2], ghi[4 * q + 3]) * xh;
-    su += vec4(ulo[4 * q], ulo[4 * q + 1], ulo[4 * q + 2], ulo[4 * q + 3]) * xl;
-    su += vec4(uhi[4 * q], uhi[4 * q + 1], uhi[4 * q + 2], uhi[4 * q + 3]) * xh;
+    xl[q] = in_vec4(k_lo + 4 * q);
+    xh[q] = in_vec4(k_hi + 4 * q);
   }
-  acc += vec2((sg.x + sg.y) + (sg.z + sg.w), (su.x + su.y) + (su.z + su.w));
+  vec4 s = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4; ++q)
+    s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * xl[q] +
+         vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * xh[q];
+  acc.x += (s.x + s.y) + (s.z + s.w);
+  split1_unit(u.qbase, u.mbase, ur * nb + b, j, lo, hi, off_lo, off_hi);
+  s = vec4(0.0);
+  [[unroll]] for (uint q = 0; q < 4; ++q)
+    s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * xl[q] +
+         vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * xh[q];
+  acc.y += (s.x + s.y) + (s.z + s.w);
 }
 #elif PLAIN_VEC8
 void pair_unit(Mat g, uint gr, Mat u, uint ur, uint groups, uint t, inout vec2 acc) {

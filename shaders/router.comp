@@ -2,8 +2,8 @@
 // MoE router and routing in one dispatch (decode_plan.md D8; no separate top-k dispatch):
 //   TS_ROUTER_LOGITS: one workgroup per router row: h2 = RMSNorm(x; ffn_norm), logits[e] =
 //     W_router[e] . h2 (each invocation loads its share of x, the norm weight and the row at once;
-//     the workgroup reduces sum(x^2) and the dot product together). Workgroup 0 also writes h2,
-//     which the gate-up kernel reads after the barrier instead of normalizing again.
+//     the workgroup reduces sum(x^2) and the dot product together). The workgroups also write h2
+//     (a share each), which the gate-up kernel reads after the barrier instead of normalizing again.
 //   Then the last workgroup to finish (atomic arrival counter) computes the routing from all the
 //     logits (routing.glsl) and writes the K (expert, weight) pairs the expert kernels read.
 //   Without TS_ROUTER_LOGITS: one workgroup, the routing of given logits only.
@@ -65,8 +65,10 @@ void router_row(uint row) {
   acc = workgroup_sum(acc);
   const float inv_rms = inversesqrt(ss / float(n) + args.eps);
   if (tid == 0) route_logits[row] = acc * inv_rms;
-  if (row == 0u)
-    for (uint k = tid; k < n; k += WG_SIZE) h2[k] = x[k] * inv_rms * nw[k];
+  // h2: each workgroup writes its share (one element per invocation for GLM sizes), so no
+  // workgroup has a long tail.
+  const uint share = (n + args.n_expert - 1) / args.n_expert;
+  for (uint k = row * share + tid; k < min(n, (row + 1u) * share); k += WG_SIZE) h2[k] = x[k] * inv_rms * nw[k];
 }
 
 void main() {

@@ -166,9 +166,11 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   vk::MemoryPlan plan;
   uint64_t weight_total = 0;
   for (const Upload& u : uploads) weight_total += u.size;
-  plan.add("weights", vk::MemoryKind::DeviceLocal, weight_total);
-  plan.add(cat("KV cache (", c.n_layer, " layers x ", n_ctx_, " positions x ", row, " f16)"), vk::MemoryKind::DeviceLocal,
-           uint64_t(c.n_layer) * ashape.cache_bytes());
+  // One item per allocation: each must also fit maxMemoryAllocationSize.
+  for (const Upload& u : uploads) plan.add("weights " + u.what, vk::MemoryKind::DeviceLocal, u.size);
+  for (uint32_t l = 0; l < c.n_layer; ++l)
+    plan.add(cat("KV cache blk.", l, " (", n_ctx_, " positions x ", row, " f16)"), vk::MemoryKind::DeviceLocal,
+             ashape.cache_bytes());
   uint64_t act_total = 0;
   for (const Act& a : acts) act_total += (a.bytes + 255) / 256 * 256;
   plan.add("activations and scratch", vk::MemoryKind::DeviceLocal, act_total);

@@ -9,17 +9,17 @@
 namespace tessera::vk {
 namespace {
 
-// Work split (measured on an H200, see kernels_moe.h): many small independent dot products, so
-// that enough weight loads are in flight to stream the tile at full bandwidth.
+// Work split: many small independent dot products (one per subgroup), so that many weight loads
+// are in flight at once. Alternatives are selectable through MoeTuning (bench: MoeBench.*).
 constexpr uint32_t kSharedThreadsPerRow = 32;  // team width of the shared-memory reduction path
 constexpr uint32_t kGateUpTeams = 4;           // gate-up: teams per workgroup, one output each
 constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one team per slot)
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 
-// MoeTuning with the automatic choices filled in for this device.
-MoeTuning resolve(const MoeTuning& t, Context& ctx) {
+// MoeTuning with the automatic choices filled in.
+MoeTuning resolve(const MoeTuning& t) {
   MoeTuning r = t;
-  if (r.unroll == 0) r.unroll = ctx.info().type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 1 : 2;  // a CPU gains nothing
+  if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16)
@@ -344,7 +344,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
-  const MoeTuning t = resolve(tuning, ctx);
+  const MoeTuning t = resolve(tuning);
   const uint32_t groups_routed = uint32_t((g.w_routed + t.gateup_teams - 1) / t.gateup_teams);
   const uint32_t groups_shared = uint32_t((g.w_shared + t.gateup_teams - 1) / t.gateup_teams);
   for (const TilePart& p : parts) {
@@ -391,7 +391,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
-  const MoeTuning t = resolve(tuning, ctx);
+  const MoeTuning t = resolve(tuning);
   const uint32_t groups = uint32_t((g.n_embd + t.down_rows - 1) / t.down_rows);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
@@ -462,7 +462,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                   plain ? "element" : "256-byte", " aligned relative to each other");
   const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
                     up_at % (8 * elem_bytes(gate.type)) == 0;
-  const MoeTuning t = resolve(tuning, ctx);
+  const MoeTuning t = resolve(tuning);
   const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
@@ -492,7 +492,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                   ctx.info().max_storage_buffer_range);
   const bool plain = down.layout == WeightLayout::Plain;
   const bool vec8 = plain && down.cols % 8 == 0;
-  const MoeTuning t = resolve(tuning, ctx);
+  const MoeTuning t = resolve(tuning);
   const Pipeline& pipe = down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;

@@ -38,8 +38,9 @@
 //
 //   Without a route buffer (router.route, gu.route, down.route left empty) every gate-up and
 //   down workgroup computes the routing itself from the logits: set gu.routing / gu.logits /
-//   gu.bias (same for down) instead. Same results; measured on an H200 about 5 us slower per
-//   expert kernel, so prefer the route buffer.
+//   gu.bias (same for down) instead. Same results. On an H200 (GLM shapes, Q4_0) the block's
+//   wall time is about the same either way (62.7 vs 64.1 us): the router's last workgroup takes
+//   ~4 us for the routing, the two expert kernels save about as much.
 //
 // API — the dense FFN block (layer < leading_dense_block_count): the same kernels, shared-slot only.
 //
@@ -48,8 +49,9 @@
 //   dg.record(rec);  rec.barrier();
 //   DenseDownOp dd;  dd.down = ffn_down; dd.h = h; dd.x = x;      // x += W_down . h
 //   dd.record(rec);  rec.barrier();
-//   (Measured on an H200: the norm fused into the dense gate-up costs more than an RmsNormOp
-//   dispatch into a buffer given as dg.x with dg.norm_weight left empty.)
+//   (On an H200 the norm fused into the dense gate-up costs ~18 us more than reading an already
+//   normalized input (dg.norm_weight left empty), so an RmsNormOp dispatch before it is likely
+//   the faster choice; not measured end to end.)
 //
 // Dispatch counts: the gate-up is one dispatch and the down one dispatch when the tile fits one
 // binding (maxStorageBufferRange: always on a 4 GiB-range GPU) and the shared slot has the routed
@@ -90,10 +92,11 @@ struct MoeTileRef {
   MoeTileGeometry geometry;
 };
 
-// Work-split choices of the gate-up / down kernels; 0 = automatic (the defaults were measured on
-// an H200 with the bench test MoeBench.*).
+// Work-split choices of the gate-up / down kernels; 0 = automatic. On an H200 the variants tried
+// (bench test MoeBench.*) were within 5% of each other: the kernels are latency-bound, see the
+// report in tests/vulkan/test_moe_bench.cpp.
 struct MoeTuning {
-  uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto: 2 on GPUs, 1 on CPU devices
+  uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto 1
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
 };

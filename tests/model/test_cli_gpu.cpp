@@ -1,0 +1,111 @@
+// The GPU front ends through the real binary: `run` on a .tsr (Vulkan by default) gives the same
+// greedy ids as the CPU reference on the original GGUF; `chat` keeps going across turns and
+// /reset; `verify --logits` passes; a .gguf with --backend vulkan is a usage error.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "runtime/vulkan/context.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct Out {
+  int code;
+  std::string text;
+};
+// Runs a shell command line, capturing stdout (and stderr when asked).
+Out sh(const std::string& cmd) {
+  Out o{-1, {}};
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return o;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) o.text.append(buf, n);
+  const int st = pclose(p);
+  o.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return o;
+}
+
+class CliGpu : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = fs::temp_directory_path() / ("tessera-test-cli-gpu-" + std::to_string(getpid()));
+    fs::create_directories(dir_);
+    try {
+      vk::Context ctx;
+      have_vulkan_ = true;
+    } catch (...) {
+      have_vulkan_ = false;
+    }
+    gguf_ = (dir_ / "tiny.gguf").string();
+    tsr_ = (dir_ / "tiny.tsr").string();
+    synth::SynthOptions so;
+    so.preset = "tiny";
+    so.type = "q8_0";
+    so.seed = 5;
+    so.out_path = gguf_;
+    synth::synthesize(so);
+    convert::ConvertOptions co;
+    co.in_path = gguf_;
+    co.out_path = tsr_;
+    co.compose = "none";
+    convert::convert_model(co);
+  }
+  static void TearDownTestSuite() { fs::remove_all(dir_); }
+  void SetUp() override {
+    if (!have_vulkan_) GTEST_SKIP() << "no Vulkan device";
+  }
+  static std::string bin() { return TESSERA_BINARY; }
+  static inline fs::path dir_;
+  static inline std::string gguf_, tsr_;
+  static inline bool have_vulkan_ = false;
+};
+
+std::string last_line(const std::string& s) {
+  std::string t = s;
+  while (!t.empty() && t.back() == '\n') t.pop_back();
+  const size_t nl = t.rfind('\n');
+  return nl == std::string::npos ? t : t.substr(nl + 1);
+}
+
+TEST_F(CliGpu, RunOnVulkanMatchesTheCpuReferenceGreedy) {
+  const std::string args = " --tokens 5,17,300,42 -n 12 --temp 0 --print-ids 2>/dev/null";
+  const Out gpu = sh(bin() + " run " + tsr_ + args);
+  const Out cpu = sh(bin() + " run " + gguf_ + " --backend cpu" + args);
+  ASSERT_EQ(gpu.code, 0) << gpu.text;
+  ASSERT_EQ(cpu.code, 0) << cpu.text;
+  EXPECT_FALSE(last_line(gpu.text).empty());
+  EXPECT_EQ(last_line(gpu.text), last_line(cpu.text));
+}
+
+TEST_F(CliGpu, VulkanBackendRefusesAGguf) {
+  const Out o = sh(bin() + " run " + gguf_ + " --backend vulkan --tokens 1 -n 1 2>&1");
+  EXPECT_EQ(o.code, 1) << o.text;
+  EXPECT_NE(o.text.find("convert it first"), std::string::npos) << o.text;
+}
+
+TEST_F(CliGpu, ChatKeepsTurnsAndResets) {
+  const Out o = sh("printf 'Hello\\nAnd again\\n/reset\\nHi\\n/quit\\n' | " + bin() + " chat " + tsr_ +
+                   " --temp 0 -n 6 2>&1");
+  ASSERT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("(conversation reset)"), std::string::npos) << o.text;
+  EXPECT_GE(std::count(o.text.begin(), o.text.end(), '>'), 4) << o.text;  // a prompt per line read
+}
+
+TEST_F(CliGpu, VerifyLogitsPasses) {
+  const Out o = sh(bin() + " verify " + gguf_ + " " + tsr_ + " --logits 6 2>&1");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("logits"), std::string::npos) << o.text;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -2,7 +2,6 @@
 // by pwrite into a pre-sized temporary file that finish() renames into place.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +11,7 @@
 
 #include "format/gguf.h"
 #include "format/gguf_bytes.h"
+#include "format/file_io.h"
 
 namespace tessera {
 
@@ -40,27 +40,6 @@ uint64_t assign_offsets(std::vector<GgufTensorInfo>& tensors, uint32_t alignment
   return at;
 }
 
-std::string folder_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-// pwrite all n bytes at `at`, retrying short writes and EINTR.
-void pwrite_all(int fd, const void* data, uint64_t n, uint64_t at, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const size_t chunk = size_t(std::min<uint64_t>(n, uint64_t(1) << 30));
-    const ssize_t w = ::pwrite(fd, p, chunk, off_t(at));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      runtime_error(path, ": write of ", chunk, " bytes at offset ", at, " failed: ", std::strerror(errno));
-    }
-    p += w;
-    at += uint64_t(w);
-    n -= uint64_t(w);
-  }
-}
 
 }  // namespace
 
@@ -135,14 +114,7 @@ void GgufWriter::begin(const std::string& path) {
   head.resize(data_offset_, 0);
   const uint64_t total = data_offset_ + data_size;
 
-  const std::string folder = folder_of(path);
-  struct statvfs vfs {};
-  if (::statvfs(folder.c_str(), &vfs) != 0)
-    runtime_error(path, ": cannot write into folder '", folder, "': ", std::strerror(errno));
-  const uint64_t free_bytes = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
-  if (total > free_bytes)
-    runtime_error(path, ": not enough disk space: the file needs ", total, " bytes, ", free_bytes,
-                  " bytes are free in '", folder, "'");
+  require_free_space(path, total);
 
   path_ = path;
   tmp_path_ = cat(path, ".tmp-", ::getpid());
@@ -181,25 +153,9 @@ void GgufWriter::finish() {
     const uint64_t pad = align_up(t.nbytes, alignment_) - t.nbytes;
     if (pad) pwrite_all(fd_, zeros.data(), pad, data_offset_ + t.offset + t.nbytes, tmp_path_);
   }
-  if (::fsync(fd_) != 0) runtime_error(tmp_path_, ": fsync failed: ", std::strerror(errno));
   const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp_path_.c_str());
-    runtime_error(tmp_path_, ": close failed: ", std::strerror(err));
-  }
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp_path_.c_str());
-    runtime_error(path_, ": cannot rename ", tmp_path_, " into place: ", std::strerror(err));
-  }
-  // Make the rename durable (best effort: some file systems refuse fsync on folders).
-  const int dir = ::open(folder_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  fd_ = -1;  // closed (and on failure removed) by commit_temp_file
+  commit_temp_file(fd, tmp_path_, path_);
   written_.reset();
 }
 

@@ -2,7 +2,6 @@
 // into a pre-sized temporary file, then the per-tensor hashes, directory and header last,
 // fsync, rename.
 #include <fcntl.h>
-#include <sys/statvfs.h>
 #include <unistd.h>
 #include <xxhash.h>
 #include <zstd.h>
@@ -17,6 +16,7 @@
 #include "format/error.h"
 #include "format/tsr.h"
 #include "format/tsr_codec.h"
+#include "format/file_io.h"
 
 namespace tessera {
 
@@ -24,26 +24,6 @@ namespace {
 
 constexpr int kZstdLevel = 9;  // metadata is a few MB (tokenizer): compresses in well under a second
 
-std::string folder_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
-}
-
-void pwrite_all(int fd, const void* data, uint64_t n, uint64_t at, const std::string& path) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  while (n > 0) {
-    const size_t chunk = size_t(std::min<uint64_t>(n, uint64_t(1) << 30));
-    const ssize_t w = ::pwrite(fd, p, chunk, off_t(at));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      runtime_error(path, ": write of ", chunk, " bytes at offset ", at, " failed: ", std::strerror(errno));
-    }
-    p += w;
-    at += uint64_t(w);
-    n -= uint64_t(w);
-  }
-}
 
 // Assigns offsets from `data_offset` on (FORMAT.md §5); returns the end of the last tensor.
 uint64_t assign_offsets(std::vector<TsrTensor>& tensors, uint64_t data_offset) {
@@ -124,14 +104,7 @@ void TsrWriter::begin(const std::string& path) {
     if (t.composed() && t.name.ends_with("attn_vo.weight")) h.flags |= kTsrFlagComposedVo;
   }
 
-  const std::string folder = folder_of(path);
-  struct statvfs vfs {};
-  if (::statvfs(folder.c_str(), &vfs) != 0)
-    runtime_error(path, ": cannot write into folder '", folder, "': ", std::strerror(errno));
-  const uint64_t free_bytes = uint64_t(vfs.f_bavail) * uint64_t(vfs.f_frsize);
-  if (h.file_size > free_bytes)
-    runtime_error(path, ": not enough disk space: the file needs ", h.file_size, " bytes, ", free_bytes,
-                  " bytes are free in '", folder, "'");
+  require_free_space(path, h.file_size);
 
   path_ = path;
   tmp_path_ = cat(path, ".tmp-", ::getpid());
@@ -212,24 +185,9 @@ void TsrWriter::finish(unsigned threads) {
   tsr_codec::set<uint64_t>(head.data(), tsr_codec::kOffHeaderHash, header_.header_xxh64);
   pwrite_all(fd_, head.data(), head.size(), 0, tmp_path_);
 
-  if (::fsync(fd_) != 0) runtime_error(tmp_path_, ": fsync failed: ", std::strerror(errno));
   const int fd = fd_;
-  fd_ = -1;
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp_path_.c_str());
-    runtime_error(tmp_path_, ": close failed: ", std::strerror(err));
-  }
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp_path_.c_str());
-    runtime_error(path_, ": cannot rename ", tmp_path_, " into place: ", std::strerror(err));
-  }
-  const int dir = ::open(folder_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir >= 0) {
-    ::fsync(dir);
-    ::close(dir);
-  }
+  fd_ = -1;  // closed (and on failure removed) by commit_temp_file
+  commit_temp_file(fd, tmp_path_, path_);
   written_.reset();
 }
 

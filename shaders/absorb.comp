@@ -1,5 +1,5 @@
 #version 450
-// D3' / D7' of the decode step (briefs/decode_plan.md), factored MLA path: per-head matvecs
+// D3' / D7' of the decode step (docs/DECODE.md), factored MLA path: per-head matvecs
 // y_h = W_h x_h for every head in one dispatch (forward.md section 2.3, 2.4):
 //   D3': q_lat_h = Kb_h q_nope_h   W = attn_k_b {Dn, R, H}: H stacked R x Dn matrices
 //        (+ the unroped q_pe copied beside q_lat, giving the attention query [q_lat | q_pe])

@@ -1,5 +1,5 @@
 #version 450
-// D6 of the decode step (briefs/decode_plan.md): combine the per-chunk softmax partials of
+// D6 of the decode step (docs/DECODE.md): combine the per-chunk softmax partials of
 // attention_partial.comp into the latent attention output of every head:
 //   M = max_c m_c,  w_c = exp(m_c - M),  olat[h*R + r] = sum_c w_c o_c[h][r] / sum_c w_c l_c
 // The chunk count follows kv_len exactly as in attention_partial.comp (same arguments, same TILE).

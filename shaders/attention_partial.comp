@@ -1,5 +1,5 @@
 #version 450
-// D5 of the decode step (briefs/decode_plan.md): split-K absorbed MLA attention over one layer's
+// D5 of the decode step (docs/DECODE.md): split-K absorbed MLA attention over one layer's
 // latent cache (forward.md section 2.3-2.4). For the query at position pos (kv_len = pos + 1 rows)
 //   s_h(j) = kq_scale * (q_lat_h . c_j + rope(q_pe_h, pos) . kpe_j),   j < kv_len
 // and per chunk of positions the softmax state of every head: m = max_j s, l = sum_j exp(s - m),

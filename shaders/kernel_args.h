@@ -11,7 +11,7 @@ namespace tessera::gpu {
 using uint = uint32_t;
 #endif
 
-// Weight layout ids (../briefs/layout.md; the .tsr directory stores the same numbers).
+// Weight layout ids (docs/FORMAT.md; the .tsr directory stores the same numbers).
 #define TS_LAYOUT_PLAIN 0      // F32 / F16 / BF16 row-major as in GGUF
 #define TS_LAYOUT_SPLIT1 1     // quant bytes region Q, then (256-aligned) the rest region M
 #define TS_LAYOUT_MOE_TILE1 2  // per MoE layer: routed expert slots + one shared slot

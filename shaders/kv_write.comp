@@ -1,5 +1,5 @@
 #version 450
-// D4 of the decode step (briefs/decode_plan.md): append this token's row to one layer's latent
+// D4 of the decode step (docs/DECODE.md): append this token's row to one layer's latent
 // KV cache (forward.md section 2.1-2.2):
 //   cache[pos] = f16([ RMSNorm(kv[0:R]; attn_kv_a_norm, eps) | rope(kv[R:R+Dr], pos) ])
 // pos is read from the step buffer (recorded command buffers are reused for every token).

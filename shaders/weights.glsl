@@ -1,5 +1,5 @@
 // Reading weight matrices: SPLIT1 block types and plain F32/F16/BF16 rows
-// (layout: ../briefs/layout.md, docs/FORMAT.md; block math: ../shared/spec/gguf.md section 7).
+// (layout: docs/FORMAT.md; block math: ../shared/spec/gguf.md section 7).
 //
 // The including kernel defines, before #include "weights.glsl":
 //   WTYPE        ggml type id (TS_TYPE_* in kernel_args.h)

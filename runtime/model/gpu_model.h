@@ -4,7 +4,7 @@
 // allocation; each decoder block's byte span is uploaded as one buffer (the file keeps a block's
 // tensors together), the rest (token_embd, output) one buffer each.
 //
-// Decode step (briefs/decode_plan.md), recorded once at load and resubmitted for every token:
+// Decode step (docs/DECODE.md), recorded once at load and resubmitted for every token:
 //   embed(step.token) -> for each block: attention (composed or factored, by what the file holds)
 //   + dense FFN or MoE (routing on the GPU) -> output norm + LM head -> sample/argmax, which writes
 //   the next token and position back into the step buffer: the GPU feeds itself.

@@ -1,4 +1,4 @@
-// Attention kernels of the decode step (briefs/decode_plan.md D3', D4, D5, D6, D7'), absorbed MLA
+// Attention kernels of the decode step (docs/DECODE.md D3', D4, D5, D6, D7'), absorbed MLA
 // over the latent f16 cache (forward.md §2-4).
 //
 // API (what the decode graph records, per layer; shapes from AttentionShape::from_config):

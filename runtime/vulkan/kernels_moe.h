@@ -1,4 +1,4 @@
-// Router, routing and feed-forward kernels of a decoder block (briefs/decode_plan.md D8-D10 and
+// Router, routing and feed-forward kernels of a decoder block (docs/DECODE.md D8-D10 and
 // the dense layer; math: shared/spec/forward.md §5). Expert weights are read straight from a
 // MOE_TILE1 tile (docs/FORMAT.md §6.3, format/tsr_layout.h MoeTileGeometry). Every op is a plain
 // description: record() adds its dispatch(es) to a recording, bytes() is what one call moves

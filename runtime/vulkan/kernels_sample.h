@@ -1,4 +1,4 @@
-// Next-token choice on the GPU (briefs/decode_plan.md "Final"; shaders/sample.comp): argmax, or
+// Next-token choice on the GPU (docs/DECODE.md "Final"; shaders/sample.comp): argmax, or
 // top-k / top-p / min-p / temperature sampling, in one dispatch, writing the token where the next
 // decode step reads it, so the GPU feeds itself and the host only streams tokens.
 //

@@ -1,4 +1,4 @@
-// Weight matrices on the device: the SPLIT1 layout helpers (../briefs/layout.md, docs/FORMAT.md)
+// Weight matrices on the device: the SPLIT1 layout helpers (docs/FORMAT.md)
 // and MatrixRef, the description of one matrix that kernels read.
 //
 // SPLIT1 for R rows x K columns of a block type (nb = K / block_elems blocks per row):

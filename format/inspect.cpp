@@ -167,6 +167,14 @@ void gguf_value_json(JsonWriter& j, const GgufValue& v, size_t max_items) {
   j.end_array().field("truncated", shown < v.count);
 }
 
+void metadata_json(JsonWriter& j, const Metadata& md, size_t max_items) {
+  for (const GgufKV& e : md.entries()) {
+    j.key(e.key).begin_object();
+    gguf_value_json(j, e.value, max_items);
+    j.end_object();
+  }
+}
+
 std::string describe_gguf_text(const GgufFile& f, const InspectOptions& opt) {
   std::string out;
   out += cat("GGUF file: ", f.path(), "\n");
@@ -224,11 +232,7 @@ std::string describe_gguf_json(const GgufFile& f, const InspectOptions& opt) {
   j.field("data_offset", f.data_offset());
 
   j.key("metadata").begin_object();
-  for (const GgufKV& e : f.metadata().entries()) {
-    j.key(e.key).begin_object();
-    gguf_value_json(j, e.value, opt.max_items);
-    j.end_object();
-  }
+  metadata_json(j, f.metadata(), opt.max_items);
   j.end_object();
 
   j.key("tensors").begin_array();

@@ -9,6 +9,7 @@ namespace tessera {
 
 class GgufFile;
 struct GgufValue;
+class Metadata;
 class JsonWriter;
 
 struct InspectOptions {
@@ -30,6 +31,8 @@ std::string describe_gguf_json(const GgufFile& f, const InspectOptions& opt);
 std::string gguf_value_text(const GgufValue& v, size_t max_items);
 // Writes a metadata value's JSON member fields ("type", "value" or the array fields).
 void gguf_value_json(JsonWriter& j, const GgufValue& v, size_t max_items);
+// Every metadata key as {key: {type, value...}} inside the object being written (GGUF and .tsr).
+void metadata_json(JsonWriter& j, const Metadata& md, size_t max_items);
 
 // "1.50 GiB", "12.0 KiB", "17 B".
 std::string human_bytes(uint64_t n);

@@ -151,11 +151,7 @@ std::string describe_tsr_json(const TsrFile& f, const InspectOptions& opt) {
   j.field("flags", h.flags).field("tensor_count", h.tensor_count).field("kv_count", h.metadata_kv_count);
   j.field("data_offset", h.data_offset);
   j.key("metadata").begin_object();
-  for (const GgufKV& e : f.metadata().entries()) {
-    j.key(e.key).begin_object();
-    gguf_value_json(j, e.value, opt.max_items);
-    j.end_object();
-  }
+  metadata_json(j, f.metadata(), opt.max_items);
   j.end_object();
   j.key("tensors").begin_array();
   for (const TsrTensor& t : f.tensors()) {

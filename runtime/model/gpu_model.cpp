@@ -132,7 +132,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
     bad_input(file.path(), ": holds tensors of ", file.n_layer_groups(), " decoder blocks, the metadata says ", c.n_layer);
 
   // Activation sizes.
-  const uint64_t H = c.n_head, R = c.kv_lora_rank, Dr = c.n_rot, row = c.kv_row();
+  const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
   uint64_t moe_h = 4;
   for (const TsrTensor& t : file.tensors())
     if (t.layout == TsrLayout::MoeTile1) moe_h = std::max<uint64_t>(moe_h, vk::moe_h_floats(t.moe_tile(), c.n_expert_used));
@@ -161,7 +161,6 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.partials, "attention partials", probe.partials_bytes()},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
   };
-  (void)Dr;
 
   vk::MemoryPlan plan;
   uint64_t weight_total = 0;

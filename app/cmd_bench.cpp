@@ -21,6 +21,7 @@ struct BenchArgs {
   std::string json_out;
   unsigned threads = 0;
   uint64_t roofline_mib = 0;
+  bool f32_activations = false;
 };
 
 Action setup(CLI::App& sub, const Globals& globals) {
@@ -41,6 +42,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--device", b.device, "Vulkan device number (default: the best one)")->check(CLI::NonNegativeNumber);
   sub.add_option("--threads", a->threads, "CPU reference threads (default: the global --threads, else all)");
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
+  sub.add_flag("--f32-activations", a->f32_activations,
+               "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -52,6 +55,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
     o.threads = a->threads ? a->threads : globals.thread_count();
     o.roofline_options.read_bytes = a->roofline_mib << 20;
     if (!a->profile_out.empty()) o.profile = true;
+    o.int8_activations = !a->f32_activations;
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

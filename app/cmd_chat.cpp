@@ -30,7 +30,7 @@ struct Stopped {};  // thrown from the text callback to end an answer early
 struct ChatArgs {
   std::string model, backend = "auto", system, chat_template;
   int device = -1, ctx = 4096, n_predict = 1024;
-  bool think = false;
+  bool think = false, f32_activations = false;
   text::SamplerParams sampling;
   std::optional<uint64_t> seed;
 };
@@ -46,7 +46,8 @@ int chat(const ChatArgs& a, const Globals& g) {
   text::SamplerParams sp = a.sampling;
   sp.seed = a.seed ? *a.seed : std::random_device{}();
   OpenModel om = open_model({.path = a.model, .backend = a.backend, .device = a.device, .n_ctx = a.ctx,
-                             .threads = g.thread_count(), .sampling = sp, .verbose = g.verbose});
+                             .threads = g.thread_count(), .sampling = sp, .verbose = g.verbose,
+                             .f32_activations = a.f32_activations});
   LanguageModel& model = *om.model;
   const Metadata& md = om.weights->metadata();
   const text::Tokenizer tok = text::Tokenizer::from_metadata(md);
@@ -135,6 +136,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--backend", a->backend, "Compute backend (auto: vulkan for .tsr, cpu for .gguf)")
       ->check(CLI::IsMember({"auto", "cpu", "vulkan"}))->capture_default_str();
   sub.add_option("--device", a->device, "Vulkan device number (tessera devices)");
+  sub.add_flag("--f32-activations", a->f32_activations, "Vulkan: f32 inputs to every matvec (no int8 activations)");
   sub.add_option("--ctx", a->ctx, "Context size in tokens")->check(CLI::PositiveNumber)->capture_default_str();
   sub.add_option("--system", a->system, "System prompt");
   sub.add_option("--chat-template", a->chat_template, "Chat format when the model's template is not recognized");

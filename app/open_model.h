@@ -21,6 +21,7 @@ struct ModelRequest {
   AttentionPath attention = AttentionPath::Absorbed;  // CPU backend
   text::SamplerParams sampling;  // the GPU sampler takes these (penalties: the host samples)
   int verbose = 0;
+  bool f32_activations = false;  // Vulkan: no int8-activation kernels
 };
 
 struct OpenModel {

@@ -7,7 +7,9 @@
 // Defines: WTYPE (ggml type id), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP,
 // else a power of two), NUM_ROWS (rows per subgroup, 1..4; 1 without USE_SUBGROUP), NUM_COLS
 // (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with cols % 8 == 0: 16-byte weight loads),
-// UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)).
+// UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)),
+// Q8ACT (Q4_0 / Q8_0, NUM_COLS 1: x quantized to int8 per workgroup, integer dot products;
+// q8_activations.glsl) with Q8_BLOCKS >= cols / 32.
 // Work split: a subgroup (or THREADS_PER_ROW invocations) owns NUM_ROWS consecutive rows and
 // walks them together (every x value it loads serves NUM_ROWS rows: pays off in the batched
 // form); rows are reduced with subgroupAdd, or through shared memory.
@@ -20,6 +22,9 @@
 #define W_M_BINDING 1
 #include "weights.glsl"
 
+#if Q8ACT && NUM_COLS != 1
+#error "matvec.comp: the int8 activation path takes one x vector"
+#endif
 #if !USE_SUBGROUP && NUM_ROWS != 1
 #error "matvec.comp: the shared-memory path handles one row per invocation group"
 #endif
@@ -57,6 +62,11 @@ vec4 xin4(uint c, uint k) {
   return v;
 }
 
+#if Q8ACT
+#include "q8_activations.glsl"
+vec4 q8_input4(uint k) { return xin4(0u, k); }
+#endif
+
 #if !W_PLAIN
 // Adds 8-value unit u (split1_unit8) of rows entry0 / nb .. + nvalid - 1 to acc.
 void unit8_dot(uint entry0, uint nb, uint nvalid, uint u, inout float acc[NUM_ROWS][NUM_COLS]) {
@@ -80,7 +90,22 @@ void rows_dot(uint row, uint nvalid, uint lane, uint nlanes, inout float acc[NUM
   const uint nb = args.cols / W_BLOCK;
   const uint entry0 = row * nb;
 #endif
-#if !W_PLAIN && UNIT32
+#if Q8ACT
+  // Whole blocks against the int8 x in shared memory; two blocks per iteration keep two
+  // independent weight loads in flight per lane and row.
+  uint b = lane;
+  for (; b + nlanes < nb; b += 2u * nlanes) {
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r == 0u || r < nvalid)
+        acc[r][0] += q8_block_dot(0u, 0u, entry0 + r * nb + b, b) + q8_block_dot(0u, 0u, entry0 + r * nb + b + nlanes, b + nlanes);
+    }
+  }
+  if (b < nb) {
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r == 0u || r < nvalid) acc[r][0] += q8_block_dot(0u, 0u, entry0 + r * nb + b, b);
+    }
+  }
+#elif !W_PLAIN && UNIT32
   // 32-value units: 16-byte weight loads, one scale decode per 32 values (decoding K-quant
   // scales is what limits the 8-value path); x is read 128 bytes apart across lanes.
   for (uint u = lane; u < nb * W_UNITS; u += nlanes) {
@@ -166,6 +191,9 @@ void main() {
   }
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
+#endif
+#if Q8ACT
+  q8_quantize_input(args.cols / 32u);
 #endif
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);

@@ -11,12 +11,14 @@
 //
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
 // per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
-// (plain types whose row lengths are multiples of 8), UNROLL (1 or 2 units per loop iteration).
+// (plain types whose row lengths are multiples of 8), UNROLL (1 or 2 units per loop iteration),
+// Q8ACT (Q4_0 / Q8_0: h read as the int8 blocks the Q8ACT gate-up wrote (binding 6, copied to
+// shared memory), integer dot products; Q8_BLOCKS >= (n_used + 1) * h_stride / 32).
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
-// 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only).
+// 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -43,6 +45,12 @@ bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
 uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
 float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }
 
+#if Q8ACT
+#include "q8_activations.glsl"
+vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: hq arrives quantized
+layout(std430, binding = 6) readonly restrict buffer HqBuf { uvec4 hq[]; };
+#endif
+
 // A matrix of n_embd rows x `cols` starting at byte `base` of the weight binding, its input at
 // float `hoff` of h.
 struct Mat {
@@ -63,7 +71,8 @@ Mat mat_at(uint base, uint cols, uint hoff) {
 }
 
 // Unit t of row r of m dotted with its input (acc += ...).
-#if !W_PLAIN
+#if Q8ACT
+#elif !W_PLAIN
 void row_unit(Mat m, uint r, uint nb, uint t, inout float acc) {
   const uint b = t / W_UNITS, j = t % W_UNITS;
   float lo[16], hi[16];
@@ -91,7 +100,10 @@ void row_unit(Mat m, uint r, uint groups, uint t, inout float acc) {
 // two units per iteration, twice the loads in flight).
 float row_dot(Mat m, uint r, uint lane, uint nlanes) {
   float acc = 0.0;
-#if !W_PLAIN || PLAIN_VEC8
+#if Q8ACT
+  const uint nb = m.cols / 32u, b0 = m.hoff / 32u;
+  for (uint b = lane; b < nb; b += nlanes) acc += q8_block_dot(m.qbase, m.mbase, r * nb + b, b0 + b);
+#elif !W_PLAIN || PLAIN_VEC8
 #if !W_PLAIN
   const uint per_row = m.cols / W_BLOCK, units = per_row * W_UNITS;
 #else
@@ -139,13 +151,45 @@ void main() {
     route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
   const uint n_routed = routed ? args.n_used : 0u;
   const uint n_slots = n_routed + ((args.flags & TS_MOE_SHARED) != 0u ? 1u : 0u);  // <= TEAMS
+#if Q8ACT
+  // h's int8 blocks (every slot) into shared memory.
+  const uint n_hq = (args.n_used + 1u) * (args.h_stride / 32u);
+  for (uint b = gl_LocalInvocationIndex; b < n_hq; b += WG_SIZE) {
+    q8_lo[b] = hq[3u * b];
+    q8_hi[b] = hq[3u * b + 1u];
+    q8_ds[b] = uintBitsToFloat(hq[3u * b + 2u]);
+  }
+  barrier();
+#endif
 
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.n_embd) return;  // uniform per workgroup
   const uint rows = min(ROWS_PER_WG, args.n_embd - row0);
 
   // Team s computes slot s of every row of the workgroup.
-#if USE_SUBGROUP
+#if USE_SUBGROUP && Q8ACT
+  // Two rows per iteration (the second clamped, stored only when valid): more loads in flight.
+  const uint s = gl_SubgroupID;
+  if (s < n_slots) {
+    Mat m;
+    float weight;
+    const bool has_slot = slot_matrix(s, n_routed, m, weight);
+    for (uint r = 0; r < rows; r += 2u) {
+      const uint r1 = min(r + 1u, rows - 1u);
+      float d0 = 0.0, d1 = 0.0;
+      if (has_slot) {
+        d0 = row_dot(m, row0 + r, gl_SubgroupInvocationID, gl_SubgroupSize);
+        d1 = row_dot(m, row0 + r1, gl_SubgroupInvocationID, gl_SubgroupSize);
+      }
+      d0 = subgroupAdd(d0);
+      d1 = subgroupAdd(d1);
+      if (subgroupElect()) {
+        part[r][s] = weight * d0;
+        if (r + 1u < rows) part[r1][s] = weight * d1;
+      }
+    }
+  }
+#elif USE_SUBGROUP
   const uint s = gl_SubgroupID;
   if (s < n_slots) {
     Mat m;

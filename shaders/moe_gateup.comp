@@ -13,7 +13,10 @@
 //
 // Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
 // OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
-// (1 or 2 units per loop iteration).
+// (1 or 2 units per loop iteration), Q8ACT (Q4_0 / Q8_0: the input quantized to int8 per
+// workgroup, integer dot products, q8_activations.glsl; Q8_BLOCKS >= n_embd / 32; OUT_PER_WG a
+// multiple of 32 and the widths multiples of 32: each workgroup also writes its outputs as int8
+// blocks to hq, the down kernel's input).
 // Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
 // [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
 // following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way. With
@@ -21,7 +24,8 @@
 // independent dot products keep enough loads in flight to stream the weights.
 // Bindings: 0 = weights (tile / slot range / dense span; regions Q and M), 1 = in (h2 or x),
 // 2 = norm weight (TS_MOE_NORM_INPUT), 3 = route (uint pairs (expert, weight bits)), 4 = h (out),
-// 5 = router logits, 6 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only).
+// 5 = router logits, 6 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 7 = hq (Q8ACT: int8
+// blocks of h, 3 uvec4 per block (q8_activations.glsl layout), block b of slot s at s*h_stride/32 + b).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -56,6 +60,13 @@ bool norm_input() { return (args.flags & TS_MOE_NORM_INPUT) != 0u; }
 // applied to the finished dot products).
 vec4 in_vec4(uint k) { return norm_input() ? in4[k >> 2] * nw4[k >> 2] : in4[k >> 2]; }
 float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
+
+#if Q8ACT
+#include "q8_activations.glsl"
+vec4 q8_input4(uint k) { return in_vec4(k); }
+layout(std430, binding = 7) writeonly restrict buffer HqBuf { uvec4 hq[]; };
+shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
+#endif
 
 // A matrix of `rows` x n_embd starting at byte `base` of the weight binding.
 struct Mat {
@@ -114,6 +125,15 @@ void pair_unit(Mat g, uint gr, Mat u, uint ur, uint groups, uint t, inout vec2 a
 
 // Partial dot products (x: gate row gr of matrix g, y: up row ur of matrix u) over this lane's
 // share of the row. UNROLL = 2: two units per iteration, so each lane has twice the loads in flight.
+#if Q8ACT
+vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
+  const uint nb = args.n_embd / 32u;
+  vec2 acc = vec2(0.0);
+  for (uint b = lane; b < nb; b += nlanes)
+    acc += vec2(q8_block_dot(g.qbase, g.mbase, gr * nb + b, b), q8_block_dot(u.qbase, u.mbase, ur * nb + b, b));
+  return acc;
+}
+#else
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint n = args.n_embd;
   vec2 acc = vec2(0.0);
@@ -140,6 +160,7 @@ vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
 #endif
   return acc;
 }
+#endif  // Q8ACT
 
 float silu(float z) { return z / (1.0 + exp(-z)); }
 
@@ -155,6 +176,9 @@ void main() {
     for (uint k = gl_LocalInvocationIndex; k < args.n_embd / 4u; k += WG_SIZE) ss += dot(in4[k], in4[k]);
     scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
   }
+#if Q8ACT
+  q8_quantize_input(args.n_embd / 32u);
+#endif
 
   // Which slot and rows this workgroup does (uniform per workgroup).
   const uint wg = linear_workgroup_id();
@@ -200,7 +224,26 @@ void main() {
   const uint i_end = min(i0 + OUT_PER_WG, width);
   const uint hbase = slot * args.h_stride;
 
-#if USE_SUBGROUP
+#if USE_SUBGROUP && Q8ACT
+  // Two outputs per iteration (the second clamped to the range, stored only when valid): four
+  // independent weight loads per lane and block.
+  for (uint i = i0 + gl_SubgroupID; i < i_end; i += 2u * gl_NumSubgroups) {
+    const uint i2 = min(i + gl_NumSubgroups, i_end - 1u);
+    vec2 a0 = pair_dot(gmat, gate_mul * i, umat, gate_mul * i + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
+    vec2 a1 = pair_dot(gmat, gate_mul * i2, umat, gate_mul * i2 + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
+    a0 = subgroupAdd(a0) * scale;
+    a1 = subgroupAdd(a1) * scale;
+    if (subgroupElect()) {
+      const float v0 = silu(a0.x) * a0.y, v1 = silu(a1.x) * a1.y;
+      h[hbase + i] = v0;
+      h_out[i - i0] = v0;
+      if (i + gl_NumSubgroups < i_end) {
+        h[hbase + i2] = v1;
+        h_out[i2 - i0] = v1;
+      }
+    }
+  }
+#elif USE_SUBGROUP
   for (uint i = i0 + gl_SubgroupID; i < i_end; i += gl_NumSubgroups) {
     vec2 acc = pair_dot(gmat, gate_mul * i, umat, gate_mul * i + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
     acc = subgroupAdd(acc) * scale;
@@ -223,8 +266,29 @@ void main() {
     if (lane == 0 && i < i_end) {
       const vec2 r = row_partial[lid] * scale;
       h[hbase + i] = silu(r.x) * r.y;
+#if Q8ACT
+      h_out[i - i0] = silu(r.x) * r.y;
+#endif
     }
     barrier();
+  }
+#endif
+#if Q8ACT
+  // The int8 copy of this workgroup's outputs (i0 and the widths are multiples of 32).
+  barrier();
+  const uint n_out_blocks = (i_end - i0) / 32u;
+  if (gl_LocalInvocationIndex < n_out_blocks) {
+    const uint t = gl_LocalInvocationIndex;
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k)
+      v[k] = vec4(h_out[32u * t + 4u * k], h_out[32u * t + 4u * k + 1u], h_out[32u * t + 4u * k + 2u], h_out[32u * t + 4u * k + 3u]);
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    const uint blk = slot * (args.h_stride / 32u) + i0 / 32u + t;
+    hq[3u * blk] = lo;
+    hq[3u * blk + 1u] = hi;
+    hq[3u * blk + 2u] = floatBitsToUint(ds);
   }
 #endif
 }

@@ -11,8 +11,8 @@
 // later tests at the same depth rewind to D). Each test runs once as a warm-up, then
 // `repetitions` timed runs: tok/s mean ± stddev and median.
 //
-// With `profile` (Vulkan only), a second load of the model with GPU timestamps profiles one decoded
-// token per depth (profile.h); the floor uses the read bandwidth measured by bench_roofline.h.
+// With `profile` (Vulkan only), the loaded model profiles one decoded token per depth with GPU
+// timestamps (a second recording of the step) (profile.h); the floor uses the read bandwidth measured by bench_roofline.h.
 //
 //   BenchOptions o; o.model_path = "glm.tsr"; o.depths = {0, 4096};
 //   BenchReport r = run_bench(o);
@@ -40,6 +40,7 @@ struct BenchOptions {
   unsigned threads = 0;                   // CPU backend threads (0: all)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
+  bool int8_activations = true;           // GpuModelOptions::int8_activations
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;
@@ -57,6 +58,7 @@ struct BenchHeader {
   uint64_t model_bytes = 0;    // weight bytes in the file
   uint32_t n_ctx = 0;          // KV-cache positions allocated for the grid
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
+  std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
 };
 

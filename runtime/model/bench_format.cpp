@@ -74,6 +74,7 @@ std::string bench_markdown(const BenchReport& r) {
     if (h.dispatches)
       s += "per token:  " + std::to_string(h.dispatches) + " dispatches, " + std::to_string(h.barriers) + " barriers, " +
            f("%.3f GB of weights read", h.weight_bytes_per_token / 1e9) + "\n";
+    if (!h.activations.empty()) s += "activations: " + h.activations + "\n";
     if (h.backend == "vulkan") s += "prefill:    the decode graph token by token (no batched prefill path yet)\n";
   }
   if (!r.results.empty()) {
@@ -100,7 +101,7 @@ std::string bench_json(const BenchReport& r) {
        js(h.types) + ", \"composition\": " + js(h.composition) + ", \"weight_bytes\": " + ju(h.model_bytes) +
        ", \"n_ctx\": " + ju(h.n_ctx) + ", \"dispatches_per_token\": " + ju(h.dispatches) +
        ", \"barriers_per_token\": " + ju(h.barriers) + ", \"weight_bytes_per_token\": " +
-       ju(h.weight_bytes_per_token) + "},\n";
+       ju(h.weight_bytes_per_token) + ", \"activations\": " + js(h.activations) + "},\n";
   s += "  \"results\": [";
   for (size_t i = 0; i < r.results.size(); ++i) {
     const BenchResult& b = r.results[i];

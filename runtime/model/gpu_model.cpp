@@ -2,6 +2,7 @@
 #include "runtime/model/gpu_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -42,6 +43,7 @@ struct GpuModel::Weights {
 
   // activations (f32) and state
   vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
+  vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
 
@@ -86,7 +88,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
       config_.has_exp_probs_b = false;  // a softmax-routed file without selection bias
   plan_and_upload(file);
-  rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = options_.timestamps});
+  rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = false});
   // Zero the sampler's scratch once (its arrival counter must start at 0).
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
@@ -102,6 +104,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
 }
 
 GpuModel::~GpuModel() {
+  prof_rec_.reset();
   rec_.reset();
   xfer_.reset();
   w_.reset();
@@ -133,9 +136,13 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
 
   // Activation sizes.
   const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
-  uint64_t moe_h = 4;
+  uint64_t moe_h = 4, hq_bytes = 48;
   for (const TsrTensor& t : file.tensors())
-    if (t.layout == TsrLayout::MoeTile1) moe_h = std::max<uint64_t>(moe_h, vk::moe_h_floats(t.moe_tile(), c.n_expert_used));
+    if (t.layout == TsrLayout::MoeTile1) {
+      moe_h = std::max<uint64_t>(moe_h, vk::moe_h_floats(t.moe_tile(), c.n_expert_used));
+      hq_bytes = std::max<uint64_t>(hq_bytes, vk::moe_hq_bytes(t.moe_tile(), c.n_expert_used));
+    }
+  hq_bytes = std::max<uint64_t>(hq_bytes, vk::dense_hq_bytes(c.n_ff));
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   vk::AttentionOp probe(ctx_, ashape);
   struct Act {
@@ -157,6 +164,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.route, "route", (2ull * std::max<uint32_t>(c.n_expert_used, 1) + 1) * 4},
       {&w.h, "moe h", moe_h * 4},
       {&w.hdense, "dense h", std::max<uint64_t>(c.n_ff, 4) * 4},
+      {&w.hq, "int8 h", hq_bytes},
       {&w.logits, "logits", uint64_t(c.n_vocab) * 4},
       {&w.partials, "attention partials", probe.partials_bytes()},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
@@ -225,7 +233,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.accumulate = acc;
     op.norm_weight = norm;
     op.norm_eps = c.eps;
-    op.label = op.kernel_name() + " " + name;
+    op.int8_activations = options_.int8_activations;
+    op.label = op.kernel_name(&ctx_) + " " + name;
+    if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
     weight_bytes += op.w.read_bytes();
   };
@@ -291,14 +301,17 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       gu.norm_weight = ffn_norm;
       gu.eps = c.eps;
       gu.h = w.hdense.whole();
-      gu.label = "dense_gateup " + L;
+      if (options_.int8_activations && vk::dense_q8_usable(ctx_, gu.gate, w.matrix(L + "ffn_down.weight")))
+        gu.hq = w.hq.whole();
+      gu.label = (gu.hq.buffer ? "dense_gateup.q8act " : "dense_gateup ") + L;
       gu.record(rec);
       rec.barrier();
       vk::DenseDownOp dd;
       dd.down = w.matrix(L + "ffn_down.weight");
       dd.h = w.hdense.whole();
       dd.x = w.x.whole();
-      dd.label = "dense_down " + L;
+      dd.hq = gu.hq;
+      dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
       dd.record(rec);
       rec.barrier();
       weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes() + dd.down.read_bytes();
@@ -329,7 +342,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     gu.h2 = w.h2.whole();
     gu.route = w.route.whole();
     gu.h = w.h.whole();
-    gu.label = "moe_gateup " + L;
+    if (options_.int8_activations && vk::moe_q8_usable(ctx_, tref.geometry, c.n_expert_used)) {
+      gu.hq = w.hq.whole();
+      stats_.int8_activations = true;
+    }
+    gu.label = (gu.hq.buffer ? "moe_gateup.q8act " : "moe_gateup ") + L;
     gu.record(rec);
     rec.barrier();
     vk::MoeDownOp down;
@@ -338,7 +355,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.h = w.h.whole();
     down.route = w.route.whole();
     down.x = w.x.whole();
-    down.label = "moe_down " + L;
+    down.hq = gu.hq;
+    down.label = (down.hq.buffer ? "moe_down.q8act " : "moe_down ") + L;
     down.record(rec);
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
@@ -360,7 +378,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   stats_.weight_bytes = weight_bytes;
 }
 
-void GpuModel::run_step(int32_t token, uint32_t pos) {
+void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(*rec_, token, pos); }
+
+void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   if (pos >= n_ctx_)
     usage_error("context full: position ", pos, " needs a KV cache of more than ", n_ctx_,
                 " positions (start a new context, or raise --ctx)");
@@ -368,7 +388,7 @@ void GpuModel::run_step(int32_t token, uint32_t pos) {
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
   const uint32_t words[2] = {uint32_t(token), pos};
   w_->step.write(0, words, sizeof words);
-  rec_->run();
+  rec.run();
 }
 
 std::vector<float> GpuModel::forward(std::span<const int32_t> tokens, bool last_only) {
@@ -412,16 +432,25 @@ std::vector<float> GpuModel::last_logits() const {
   return l;
 }
 
-std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len) {
-  if (!options_.timestamps) usage_error("profile_step needs a model loaded with timestamps on");
+std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* wall_us) {
+  if (!ctx_.device().has_timestamps()) runtime_error("profile: ", ctx_.info().name, " has no timestamp queries");
   if (kv_len == 0 || kv_len > n_ctx_) usage_error("profile_step: context length ", kv_len, " outside 1..", n_ctx_);
-  // Re-record with the byte counts of this context length, run once at position kv_len - 1.
-  rec_->begin();
-  record_step(*rec_, kv_len);
-  rec_->end();
+  // A second recording of the step with timestamps after every dispatch and the byte counts of
+  // this context length (the decode recording stays as it is), run once at position kv_len - 1.
+  if (!prof_rec_) prof_rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = true});
+  if (prof_kv_len_ != kv_len) {
+    const DecodeStats keep = stats_;
+    prof_rec_->begin();
+    record_step(*prof_rec_, kv_len);
+    prof_rec_->end();
+    stats_ = keep;
+    prof_kv_len_ = kv_len;
+  }
   const int32_t token = sampled_token();
-  run_step(token, kv_len - 1);
-  std::vector<vk::DispatchTiming> t = rec_->timings();
+  const auto t0 = std::chrono::steady_clock::now();
+  run_step(*prof_rec_, token, kv_len - 1);
+  if (wall_us) *wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<vk::DispatchTiming> t = prof_rec_->timings();
   // Leave the step buffer as it was for the session (position n_past, same token).
   const uint32_t words[2] = {uint32_t(token), n_past_};
   w_->step.write(0, words, sizeof words);

@@ -37,8 +37,9 @@ struct GpuModelOptions {
   vk::SampleParams sampling;      // the GPU sampler's parameters (temperature 0 = greedy)
   bool device_sampling = true;    // generate() takes the GPU's choice (false: the host samples
                                   // from downloaded logits, e.g. for repetition penalties)
-  bool timestamps = false;        // time every dispatch (profile_step)
   bool progress = false;          // upload progress bar on stderr
+  bool int8_activations = true;   // Q4_0/Q8_0 matvecs and experts: int8 activations and integer
+                                  // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
 };
 
@@ -47,6 +48,7 @@ struct DecodeStats {
   uint32_t barriers = 0;
   uint32_t layers = 0;
   bool composed_qk = false, composed_vo = false;
+  bool int8_activations = false;  // some matvec / expert kernel runs the int8-activation path
   uint64_t weight_bytes = 0;      // bytes of weights read per token (declared by the kernels)
   uint64_t device_bytes = 0;      // device memory planned
 };
@@ -85,15 +87,17 @@ class GpuModel : public LanguageModel {
   // (n >= n_past() changes nothing). Lets a benchmark repeat a test at one context depth.
   void rewind(uint32_t n) { n_past_ = n < n_past_ ? n : n_past_; }
 
-  // Runs one decode step with GPU timestamps (requires options.timestamps) at the current
-  // position without advancing it, and returns per-dispatch timings (label, bytes, µs).
-  std::vector<vk::DispatchTiming> profile_step(uint32_t kv_len);
+  // Runs one decode step with GPU timestamps (a second recording of the step, made on first use)
+  // at position kv_len - 1 without advancing the session, and returns per-dispatch timings (label,
+  // bytes, µs); *wall_us (if given): host time from submit to done of that step.
+  std::vector<vk::DispatchTiming> profile_step(uint32_t kv_len, double* wall_us = nullptr);
 
  private:
   struct Weights;
   void plan_and_upload(const TsrFile& file);
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   void run_step(int32_t token, uint32_t pos);
+  void run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos);
 
   vk::Context& ctx_;
   GpuModelOptions options_;
@@ -104,6 +108,8 @@ class GpuModel : public LanguageModel {
   std::unique_ptr<vk::MemoryPool> local_, host_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<vk::CommandRecorder> rec_;
+  std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
+  uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
   mutable std::unique_ptr<vk::Transfer> xfer_;  // logits read-back on non-mappable memory
 };
 

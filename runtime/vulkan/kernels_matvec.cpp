@@ -10,24 +10,35 @@ constexpr uint32_t kGroupsPerWorkgroup = 4;  // subgroups (row groups) per workg
 constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
 
 struct Variant {
-  bool plain, vec8, norm;
+  bool plain, vec8, norm, q8;
 };
 
-Variant variant_of(const MatvecOp& op) {
+Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool plain = op.w.layout == WeightLayout::Plain;
   const uint32_t xs = op.x_stride ? op.x_stride : op.w.cols;
   const bool x_aligned = op.x_offset % 4 == 0 && (op.batch == 1 || xs % 4 == 0);
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE};
+  const bool q8 = ctx && op.int8_activations && op.batch == 1 && !plain && x_aligned &&
+                  q8_activations_usable(*ctx, op.w.type, op.w.cols);
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
 }
 
 }  // namespace
 
-std::string MatvecOp::kernel_name() const {
-  const Variant v = variant_of(*this);
+bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols) {
+  if (t != GgmlType::Q4_0 && t != GgmlType::Q8_0) return false;
+  if (!ctx.device().enabled().integer_dot_product || cols % 32 != 0) return false;
+  return uint64_t(q8_blocks_define(cols)) * 48 + 1024 <= ctx.info().max_compute_shared_memory;
+}
+
+uint32_t q8_blocks_define(uint64_t cols) { return uint32_t((cols / 32 + 63) / 64 * 64); }
+
+std::string MatvecOp::kernel_name(Context* ctx) const {
+  const Variant v = variant_of(*this, ctx);
   std::string n = cat("matvec.", type_name(w.type));
   if (batch > 1) n += cat(".b", batch);
   if (v.vec8) n += ".v8";
   if (v.norm) n += ".norm";
+  if (v.q8) n += ".q8act";
   return n;
 }
 
@@ -40,11 +51,11 @@ uint64_t MatvecOp::bytes() const {
 
 void MatvecOp::record(CommandRecorder& rec) const {
   Context& ctx = rec.context();
-  const std::string name = kernel_name();
+  const std::string name = kernel_name(&ctx);
   const std::string what = label.empty() ? name : label;
   w.validate(what.c_str());
   if (batch < 1 || batch > 8) runtime_error(what, ": batch ", batch, " outside 1..8");
-  const Variant v = variant_of(*this);
+  const Variant v = variant_of(*this, &ctx);
   const uint32_t xs = x_stride ? x_stride : w.cols;
   const uint32_t ys = y_stride ? y_stride : w.rows;
   if (!v.plain && (x_offset % 4 != 0 || (batch > 1 && xs % 4 != 0)))
@@ -78,7 +89,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
                   {"NUM_COLS", std::to_string(batch)},
                   {"NORM_INPUT", v.norm ? "1" : "0"},
                   {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
-                  {"UNIT32", unit32 ? "1" : "0"}};
+                  {"UNIT32", unit32 ? "1" : "0"},
+                  {"Q8ACT", v.q8 ? "1" : "0"},
+                  {"Q8_BLOCKS", std::to_string(v.q8 ? q8_blocks_define(w.cols) : 1u)}};
   desc.num_buffers = v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;

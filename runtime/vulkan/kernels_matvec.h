@@ -19,6 +19,13 @@
 
 namespace tessera::vk {
 
+// The int8-activation path (shaders/q8_activations.glsl) serves weights of type `t` in rows of
+// `cols` elements on this device: Q4_0 / Q8_0 SPLIT1 weights, a device with shaderIntegerDotProduct,
+// and the quantized input (48 bytes per 32 elements) within the shared memory limit.
+bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols);
+// Q8_BLOCKS for `cols` input elements (rounded up so that few pipeline variants exist).
+uint32_t q8_blocks_define(uint64_t cols);
+
 struct MatvecOp {
   MatrixRef w;                 // W [rows][cols]
   BufferSlice x;               // x vector c, element k at float x_offset + c * x_stride + k
@@ -28,6 +35,8 @@ struct MatvecOp {
   uint32_t x_stride = 0;       // floats between x vectors; 0 = cols (block types: multiple of 4)
   uint32_t y_stride = 0;       // floats between y vectors; 0 = rows
   bool accumulate = false;     // y += W x
+  bool int8_activations = true;  // where usable (q8_activations_usable): x quantized to int8 per
+                                 // block of 32, integer dot products (shaders/q8_activations.glsl)
   BufferSlice norm_weight;     // set (non-null buffer): x := x * norm_weight / rms(x); cols floats
   float norm_eps = 1e-6f;      // with norm_weight
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
@@ -38,8 +47,9 @@ struct MatvecOp {
   // Records the dispatches (no barrier). Validates shapes, strides and buffer sizes first and
   // throws Error(Runtime) naming the label and the problem.
   void record(CommandRecorder& rec) const;
-  // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm".
-  std::string kernel_name() const;
+  // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm" (with a device: also
+  // ".q8act" when the int8-activation path will run).
+  std::string kernel_name(Context* ctx = nullptr) const;
 };
 
 }  // namespace tessera::vk

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "format/error.h"
+#include "runtime/vulkan/kernels_matvec.h"
 #include "shaders/moe_args.h"
 
 namespace tessera::vk {
@@ -15,6 +16,11 @@ constexpr uint32_t kSharedThreadsPerRow = 32;  // team width of the shared-memor
 constexpr uint32_t kGateUpTeams = 4;           // gate-up: teams per workgroup, one output each
 constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one team per slot)
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
+// The int8-activation variants (Q8ACT): bigger workgroups, so that the input each workgroup
+// quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
+constexpr uint32_t kQ8GateUpTeams = 8;         // subgroups per gate-up workgroup
+constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
+constexpr uint32_t kQ8DownRows = 8;            // down rows per workgroup
 
 // MoeTuning with the automatic choices filled in.
 MoeTuning resolve(const MoeTuning& t) {
@@ -67,14 +73,36 @@ const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* fi
 
 const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t) {
   return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : ""), "moe_gateup.comp", type, vec8,
-                    t.gateup_teams, t.unroll, {{"OUT_PER_WG", std::to_string(t.gateup_teams)}}, 7);
+                    t.gateup_teams, t.unroll, {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}}, 7);
+}
+
+// The int8-activation gate-up: kQ8GateUpOutputs outputs per workgroup, int8 copy of h written.
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act"), "moe_gateup.comp", type, false, kQ8GateUpTeams,
+                    1,
+                    {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
+                     {"Q8ACT", "1"},
+                     {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))}},
+                    8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
   return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
-                    vec8, slots, t.unroll, {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}},
-                    6);
+                    vec8, slots, t.unroll,
+                    {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}, {"Q8ACT", "0"}}, 6);
 }
+
+// The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots).
+const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats) {
+  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
+                    {{"TEAMS", std::to_string(slots)},
+                     {"ROWS_PER_WG", std::to_string(kQ8DownRows)},
+                     {"Q8ACT", "1"},
+                     {"Q8_BLOCKS", std::to_string(q8_blocks_define(hq_floats))}},
+                    7);
+}
+
+bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0; }
 
 void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
   if (s.buffer == VK_NULL_HANDLE) runtime_error(what, ": binding '", binding, "' is not set");
@@ -273,6 +301,25 @@ uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used) {
   return uint64_t(n_used + (g.has_shared() ? 1 : 0)) * moe_h_stride(g);
 }
 
+bool moe_q8_usable(Context& ctx, const MoeTileGeometry& g, uint32_t n_used) {
+  const bool types = q8_type(g.gateup_type) && q8_type(g.down_type) &&
+                     (!g.has_shared() || (q8_type(g.shared_gateup_type) && q8_type(g.shared_down_type)));
+  return types && g.w_routed % 32 == 0 && g.w_shared % 32 == 0 && moe_h_stride(g) % 32 == 0 &&
+         q8_activations_usable(ctx, g.gateup_type, g.n_embd) &&
+         q8_activations_usable(ctx, g.down_type, uint64_t(n_used + 1) * moe_h_stride(g));
+}
+
+uint64_t moe_hq_bytes(const MoeTileGeometry& g, uint32_t n_used) {
+  return uint64_t(n_used + 1) * (moe_h_stride(g) / 32) * 48;
+}
+
+bool dense_q8_usable(Context& ctx, const MatrixRef& gate, const MatrixRef& down) {
+  return gate.layout == WeightLayout::Split1 && down.layout == WeightLayout::Split1 && gate.rows % 32 == 0 &&
+         q8_activations_usable(ctx, gate.type, gate.cols) && q8_activations_usable(ctx, down.type, down.cols);
+}
+
+uint64_t dense_hq_bytes(uint32_t width) { return uint64_t((width + 31) / 32) * 48; }
+
 // ---------------------------------------------------------------------------------------------
 // RouterOp
 
@@ -345,24 +392,31 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
-  const uint32_t groups_routed = uint32_t((g.w_routed + t.gateup_teams - 1) / t.gateup_teams);
-  const uint32_t groups_shared = uint32_t((g.w_shared + t.gateup_teams - 1) / t.gateup_teams);
+  const bool q8 = hq.buffer != VK_NULL_HANDLE;
+  if (q8) {
+    if (!moe_q8_usable(ctx, g, n_used))
+      runtime_error(what, ": hq is set but the int8-activation path does not serve this tile or device");
+    need(hq, moe_hq_bytes(g, n_used), what, "hq");
+  }
+  const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
+  const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
+  const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
   for (const TilePart& p : parts) {
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = gateup_kernel(ctx, p.type, vec8, t);
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd)) : gateup_kernel(ctx, p.type, vec8, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
     a.groups_routed = groups_routed;
     const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice bufs[7] = {p.w, h2, h2, src.route, h, src.logits, src.bias};
+    const BufferSlice bufs[8] = {p.w, h2, h2, src.route, h, src.logits, src.bias, q8 ? hq : h};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 8 : 7), a, gc.x, gc.y, 1, what, part_bytes);
   }
 }
 
@@ -392,15 +446,24 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
-  const uint32_t groups = uint32_t((g.n_embd + t.down_rows - 1) / t.down_rows);
+  const bool q8 = hq.buffer != VK_NULL_HANDLE;
+  if (q8) {
+    if (!moe_q8_usable(ctx, g, n_used))
+      runtime_error(what, ": hq is set but the int8-activation path does not serve this tile or device");
+    need(hq, moe_hq_bytes(g, n_used), what, "hq");
+  }
+  const uint32_t rows_per_wg = q8 ? kQ8DownRows : t.down_rows;
+  const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
-    const Pipeline& pipe = down_kernel(ctx, p.type, vec8, (p.routed ? n_used : 0) + (p.shared ? 1 : 0), t);
+    const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
+    const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g))
+                              : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
-    const BufferSlice bufs[6] = {p.w, h, x, src.route, src.logits, src.bias};
+    const BufferSlice bufs[7] = {p.w, h, x, src.route, src.logits, src.bias, q8 ? hq : h};
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
@@ -408,7 +471,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
       part_bytes += g.n_embd * 8;
     }
     if (i > 0) rec.barrier();  // every part adds into x
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, groups, 1, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, part_bytes);
   }
 }
 
@@ -463,7 +526,14 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
                     up_at % (8 * elem_bytes(gate.type)) == 0;
   const MoeTuning t = resolve(tuning);
-  const Pipeline& pipe = gateup_kernel(ctx, gate.type, vec8, t);
+  const bool q8 = hq.buffer != VK_NULL_HANDLE;
+  if (q8) {
+    if (plain || gate.rows % 32 != 0 || !q8_activations_usable(ctx, gate.type, gate.cols))
+      runtime_error(what, ": hq is set but the int8-activation path does not serve ", type_name(gate.type), " ",
+                    gate.rows, "x", gate.cols, " on this device");
+    need(hq, dense_hq_bytes(gate.rows), what, "hq");
+  }
+  const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols) : gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
@@ -472,9 +542,11 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   a.w_shared = gate.rows;
   a.shared_offset = uint32_t(gate_at);
   a.shared_up_offset = uint32_t(up_at);
-  const BufferSlice bufs[7] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, h, x, x};
-  const GroupCounts gc = split_workgroups((gate.rows + t.gateup_teams - 1) / t.gateup_teams, ctx.info());
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, gc.x, gc.y, 1, what, bytes());
+  const BufferSlice bufs[8] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, h, x, x,
+                               q8 ? hq : h};
+  const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
+  const GroupCounts gc = split_workgroups((gate.rows + outs - 1) / outs, ctx.info());
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 8 : 7), a, gc.x, gc.y, 1, what, bytes());
 }
 
 uint64_t DenseDownOp::bytes() const { return down.read_bytes() + uint64_t(down.cols) * 4 + uint64_t(down.rows) * 8; }
@@ -493,15 +565,24 @@ void DenseDownOp::record(CommandRecorder& rec) const {
   const bool plain = down.layout == WeightLayout::Plain;
   const bool vec8 = plain && down.cols % 8 == 0;
   const MoeTuning t = resolve(tuning);
-  const Pipeline& pipe = down_kernel(ctx, down.type, vec8, 1, t);
+  const bool q8 = hq.buffer != VK_NULL_HANDLE;
+  const uint32_t h_stride = (down.cols + 3) / 4 * 4;
+  if (q8) {
+    if (plain || down.cols % 32 != 0 || !q8_activations_usable(ctx, down.type, down.cols))
+      runtime_error(what, ": hq is set but the int8-activation path does not serve ", type_name(down.type), " ",
+                    down.rows, "x", down.cols, " on this device");
+    need(hq, dense_hq_bytes(down.cols), what, "hq");
+  }
+  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride) : down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;
   a.h_stride = (down.cols + 3) / 4 * 4;
   a.w_shared = down.cols;
-  const BufferSlice bufs[6] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h};
-  const uint32_t groups = (down.rows + t.down_rows - 1) / t.down_rows;
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, groups, 1, 1, what, bytes());
+  const BufferSlice bufs[7] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h, q8 ? hq : h};
+  const uint32_t rows_per_wg = q8 ? kQ8DownRows : t.down_rows;
+  const uint32_t groups = (down.rows + rows_per_wg - 1) / rows_per_wg;
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, bytes());
 }
 
 }  // namespace tessera::vk

@@ -105,6 +105,16 @@ struct MoeTuning {
 uint32_t moe_h_stride(const MoeTileGeometry& g);
 // Floats of the h buffer for K routed slots plus the shared slot.
 uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used);
+// The int8-activation path of the expert kernels (shaders/q8_activations.glsl): gate-up quantizes
+// its input per workgroup and writes h also as int8 blocks (hq), which the down kernel reads.
+// Usable when every gate-up and down type of the tile is Q4_0 / Q8_0, widths are multiples of 32
+// and the device has integer dot products. Set MoeGateUpOp::hq and MoeDownOp::hq (same buffer,
+// moe_hq_bytes) to use it; leave both empty for the f32 path.
+bool moe_q8_usable(Context& ctx, const MoeTileGeometry& g, uint32_t n_used);
+uint64_t moe_hq_bytes(const MoeTileGeometry& g, uint32_t n_used);
+// The same for the dense FFN (DenseGateUpOp::hq, DenseDownOp::hq; dense_hq_bytes(F)).
+bool dense_q8_usable(Context& ctx, const MatrixRef& gate, const MatrixRef& down);
+uint64_t dense_hq_bytes(uint32_t width);
 // Bytes of the route buffer for K experts: K (id, weight) pairs and the arrival counter.
 inline uint64_t moe_route_bytes(uint32_t n_used) { return (2ull * n_used + 1) * 4; }
 
@@ -151,6 +161,7 @@ struct MoeGateUpOp {
   BufferSlice logits;    //   f32 [E] router logits,
   BufferSlice bias;      //   f32 [E] exp_probs_b or empty
   BufferSlice h;         // f32 [moe_h_floats] (out)
+  BufferSlice hq;        // int8 blocks of h [moe_hq_bytes] (out); set: the int8-activation path
   std::string label;     // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
   MoeTuning tuning;
@@ -171,6 +182,7 @@ struct MoeDownOp {
   BufferSlice logits;
   BufferSlice bias;
   BufferSlice x;        // f32 [n_embd] (in/out)
+  BufferSlice hq;       // int8 blocks of h written by MoeGateUpOp (set on both, or on neither)
   std::string label;    // empty = "moe_down.<type>"
   uint64_t max_binding_bytes = 0;
   MoeTuning tuning;
@@ -190,6 +202,7 @@ struct DenseGateUpOp {
   BufferSlice norm_weight;  // f32 [n_embd] ffn_norm, or empty (x is the normalized input)
   float eps = 1e-6f;
   BufferSlice h;            // f32 [F] (out)
+  BufferSlice hq;           // int8 blocks of h [dense_hq_bytes(F)] (out); set: int8-activation path
   std::string label;        // empty = "dense_gateup.<type>"
   MoeTuning tuning;
 
@@ -202,6 +215,7 @@ struct DenseDownOp {
   MatrixRef down;  // ffn_down [n_embd][F]
   BufferSlice h;   // f32 [F]
   BufferSlice x;   // f32 [n_embd] (in/out)
+  BufferSlice hq;  // int8 blocks of h written by DenseGateUpOp (set on both, or on neither)
   std::string label;  // empty = "dense_down.<type>"
   MoeTuning tuning;
 

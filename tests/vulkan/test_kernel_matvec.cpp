@@ -20,11 +20,12 @@ struct Case {
   bool norm = false;
   uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
   uint64_t max_binding_bytes = 0;
+  bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0, batch 1)
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
-             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "");
+             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -59,6 +60,11 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   if (c.norm) op.norm_weight = nb.whole();
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
+  op.int8_activations = c.q8;
+  if (c.q8) {
+    ASSERT_TRUE(vk::q8_activations_usable(*g.ctx, c.type, c.cols)) << describe(c);
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".q8act"), std::string::npos) << describe(c);
+  }
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   op.record(rec);
@@ -75,7 +81,9 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
     double ss = 0;
     for (uint32_t k = 0; k < c.cols; ++k) ss += double(x[b * xs + k]) * x[b * xs + k];
     const double scale = c.norm ? 1.0 / std::sqrt(ss / c.cols + eps) : 1.0;
-    for (uint32_t k = 0; k < c.cols; ++k) xin[k] = double(x[b * xs + k]) * (c.norm ? nw[k] * scale : 1.0);
+    for (uint32_t k = 0; k < c.cols; ++k) xin[k] = double(x[b * xs + k]) * (c.norm ? nw[k] : 1.0);
+    if (c.q8) xin = vktest::q8_round(xin);  // the kernel quantizes x * norm weight, then scales the dot by 1/rms
+    for (uint32_t k = 0; k < c.cols; ++k) xin[k] *= scale;
     for (uint32_t i = 0; i < ys; ++i) {
       const size_t o = size_t(b) * ys + i;
       if (i >= c.rows) {  // padding between batched y vectors: untouched
@@ -89,7 +97,8 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
         mag += std::fabs(rows[i][k] * xin[k]);
       }
       want[o] = s + (c.accumulate ? y0[o] : 0.0);
-      tol[o] = 1e-5 * mag + 1e-5 * std::fabs(want[o]) + 1e-30;
+      // q8: a quantized value may land one step off where x * (127 / max|x|) is near a half.
+      tol[o] = (c.q8 ? 1e-4 : 1e-5) * mag + 1e-5 * std::fabs(want[o]) + 1e-30;
     }
   }
   // NaN padding compares as a mismatch; compare padding separately.
@@ -134,6 +143,24 @@ TEST(KernelMatvec, PlainTypesAnyLength) {
   for (GgmlType t : kPlain)
     for (uint32_t r : kRows)
       for (uint32_t k : {1u, 7u, 33u, 96u, 2080u}) run_case(g, {t, r, k}, seed++);
+}
+
+// The int8-activation path against the CPU on the same rounded x: awkward row counts, a row of one
+// block, rows longer than a subgroup's blocks, the fused norm, accumulate, the shared-memory path.
+TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product on this device";
+  uint32_t seed = 900;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
+    run_case(g, {t, 67, 288, 1, false, false, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 1, 32, 1, false, false, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 5, 2080, 1, true, true, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 130, 96, 1, true, false, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true}, seed++);
+  }
+  Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
+  run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

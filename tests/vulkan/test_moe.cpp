@@ -10,6 +10,7 @@
 #include <cstring>
 #include <numeric>
 
+#include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "tests/vulkan/test_moe_util.h"
 #include "tests/vulkan/vk_test_util.h"
@@ -31,6 +32,7 @@ struct TileCase {
   bool no_subgroup = false;
   std::vector<float> logits;  // empty = distinct random logits
   bool per_workgroup_routing = false;  // no route buffer: the expert kernels route themselves
+  bool q8 = false;                     // the int8-activation path (hq set on both kernels)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -52,7 +54,7 @@ std::string describe(const TileCase& c) {
              type_name(c.types.gateup), "/", type_name(c.types.down), " shared ", type_name(c.types.shared_gateup), "/",
              type_name(c.types.shared_down), c.style == Style::Glm ? " glm" : " v2",
              c.max_binding_bytes ? cat(" binding<=", c.max_binding_bytes) : "", c.no_subgroup ? " no-subgroup" : "",
-             c.per_workgroup_routing ? " routing per workgroup" : "");
+             c.per_workgroup_routing ? " routing per workgroup" : "", c.q8 ? " q8act" : "");
 }
 
 ModelConfig routing_config(const TileCase& c) {
@@ -125,6 +127,8 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   vktest::upload_bytes(g, route_b, &zero, 4, 8ull * c.n_used);  // the arrival counter
   vk::Buffer x_b = vktest::make_buffer(g, x0.size() * 4, "x");
   vktest::upload_bytes(g, x_b, x0.data(), x0.size() * 4);
+  vk::Buffer hq_b = vktest::make_buffer(g, vk::moe_hq_bytes(geo, c.n_used), "hq");
+  if (c.q8) EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, geo, c.n_used));
 
   vk::RouteOp ro;
   ro.n_expert = c.n_expert;
@@ -144,6 +148,7 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   down.h = h_b.whole();
   down.x = x_b.whole();
   down.max_binding_bytes = c.max_binding_bytes;
+  if (c.q8) gu.hq = down.hq = hq_b.whole();
   if (c.per_workgroup_routing) {
     gu.routing = down.routing = ro.routing;
     gu.logits = down.logits = ro.logits;
@@ -185,12 +190,15 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   const std::vector<float> h = vktest::download_floats(g, h_b, h_floats);
   const uint32_t hs = vk::moe_h_stride(geo);
   const uint32_t n_slots = c.n_used + (geo.has_shared() ? 1 : 0);
+  const double rel = c.q8 ? 1e-4 : 2e-5;
+  std::vector<double> in(h2.begin(), h2.end());
+  if (c.q8) in = vktest::q8_round(in);
   for (uint32_t k = 0; k < n_slots; ++k) {
     const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
     const uint32_t w = uint32_t(geo.width(slot));
     std::vector<double> want, tol;
     moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
-                        [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, h2, want, tol);
+                        [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, in, want, tol, rel);
     vktest::expect_close(std::vector<float>(h.begin() + k * hs, h.begin() + k * hs + w), want, tol,
                          cat("h slot ", k, " (expert ", slot, ")"));
   }
@@ -200,11 +208,14 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   for (uint32_t k = 0; k < n_slots; ++k) {
     const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
     const double weight = k < c.n_used ? route.weights[k] : 1.0;
-    moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, c.n_embd, weight, &h[k * hs], want,
+    const uint32_t w = uint32_t(geo.width(slot));
+    std::vector<double> hk(h.begin() + k * hs, h.begin() + k * hs + w);
+    if (c.q8) hk = vktest::q8_round(hk);  // the down kernel reads the gate-up's int8 copy of h
+    moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, c.n_embd, weight, hk.data(), want,
                           abs);
   }
   std::vector<double> tol(c.n_embd);
-  for (uint32_t r = 0; r < c.n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r]);
+  for (uint32_t r = 0; r < c.n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r], rel);
   vktest::expect_close(vktest::download_floats(g, x_b, c.n_embd), want, tol, "x after down");
   return out;
 }
@@ -319,6 +330,32 @@ TEST(MoeKernels, RoutingTiesPreferLowerExpertIds) {
   c.logits = {1.f, -1.f, 2.f, 1.f, -3.f, 2.f, 0.f, 1.f};
   const Outcome o = run_tile_case(c, 41);
   EXPECT_EQ(o.ids, (std::vector<uint32_t>{2, 5, 0}));
+}
+
+// The int8-activation path (gate-up quantizes h2 and writes h as int8 blocks, down reads them)
+// against the CPU on the same rounded inputs: GLM and V2 routing, Q4_0 and Q8_0 mixed, widths of
+// one and several blocks per lane, slot ranges, per-workgroup routing, the shared-memory path.
+TEST(MoeKernels, Int8ActivationPath) {
+  REQUIRE_GPU(false);
+  if (!vk::q8_activations_usable(*vktest::gpu().ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
+  const TileTypes q40 = {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0};
+  const TileTypes mixed = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0};
+  uint32_t seed = 700;
+  std::vector<TileCase> cases = {make_case(16, 4, 96, 96, 256, q40, Style::Glm),
+                                 make_case(8, 2, 1536, 3072, 2048, mixed, Style::V2),
+                                 make_case(12, 3, 32, 64, 96, q40, Style::Glm),
+                                 make_case(8, 2, 64, 0, 320, mixed, Style::V2)};
+  TileCase ranged = make_case(16, 4, 96, 96, 256, q40, Style::Glm);
+  ranged.max_binding_bytes = 3 * moetest::build_tile(*std::make_unique<std::mt19937>(1), 16, 96, 96, 256, q40).g.slot_stride;
+  cases.push_back(ranged);
+  TileCase per_wg = make_case(16, 4, 96, 96, 256, mixed, Style::Glm);
+  per_wg.per_workgroup_routing = true;
+  cases.push_back(per_wg);
+  cases.push_back(make_case(16, 4, 96, 96, 256, q40, Style::Glm, /*no_subgroup=*/true));
+  for (TileCase& c : cases) {
+    c.q8 = true;
+    run_tile_case(c, seed++);
+  }
 }
 
 TEST(MoeKernels, RefusesBadShapes) {

@@ -154,15 +154,15 @@ void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_emb
   rec.run();
 
   const std::vector<double> xn_d = rms_norm_ref(x0, nw, eps);
-  const std::vector<float> xn(xn_d.begin(), xn_d.end());
   std::vector<double> hw, ht;
   moetest::ref_gateup([&](uint32_t i) { return vktest::dequant_row(gu_type, gate, n_embd, i); },
-                      [&](uint32_t i) { return vktest::dequant_row(gu_type, up, n_embd, i); }, n_ff, xn, hw, ht);
+                      [&](uint32_t i) { return vktest::dequant_row(gu_type, up, n_embd, i); }, n_ff, xn_d, hw, ht);
   for (double& t : ht) t *= 2;  // the kernel applies 1/rms after the dot products
   const std::vector<float> h = vktest::download_floats(g, hb, n_ff);
   vktest::expect_close(h, hw, ht, "dense h");
   std::vector<double> want(x0.begin(), x0.end()), abs(n_embd, 0.0), tol(n_embd);
-  moetest::ref_down_add([&](uint32_t r) { return vktest::dequant_row(down_type, down, n_ff, r); }, n_embd, 1.0, h.data(),
+  const std::vector<double> hd(h.begin(), h.end());
+  moetest::ref_down_add([&](uint32_t r) { return vktest::dequant_row(down_type, down, n_ff, r); }, n_embd, 1.0, hd.data(),
                         want, abs);
   for (uint32_t r = 0; r < n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r]);
   vktest::expect_close(vktest::download_floats(g, xb, n_embd), want, tol, "x after the dense FFN");
@@ -275,11 +275,10 @@ TEST(MoeBlock, RecordedBlockFollowsTheResidualStream) {
       const uint32_t slot = k < K ? route.experts[k] : E;
       std::vector<double> hk, tol;
       moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
-                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, uint32_t(ht.g.width(slot)), h2, hk,
-                          tol);
-      const std::vector<float> hkf(hk.begin(), hk.end());
+                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, uint32_t(ht.g.width(slot)),
+                          std::vector<double>(h2.begin(), h2.end()), hk, tol);
       moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, n_embd,
-                            k < K ? route.weights[k] : 1.0, hkf.data(), want, abs);
+                            k < K ? route.weights[k] : 1.0, hk.data(), want, abs);
     }
     std::vector<double> tol(n_embd);
     for (uint32_t r = 0; r < n_embd; ++r) tol[r] = 1e-4 * abs[r] + 1e-5;

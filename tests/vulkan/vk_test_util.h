@@ -2,6 +2,8 @@
 // test binary (tests skip only when no Vulkan device exists at all), buffers, host <-> device
 // copies, NaN poisoning, random quantized matrices and CPU reference math.
 #pragma once
+#include <algorithm>
+#include <cmath>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -58,5 +60,18 @@ std::unique_ptr<DeviceMatrix> upload_matrix(Gpu& g, GgmlType type, uint32_t rows
 // Expects |got - want| <= tol for each element; reports the first few mismatches with `what`.
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
                   const std::string& what);
+
+// x as the int8-activation path sees it (shaders/q8_activations.glsl): blocks of 32 rounded to
+// d * q, d = max|x| / 127, q = roundEven(x * (127 / max|x|)) in f32.
+inline std::vector<double> q8_round(const std::vector<double>& x) {
+  std::vector<double> out(x.size());
+  for (size_t b = 0; b < x.size(); b += 32) {
+    float amax = 0;
+    for (size_t k = b; k < b + 32 && k < x.size(); ++k) amax = std::max(amax, std::fabs(float(x[k])));
+    const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (size_t k = b; k < b + 32 && k < x.size(); ++k) out[k] = double(d) * std::nearbyint(float(x[k]) * inv);
+  }
+  return out;
+}
 
 }  // namespace tessera::vktest

@@ -1,0 +1,116 @@
+// Int8 activations and integer dot products (the Q8ACT path of matvec, moe_gateup, moe_down).
+//
+// Dequantizing every weight to f32 costs ~5 instructions per weight, which caps a float matvec
+// at ~2.5 T weights/s on an H200 (1.4 TB/s of Q4_0). Here the kernel's input vector is
+// quantized once per workgroup, in blocks of 32, into shared memory:
+//
+//   block b (elements 32b .. 32b+31):  q8_lo[b] = int8 q of elements  0..15  (4 words, 4 per word)
+//                                      q8_hi[b] = int8 q of elements 16..31
+//                                      q8_ds[b] = (d, d * sum(q[0..15]), d * sum(q[16..31]), 0)
+//   with d = max|x| / 127, q = roundEven(x * (127 / max|x|)): x ~= d * q.
+//
+// and a weight block's dot product with it is a handful of packed 4 x int8 dot products
+// (OpSDot, SPV_KHR_integer_dot_product; one instruction on GPUs that report it accelerated):
+//
+//   Q4_0 (qs byte i = element i in the low nibble, element i+16 in the high nibble, value - 8):
+//        dot = d_w * (d * sum_i nib_i q_i - 8 * (s_lo + s_hi))
+//        word j of qs:  low nibbles . q8_lo[b].j   +   high nibbles . q8_hi[b].j
+//   Q8_0 (32 signed bytes in order): dot = d_w * d * (qs[0..15] . q8_lo + qs[16..31] . q8_hi)
+//
+// The rounding of the activations is the only numerical difference from the f32 path (the same
+// one llama.cpp's Q8_1 activation path makes): ~0.4 % of |x| per element at most, unbiased.
+//
+// The including kernel defines WG_SIZE, Q8_BLOCKS (the most input blocks it quantizes) and, before
+// including this file, the function that reads its input:
+//   vec4 q8_input4(uint k);   // input elements k .. k+3 (k % 4 == 0)
+// and includes weights.glsl first (WTYPE, w_q, w_m, m_half).
+#ifndef TESSERA_Q8_ACTIVATIONS_GLSL
+#define TESSERA_Q8_ACTIVATIONS_GLSL
+
+#extension GL_EXT_spirv_intrinsics : require
+
+// OpSDot (4450) with PackedVectorFormat4x8Bit (0): sum of the four products of the signed bytes
+// of a and b. Capabilities DotProduct (6019), DotProductInput4x8BitPacked (6018).
+spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [6019, 6018], id = 4450)
+int ts_sdot4x8(uint a, uint b, spirv_literal int packed_format);
+#define SDOT4(a, b) ts_sdot4x8((a), (b), 0)
+
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0
+#define Q8ACT_SUPPORTED 1
+#else
+#define Q8ACT_SUPPORTED 0
+#endif
+
+shared uvec4 q8_lo[Q8_BLOCKS];
+shared uvec4 q8_hi[Q8_BLOCKS];
+shared vec4 q8_ds[Q8_BLOCKS];
+
+vec4 q8_input4(uint k);
+
+// Four int8 values (round(v / d), |v / d| <= 127) in one word, and their sum.
+uint q8_pack(vec4 v, float inv_d, inout int sum) {
+  const ivec4 q = ivec4(roundEven(v * inv_d));
+  sum += q.x + q.y + q.z + q.w;
+  return uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16) | (uint(q.w & 0xFF) << 24);
+}
+
+// One block of 32 values -> (lo, hi, ds) as laid out above.
+void q8_quantize32(vec4 v[8], out uvec4 lo, out uvec4 hi, out vec4 ds) {
+  float amax = 0.0;
+  [[unroll]] for (uint i = 0; i < 8; ++i) {
+    const vec4 a = abs(v[i]);
+    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
+  }
+  const float d = amax / 127.0;
+  const float inv_d = amax > 0.0 ? 127.0 / amax : 0.0;
+  int s_lo = 0, s_hi = 0;
+  [[unroll]] for (uint i = 0; i < 4; ++i) {
+    lo[i] = q8_pack(v[i], inv_d, s_lo);
+    hi[i] = q8_pack(v[i + 4], inv_d, s_hi);
+  }
+  ds = vec4(d, d * float(s_lo), d * float(s_hi), 0.0);
+}
+
+// Quantizes input blocks [0, n_blocks) (n_blocks <= Q8_BLOCKS) into shared memory, then a barrier.
+// Every invocation of the workgroup must call it (uniform control flow).
+void q8_quantize_input(uint n_blocks) {
+  for (uint b = gl_LocalInvocationIndex; b < n_blocks; b += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = q8_input4(32u * b + 4u * i);
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    q8_lo[b] = lo;
+    q8_hi[b] = hi;
+    q8_ds[b] = ds;
+  }
+  barrier();
+}
+
+#if Q8ACT_SUPPORTED
+// Dot product of weight block `entry` (counted from the matrix at qbase / mbase, as in
+// weights.glsl) with input block b.
+float q8_block_dot(uint qbase, uint mbase, uint entry, uint b) {
+#if WTYPE == TS_TYPE_Q4_0
+  const uvec4 q = w_q[qbase + entry];
+  const float dw = m_half(mbase, entry);
+  const uvec4 xl = q8_lo[b], xh = q8_hi[b];
+  int s = 0;
+  [[unroll]] for (uint j = 0; j < 4; ++j) {
+    s += SDOT4(q[j] & 0x0F0F0F0Fu, xl[j]);
+    s += SDOT4((q[j] >> 4) & 0x0F0F0F0Fu, xh[j]);
+  }
+  const vec4 ds = q8_ds[b];
+  return dw * (ds.x * float(s) - 8.0 * (ds.y + ds.z));
+#else  // Q8_0
+  const uvec4 q0 = w_q[qbase + 2u * entry], q1 = w_q[qbase + 2u * entry + 1u];
+  const float dw = m_half(mbase, entry);
+  const uvec4 xl = q8_lo[b], xh = q8_hi[b];
+  int s = 0;
+  [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(q0[j], xl[j]) + SDOT4(q1[j], xh[j]);
+  return dw * q8_ds[b].x * float(s);
+#endif
+}
+#endif
+
+#endif  // TESSERA_Q8_ACTIVATIONS_GLSL

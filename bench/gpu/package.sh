@@ -12,7 +12,7 @@ cmake --build build-portable -j"$(nproc)" --target tessera
 rm -rf dist && mkdir -p dist/debs
 cp build-portable/tessera dist/
 strip dist/tessera
-cp bench/gpu/run.sh dist/run.sh
+cp bench/gpu/run.sh bench/gpu/ab.sh bench/gpu/vulkan_env.sh dist/
 if ! ls .gl/libvulkan1_*.deb .gl/libegl1_*.deb >/dev/null 2>&1; then
   mkdir -p .gl /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'

@@ -92,22 +92,9 @@ bench_model() {
 # --- 1. Vulkan loader and driver ------------------------------------------------------------
 note "tessera GPU benchmark, $(date -u +%Y-%m-%dT%H:%M:%SZ), budget ${BUDGET_S} s, $THREADS threads"
 t0=$(date +%s)
-for deb in "$HERE"/debs/*.deb; do
-  [ -e "$deb" ] && dpkg -x "$deb" / 2>>"$LOG"
-done
-ldconfig 2>>"$LOG" || true
-if ! "$T" devices >/dev/null 2>>"$LOG"; then
-  for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json \
-    /etc/vulkan/icd.d/nvidia_icd.json; do
-    if [ -e "$icd" ]; then
-      export VK_DRIVER_FILES="$icd"
-      egl="${icd%/vulkan/icd.d/*}/glvnd/egl_vendor.d/10_nvidia.json"
-      [ -e "$egl" ] && export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
-      note "no Vulkan driver found by default: VK_DRIVER_FILES=$icd"
-      break
-    fi
-  done
-fi
+# shellcheck source=bench/gpu/vulkan_env.sh
+. "$HERE/vulkan_env.sh"
+vulkan_env "$HERE" "$T" "$LOG" | tee -a "$SUMMARY"
 echo "| vulkan setup | $(($(date +%s) - t0)) | ok |" >>"$STAGES"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
   | sed 's/^/nvidia-smi: /' | tee -a "$SUMMARY"

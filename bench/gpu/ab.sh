@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A/B decode measurement on the GPU machine (one device call, ~5 min): full-size GLM-4.7-Flash
+# q4_0, composed and factored, each with the int8-activation kernels and with --f32-activations,
+# decode tg128 at depth 0 (+ DEPTH2, default 4096, on the composed file) with --profile.
+#   device tool: carry ["dist"], command "bash dist/ab.sh"
+# Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
+# PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none).
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+T="$HERE/tessera"
+OUT="${OUT:-/tmp/tessera-out}"
+WORK="${WORK:-/tmp/tessera-work}"
+PRESET="${PRESET:-glm47flash}"
+TYPE="${TYPE:-q4_0}"
+DEPTH2="${DEPTH2-4096}"
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/ab-log.txt"
+: >"$LOG"
+. "$HERE/vulkan_env.sh"
+vulkan_env "$HERE" "$T" "$LOG"
+"$T" devices 2>>"$LOG" | head -20
+G="$WORK/m.gguf"
+/usr/bin/time -f "synth %e s" "$T" --threads "$(nproc)" synth --preset "$PRESET" --type "$TYPE" -o "$G" 2>>"$LOG" >/dev/null
+for c in all none; do
+  /usr/bin/time -f "convert $c %e s" "$T" convert "$G" -o "$WORK/m-$c.tsr" --compose "$c" --threads "$(nproc)" >/dev/null 2>>"$LOG"
+done
+rm -f "$G"
+grep -E "^(synth|convert)" "$LOG"
+run() {  # run NAME ARGS...: bench into $OUT/NAME.md
+  local name="$1"
+  shift
+  echo "== $name: tessera bench $*"
+  timeout 200 "$T" bench "$@" >"$OUT/$name.md" 2>>"$LOG"
+  echo "   exit $?"
+  grep -E "^(per token|activations)|^\| tg|^\| pp|^\| (moe|matvec|attention|router|kv_write|dense|argmax|embed|kernel time|measured|outside|floor)" "$OUT/$name.md"
+}
+for c in all none; do
+  run "$c-int8" "$WORK/m-$c.tsr" -p 0 -n 128 -d 0 -r 3 --profile
+  run "$c-f32" "$WORK/m-$c.tsr" -p 0 -n 128 -d 0 -r 3 --profile --f32-activations
+done
+[ -n "$DEPTH2" ] && run "all-int8-d$DEPTH2" "$WORK/m-all.tsr" -p 0 -n 128 -d "$DEPTH2" -r 3 --profile
+tail -n 5 "$LOG"

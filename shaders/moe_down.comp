@@ -12,8 +12,10 @@
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
 // per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
 // (plain types whose row lengths are multiples of 8), UNROLL (1 or 2 units per loop iteration),
-// Q8ACT (Q4_0 / Q8_0: h read as the int8 blocks the Q8ACT gate-up wrote (binding 6, copied to
-// shared memory), integer dot products; Q8_BLOCKS >= (n_used + 1) * h_stride / 32).
+// Q8ACT (Q4_0 / Q8_0: h read as the int8 blocks the Q8ACT gate-up wrote (binding 6), integer dot
+// products; with subgroups each lane keeps the blocks it uses, lane + j * subgroup size for
+// j < Q8_OWN, in registers for all rows; without, the blocks are copied to shared memory,
+// Q8_BLOCKS >= (n_used + 1) * h_stride / 32).
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
@@ -151,7 +153,7 @@ void main() {
     route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
   const uint n_routed = routed ? args.n_used : 0u;
   const uint n_slots = n_routed + ((args.flags & TS_MOE_SHARED) != 0u ? 1u : 0u);  // <= TEAMS
-#if Q8ACT
+#if Q8ACT && !USE_SUBGROUP
   // h's int8 blocks (every slot) into shared memory.
   const uint n_hq = (args.n_used + 1u) * (args.h_stride / 32u);
   for (uint b = gl_LocalInvocationIndex; b < n_hq; b += WG_SIZE) {
@@ -168,24 +170,42 @@ void main() {
 
   // Team s computes slot s of every row of the workgroup.
 #if USE_SUBGROUP && Q8ACT
-  // Two rows per iteration (the second clamped, stored only when valid): more loads in flight.
+  // The slot's input blocks this lane uses, in registers; then four rows per iteration (the
+  // last ones clamped, stored only when valid): up to 4 * Q8_OWN weight loads in flight.
   const uint s = gl_SubgroupID;
   if (s < n_slots) {
     Mat m;
     float weight;
     const bool has_slot = slot_matrix(s, n_routed, m, weight);
-    for (uint r = 0; r < rows; r += 2u) {
-      const uint r1 = min(r + 1u, rows - 1u);
-      float d0 = 0.0, d1 = 0.0;
-      if (has_slot) {
-        d0 = row_dot(m, row0 + r, gl_SubgroupInvocationID, gl_SubgroupSize);
-        d1 = row_dot(m, row0 + r1, gl_SubgroupInvocationID, gl_SubgroupSize);
+    const uint lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
+    const uint nb = has_slot ? m.cols / 32u : 0u, b0 = has_slot ? m.hoff / 32u : 0u;
+    uvec4 xl[Q8_OWN], xh[Q8_OWN];
+    vec4 xd[Q8_OWN];
+    [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+      const uint b = lane + j * nl;
+      xl[j] = uvec4(0u);
+      xh[j] = uvec4(0u);
+      xd[j] = vec4(0.0);
+      if (b < nb) {
+        xl[j] = hq[3u * (b0 + b)];
+        xh[j] = hq[3u * (b0 + b) + 1u];
+        xd[j] = uintBitsToFloat(hq[3u * (b0 + b) + 2u]);
       }
-      d0 = subgroupAdd(d0);
-      d1 = subgroupAdd(d1);
+    }
+    for (uint r = 0; r < rows; r += 4u) {
+      float d[4];
+      [[unroll]] for (uint k = 0; k < 4; ++k) {
+        const uint rr = row0 + min(r + k, rows - 1u);
+        d[k] = 0.0;
+        [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+          const uint b = lane + j * nl;
+          if (b < nb) d[k] += q8_block_dot_x(m.qbase, m.mbase, rr * nb + b, xl[j], xh[j], xd[j]);
+        }
+      }
+      [[unroll]] for (uint k = 0; k < 4; ++k) d[k] = subgroupAdd(d[k]);
       if (subgroupElect()) {
-        part[r][s] = weight * d0;
-        if (r + 1u < rows) part[r1][s] = weight * d1;
+        [[unroll]] for (uint k = 0; k < 4; ++k)
+          if (r + k < rows) part[r + k][s] = weight * d[k];
       }
     }
   }

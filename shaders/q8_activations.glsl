@@ -89,27 +89,29 @@ void q8_quantize_input(uint n_blocks) {
 
 #if Q8ACT_SUPPORTED
 // Dot product of weight block `entry` (counted from the matrix at qbase / mbase, as in
-// weights.glsl) with input block b.
-float q8_block_dot(uint qbase, uint mbase, uint entry, uint b) {
+// weights.glsl) with an input block given as (lo, hi, ds).
+float q8_block_dot_x(uint qbase, uint mbase, uint entry, uvec4 xl, uvec4 xh, vec4 ds) {
 #if WTYPE == TS_TYPE_Q4_0
   const uvec4 q = w_q[qbase + entry];
   const float dw = m_half(mbase, entry);
-  const uvec4 xl = q8_lo[b], xh = q8_hi[b];
   int s = 0;
   [[unroll]] for (uint j = 0; j < 4; ++j) {
     s += SDOT4(q[j] & 0x0F0F0F0Fu, xl[j]);
     s += SDOT4((q[j] >> 4) & 0x0F0F0F0Fu, xh[j]);
   }
-  const vec4 ds = q8_ds[b];
   return dw * (ds.x * float(s) - 8.0 * (ds.y + ds.z));
 #else  // Q8_0
   const uvec4 q0 = w_q[qbase + 2u * entry], q1 = w_q[qbase + 2u * entry + 1u];
   const float dw = m_half(mbase, entry);
-  const uvec4 xl = q8_lo[b], xh = q8_hi[b];
   int s = 0;
   [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(q0[j], xl[j]) + SDOT4(q1[j], xh[j]);
-  return dw * q8_ds[b].x * float(s);
+  return dw * ds.x * float(s);
 #endif
+}
+
+// The same with input block b of the shared-memory copy.
+float q8_block_dot(uint qbase, uint mbase, uint entry, uint b) {
+  return q8_block_dot_x(qbase, mbase, entry, q8_lo[b], q8_hi[b], q8_ds[b]);
 }
 #endif
 

@@ -76,7 +76,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
   // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
   // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
   // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
-  const uint32_t nrows = sg && batch > 1 ? 2u : 1u;
+  // Int8 path (H200, 2026-11-22): one row per subgroup left rows of <= 64 blocks with one or two
+  // weight loads in flight per lane (W_qk 768 cols: 580 GB/s); several rows per subgroup at once.
+  const uint32_t nrows = sg && batch > 1 ? 2u : (sg && v.q8 ? (w.cols / 32 <= 2 * tpr ? 4u : 2u) : 1u);
   const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
   const uint32_t rows_per_wg = kGroupsPerWorkgroup * nrows;
   PipelineDesc desc;

@@ -92,13 +92,17 @@ const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slo
                     {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}, {"Q8ACT", "0"}}, 6);
 }
 
-// The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots).
-const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats) {
+// The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
+// width: the widest slot, whose blocks a lane keeps in registers on the subgroup path).
+const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width) {
+  const TeamShape ts = team_shape(ctx);
+  const uint64_t own = (width / 32 + ts.threads_per_row - 1) / ts.threads_per_row;
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
                     {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(kQ8DownRows)},
                      {"Q8ACT", "1"},
-                     {"Q8_BLOCKS", std::to_string(q8_blocks_define(hq_floats))}},
+                     {"Q8_OWN", std::to_string(std::max<uint64_t>(own, 1))},
+                     {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}},
                     7);
 }
 
@@ -458,7 +462,8 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
-    const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g))
+    const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
+                                               std::max(g.w_routed, g.w_shared))
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -573,7 +578,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                     down.rows, "x", down.cols, " on this device");
     need(hq, dense_hq_bytes(down.cols), what, "hq");
   }
-  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride) : down_kernel(ctx, down.type, vec8, 1, t);
+  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols) : down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;

@@ -4,12 +4,13 @@
 #   device tool: carry ["dist"], command "bash dist/run.sh"
 # Stages (each timed; a stage is skipped when the time left is below what it needs):
 #   Vulkan loader from debs/, `tessera devices`, `tessera bench --roofline`,
-#   synth full-size GLM-4.7-Flash q4_0 -> convert --compose all and none -> verify (bytes level)
-#   -> bench -p 64 -n 64 -d 0,4096 -r 3 on both (+ --profile and its SVG on the composed one),
-#   then, time allowing, GLM q4_k_m and DeepSeek-V2-Lite q4_0.
+#   for GLM-4.7-Flash q4_0, DeepSeek-V2-Lite q4_0, GLM-4.7-Flash q4_k_m (full size): synth ->
+#   convert --compose all and none -> verify (bytes level; q4_0 files) -> on each file
+#   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the composed profile).
 # Results: at most 8 small files in $OUT; a short summary table is printed last.
 # Environment: OUT (results folder, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work,
-# never under $OUT), BUDGET_S (seconds for everything, default 530), DEPTHS (default 0,4096),
+# never under $OUT), BUDGET_S (seconds for everything, default 530), DEPTHS (default 0,8192),
+# PROMPT (default 512), GEN (default 128), REPS (default 3),
 # PRESET / PRESET_LITE (default glm47flash / ds2lite), SKIP_VERIFY (set: no verify stage).
 set -uo pipefail
 
@@ -18,7 +19,10 @@ T="$HERE/tessera"
 OUT="${OUT:-/tmp/tessera-out}"
 WORK="${WORK:-/tmp/tessera-work}"
 BUDGET_S="${BUDGET_S:-530}"
-DEPTHS="${DEPTHS:-0,4096}"
+DEPTHS="${DEPTHS:-0,8192}"
+PROMPT="${PROMPT:-512}"
+GEN="${GEN:-128}"
+REPS="${REPS:-3}"
 PRESET="${PRESET:-glm47flash}"          # a small preset (tiny, tiny-lite) tries the script on lavapipe
 PRESET_LITE="${PRESET_LITE:-ds2lite}"
 THREADS="$(nproc)"
@@ -81,8 +85,8 @@ bench_model() {
   local name="$1" compose="$2" tsr="$3"
   shift 3
   : >"$WORK/$name.md"
-  STAGE_STDOUT="$WORK/$name.md" stage "bench $name" 40 "$T" bench "$tsr" -p 64 -n 64 -d "$DEPTHS" -r 3 \
-    --json "$OUT/$name.json" "$@"
+  STAGE_STDOUT="$WORK/$name.md" stage "bench $name" 40 "$T" bench "$tsr" -p "$PROMPT" -n "$GEN" -d "$DEPTHS" \
+    -r "$REPS" --json "$OUT/$name.json" "$@"
   local rc=$?
   cat "$WORK/$name.md" >>"$SUMMARY"
   shorten "${name%-*}" "$compose" "$WORK/$name.md"
@@ -102,35 +106,28 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 stage "devices" 5 "$T" devices || { note "no usable Vulkan device: stopping"; cat "$STAGES"; exit 3; }
 stage "roofline" 20 "$T" bench --roofline
 
-# --- 2. GLM-4.7-Flash q4_0: composed and factored ----------------------------------------------
-GGUF="$WORK/glm-q4_0.gguf"
-ALL="$WORK/glm-q4_0-all.tsr"
-NONE="$WORK/glm-q4_0-none.tsr"
-note "disk free in $WORK: $(free_gb) GB"
-if stage "synth $PRESET q4_0" 150 "$T" --threads "$THREADS" synth --preset "$PRESET" --type q4_0 -o "$GGUF"; then
-  stage "convert glm q4_0 --compose all" 90 "$T" convert "$GGUF" -o "$ALL" --compose all --threads "$THREADS"
-  [ -z "${SKIP_VERIFY:-}" ] && stage "verify glm q4_0 all" 120 timeout 100 "$T" verify "$GGUF" "$ALL" --threads "$THREADS"
-  [ -e "$ALL" ] && bench_model glm-q4_0-all all "$ALL" --profile --profile-out "$OUT/glm-q4_0-all-profile.svg"
-  rm -f "$ALL"
-  stage "convert glm q4_0 --compose none" 90 "$T" convert "$GGUF" -o "$NONE" --compose none --threads "$THREADS"
-  [ -e "$NONE" ] && bench_model glm-q4_0-none none "$NONE"
-  rm -f "$NONE"
-fi
-rm -f "$GGUF"
-
-# --- 3. time allowing: GLM q4_k_m, DeepSeek-V2-Lite q4_0 ---------------------------------------
-extra() {
-  local preset="$1" type="$2" name="$3"
-  local gguf="$WORK/$name.gguf" tsr="$WORK/$name-all.tsr"
-  if stage "synth $preset $type" 200 "$T" --threads "$THREADS" synth --preset "$preset" --type "$type" -o "$gguf"; then
-    stage "convert $name --compose all" 100 "$T" convert "$gguf" -o "$tsr" --compose all --threads "$THREADS"
+# --- 2. the grid: GLM-4.7-Flash q4_0 and q4_k_m, DeepSeek-V2-Lite q4_0; each composed and factored
+# model PRESET TYPE NAME VERIFY(0/1): synth -> convert all -> (verify) -> bench (+profile) ->
+# convert none -> bench (+profile); files removed as soon as they are done with (disk).
+model() {
+  local preset="$1" type="$2" name="$3" verify="$4"
+  local gguf="$WORK/$name.gguf" all="$WORK/$name-all.tsr" none="$WORK/$name-none.tsr"
+  note "disk free in $WORK: $(free_gb) GB"
+  if stage "synth $preset $type" 60 "$T" --threads "$THREADS" synth --preset "$preset" --type "$type" -o "$gguf"; then
+    stage "convert $name --compose all" 40 "$T" convert "$gguf" -o "$all" --compose all --threads "$THREADS"
+    [ "$verify" = 1 ] && [ -z "${SKIP_VERIFY:-}" ] && [ -e "$all" ] &&
+      stage "verify $name all" 90 "$T" verify "$gguf" "$all" --threads "$THREADS"
+    stage "convert $name --compose none" 40 "$T" convert "$gguf" -o "$none" --compose none --threads "$THREADS"
     rm -f "$gguf"
-    [ -e "$tsr" ] && bench_model "$name-all" all "$tsr"
+    [ -e "$all" ] && bench_model "$name-all" all "$all" --profile --profile-out "$OUT/$name-all-profile.svg"
+    rm -f "$all"
+    [ -e "$none" ] && bench_model "$name-none" none "$none" --profile
   fi
-  rm -f "$gguf" "$tsr"
+  rm -f "$gguf" "$all" "$none"
 }
-extra "$PRESET" q4_k_m glm-q4_k_m
-extra "$PRESET_LITE" q4_0 ds2lite-q4_0
+model "$PRESET" q4_0 glm-q4_0 1
+model "$PRESET_LITE" q4_0 ds2lite-q4_0 1
+model "$PRESET" q4_k_m glm-q4_k_m 0
 
 # --- 4. summary ----------------------------------------------------------------------------
 {
@@ -138,7 +135,7 @@ extra "$PRESET_LITE" q4_0 ds2lite-q4_0
   echo "## stage times"
   cat "$STAGES"
   echo
-  echo "## decode / prefill (median tok/s; prefill = the decode graph token by token)"
+  echo "## decode / prefill (median tok/s)"
   cat "$SHORT"
 } >>"$SUMMARY"
 echo
@@ -147,6 +144,6 @@ cat "$STAGES"
 echo
 echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
 echo
-echo "## summary (median tok/s; prefill = the decode graph token by token)"
+echo "## summary (median tok/s)"
 cat "$SHORT"
 rm -rf "$WORK"

@@ -8,6 +8,7 @@ namespace {
 
 constexpr uint32_t kGroupsPerWorkgroup = 4;  // subgroups (row groups) per workgroup
 constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
+constexpr uint32_t kMinWorkgroups = 256;       // int8 path: rows per subgroup are lowered to reach this
 
 struct Variant {
   bool plain, vec8, norm, q8;
@@ -78,7 +79,12 @@ void MatvecOp::record(CommandRecorder& rec) const {
   // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
   // Int8 path (H200, 2026-11-22): one row per subgroup left rows of <= 64 blocks with one or two
   // weight loads in flight per lane (W_qk 768 cols: 580 GB/s); several rows per subgroup at once.
-  const uint32_t nrows = sg && batch > 1 ? 2u : (sg && v.q8 ? (w.cols / 32 <= 2 * tpr ? 4u : 2u) : 1u);
+  // Fewer rows per subgroup when that would leave fewer than kMinWorkgroups workgroups (an
+  // H200 has 132 SMs: q_a's 768 rows at 4 rows per subgroup would be 48 workgroups).
+  uint32_t nrows = sg && batch > 1 ? 2u : (sg && v.q8 ? (w.cols / 32 <= 2 * tpr ? 4u : 2u) : 1u);
+  if (v.q8)
+    while (nrows > 1 && (w.rows + kGroupsPerWorkgroup * nrows - 1) / (kGroupsPerWorkgroup * nrows) < kMinWorkgroups)
+      nrows /= 2;
   const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
   const uint32_t rows_per_wg = kGroupsPerWorkgroup * nrows;
   PipelineDesc desc;

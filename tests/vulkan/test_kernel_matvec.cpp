@@ -158,6 +158,9 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {t, 5, 2080, 1, true, true, 0, 0, 0, true}, seed++);
     run_case(g, {t, 130, 96, 1, true, false, 0, 0, 0, true}, seed++);
     run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true}, seed++);
+    // Enough rows for 4 (short rows) and 2 rows per subgroup, a partial last workgroup.
+    run_case(g, {t, 4100, 96, 1, false, true, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true}, seed++);
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "format/version.h"
 #include "app/cli.h"
 #include "format/error.h"
 
@@ -28,7 +29,7 @@ bool stderr_is_tty() { return isatty(STDERR_FILENO) != 0; }
 int main(int argc, char** argv) {
   using namespace tessera::app;
   CLI::App app{"tessera: MLA + MoE language models (GLM-4.7-Flash, DeepSeek-V2-Lite) on any Vulkan GPU"};
-  app.set_version_flag("--version", std::string("tessera ") + TESSERA_VERSION + " (" + TESSERA_GIT_COMMIT + ")");
+  app.set_version_flag("--version", std::string("tessera ") + tessera::tessera_version() + " (" + tessera::tessera_git_commit() + ")");
   Globals globals;
   app.add_flag("-v,--verbose", globals.verbose, "More output (repeat for more)");
   app.add_option("--threads", globals.threads, "CPU threads (default: all)")->check(CLI::NonNegativeNumber);

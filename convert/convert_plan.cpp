@@ -4,6 +4,7 @@
 #include <map>
 #include <unordered_set>
 
+#include "format/version.h"
 #include "convert/compose.h"
 #include "convert/convert.h"
 #include "format/error.h"
@@ -174,7 +175,7 @@ Metadata packed_metadata(const GgufFile& src, const ConvertOptions& opt) {
   std::string base = opt.in_path;
   if (const size_t slash = base.find_last_of('/'); slash != std::string::npos) base = base.substr(slash + 1);
   m.set_u32("tessera.format_version", kTsrVersion);
-  m.set_string("tessera.converter", cat("tessera ", TESSERA_VERSION, " (", TESSERA_GIT_COMMIT, ")"));
+  m.set_string("tessera.converter", cat("tessera ", tessera_version(), " (", tessera_git_commit(), ")"));
   m.set_string("tessera.source.name", base);
   m.set_u64("tessera.source.size", src.file_size());
   m.set_u64("tessera.source.metadata_hash", source_metadata_hash(src));

@@ -1,4 +1,5 @@
 // `tessera bench`: the test grid on the Vulkan runtime or the CPU reference. See bench.h.
+#include "format/version.h"
 #include "runtime/model/bench.h"
 
 #include <algorithm>
@@ -250,8 +251,8 @@ BenchReport run_bench(const BenchOptions& o) {
   check_options(o);
   BenchReport report;
   BenchHeader& h = report.header;
-  h.version = TESSERA_VERSION;
-  h.commit = TESSERA_GIT_COMMIT;
+  h.version = tessera_version();
+  h.commit = tessera_git_commit();
   const bool tsr = !o.model_path.empty() && file_is_tsr(o.model_path);
   h.backend = o.backend.empty() ? (tsr || o.model_path.empty() ? "vulkan" : "cpu") : o.backend;
   if (h.backend != "vulkan" && h.backend != "cpu") usage_error("bench: --backend must be vulkan or cpu, got '", h.backend, "'");

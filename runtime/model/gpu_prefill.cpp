@@ -200,13 +200,14 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
       const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
       const vk::Buffer& qdst = qk ? p.q : p.qfull;
       // Stage 1: what reads only x.
+      const std::string qlabel = qname.substr(0, qname.size() - 7);  // without ".weight"
       if (c.q_lora_rank) r.matvec(weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", p.x, p.cq, attn_norm, false);
-      else r.matvec(weight_matrix(qname), qname, p.x, qdst, attn_norm, false);
+      else r.matvec(weight_matrix(qname), qlabel, p.x, qdst, attn_norm, false);
       r.matvec(weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", p.x, p.kv, attn_norm, false);
       rec->barrier();
       // Stage 2: queries, cache rows, (factored) absorbed queries.
       if (c.q_lora_rank)
-        r.matvec(weight_matrix(qname), qname, p.cq, qdst, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+        r.matvec(weight_matrix(qname), qlabel, p.cq, qdst, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
       kv_write.record_rows(*rec, p.kv.whole(), weight_vec(L + "attn_kv_a_norm.weight", R), chunk, kPosWord, batch,
                            db.cache[l], "kv_write " + L);
       if (!qk) {

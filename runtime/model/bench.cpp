@@ -313,6 +313,10 @@ BenchReport run_bench(const BenchOptions& o) {
     h.dispatches = model.stats().dispatches;
     h.barriers = model.stats().barriers;
     h.weight_bytes_per_token = model.stats().weight_bytes;
+    h.prefill_chunk = model.prefill_stats().chunk;
+    h.prefill_dispatches = model.prefill_stats().dispatches;
+    h.prefill_barriers = model.prefill_stats().barriers;
+    h.prefill_weight_bytes = model.prefill_stats().weight_bytes;
     GpuTarget t(model);
     report.results = run_grid(o, t, model.n_vocab());
   }

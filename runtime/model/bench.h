@@ -58,6 +58,9 @@ struct BenchHeader {
   uint32_t n_ctx = 0;          // KV-cache positions allocated for the grid
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
+  uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
+  uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head
+  uint64_t prefill_weight_bytes = 0;      // per chunk, declared by the kernels
 };
 
 struct BenchResult {

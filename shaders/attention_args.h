@@ -66,7 +66,8 @@ struct AttnMergeArgs {
 //   y[h*y_stride + y_offset + r] = sum_k W[g][k] * x[h*x_stride + x_offset + k],  k < cols
 // With copy_n > 0 the dispatch whose row_begin is 0 also copies, per head h < n_head,
 // x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i] for i < copy_n (the unroped q_pe
-// values beside q_lat).
+// values beside q_lat). Several tokens (prefill): workgroup z = token t, every x / y index above
+// offset by t*x_token_stride / t*y_token_stride.
 struct AbsorbArgs {
   uint row_begin;  // first weight row bound to this dispatch
   uint n_rows;     // weight rows bound to this dispatch
@@ -80,6 +81,9 @@ struct AbsorbArgs {
   uint copy_n;     // values copied per head (0 = none)
   uint copy_src;   // offset of the copied values within a head's input
   uint copy_dst;   // offset of the copied values within a head's output
+  uint x_token_stride;  // workgroup z = token t: floats between tokens' inputs (t*... added)
+  uint y_token_stride;  // and outputs
+  uint pad0, pad1;
 };
 
 // Positions per chunk for a context of kv_len positions split over at most n_groups workgroups:

@@ -212,14 +212,11 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
                            db.cache[l], "kv_write " + L);
       if (!qk) {
         if (c.q_lora_rank) rec->barrier();
-        const vk::MatrixRef kb = weight_matrix(L + "attn_k_b.weight");
-        const uint64_t in = uint64_t(H) * c.n_qk() * 4, out = uint64_t(H) * ashape.row() * 4;
-        for (uint32_t t = 0; t < T; ++t) {  // per token: the per-head matrices are read T times (small)
-          vk::AbsorbOp a = vk::AbsorbOp::query(kb, H, c.n_rot, p.qfull.whole().sub(t * in, in), p.q.whole().sub(t * out, out));
-          a.label = a.kernel_name() + " " + L + "attn_k_b";
-          a.record(*rec);
-          r.weight_bytes += a.w.read_bytes();
-        }
+        vk::AbsorbOp a = vk::AbsorbOp::query(weight_matrix(L + "attn_k_b.weight"), H, c.n_rot, p.qfull.whole(), p.q.whole());
+        a.n_tokens = T;  // the per-head matrices read once for the chunk
+        a.label = a.kernel_name() + " " + L + "attn_k_b";
+        a.record(*rec);
+        r.weight_bytes += a.w.read_bytes();
       }
       rec->barrier();
       attn.record(*rec, p.q.whole(), db.cache[l], chunk, kPosWord, p.partials.whole(), p.olat.whole(), "attention " + L,
@@ -228,14 +225,11 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
       if (vo) {
         r.matvec(weight_matrix(L + "attn_vo.weight"), L + "attn_vo", p.olat, p.x, {}, true);
       } else {
-        const vk::MatrixRef vb = weight_matrix(L + "attn_v_b.weight");
-        const uint64_t in = uint64_t(H) * R * 4, out = uint64_t(H) * c.n_v * 4;
-        for (uint32_t t = 0; t < T; ++t) {
-          vk::AbsorbOp a = vk::AbsorbOp::value(vb, H, p.olat.whole().sub(t * in, in), p.o.whole().sub(t * out, out));
-          a.label = a.kernel_name() + " " + L + "attn_v_b";
-          a.record(*rec);
-          r.weight_bytes += a.w.read_bytes();
-        }
+        vk::AbsorbOp a = vk::AbsorbOp::value(weight_matrix(L + "attn_v_b.weight"), H, p.olat.whole(), p.o.whole());
+        a.n_tokens = T;
+        a.label = a.kernel_name() + " " + L + "attn_v_b";
+        a.record(*rec);
+        r.weight_bytes += a.w.read_bytes();
         rec->barrier();
         r.matvec(weight_matrix(L + "attn_output.weight"), L + "attn_output", p.o, p.x, {}, true);
       }

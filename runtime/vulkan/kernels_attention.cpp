@@ -350,7 +350,8 @@ std::string AbsorbOp::kernel_name() const {
 }
 
 uint64_t AbsorbOp::bytes() const {
-  return w.read_bytes() + uint64_t(n_head) * w.cols * 4 + uint64_t(w.rows) * 4 + uint64_t(n_head) * copy_n * 8;
+  return w.read_bytes() +
+         uint64_t(std::max(n_tokens, 1u)) * (uint64_t(n_head) * w.cols * 4 + uint64_t(w.rows) * 4 + uint64_t(n_head) * copy_n * 8);
 }
 
 void AbsorbOp::record(CommandRecorder& rec) const {
@@ -369,7 +370,14 @@ void AbsorbOp::record(CommandRecorder& rec) const {
   if (y_offset + rows > y_stride || (copy_n && copy_dst + copy_n > y_stride))
     runtime_error(what, ": a head's output (offset ", y_offset, " + ", rows, ", copy ", copy_dst, " + ", copy_n,
                   ") does not fit the y stride ", y_stride);
-  const uint64_t x_need = uint64_t(n_head) * x_stride * 4, y_need = uint64_t(n_head) * y_stride * 4;
+  if (n_tokens == 0 || n_tokens > ctx.info().max_workgroup_count[2])
+    runtime_error(what, ": ", n_tokens, " tokens outside 1..", ctx.info().max_workgroup_count[2]);
+  const uint32_t xts = x_token_stride ? x_token_stride : n_head * x_stride;
+  const uint32_t yts = y_token_stride ? y_token_stride : n_head * y_stride;
+  if (n_tokens > 1 && (xts < n_head * x_stride || yts < n_head * y_stride || xts % 4 != 0))
+    runtime_error(what, ": token strides ", xts, " / ", yts, " overlap the heads (or x's is not a multiple of 4)");
+  const uint64_t x_need = (uint64_t(n_tokens - 1) * xts + uint64_t(n_head) * x_stride) * 4;
+  const uint64_t y_need = (uint64_t(n_tokens - 1) * yts + uint64_t(n_head) * y_stride) * 4;
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
 
@@ -403,9 +411,11 @@ void AbsorbOp::record(CommandRecorder& rec) const {
     a.copy_n = copy_n;
     a.copy_src = copy_src;
     a.copy_dst = copy_dst;
+    a.x_token_stride = xts;
+    a.y_token_stride = yts;
     const BufferSlice bufs[4] = {c.q, c.m, x, y};
     const GroupCounts g = split_workgroups(ceil_div(c.rows, kAbsorbRowsPerWorkgroup), ctx.info());
-    rec.dispatch(pipe, bufs, a, g.x, g.y, 1, what, chunks.size() == 1 ? bytes() : bytes() * c.rows / w.rows);
+    rec.dispatch(pipe, bufs, a, g.x, g.y, n_tokens, what, chunks.size() == 1 ? bytes() : bytes() * c.rows / w.rows);
   }
 }
 

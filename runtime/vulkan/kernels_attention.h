@@ -189,6 +189,8 @@ struct AbsorbOp {
   uint32_t y_stride = 0, y_offset = 0;
   uint32_t copy_n = 0;     // also copy x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i], i < copy_n
   uint32_t copy_src = 0, copy_dst = 0;
+  uint32_t n_tokens = 1;   // tokens (prefill): token t's x / y start at t*x_token_stride / t*y_token_stride
+  uint32_t x_token_stride = 0, y_token_stride = 0;  // floats; 0 = n_head * x_stride / n_head * y_stride
   std::string label;       // profile label; empty = kernel_name()
 
   // D3': q_lat_h = Kb_h q_nope_h and q_pe copied: x = q from attn_q_b / attn_q ([H][Dn + Dr]),
@@ -198,7 +200,7 @@ struct AbsorbOp {
   static AbsorbOp value(const MatrixRef& v_b, uint32_t n_head, BufferSlice olat, BufferSlice o);
 
   uint32_t rows_per_head() const { return n_head ? w.rows / n_head : 0; }
-  // Bytes moved: the weights once, every head's input, the outputs and the copied values.
+  // Bytes moved: the weights once, every head's input, the outputs and the copied values (per token).
   uint64_t bytes() const;
   // Records the dispatch(es), no barrier. Validates shapes, strides and binding sizes first and
   // throws Error(Runtime) naming the label and the problem.

@@ -357,5 +357,47 @@ TEST(PrefillAttention, BatchedQueriesEqualOnePerPosition) {
   for (size_t i = size_t(n) * H * R; i < oa.size(); ++i) ASSERT_TRUE(std::isnan(oa[i])) << "padding query wrote " << i;
 }
 
+// AbsorbOp over several tokens (z = token) == one dispatch per token, bit for bit, for the query
+// absorption (with the q_pe copy) and the value projection.
+TEST(PrefillAttention, AbsorbOverTokensEqualsOnePerToken) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  const uint32_t H = 3, R = 64, Dn = 32, Dr = 16, Dv = 40, T = 5;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16}) {
+    SCOPED_TRACE(type_name(type));
+    std::mt19937 rng(21);
+    auto kb = vktest::upload_matrix(g, type, H * R, Dn, vktest::random_matrix(rng, type, H * R, Dn));
+    auto vb = vktest::upload_matrix(g, type, H * Dv, R, vktest::random_matrix(rng, type, H * Dv, R));
+    const std::vector<float> qin = vktest::random_values(rng, size_t(T) * H * (Dn + Dr));
+    const std::vector<float> olat = vktest::random_values(rng, size_t(T) * H * R);
+    vk::Buffer qb = vktest::make_buffer(g, qin.size() * 4, "q_b out"), ob = vktest::make_buffer(g, olat.size() * 4, "olat");
+    vktest::upload_bytes(g, qb, qin.data(), qin.size() * 4);
+    vktest::upload_bytes(g, ob, olat.data(), olat.size() * 4);
+    const uint64_t qs = uint64_t(H) * (R + Dr), os = uint64_t(H) * Dv;
+    vk::Buffer qa = vktest::make_buffer(g, T * qs * 4, "q batched"), q1 = vktest::make_buffer(g, T * qs * 4, "q single");
+    vk::Buffer oa = vktest::make_buffer(g, T * os * 4, "o batched"), o1 = vktest::make_buffer(g, T * os * 4, "o single");
+    for (vk::Buffer* b : {&qa, &q1, &oa, &o1}) vktest::poison(g, *b);
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    vk::AbsorbOp aq = vk::AbsorbOp::query(kb->ref, H, Dr, qb.whole(), qa.whole());
+    aq.n_tokens = T;
+    aq.record(rec);
+    vk::AbsorbOp av = vk::AbsorbOp::value(vb->ref, H, ob.whole(), oa.whole());
+    av.n_tokens = T;
+    av.record(rec);
+    for (uint32_t t = 0; t < T; ++t) {
+      const uint64_t qi = uint64_t(H) * (Dn + Dr) * 4, li = uint64_t(H) * R * 4;
+      vk::AbsorbOp::query(kb->ref, H, Dr, qb.whole().sub(t * qi, qi), q1.whole().sub(t * qs * 4, qs * 4)).record(rec);
+      vk::AbsorbOp::value(vb->ref, H, ob.whole().sub(t * li, li), o1.whole().sub(t * os * 4, os * 4)).record(rec);
+    }
+    rec.end();
+    rec.run();
+    const auto a = vktest::download_floats(g, qa, T * qs), b = vktest::download_floats(g, q1, T * qs);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "q value " << i;
+    const auto c = vktest::download_floats(g, oa, T * os), d = vktest::download_floats(g, o1, T * os);
+    for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], d[i]) << "o value " << i;
+  }
+}
+
 }  // namespace
 }  // namespace tessera

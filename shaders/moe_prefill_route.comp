@@ -34,6 +34,9 @@ uint g_token = 0u;
 #include "routing.glsl"
 
 shared bool is_last;
+#define PF_TILE 1024u
+shared uint sh_expert[PF_TILE];        // experts of pairs base .. base + PF_TILE - 1
+shared uint sh_count[TS_ROUTE_MAX_E];  // pairs listed so far per expert
 
 void main() {
   const uint tid = gl_LocalInvocationIndex;
@@ -58,15 +61,27 @@ void main() {
   if (!is_last) return;
   memoryBarrierBuffer();
 
-  for (uint e = tid; e < args.n_expert; e += WG_SIZE) {
-    uint c = 0u;
-    for (uint p = 0u; p < n * K; ++p) {
-      if (route[2u * p] == e) {
-        lists[args.n_expert + e * args.t_max + c] = p;
-        ++c;
+  // The chosen experts are staged PF_TILE pairs at a time in shared memory (one coalesced load
+  // each), then every invocation scans the tile for its experts.
+  for (uint e = tid; e < args.n_expert; e += WG_SIZE) sh_count[e] = 0u;
+  const uint n_pairs = n * K;
+  for (uint base = 0u; base < n_pairs; base += PF_TILE) {
+    const uint len = min(uint(PF_TILE), n_pairs - base);
+    barrier();
+    for (uint i = tid; i < len; i += WG_SIZE) sh_expert[i] = route[2u * (base + i)];
+    barrier();
+    for (uint e = tid; e < args.n_expert; e += WG_SIZE) {
+      uint c = sh_count[e];
+      for (uint i = 0u; i < len; ++i) {
+        if (sh_expert[i] == e) {
+          lists[args.n_expert + e * args.t_max + c] = base + i;
+          ++c;
+        }
       }
+      sh_count[e] = c;
     }
-    lists[e] = c;
   }
+  barrier();
+  for (uint e = tid; e < args.n_expert; e += WG_SIZE) lists[e] = sh_count[e];
   if (tid == 0) atomicExchange(route[counter], 0u);
 }

@@ -187,6 +187,8 @@ TEST(PrefillMoe, BlockMatchesTheReference) {
   run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true}, 2);
   run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true}, 3);
   run_moe_case(g, {{T::F16, T::BF16, T::F32, T::F16}, 5, 36, 0, 40, 2, 4, 4, 2, false}, 4);
+  // More pairs (390 x 3) than the route kernel stages at once (1024).
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q4_0}, 5, 32, 32, 32, 3, 400, 390, 0, true}, 6);
 }
 
 TEST(PrefillMoe, SharedMemoryPathMatches) {

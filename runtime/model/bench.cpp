@@ -306,6 +306,7 @@ BenchReport run_bench(const BenchOptions& o) {
   GpuModelOptions go;
   go.n_ctx = need_ctx;
   go.progress = false;
+  go.prefill_chunk = o.prefill_chunk;
   if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0) {
     say(o, cat("loading ", o.model_path, " onto ", h.device));
     GpuModel model(ctx, file, go);

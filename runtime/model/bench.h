@@ -38,6 +38,7 @@ struct BenchOptions {
   int repetitions = 5;                    // timed runs per test after one warm-up
   int device = -1;                        // Vulkan device (-1: the best one)
   unsigned threads = 0;                   // CPU backend threads (0: all)
+  uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   RooflineOptions roofline_options;

@@ -9,6 +9,8 @@
 //   + dense FFN or MoE (routing on the GPU) -> output norm + LM head -> sample/argmax, which writes
 //   the next token and position back into the step buffer: the GPU feeds itself.
 // Per-token values live in a host-visible step buffer {token, position}; nothing is re-recorded.
+// Prompts of more than one token take the batched prefill graph instead (gpu_prefill.cpp,
+// docs/PREFILL.md): chunks of prefill_chunk tokens, one recording resubmitted per chunk.
 //
 //   GpuModel m(ctx, file, {.n_ctx = 4096});
 //   std::vector<float> logits = m.forward(prompt_ids, /*last_only=*/true);   // prompt

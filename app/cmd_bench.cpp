@@ -41,6 +41,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->check(CLI::IsMember({"vulkan", "cpu"}));
   sub.add_option("--device", b.device, "Vulkan device number (default: the best one)")->check(CLI::NonNegativeNumber);
   sub.add_option("--threads", a->threads, "CPU reference threads (default: the global --threads, else all)");
+  sub.add_option("--prefill-chunk", b.prefill_chunk, "Vulkan: prompt tokens per batched prefill chunk (0: token by token)")
+      ->capture_default_str();
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0)");

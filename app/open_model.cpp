@@ -38,6 +38,10 @@ OpenModel open_model(const ModelRequest& r) {
     std::fprintf(stderr, "tessera: %s on %s: %u dispatches and %u barriers per token (%u layers), %.1f MB of device memory\n",
                  r.path.c_str(), m.vk->info().name.c_str(), gm->stats().dispatches, gm->stats().barriers,
                  gm->stats().layers, gm->stats().device_bytes / 1e6);
+  if (r.verbose && gm->prefill_stats().chunk)
+    std::fprintf(stderr, "tessera: prefill in chunks of %u tokens: %u dispatches, %u barriers, %.1f MB of weights per chunk\n",
+                 gm->prefill_stats().chunk, gm->prefill_stats().dispatches, gm->prefill_stats().barriers,
+                 gm->prefill_stats().weight_bytes / 1e6);
   m.model = std::move(gm);
   return m;
 }

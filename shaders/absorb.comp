@@ -13,6 +13,9 @@
 // memory. Row g of the bound chunk belongs to head (row_begin + g) / rows; its input vector is that
 // head's x. x_stride and x_offset are multiples of 4 (16-byte input loads).
 //
+// Token dimension (prefill): workgroup z = token t; token t's x and y start at floats
+// t*x_token_stride / t*y_token_stride (the weights are read once for all tokens of a dispatch).
+//
 // Bindings: 0 = W region Q (plain: W rows), 1 = W region M, 2 = x, 3 = y.
 #extension GL_GOOGLE_include_directive : require
 #include "common.glsl"
@@ -67,10 +70,12 @@ float row_dot(uint row, uint xb, uint lane, uint nlanes) {
 }
 
 // Input start and output index of bound row `row`.
-uint input_base(uint row) { return (args.row_begin + row) / args.rows * args.x_stride + args.x_offset; }
+uint input_base(uint row) {
+  return gl_WorkGroupID.z * args.x_token_stride + (args.row_begin + row) / args.rows * args.x_stride + args.x_offset;
+}
 uint output_index(uint row) {
   const uint g = args.row_begin + row;
-  return g / args.rows * args.y_stride + args.y_offset + g % args.rows;
+  return gl_WorkGroupID.z * args.y_token_stride + g / args.rows * args.y_stride + args.y_offset + g % args.rows;
 }
 
 #if !USE_SUBGROUP
@@ -82,7 +87,8 @@ void main() {
   if (wg == 0u && args.row_begin == 0u) {
     for (uint i = gl_LocalInvocationIndex; i < args.n_head * args.copy_n; i += WG_SIZE) {
       const uint h = i / args.copy_n, k = i % args.copy_n;
-      y[h * args.y_stride + args.copy_dst + k] = x[h * args.x_stride + args.copy_src + k];
+      y[gl_WorkGroupID.z * args.y_token_stride + h * args.y_stride + args.copy_dst + k] =
+          x[gl_WorkGroupID.z * args.x_token_stride + h * args.x_stride + args.copy_src + k];
     }
   }
   const uint row0 = wg * ROWS_PER_WG;

@@ -14,34 +14,50 @@ using uint = uint32_t;
 #define TS_ATTN_FN
 #endif
 
-// kv_write.comp: pos = step[pos_word]; if pos < n_ctx:
-//   cache[pos] = f16([ RMSNorm(kv[0:R]; norm_w, eps) | rope(kv[R:R+Dr], pos) ])
+// Word index meaning "no token-count word": one query / one row (the decode step).
+#define TS_ATTN_NO_COUNT 0xFFFFFFFFu
+
+// kv_write.comp, workgroup y = token t (prefill: several rows; decode: t = 0 only):
+// pos = step[pos_word] + t; if pos < n_ctx and t < step[count_word] (count_word ==
+// TS_ATTN_NO_COUNT: t == 0 only):
+//   cache[pos] = f16([ RMSNorm(kv_t[0:R]; norm_w, eps) | rope(kv_t[R:R+Dr], pos) ]),
+//   kv_t = kv[t*kv_stride ...]
 struct KvWriteArgs {
-  uint pos_word;  // index (in 32-bit words) of the position in the step buffer
-  uint n_ctx;     // rows the bound cache holds; a position >= n_ctx writes nothing
-  float eps;      // RMSNorm epsilon
-  uint pad0;
+  uint pos_word;    // index (in 32-bit words) of the (first) position in the step buffer
+  uint n_ctx;       // rows the bound cache holds; a position >= n_ctx writes nothing
+  float eps;        // RMSNorm epsilon
+  uint count_word;  // index of the token count in the step buffer, or TS_ATTN_NO_COUNT
+  uint kv_stride;   // floats between consecutive tokens' kv inputs
+  uint pad0, pad1, pad2;
 };
 
-// attention_partial.comp: kv_len = min(step[pos_word] + 1, n_ctx); the positions [0, kv_len)
-// are cut into chunks (ts_attn_chunk_len); workgroup c < ts_attn_num_chunks handles chunk c and
-// writes its partial (running max m, sum l, unnormalized latent output o) for every head.
+// attention_partial.comp: query t = workgroup z (decode: only t = 0) at position
+// pos = step[pos_word] + t (skipped when t >= step[count_word]; count_word == TS_ATTN_NO_COUNT:
+// one query); kv_len = min(pos + 1, n_ctx) (causal: query t sees [0, pos]); the positions
+// [0, kv_len) are cut into chunks (ts_attn_chunk_len); workgroup c < ts_attn_num_chunks handles
+// chunk c and writes its partial (running max m, sum l, unnormalized latent output o) for every
+// head. Query t's q is at float t*N_HEAD*(R+Dr), its partials at float
+// t*n_groups*N_HEAD*(R+2) (the per-query layout of the decode step, repeated).
 struct AttnPartialArgs {
-  uint pos_word;    // index (in 32-bit words) of the query position in the step buffer
+  uint pos_word;    // index (in 32-bit words) of the (first) query position in the step buffer
   uint n_ctx;       // rows the bound cache holds
   uint n_groups;    // workgroups dispatched (upper bound of the chunk count)
   uint min_chunk;   // fewest positions per chunk (a multiple of the kernel's TILE)
   float kq_scale;   // score scale (forward.md section 4)
-  uint pad0, pad1, pad2;
+  uint count_word;  // index of the query count in the step buffer, or TS_ATTN_NO_COUNT
+  uint pad1, pad2;
 };
 
 // attention_merge.comp: olat[h*R + r] = sum_c exp(m_c - M) o_c[h][r] / sum_c exp(m_c - M) l_c,
-// over the chunks attention_partial wrote for the same step (same chunking arguments).
+// over the chunks attention_partial wrote for the same step (same chunking arguments); query t
+// = workgroup z as in AttnPartialArgs, its output at float t*N_HEAD*R.
 struct AttnMergeArgs {
   uint pos_word;
   uint n_ctx;
   uint n_groups;
   uint min_chunk;
+  uint count_word;  // as in AttnPartialArgs
+  uint pad0, pad1, pad2;
 };
 
 // absorb.comp: per-head matvec. For the weight rows g in [row_begin, row_begin + n_rows) bound to
@@ -50,7 +66,8 @@ struct AttnMergeArgs {
 //   y[h*y_stride + y_offset + r] = sum_k W[g][k] * x[h*x_stride + x_offset + k],  k < cols
 // With copy_n > 0 the dispatch whose row_begin is 0 also copies, per head h < n_head,
 // x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i] for i < copy_n (the unroped q_pe
-// values beside q_lat).
+// values beside q_lat). Several tokens (prefill): workgroup z = token t, every x / y index above
+// offset by t*x_token_stride / t*y_token_stride.
 struct AbsorbArgs {
   uint row_begin;  // first weight row bound to this dispatch
   uint n_rows;     // weight rows bound to this dispatch
@@ -64,6 +81,9 @@ struct AbsorbArgs {
   uint copy_n;     // values copied per head (0 = none)
   uint copy_src;   // offset of the copied values within a head's input
   uint copy_dst;   // offset of the copied values within a head's output
+  uint x_token_stride;  // workgroup z = token t: floats between tokens' inputs (t*... added)
+  uint y_token_stride;  // and outputs
+  uint pad0, pad1;
 };
 
 // Positions per chunk for a context of kv_len positions split over at most n_groups workgroups:

@@ -28,10 +28,14 @@ shared float reduce_buf[WG];
 void main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint head = gl_WorkGroupID.y;
-  const uint pos = step_words[args.pos_word];
+  const uint qt = gl_WorkGroupID.z;  // query of a prefill chunk (decode: 0)
+  const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
+  if (qt >= n_q) return;  // uniform
+  const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1, args.n_ctx);
   const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
-  const uint ml_base = args.n_groups * N_HEAD * KV_LORA;
+  const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
+  const uint ml_base = p_base + args.n_groups * N_HEAD * KV_LORA;
 
   float mx = -3.0e38;
   for (uint c = tid; c < n_chunks; c += WG) mx = max(mx, partials[ml_base + (c * N_HEAD + head) * 2]);
@@ -64,12 +68,12 @@ void main() {
   const uint r = gl_WorkGroupID.x * COLS + col;
   float o = 0.0;
   if (r < KV_LORA) {
-    for (uint c = lane; c < n_chunks; c += LANES) o += weights[c] * partials[(c * N_HEAD + head) * KV_LORA + r];
+    for (uint c = lane; c < n_chunks; c += LANES) o += weights[c] * partials[p_base + (c * N_HEAD + head) * KV_LORA + r];
   }
   reduce_buf[tid] = o;
   barrier();
   if (lane == 0 && r < KV_LORA) {
     for (uint l = 1; l < LANES; ++l) o += reduce_buf[l * COLS + col];
-    olat[head * KV_LORA + r] = o * inv_l;
+    olat[qt * N_HEAD * KV_LORA + head * KV_LORA + r] = o * inv_l;
   }
 }

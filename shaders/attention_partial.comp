@@ -64,8 +64,13 @@ void main() {
   const uint chunk = gl_WorkGroupID.x;
   const uint head0 = gl_WorkGroupID.y * HW;
   const uint n_heads = min(uint(HW), uint(N_HEAD) - head0);
-  const uint pos = step_words[args.pos_word];
+  const uint qt = gl_WorkGroupID.z;  // query of a prefill chunk (decode: 0)
+  const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
+  if (qt >= n_q) return;  // uniform
+  const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1, args.n_ctx);
+  const uint q_base = qt * N_HEAD * kRowV;                            // vec4
+  const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);   // floats
   const uint chunk_len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint begin = chunk * chunk_len;
   if (begin >= kv_len) return;  // uniform: chunk beyond the current context
@@ -86,7 +91,7 @@ void main() {
     const uint h = head0 + min(s_quad * 4 + a, n_heads - 1);
     [[unroll]] for (uint i = 0; i < SV; ++i) {
       const uint v = min(s_slice + i * kNS, kRowV - 1);
-      vec4 qv = q4[h * kRowV + v];
+      vec4 qv = q4[q_base + h * kRowV + v];
       if (v >= kLatV) {  // rope pairs (4v - R)/2 and +1
         const uint k = (4 * v - KV_LORA) / 2;
         qv.xy = rope_rotate(qv.xy, rope_cos_sin(pos, k));
@@ -196,7 +201,7 @@ void main() {
   if (o_active) {
     [[unroll]] for (uint a = 0; a < OH; ++a) {
       if (o_head0 + a < n_heads) {
-        const uint o = (chunk * N_HEAD + head0 + o_head0 + a) * KV_LORA + 4 * o_quad;
+        const uint o = p_base + (chunk * N_HEAD + head0 + o_head0 + a) * KV_LORA + 4 * o_quad;
         partials[o] = acc[a].x;
         partials[o + 1] = acc[a].y;
         partials[o + 2] = acc[a].z;
@@ -205,7 +210,7 @@ void main() {
     }
   }
   if (tid < n_heads) {
-    const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + head0 + tid) * 2;
+    const uint ml = p_base + args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + head0 + tid) * 2;
     partials[ml] = m_run;
     partials[ml + 1] = l_run;
   }

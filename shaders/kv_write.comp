@@ -3,7 +3,7 @@
 // KV cache (forward.md section 2.1-2.2):
 //   cache[pos] = f16([ RMSNorm(kv[0:R]; attn_kv_a_norm, eps) | rope(kv[R:R+Dr], pos) ])
 // pos is read from the step buffer (recorded command buffers are reused for every token).
-// One workgroup. The query's rope is NOT done here: attention_partial.comp applies it on load.
+// One workgroup per token (prefill: workgroup y = token t of the chunk, pos = base + t). The query's rope is NOT done here: attention_partial.comp applies it on load.
 //
 // Defines: KV_LORA (R, even), N_ROT (Dr, even) + the rope.glsl table, WG (workgroup size, power
 // of two).
@@ -26,10 +26,14 @@ shared float partial_sums[WG];
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
-  const uint pos = step_words[args.pos_word];
+  const uint t = gl_WorkGroupID.y;  // token of a prefill chunk (decode: 0)
+  const uint n_tok = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
+  if (t >= n_tok) return;  // uniform: a token past the chunk's count
+  const uint pos = step_words[args.pos_word] + t;
+  const uint kv0 = t * args.kv_stride;
 
   float sq = 0.0;
-  for (uint i = tid; i < KV_LORA; i += WG) sq += kv[i] * kv[i];
+  for (uint i = tid; i < KV_LORA; i += WG) sq += kv[kv0 + i] * kv[kv0 + i];
   partial_sums[tid] = sq;
   barrier();
   for (uint width = WG / 2; width > 0; width /= 2) {
@@ -41,11 +45,11 @@ void main() {
 
   const uint row = pos * kRowWords;
   for (uint w = tid; w < KV_LORA / 2; w += WG) {
-    const vec2 c = vec2(kv[2 * w], kv[2 * w + 1]) * vec2(norm_w[2 * w], norm_w[2 * w + 1]) * inv_rms;
+    const vec2 c = vec2(kv[kv0 + 2 * w], kv[kv0 + 2 * w + 1]) * vec2(norm_w[2 * w], norm_w[2 * w + 1]) * inv_rms;
     cache[row + w] = packHalf2x16(c);
   }
   for (uint k = tid; k < N_ROT / 2; k += WG) {
-    const vec2 pe = vec2(kv[KV_LORA + 2 * k], kv[KV_LORA + 2 * k + 1]);
+    const vec2 pe = vec2(kv[kv0 + KV_LORA + 2 * k], kv[kv0 + KV_LORA + 2 * k + 1]);
     cache[row + KV_LORA / 2 + k] = packHalf2x16(rope_rotate(pe, rope_cos_sin(pos, k)));
   }
 }

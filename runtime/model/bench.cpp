@@ -304,6 +304,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.n_ctx = need_ctx;
   go.progress = false;
   go.int8_activations = o.int8_activations;
+  go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
   if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0 || o.profile) {
     say(o, cat("loading ", o.model_path, " onto ", h.device));
@@ -313,6 +314,10 @@ BenchReport run_bench(const BenchOptions& o) {
     h.barriers = model.stats().barriers;
     h.weight_bytes_per_token = model.stats().weight_bytes;
     h.activations = model.stats().int8_activations ? "int8 (Q4_0/Q8_0 matvecs and experts)" : "f32";
+    h.prefill_chunk = model.prefill_stats().chunk;
+    h.prefill_dispatches = model.prefill_stats().dispatches;
+    h.prefill_barriers = model.prefill_stats().barriers;
+    h.prefill_weight_bytes = model.prefill_stats().weight_bytes;
     GpuTarget t(model);
     report.results = run_grid(o, t, model.n_vocab());
     // The profile reuses the loaded model and its filled cache (one more recording of the step).

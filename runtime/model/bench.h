@@ -38,6 +38,7 @@ struct BenchOptions {
   int repetitions = 5;                    // timed runs per test after one warm-up
   int device = -1;                        // Vulkan device (-1: the best one)
   unsigned threads = 0;                   // CPU backend threads (0: all)
+  uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
@@ -60,6 +61,9 @@ struct BenchHeader {
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
   std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
+  uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
+  uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head
+  uint64_t prefill_weight_bytes = 0;      // per chunk, declared by the kernels
 };
 
 struct BenchResult {

@@ -83,6 +83,7 @@ struct GpuModel::Weights {
 GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions& options)
     : ctx_(ctx), options_(options), config_(ModelConfig::from_metadata(file.metadata())) {
   n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
+  options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
   w_ = std::make_unique<Weights>();
   for (uint32_t l = 0; l < config_.n_layer; ++l)
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
@@ -101,9 +102,11 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   stats_.dispatches = rec_->dispatch_count();
   stats_.barriers = rec_->barrier_count();
   stats_.layers = config_.n_layer;
+  if (options_.prefill_chunk) create_prefill();
 }
 
 GpuModel::~GpuModel() {
+  prefill_.reset();
   prof_rec_.reset();
   rec_.reset();
   xfer_.reset();
@@ -182,6 +185,11 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   for (const Act& a : acts) act_total += (a.bytes + 255) / 256 * 256;
   plan.add("activations and scratch", vk::MemoryKind::DeviceLocal, act_total);
   plan.add("step values", vk::MemoryKind::Host, 4096);
+  if (options_.prefill_chunk) {
+    plan.add(cat("prefill scratch (chunks of ", options_.prefill_chunk, " tokens)"), vk::MemoryKind::DeviceLocal,
+             prefill_scratch_bytes());
+    plan.add("prefill chunk values", vk::MemoryKind::Host, 4096 + options_.prefill_chunk * 4ull);
+  }
   const uint64_t need = plan.total(vk::MemoryKind::DeviceLocal) + plan.total(vk::MemoryKind::Host);
   if (options_.memory_limit && need > options_.memory_limit)
     runtime_error("memory plan: needs ", need, " bytes, but the memory limit is ", options_.memory_limit,
@@ -395,6 +403,7 @@ std::vector<float> GpuModel::forward(std::span<const int32_t> tokens, bool last_
   if (uint64_t(n_past_) + tokens.size() > n_ctx_)
     usage_error("context full: ", n_past_, " cached + ", tokens.size(), " new tokens exceed the context of ", n_ctx_,
                 " positions (reset, or raise --ctx)");
+  if (tokens.size() > 1 && prefill_) return run_prefill(tokens, last_only);
   std::vector<float> out;
   const size_t V = config_.n_vocab;
   out.reserve(last_only ? V : V * tokens.size());
@@ -455,6 +464,28 @@ std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* 
   const uint32_t words[2] = {uint32_t(token), n_past_};
   w_->step.write(0, words, sizeof words);
   return t;
+}
+
+vk::MatrixRef GpuModel::weight_matrix(std::string_view name) const { return w_->matrix(name); }
+vk::BufferSlice GpuModel::weight_vec(std::string_view name, uint64_t n) const { return w_->vec(name, n); }
+bool GpuModel::has_weight(std::string_view name) const { return w_->has(name); }
+
+vk::MoeTileRef GpuModel::moe_tile(std::string_view name) const {
+  const Weights::Loc& tile = w_->at(name);
+  if (tile.tensor->layout != TsrLayout::MoeTile1)
+    bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+  return {tile.buffer, tile.offset, tile.tensor->moe_tile()};
+}
+
+void GpuModel::write_step(uint32_t token, uint32_t pos) {
+  const uint32_t words[2] = {token, pos};
+  w_->step.write(0, words, sizeof words);
+}
+
+GpuModel::DecodeBuffers GpuModel::decode_buffers() const {
+  DecodeBuffers b{w_->step.whole(), w_->ring.whole(), w_->logits.whole(), w_->sample_scratch.whole(), {}};
+  for (const vk::Buffer& c : w_->cache) b.cache.push_back(c.whole());
+  return b;
 }
 
 }  // namespace tessera::model

@@ -9,6 +9,8 @@
 //   + dense FFN or MoE (routing on the GPU) -> output norm + LM head -> sample/argmax, which writes
 //   the next token and position back into the step buffer: the GPU feeds itself.
 // Per-token values live in a host-visible step buffer {token, position}; nothing is re-recorded.
+// Prompts of more than one token take the batched prefill graph instead (gpu_prefill.cpp,
+// docs/PREFILL.md): chunks of prefill_chunk tokens, one recording resubmitted per chunk.
 //
 //   GpuModel m(ctx, file, {.n_ctx = 4096});
 //   std::vector<float> logits = m.forward(prompt_ids, /*last_only=*/true);   // prompt
@@ -25,6 +27,7 @@
 #include "format/tsr.h"
 #include "runtime/cpu/generate.h"
 #include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_sample.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
@@ -41,6 +44,17 @@ struct GpuModelOptions {
   bool int8_activations = true;   // Q4_0/Q8_0 matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
+  uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
+                                  // 0 = prompts run token by token through the decode graph
+};
+
+// The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.
+struct PrefillStats {
+  uint32_t chunk = 0;             // T (0: no prefill graph)
+  uint32_t dispatches = 0;        // per chunk, without the LM head
+  uint32_t barriers = 0;
+  uint64_t weight_bytes = 0;      // weights read per chunk (declared by the kernels)
+  uint64_t scratch_bytes = 0;     // device memory of the prefill buffers
 };
 
 struct DecodeStats {
@@ -67,10 +81,14 @@ class GpuModel : public LanguageModel {
   int n_past() const override { return int(n_past_); }
   uint32_t n_vocab() const override { return config_.n_vocab; }
   const DecodeStats& stats() const { return stats_; }
+  const PrefillStats& prefill_stats() const { return prefill_stats_; }
 
-  // Runs tokens at positions n_past().. through the decode graph, one step each, and returns
-  // their logits ([n x n_vocab], or only the last row when last_only). Throws Error(Usage) when
-  // the context would overflow, Error(BadInput) for a token id outside the vocabulary.
+  // Runs tokens at positions n_past().. and returns their logits ([n x n_vocab], or only the last
+  // row when last_only): more than one token through the batched prefill graph (chunks of
+  // options.prefill_chunk; docs/PREFILL.md), one token through the decode graph. Either way the
+  // GPU sampler then holds the next token (sampled_token()) and decode_step() continues. Throws
+  // Error(Usage) when the context would overflow, Error(BadInput) for a token id outside the
+  // vocabulary (both before any work).
   std::vector<float> forward(std::span<const int32_t> tokens, bool last_only) override;
   // The token the GPU sampler chose from the last step's logits.
   int32_t sampled_token() const;
@@ -94,6 +112,28 @@ class GpuModel : public LanguageModel {
 
  private:
   struct Weights;
+  struct Prefill;  // gpu_prefill.cpp
+  struct PrefillDeleter {
+    void operator()(Prefill* p) const;
+  };
+  // gpu_prefill.cpp: device bytes of the prefill buffers (counted by the memory plan), their
+  // allocation (after the plan passed), and one prompt through the chunked prefill graph.
+  uint64_t prefill_scratch_bytes() const;
+  void create_prefill();
+  std::vector<float> run_prefill(std::span<const int32_t> tokens, bool last_only);
+  std::unique_ptr<vk::CommandRecorder> record_prefill(int head);  // head: gpu_prefill.cpp's Head
+  void write_step(uint32_t token, uint32_t pos);  // the decode step buffer's words
+  // For gpu_prefill.cpp: tensors by name and the decode step's buffers.
+  vk::MatrixRef weight_matrix(std::string_view name) const;
+  vk::BufferSlice weight_vec(std::string_view name, uint64_t n) const;
+  bool has_weight(std::string_view name) const;
+  vk::MoeTileRef moe_tile(std::string_view name) const;
+  struct DecodeBuffers {
+    vk::BufferSlice step, ring, logits, sample_scratch;
+    std::vector<vk::BufferSlice> cache;  // per layer
+  };
+  DecodeBuffers decode_buffers() const;
+
   void plan_and_upload(const TsrFile& file);
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   void run_step(int32_t token, uint32_t pos);
@@ -110,6 +150,8 @@ class GpuModel : public LanguageModel {
   std::unique_ptr<vk::CommandRecorder> rec_;
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
+  std::unique_ptr<Prefill, PrefillDeleter> prefill_;
+  PrefillStats prefill_stats_;
   mutable std::unique_ptr<vk::Transfer> xfer_;  // logits read-back on non-mappable memory
 };
 

@@ -164,16 +164,24 @@ KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : shape_(shape) 
 
 void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
                        BufferSlice cache, std::string_view label) const {
-  if (kv.size < uint64_t(shape_.row()) * 4) runtime_error(label, ": kv binding holds ", kv.size, " bytes, needs ", shape_.row() * 4);
+  record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
+}
+
+void KvWriteOp::record_rows(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step,
+                            uint32_t pos_word, const QueryBatch& batch, BufferSlice cache, std::string_view label) const {
+  const uint32_t n = batch.checked(label);
+  if (kv.size < uint64_t(n) * shape_.row() * 4)
+    runtime_error(label, ": kv binding holds ", kv.size, " bytes, needs ", uint64_t(n) * shape_.row() * 4);
   if (kv_norm_w.size < uint64_t(shape_.kv_lora) * 4)
     runtime_error(label, ": kv norm binding holds ", kv_norm_w.size, " bytes, needs ", shape_.kv_lora * 4);
-  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
+  if (step.size < uint64_t(std::max(pos_word, batch.n > 1 ? batch.count_word : 0) + 1) * 4)
+    runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (cache.size < shape_.cache_bytes())
     runtime_error(label, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes(), " (", shape_.n_ctx,
                   " rows)");
-  const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, 0};
+  const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, batch.word(), shape_.row(), 0, 0, 0};
   const BufferSlice b[] = {kv, kv_norm_w, step, cache};
-  rec.dispatch(*pipeline_, b, args, 1, 1, 1, label, bytes());
+  rec.dispatch(*pipeline_, b, args, 1, n, 1, label, bytes() * n);
 }
 
 uint64_t KvWriteOp::bytes() const { return uint64_t(shape_.row()) * 4 + shape_.kv_lora * 4 + 4 + shape_.row() * 2; }
@@ -253,38 +261,50 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
 }
 
 void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                                 BufferSlice partials, std::string_view label) const {
-  if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
-    runtime_error(label, ": q binding holds ", q.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.row() * 4);
+                                 BufferSlice partials, std::string_view label, const QueryBatch& batch) const {
+  const uint32_t n = batch.checked(label);
+  if (q.size < uint64_t(n) * shape_.n_head * shape_.row() * 4)
+    runtime_error(label, ": q binding holds ", q.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.row() * 4);
   if (cache.size < shape_.cache_bytes())
     runtime_error(label, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes());
-  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
-  if (partials.size < partials_bytes())
-    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
-  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, 0, 0, 0};
+  if (step.size < uint64_t(std::max(pos_word, n > 1 ? batch.count_word : 0) + 1) * 4)
+    runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
+  if (partials.size < n * partials_bytes())
+    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
+  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
   const BufferSlice b[] = {q, cache, step, partials};
-  rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1, label,
-               partial_bytes(profile_kv_len_));
+  rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
+               n * partial_bytes(profile_kv_len_));
 }
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
-                               BufferSlice olat, std::string_view label) const {
-  if (partials.size < partials_bytes())
-    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
-  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(label, ": step binding has no word ", pos_word);
-  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-    runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_};
+                               BufferSlice olat, std::string_view label, const QueryBatch& batch) const {
+  const uint32_t n = batch.checked(label);
+  if (partials.size < n * partials_bytes())
+    runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
+  if (step.size < uint64_t(std::max(pos_word, n > 1 ? batch.count_word : 0) + 1) * 4)
+    runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
+  if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
+    runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, batch.word(), 0, 0, 0};
   const BufferSlice b[] = {partials, step, olat};
-  rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, 1, label,
-               merge_bytes(profile_kv_len_));
+  rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n, label,
+               n * merge_bytes(profile_kv_len_));
 }
 
 void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                         BufferSlice partials, BufferSlice olat, std::string_view label) const {
-  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial");
+                         BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch) const {
+  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
   rec.barrier();
-  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
+}
+
+uint32_t QueryBatch::word() const { return n > 1 ? count_word : TS_ATTN_NO_COUNT; }
+
+uint32_t QueryBatch::checked(std::string_view label) const {
+  if (n == 0 || n > 65535) runtime_error(label, ": ", n, " queries per dispatch, expected 1..65535");
+  if (n > 1 && count_word == TS_ATTN_NO_COUNT) runtime_error(label, ": ", n, " queries need a count word");
+  return n;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -330,7 +350,8 @@ std::string AbsorbOp::kernel_name() const {
 }
 
 uint64_t AbsorbOp::bytes() const {
-  return w.read_bytes() + uint64_t(n_head) * w.cols * 4 + uint64_t(w.rows) * 4 + uint64_t(n_head) * copy_n * 8;
+  return w.read_bytes() +
+         uint64_t(std::max(n_tokens, 1u)) * (uint64_t(n_head) * w.cols * 4 + uint64_t(w.rows) * 4 + uint64_t(n_head) * copy_n * 8);
 }
 
 void AbsorbOp::record(CommandRecorder& rec) const {
@@ -349,7 +370,14 @@ void AbsorbOp::record(CommandRecorder& rec) const {
   if (y_offset + rows > y_stride || (copy_n && copy_dst + copy_n > y_stride))
     runtime_error(what, ": a head's output (offset ", y_offset, " + ", rows, ", copy ", copy_dst, " + ", copy_n,
                   ") does not fit the y stride ", y_stride);
-  const uint64_t x_need = uint64_t(n_head) * x_stride * 4, y_need = uint64_t(n_head) * y_stride * 4;
+  if (n_tokens == 0 || n_tokens > ctx.info().max_workgroup_count[2])
+    runtime_error(what, ": ", n_tokens, " tokens outside 1..", ctx.info().max_workgroup_count[2]);
+  const uint32_t xts = x_token_stride ? x_token_stride : n_head * x_stride;
+  const uint32_t yts = y_token_stride ? y_token_stride : n_head * y_stride;
+  if (n_tokens > 1 && (xts < n_head * x_stride || yts < n_head * y_stride || xts % 4 != 0))
+    runtime_error(what, ": token strides ", xts, " / ", yts, " overlap the heads (or x's is not a multiple of 4)");
+  const uint64_t x_need = (uint64_t(n_tokens - 1) * xts + uint64_t(n_head) * x_stride) * 4;
+  const uint64_t y_need = (uint64_t(n_tokens - 1) * yts + uint64_t(n_head) * y_stride) * 4;
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
 
@@ -383,9 +411,11 @@ void AbsorbOp::record(CommandRecorder& rec) const {
     a.copy_n = copy_n;
     a.copy_src = copy_src;
     a.copy_dst = copy_dst;
+    a.x_token_stride = xts;
+    a.y_token_stride = yts;
     const BufferSlice bufs[4] = {c.q, c.m, x, y};
     const GroupCounts g = split_workgroups(ceil_div(c.rows, kAbsorbRowsPerWorkgroup), ctx.info());
-    rec.dispatch(pipe, bufs, a, g.x, g.y, 1, what, chunks.size() == 1 ? bytes() : bytes() * c.rows / w.rows);
+    rec.dispatch(pipe, bufs, a, g.x, g.y, n_tokens, what, chunks.size() == 1 ? bytes() : bytes() * c.rows / w.rows);
   }
 }
 

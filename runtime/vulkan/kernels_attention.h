@@ -95,6 +95,20 @@ struct AttentionShape {
   void validate() const;
 };
 
+// Several consecutive tokens in one dispatch (the prefill chunk): token t < n sits at position
+// step[pos_word] + t; tokens t >= step[count_word] are skipped at run time (one recording serves
+// every chunk length up to n). Per-token data is the decode step's layout repeated: kv rows of
+// R+Dr floats, q of H*(R+Dr), olat of H*R, partials of partials_bytes() each. The default (n = 1,
+// no count word) is the decode step.
+struct QueryBatch {
+  uint32_t n = 1;                           // tokens dispatched (workgroups along z / y)
+  uint32_t count_word = TS_ATTN_NO_COUNT;   // step word holding the live token count (needed when n > 1)
+
+  uint32_t word() const;  // the count word as the kernels get it
+  // n, after checking 1 <= n <= 65535 and that n > 1 comes with a count word (Error(Runtime)).
+  uint32_t checked(std::string_view label) const;
+};
+
 // Appends this token's latent row to a layer's cache (D4).
 class KvWriteOp {
  public:
@@ -102,6 +116,9 @@ class KvWriteOp {
   // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows.
   void record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
               BufferSlice cache, std::string_view label) const;
+  // The rows of batch.n tokens (kv: [n][R+Dr] floats), token t at position step[pos_word] + t.
+  void record_rows(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
+                   const QueryBatch& batch, BufferSlice cache, std::string_view label) const;
   uint64_t bytes() const;
 
  private:
@@ -124,17 +141,19 @@ class AttentionOp {
  public:
   AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning = {});
 
-  // Bytes of the partials scratch buffer record() needs (n_groups x H x (R + 2) floats).
+  // Bytes of the partials scratch buffer record() needs per query (n_groups x H x (R + 2) floats).
   uint64_t partials_bytes() const;
   // D5: per-chunk partials. q, cache, step, pos_word, partials as in the header comment.
+  // batch: several causal queries (query t at position step[pos_word] + t sees [0, that
+  // position]); q, partials (batch.n * partials_bytes()) and olat hold one block per query.
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                      BufferSlice partials, std::string_view label) const;
+                      BufferSlice partials, std::string_view label, const QueryBatch& batch = {}) const;
   // D6: olat from the partials of the same step.
   void record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
-                    std::string_view label) const;
+                    std::string_view label, const QueryBatch& batch = {}) const;
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-              BufferSlice partials, BufferSlice olat, std::string_view label) const;
+              BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
 
   // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).
   uint64_t partial_bytes(uint32_t kv_len) const;
@@ -170,6 +189,8 @@ struct AbsorbOp {
   uint32_t y_stride = 0, y_offset = 0;
   uint32_t copy_n = 0;     // also copy x[h*x_stride + copy_src + i] to y[h*y_stride + copy_dst + i], i < copy_n
   uint32_t copy_src = 0, copy_dst = 0;
+  uint32_t n_tokens = 1;   // tokens (prefill): token t's x / y start at t*x_token_stride / t*y_token_stride
+  uint32_t x_token_stride = 0, y_token_stride = 0;  // floats; 0 = n_head * x_stride / n_head * y_stride
   std::string label;       // profile label; empty = kernel_name()
 
   // D3': q_lat_h = Kb_h q_nope_h and q_pe copied: x = q from attn_q_b / attn_q ([H][Dn + Dr]),
@@ -179,7 +200,7 @@ struct AbsorbOp {
   static AbsorbOp value(const MatrixRef& v_b, uint32_t n_head, BufferSlice olat, BufferSlice o);
 
   uint32_t rows_per_head() const { return n_head ? w.rows / n_head : 0; }
-  // Bytes moved: the weights once, every head's input, the outputs and the copied values.
+  // Bytes moved: the weights once, every head's input, the outputs and the copied values (per token).
   uint64_t bytes() const;
   // Records the dispatch(es), no barrier. Validates shapes, strides and binding sizes first and
   // throws Error(Runtime) naming the label and the problem.

@@ -222,7 +222,9 @@ TEST(GpuModel, DecodeOfTokenNEqualsPromptOfNTokens) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny-lite", "q4_0", "all");
   TsrFile tsr = TsrFile::open(f.tsr);
-  model::GpuModel a(context(), tsr, {.n_ctx = 32});
+  // The decode graph alone (prefill_chunk 0): the prompt runs token by token too. The batched
+  // prefill graph against decode: test_gpu_prefill.cpp.
+  model::GpuModel a(context(), tsr, {.n_ctx = 32, .prefill_chunk = 0});
   const auto p = prompt(a.n_vocab(), 6);
   const auto whole = a.forward(p, false);
   a.reset();

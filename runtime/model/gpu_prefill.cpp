@@ -1,0 +1,403 @@
+// GpuModel's batched prefill (docs/PREFILL.md): the prompt in chunks of up to T tokens, one
+// pre-recorded command buffer resubmitted per chunk. Per-chunk values (first position p0, token
+// count n, the T token ids) live in a host-visible buffer; kernels skip tokens t >= n, so one
+// recording serves every chunk length. Dense matrices run as batched matvecs (8 tokens per
+// dispatch), the MoE expert-major (each expert read once per chunk), attention as T causal
+// queries over the cache the same chunk just wrote.
+#include <algorithm>
+#include <cstring>
+
+#include "format/error.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_prefill.h"
+
+namespace tessera::model {
+
+namespace {
+
+// Chunk buffer words: [first position, token count, ids of tokens 0..T-1].
+constexpr uint32_t kPosWord = 0;
+constexpr uint32_t kCountWord = 1;
+constexpr uint32_t kIdsWord = 2;
+// Decode step buffer words (as gpu_model.cpp): the sampler writes the next token and position.
+constexpr uint32_t kStepTokenWord = 0;
+constexpr uint32_t kStepPosWord = 1;
+constexpr uint32_t kRing = 64;
+constexpr uint32_t kMatvecBatch = 8;        // MatvecOp's largest batch
+constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T queries add parallelism)
+
+enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
+
+}  // namespace
+
+struct GpuModel::Prefill {
+  uint32_t T = 0;
+  vk::Buffer chunk;  // host-visible: kPosWord, kCountWord, ids
+  vk::Buffer x, cq, kv, qfull, q, olat, o, h2, router_logits, route, lists, h, y, partials, xlast, logits_all;
+  std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
+  vk::AttentionTuning attn_tuning;
+};
+
+void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
+
+namespace {
+
+struct Sizes {
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all;
+  uint64_t total() const {
+    uint64_t s = 0;
+    for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */, logits_all})
+      s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
+    return s;
+  }
+};
+
+// Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none).
+Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe) {
+  const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
+  const uint32_t K = moe ? c.n_expert_used : 0;
+  Sizes s{};
+  s.x = T * uint64_t(c.n_embd) * 4;
+  s.cq = T * std::max<uint64_t>(c.q_lora_rank, 4) * 4;
+  s.kv = T * row * 4;
+  s.qfull = T * H * c.n_qk() * 4;
+  s.q = T * H * row * 4;
+  s.olat = T * H * R * 4;
+  s.o = T * H * c.n_v * 4;
+  s.router_logits = T * std::max<uint64_t>(c.n_expert, 1) * 4;
+  s.route = vk::prefill_route_bytes(T, std::max<uint32_t>(K, 1));
+  s.lists = vk::prefill_list_bytes(T, std::max<uint32_t>(c.n_expert, 1));
+  s.h = T * std::max<uint64_t>(c.n_ff, 4) * 4;
+  s.y = s.x;
+  if (moe) {
+    s.h = std::max<uint64_t>(s.h, vk::prefill_pairs(T, K) * vk::moe_h_stride(*moe) * 4);
+    s.y = std::max<uint64_t>(s.y, vk::prefill_pairs(T, K) * c.n_embd * 4);
+  }
+  s.partials = T * partials_per_query;
+  s.logits_all = T * uint64_t(c.n_vocab) * 4;
+  return s;
+}
+
+}  // namespace
+
+uint64_t GpuModel::prefill_scratch_bytes() const {
+  // Called by the plan before any weight is on the device: the MoE geometry comes from the
+  // configuration (the tile widths; the strides only matter for h).
+  const ModelConfig& c = config_;
+  const uint32_t T = options_.prefill_chunk;
+  vk::AttentionOp probe(ctx_, vk::AttentionShape::from_config(c, n_ctx_), {.n_groups = kPrefillAttnGroups});
+  MoeTileGeometry g;
+  g.w_routed = c.n_ff_exp;
+  g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
+  const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
+  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr).total();
+}
+
+void GpuModel::create_prefill() {
+  const ModelConfig& c = config_;
+  auto p = std::unique_ptr<Prefill, PrefillDeleter>(new Prefill);
+  p->T = options_.prefill_chunk;
+  p->attn_tuning.n_groups = kPrefillAttnGroups;
+  vk::AttentionOp probe(ctx_, vk::AttentionShape::from_config(c, n_ctx_), p->attn_tuning);
+  MoeTileGeometry g;
+  g.w_routed = c.n_ff_exp;
+  g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
+  const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
+  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr);
+  struct Item {
+    vk::Buffer* buf;
+    const char* name;
+    uint64_t bytes;
+  };
+  const Item items[] = {{&p->x, "prefill x", s.x}, {&p->h2, "prefill h2", s.x}, {&p->cq, "prefill cq", s.cq},
+                        {&p->kv, "prefill kv", s.kv}, {&p->qfull, "prefill q_b out", s.qfull}, {&p->q, "prefill q", s.q},
+                        {&p->olat, "prefill olat", s.olat}, {&p->o, "prefill o", s.o},
+                        {&p->router_logits, "prefill router logits", s.router_logits}, {&p->route, "prefill route", s.route},
+                        {&p->lists, "prefill expert lists", s.lists}, {&p->h, "prefill ffn h", s.h},
+                        {&p->y, "prefill ffn y", s.y}, {&p->partials, "prefill attention partials", s.partials},
+                        {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all}};
+  for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
+  p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
+  std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
+  // Zero everything once: padding tokens then only ever see finite values, and the route
+  // buffer's arrival counter starts at 0.
+  vk::CommandRecorder init(ctx_);
+  init.begin();
+  for (const Item& it : items) init.fill(it.buf->whole(), 0);
+  init.end();
+  init.run();
+  prefill_stats_.chunk = p->T;
+  prefill_stats_.scratch_bytes = s.total();
+  prefill_ = std::move(p);
+  // The body without a head: recorded now for the stats (and compiles the pipelines at load).
+  prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
+}
+
+namespace {
+
+// Records one chunk (see the file comment); `head` selects the LM head part.
+struct PrefillRecorder {
+  vk::CommandRecorder& rec;
+  const ModelConfig& c;
+  uint32_t T;
+  uint64_t weight_bytes = 0;
+
+  // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of up to 8 tokens, no barrier between.
+  void matvec(const vk::MatrixRef& w, const std::string& name, const vk::Buffer& x, const vk::Buffer& y,
+              vk::BufferSlice norm, bool acc) {
+    for (uint32_t c0 = 0; c0 < T; c0 += kMatvecBatch) {
+      vk::MatvecOp op;
+      op.w = w;
+      op.batch = std::min(kMatvecBatch, T - c0);
+      op.x = x.whole();
+      op.x_offset = c0 * w.cols;
+      op.x_stride = w.cols;
+      op.y = y.whole().sub(uint64_t(c0) * w.rows * 4, uint64_t(op.batch) * w.rows * 4);
+      op.y_stride = w.rows;
+      op.accumulate = acc;
+      op.norm_weight = norm;
+      op.norm_eps = c.eps;
+      op.label = op.kernel_name() + " " + name;
+      op.record(rec);
+      weight_bytes += w.read_bytes();
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
+  Prefill& p = *prefill_;
+  const ModelConfig& c = config_;
+  const Head head = Head(head_index);
+  const DecodeBuffers db = decode_buffers();
+  const vk::BufferSlice chunk = p.chunk.whole();
+  {
+    auto rec = std::make_unique<vk::CommandRecorder>(ctx_);
+    rec->begin();
+    PrefillRecorder r{*rec, c, p.T};
+    const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
+    vk::EmbedOp embed;
+    embed.table = weight_matrix("token_embd.weight");
+    embed.ids = chunk;
+    embed.id_offset = kIdsWord;
+    embed.n_tokens = T;
+    embed.out = p.x.whole();
+    embed.record(*rec);
+    rec->barrier();
+
+    const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
+    vk::KvWriteOp kv_write(ctx_, ashape);
+    vk::AttentionOp attn(ctx_, ashape, p.attn_tuning);
+    const vk::QueryBatch batch{T, kCountWord};
+    for (uint32_t l = 0; l < c.n_layer; ++l) {
+      const std::string L = cat("blk.", l, ".");
+      const bool qk = has_weight(L + "attn_qk.weight"), vo = has_weight(L + "attn_vo.weight");
+      const vk::BufferSlice attn_norm = weight_vec(L + "attn_norm.weight", c.n_embd);
+      const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
+      const vk::Buffer& qdst = qk ? p.q : p.qfull;
+      // Stage 1: what reads only x.
+      const std::string qlabel = qname.substr(0, qname.size() - 7);  // without ".weight"
+      if (c.q_lora_rank) r.matvec(weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", p.x, p.cq, attn_norm, false);
+      else r.matvec(weight_matrix(qname), qlabel, p.x, qdst, attn_norm, false);
+      r.matvec(weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", p.x, p.kv, attn_norm, false);
+      rec->barrier();
+      // Stage 2: queries, cache rows, (factored) absorbed queries.
+      if (c.q_lora_rank)
+        r.matvec(weight_matrix(qname), qlabel, p.cq, qdst, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+      kv_write.record_rows(*rec, p.kv.whole(), weight_vec(L + "attn_kv_a_norm.weight", R), chunk, kPosWord, batch,
+                           db.cache[l], "kv_write " + L);
+      if (!qk) {
+        if (c.q_lora_rank) rec->barrier();
+        vk::AbsorbOp a = vk::AbsorbOp::query(weight_matrix(L + "attn_k_b.weight"), H, c.n_rot, p.qfull.whole(), p.q.whole());
+        a.n_tokens = T;  // the per-head matrices read once for the chunk
+        a.label = a.kernel_name() + " " + L + "attn_k_b";
+        a.record(*rec);
+        r.weight_bytes += a.w.read_bytes();
+      }
+      rec->barrier();
+      attn.record(*rec, p.q.whole(), db.cache[l], chunk, kPosWord, p.partials.whole(), p.olat.whole(), "attention " + L,
+                  batch);
+      rec->barrier();
+      if (vo) {
+        r.matvec(weight_matrix(L + "attn_vo.weight"), L + "attn_vo", p.olat, p.x, {}, true);
+      } else {
+        vk::AbsorbOp a = vk::AbsorbOp::value(weight_matrix(L + "attn_v_b.weight"), H, p.olat.whole(), p.o.whole());
+        a.n_tokens = T;
+        a.label = a.kernel_name() + " " + L + "attn_v_b";
+        a.record(*rec);
+        r.weight_bytes += a.w.read_bytes();
+        rec->barrier();
+        r.matvec(weight_matrix(L + "attn_output.weight"), L + "attn_output", p.o, p.x, {}, true);
+      }
+      rec->barrier();
+      // FFN: h2 = RMSNorm(x; ffn_norm) per token (and the router logits), then expert-major.
+      const vk::BufferSlice ffn_norm = weight_vec(L + "ffn_norm.weight", c.n_embd);
+      vk::RmsNormOp norm;
+      norm.x = p.x.whole();
+      norm.weight = ffn_norm;
+      norm.y = p.h2.whole();
+      norm.n = c.n_embd;
+      norm.rows = T;
+      norm.eps = c.eps;
+      norm.label = "rmsnorm ffn " + L;
+      norm.record(*rec);
+      vk::PrefillSumOp sum;
+      sum.n_embd = c.n_embd;
+      sum.t_max = T;
+      sum.x = p.x.whole();
+      sum.y = p.y.whole();
+      sum.step = chunk;
+      sum.count_word = kCountWord;
+      sum.label = "prefill_sum " + L;
+      if (!c.is_moe(l)) {
+        rec->barrier();
+        vk::DensePrefillOp d;
+        d.gate = weight_matrix(L + "ffn_gate.weight");
+        d.up = weight_matrix(L + "ffn_up.weight");
+        d.down = weight_matrix(L + "ffn_down.weight");
+        d.t_max = T;
+        d.step = chunk;
+        d.count_word = kCountWord;
+        d.h2 = p.h2.whole();
+        d.h = p.h.whole();
+        d.y = p.y.whole();
+        d.label = "dense_prefill " + L;
+        d.record_gateup(*rec);
+        rec->barrier();
+        d.record_down(*rec);
+        rec->barrier();
+        sum.n_used = 0;
+        sum.record(*rec);
+        rec->barrier();
+        r.weight_bytes += d.gate.read_bytes() + d.up.read_bytes() + d.down.read_bytes();
+        continue;
+      }
+      r.matvec(weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", p.x, p.router_logits, ffn_norm, false);
+      rec->barrier();
+      vk::PrefillRouteOp route;
+      route.n_expert = c.n_expert;
+      route.routing = vk::MoeRouting::from_config(c);
+      route.t_max = T;
+      route.logits = p.router_logits.whole();
+      if (c.has_exp_probs_b) route.bias = weight_vec(L + "exp_probs_b.bias", c.n_expert);
+      route.step = chunk;
+      route.count_word = kCountWord;
+      route.route = p.route.whole();
+      route.lists = p.lists.whole();
+      route.label = "moe_prefill_route " + L;
+      route.record(*rec);
+      rec->barrier();
+      vk::MoePrefillOp moe;
+      moe.tile = moe_tile(L + "ffn_moe_tile");
+      moe.n_used = c.n_expert_used;
+      moe.t_max = T;
+      moe.step = chunk;
+      moe.count_word = kCountWord;
+      moe.h2 = p.h2.whole();
+      moe.route = p.route.whole();
+      moe.lists = p.lists.whole();
+      moe.h = p.h.whole();
+      moe.y = p.y.whole();
+      moe.label = "moe_prefill " + L;
+      moe.record_gateup(*rec);
+      rec->barrier();
+      moe.record_down(*rec);
+      rec->barrier();
+      sum.n_used = c.n_expert_used;
+      sum.has_shared = moe.tile.geometry.has_shared();
+      sum.record(*rec);
+      rec->barrier();
+      const MoeTileGeometry& g = moe.tile.geometry;
+      r.weight_bytes += uint64_t(g.n_expert) * (g.gateup(0).total_bytes + g.down(0).total_bytes) +
+                        (g.has_shared() ? g.gateup(g.n_expert).total_bytes + g.down(g.n_expert).total_bytes : 0);
+    }
+    if (head == Head::None) {
+      prefill_stats_.dispatches = rec->dispatch_count();
+      prefill_stats_.barriers = rec->barrier_count();
+      prefill_stats_.weight_bytes = r.weight_bytes;
+    } else {
+      const vk::BufferSlice out_norm = weight_vec("output_norm.weight", c.n_embd);
+      const vk::MatrixRef out_w = weight_matrix("output.weight");
+      vk::PrefillGatherOp gather;
+      gather.n_embd = c.n_embd;
+      gather.x = p.x.whole();
+      gather.out = p.xlast.whole();
+      gather.step = chunk;
+      gather.count_word = kCountWord;
+      gather.record(*rec);
+      if (head == Head::All) r.matvec(out_w, "output", p.x, p.logits_all, out_norm, false);
+      rec->barrier();
+      vk::MatvecOp lm;
+      lm.w = out_w;
+      lm.x = p.xlast.whole();
+      lm.y = db.logits;
+      lm.norm_weight = out_norm;
+      lm.norm_eps = c.eps;
+      lm.int8_activations = options_.int8_activations;
+      lm.label = lm.kernel_name(&ctx_) + " output (last token)";
+      lm.record(*rec);
+      rec->barrier();
+      vk::SampleOp sample;
+      sample.n_vocab = c.n_vocab;
+      sample.params = options_.sampling;
+      sample.logits = db.logits;
+      sample.scratch = db.sample_scratch;
+      sample.step = db.step;
+      sample.token_word = kStepTokenWord;
+      sample.pos_word = kStepPosWord;
+      sample.advance_pos = true;
+      sample.tokens_out = db.ring;
+      sample.out_ring = kRing;
+      sample.record(*rec);
+    }
+    rec->end();
+    return rec;
+  }
+}
+
+std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool last_only) {
+  Prefill& p = *prefill_;
+  const ModelConfig& c = config_;
+  for (int32_t t : tokens)
+    if (t < 0 || uint32_t(t) >= c.n_vocab) bad_input("token id ", t, " is outside the vocabulary (", c.n_vocab, " tokens)");
+
+  std::vector<float> out;
+  const size_t V = c.n_vocab;
+  if (!last_only) out.reserve(V * tokens.size());
+  for (size_t i0 = 0; i0 < tokens.size(); i0 += p.T) {
+    const uint32_t n = uint32_t(std::min<size_t>(p.T, tokens.size() - i0));
+    const bool last_chunk = i0 + n == tokens.size();
+    const Head head = !last_only ? Head::All : last_chunk ? Head::Last : Head::None;
+    std::unique_ptr<vk::CommandRecorder>& rec = p.rec[int(head)];
+    if (!rec) rec = record_prefill(int(head));
+    std::vector<uint32_t> words(kIdsWord + p.T, 0);
+    words[kPosWord] = n_past_;
+    words[kCountWord] = n;
+    for (uint32_t t = 0; t < n; ++t) words[kIdsWord + t] = uint32_t(tokens[i0 + t]);
+    p.chunk.write(0, words.data(), words.size() * 4);
+    if (head != Head::None) {
+      // The sampler reads the position of the token whose logits it samples, and advances it.
+      write_step(0, n_past_ + n - 1);
+    }
+    rec->run();
+    n_past_ += n;
+    if (!last_only) {
+      const size_t at = out.size();
+      out.resize(at + size_t(n) * V);
+      if (p.logits_all.mapped()) {
+        p.logits_all.read(0, out.data() + at, size_t(n) * V * 4);
+      } else {
+        if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
+        xfer_->download(p.logits_all, 0, out.data() + at, size_t(n) * V * 4);
+      }
+    }
+  }
+  if (last_only) out = last_logits();
+  return out;
+}
+
+}  // namespace tessera::model

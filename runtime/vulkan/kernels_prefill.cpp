@@ -1,0 +1,339 @@
+#include "runtime/vulkan/kernels_prefill.h"
+
+#include <algorithm>
+
+#include "format/error.h"
+#include "shaders/moe_args.h"
+#include "shaders/prefill_args.h"
+
+namespace tessera::vk {
+namespace {
+
+constexpr uint32_t kTeams = 4;              // moe_prefill: rows computed at once (one team each)
+constexpr uint32_t kRowsPerWg = 4;          // moe_prefill: rows per workgroup
+constexpr uint32_t kSharedThreadsPerRow = 32;  // team width without subgroup arithmetic
+constexpr uint32_t kRouteWg = 64;           // moe_prefill_route
+constexpr uint32_t kUtilWg = 256;           // prefill_util
+
+uint32_t ceil_div(uint64_t a, uint64_t b) { return uint32_t((a + b - 1) / b); }
+
+void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
+  if (s.buffer == VK_NULL_HANDLE) runtime_error(what, ": binding '", binding, "' is not set");
+  if (s.size < bytes) runtime_error(what, ": binding '", binding, "' has ", s.size, " bytes, needs ", bytes);
+}
+
+void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, const std::string& what) {
+  if (t_max == 0 || t_max > 65535) runtime_error(what, ": chunk of ", t_max, " tokens, expected 1..65535");
+  need(step, (uint64_t(count_word) + 1) * 4, what, "step");
+}
+
+// The moe_prefill pipeline for a weight type.
+const Pipeline& ffn_kernel(Context& ctx, GgmlType type) {
+  const bool sg = ctx.pipelines().use_subgroup();
+  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  PipelineDesc desc;
+  desc.name = cat("moe_prefill.", type_name(type));
+  desc.file = "moe_prefill.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
+                  {"THREADS_PER_ROW", std::to_string(tpr)},
+                  {"TEAMS", std::to_string(kTeams)},
+                  {"WG_SIZE", std::to_string(tpr * kTeams)},
+                  {"ROWS", std::to_string(kRowsPerWg)}};
+  desc.num_buffers = 6;
+  desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
+  desc.full_subgroups = sg;
+  return ctx.pipelines().get(desc);
+}
+
+// A byte range of `buffer` starting at `offset`, rounded up to 16 bytes but not past its end.
+BufferSlice weight_slice(const Buffer& buffer, uint64_t offset, uint64_t bytes) {
+  if (offset >= buffer.size()) runtime_error("weights at byte ", offset, " are outside buffer '", buffer.name(), "'");
+  return buffer.slice(offset, std::min<uint64_t>((bytes + 15) / 16 * 16, buffer.size() - offset));
+}
+
+// One moe_prefill dispatch: `slots` workgroup rows (experts, or 1 for all tokens).
+struct FfnDispatch {
+  BufferSlice w;
+  GgmlType type;
+  gpu::PrefillFfnArgs args;
+  uint32_t slots;
+  BufferSlice in, out;
+  std::string label;
+  uint64_t bytes;
+};
+
+void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
+                const BufferSlice& step) {
+  const Pipeline& pipe = ffn_kernel(rec.context(), d.type);
+  const uint32_t out_rows = (d.args.flags & TS_PF_DOWN) ? d.args.n_embd : d.args.width;
+  // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
+  const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
+  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, kRowsPerWg), d.slots, 1, d.label, d.bytes);
+}
+
+uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// PrefillRouteOp
+
+uint64_t PrefillRouteOp::bytes() const {
+  return uint64_t(t_max) * n_expert * 4 * 2 + prefill_route_bytes(t_max, routing.n_used) + prefill_list_bytes(t_max, n_expert);
+}
+
+void PrefillRouteOp::record(CommandRecorder& rec) const {
+  const std::string what = label.empty() ? "moe_prefill_route" : label;
+  check_chunk(t_max, step, count_word, what);
+  const uint32_t K = routing.n_used;
+  if (n_expert == 0 || n_expert > TS_ROUTE_MAX_E)
+    runtime_error(what, ": ", n_expert, " experts; the routing handles 1..", TS_ROUTE_MAX_E);
+  if (K == 0 || K > n_expert || K > TS_ROUTE_MAX_K)
+    runtime_error(what, ": ", K, " experts used of ", n_expert, "; expected 1..", std::min(n_expert, TS_ROUTE_MAX_K));
+  if (routing.gating != GatingFunc::Softmax && routing.gating != GatingFunc::Sigmoid)
+    runtime_error(what, ": expert gating function ", uint32_t(routing.gating), " is not supported");
+  need(logits, uint64_t(t_max) * n_expert * 4, what, "logits");
+  need(route, prefill_route_bytes(t_max, K), what, "route");
+  need(lists, prefill_list_bytes(t_max, n_expert), what, "lists");
+  const bool has_bias = bias.buffer != VK_NULL_HANDLE;
+  if (has_bias) need(bias, uint64_t(n_expert) * 4, what, "bias");
+
+  PipelineDesc desc;
+  desc.name = "moe_prefill_route";
+  desc.file = "moe_prefill_route.comp";
+  desc.defines = {{"WG_SIZE", std::to_string(kRouteWg)}, {"N_EXPERT", std::to_string(n_expert)}};
+  desc.num_buffers = 5;
+  desc.push_bytes = sizeof(gpu::PrefillRouteArgs);
+  const Pipeline& pipe = rec.context().pipelines().get(desc);
+  gpu::PrefillRouteArgs a{};
+  a.n_expert = n_expert;
+  a.n_used = K;
+  a.t_max = t_max;
+  a.count_word = count_word;
+  a.gating = uint32_t(routing.gating);
+  a.route_flags = (has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) | (routing.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
+  a.weights_scale = routing.weights_scale;
+  const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
+  rec.dispatch(pipe, b, a, t_max, 1, 1, what, bytes());
+}
+
+// ---------------------------------------------------------------------------------------------
+// MoePrefillOp
+
+uint64_t MoePrefillOp::gateup_bytes() const {
+  const MoeTileGeometry& g = tile.geometry;
+  uint64_t w = uint64_t(g.n_expert) * split_read_bytes(g.gateup(0));
+  if (g.has_shared()) w += split_read_bytes(g.gateup(g.n_expert));
+  return w + uint64_t(t_max) * g.n_embd * 4 + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
+}
+
+uint64_t MoePrefillOp::down_bytes() const {
+  const MoeTileGeometry& g = tile.geometry;
+  uint64_t w = uint64_t(g.n_expert) * split_read_bytes(g.down(0));
+  if (g.has_shared()) w += split_read_bytes(g.down(g.n_expert));
+  return w + prefill_pairs(t_max, n_used) * (std::max(g.w_routed, g.w_shared) + g.n_embd) * 4;
+}
+
+namespace {
+
+// The dispatches of one MoE part (gate-up or down) over the tile.
+std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Context& ctx) {
+  const MoeTileGeometry& g = op.tile.geometry;
+  const std::string what = (op.label.empty() ? std::string("moe_prefill") : op.label) + (down ? " down" : " gateup");
+  check_chunk(op.t_max, op.step, op.count_word, what);
+  if (op.tile.buffer == nullptr) runtime_error(what, ": the tile buffer is not set");
+  const uint32_t K = op.n_used;
+  if (K == 0 || K > g.n_expert || K > TS_ROUTE_MAX_K) runtime_error(what, ": ", K, " experts used of ", g.n_expert);
+  if (g.n_embd % 4 != 0) runtime_error(what, ": n_embd ", g.n_embd, " must be a multiple of 4");
+  if (g.total_bytes >= (uint64_t(1) << 32)) runtime_error(what, ": tile of ", g.total_bytes, " bytes exceeds 4 GiB");
+  const uint32_t hs = moe_h_stride(g);
+  const uint64_t pairs = prefill_pairs(op.t_max, K);
+  need(op.h2, uint64_t(op.t_max) * g.n_embd * 4, what, "h2");
+  need(op.h, pairs * hs * 4, what, "h");
+  need(op.y, pairs * g.n_embd * 4, what, "y");
+  need(op.route, prefill_route_bytes(op.t_max, K), what, "route");
+  need(op.lists, prefill_list_bytes(op.t_max, g.n_expert), what, "lists");
+
+  gpu::PrefillFfnArgs base{};
+  base.n_embd = uint32_t(g.n_embd);
+  base.n_used = K;
+  base.t_max = op.t_max;
+  base.flags = down ? TS_PF_DOWN : 0u;
+  base.count_word = op.count_word;
+  base.n_expert = g.n_expert;
+  base.slot_stride = uint32_t(g.slot_stride);
+  base.in_stride = down ? hs : uint32_t(g.n_embd);
+  base.out_stride = down ? uint32_t(g.n_embd) : hs;
+  const BufferSlice in = down ? op.h : op.h2, out = down ? op.y : op.h;
+
+  std::vector<FfnDispatch> ds;
+  const uint64_t dev_limit = ctx.info().max_storage_buffer_range;
+  const uint64_t limit = op.max_binding_bytes ? std::min(op.max_binding_bytes, dev_limit) : dev_limit;
+  const uint64_t per = limit / g.slot_stride;
+  if (per == 0) runtime_error(what, ": one expert slot of ", g.slot_stride, " bytes exceeds the binding limit ", limit);
+  const uint64_t routed_w = down ? split_read_bytes(g.down(0)) : split_read_bytes(g.gateup(0));
+  for (uint64_t lo = 0; lo < g.n_expert; lo += per) {
+    const uint64_t hi = std::min<uint64_t>(lo + per, g.n_expert);
+    FfnDispatch d{};
+    d.w = weight_slice(*op.tile.buffer, op.tile.offset + lo * g.slot_stride, (hi - lo) * g.slot_stride);
+    d.type = down ? g.down_type : g.gateup_type;
+    d.args = base;
+    d.args.width = uint32_t(g.w_routed);
+    d.args.expert_lo = uint32_t(lo);
+    d.args.mat_offset = uint32_t(down ? g.down_offset : 0);
+    d.slots = uint32_t(hi - lo);
+    d.in = in;
+    d.out = out;
+    d.label = what;
+    d.bytes = (hi - lo) * routed_w;
+    ds.push_back(d);
+  }
+  if (g.has_shared()) {
+    const Split1Geometry sg = down ? g.down(g.n_expert) : g.gateup(g.n_expert);
+    FfnDispatch d{};
+    d.w = weight_slice(*op.tile.buffer, op.tile.offset + (down ? g.shared_down_offset : g.shared_gateup_offset),
+                       sg.total_bytes);
+    d.type = down ? g.shared_down_type : g.shared_gateup_type;
+    d.args = base;
+    d.args.flags |= TS_PF_ALL_TOKENS;
+    d.args.width = uint32_t(g.w_shared);
+    d.args.pair_base = op.t_max * K;
+    d.slots = 1;
+    d.in = in;
+    d.out = out;
+    d.label = what + " shared";
+    d.bytes = split_read_bytes(sg);
+    ds.push_back(d);
+  }
+  // The declared bytes: weights per dispatch, the activations on the first.
+  uint64_t weights = 0;
+  for (const FfnDispatch& d : ds) weights += d.bytes;
+  ds.front().bytes += (down ? op.down_bytes() : op.gateup_bytes()) - weights;
+  return ds;
+}
+
+}  // namespace
+
+void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
+  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) record_ffn(rec, d, lists, route, step);
+}
+
+void MoePrefillOp::record_down(CommandRecorder& rec) const {
+  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) record_ffn(rec, d, lists, route, step);
+}
+
+// ---------------------------------------------------------------------------------------------
+// DensePrefillOp
+
+uint64_t DensePrefillOp::gateup_bytes() const {
+  return gate.read_bytes() + up.read_bytes() + uint64_t(t_max) * (gate.cols + gate.rows) * 4;
+}
+uint64_t DensePrefillOp::down_bytes() const { return down.read_bytes() + uint64_t(t_max) * (down.cols + down.rows) * 4; }
+
+void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
+  const std::string what = (label.empty() ? std::string("dense_prefill") : label) + " gateup";
+  check_chunk(t_max, step, count_word, what);
+  gate.validate(what.c_str());
+  up.validate(what.c_str());
+  if (gate.buffer != up.buffer || gate.type != up.type || gate.rows != up.rows || gate.cols != up.cols)
+    runtime_error(what, ": gate and up must have one buffer, type and shape");
+  if (gate.cols % 4 != 0) runtime_error(what, ": n_embd ", gate.cols, " must be a multiple of 4");
+  need(h2, uint64_t(t_max) * gate.cols * 4, what, "h2");
+  need(h, uint64_t(t_max) * gate.rows * 4, what, "h");
+  const uint64_t lo = std::min(gate.offset, up.offset) / 256 * 256;
+  const uint64_t hi = std::max(gate.offset + gate.bytes(), up.offset + up.bytes());
+  if (hi - lo > rec.context().info().max_storage_buffer_range)
+    runtime_error(what, ": gate and up span ", hi - lo, " bytes, more than one binding holds");
+  FfnDispatch d{};
+  d.w = weight_slice(*gate.buffer, lo, hi - lo);
+  d.type = gate.type;
+  d.args.n_embd = gate.cols;
+  d.args.width = gate.rows;
+  d.args.t_max = t_max;
+  d.args.flags = TS_PF_ALL_TOKENS | TS_PF_SEPARATE_GATE_UP;
+  d.args.count_word = count_word;
+  d.args.mat_offset = uint32_t(gate.offset - lo);
+  d.args.up_offset = uint32_t(up.offset - lo);
+  d.args.in_stride = gate.cols;
+  d.args.out_stride = gate.rows;
+  d.slots = 1;
+  d.in = h2;
+  d.out = h;
+  d.label = what;
+  d.bytes = gateup_bytes();
+  record_ffn(rec, d, {}, {}, step);
+}
+
+void DensePrefillOp::record_down(CommandRecorder& rec) const {
+  const std::string what = (label.empty() ? std::string("dense_prefill") : label) + " down";
+  check_chunk(t_max, step, count_word, what);
+  down.validate(what.c_str());
+  if (down.rows % 4 != 0 || down.cols % 4 != 0) runtime_error(what, ": down ", down.rows, " x ", down.cols, " must be multiples of 4");
+  need(h, uint64_t(t_max) * down.cols * 4, what, "h");
+  need(y, uint64_t(t_max) * down.rows * 4, what, "y");
+  const uint64_t lo = down.offset / 256 * 256;
+  FfnDispatch d{};
+  d.w = weight_slice(*down.buffer, lo, down.offset + down.bytes() - lo);
+  d.type = down.type;
+  d.args.n_embd = down.rows;
+  d.args.width = down.cols;
+  d.args.t_max = t_max;
+  d.args.flags = TS_PF_DOWN | TS_PF_ALL_TOKENS;
+  d.args.count_word = count_word;
+  d.args.mat_offset = uint32_t(down.offset - lo);
+  d.args.in_stride = down.cols;
+  d.args.out_stride = down.rows;
+  d.slots = 1;
+  d.in = h;
+  d.out = y;
+  d.label = what;
+  d.bytes = down_bytes();
+  record_ffn(rec, d, {}, {}, step);
+}
+
+// ---------------------------------------------------------------------------------------------
+// PrefillSumOp, PrefillGatherOp
+
+namespace {
+const Pipeline& util_kernel(Context& ctx, uint32_t mode) {
+  PipelineDesc desc;
+  desc.name = mode == 1 ? "prefill_sum" : "prefill_gather";
+  desc.file = "prefill_util.comp";
+  desc.defines = {{"MODE", std::to_string(mode)}, {"WG_SIZE", std::to_string(kUtilWg)}};
+  desc.num_buffers = 3;
+  desc.push_bytes = sizeof(gpu::PrefillUtilArgs);
+  return ctx.pipelines().get(desc);
+}
+}  // namespace
+
+uint64_t PrefillSumOp::bytes() const {
+  return uint64_t(t_max) * n_embd * 4 * (2 + n_used + (has_shared ? 1 : 0));
+}
+
+void PrefillSumOp::record(CommandRecorder& rec) const {
+  check_chunk(t_max, step, count_word, label);
+  if (n_embd == 0) runtime_error(label, ": n_embd is 0");
+  need(x, uint64_t(t_max) * n_embd * 4, label, "x");
+  need(y, prefill_pairs(t_max, n_used) * n_embd * 4 - (has_shared ? 0 : uint64_t(t_max) * n_embd * 4), label, "y");
+  gpu::PrefillUtilArgs a{};
+  a.n_embd = n_embd;
+  a.n_used = n_used;
+  a.count_word = count_word;
+  a.has_shared = has_shared ? 1u : 0u;
+  a.pair_base = t_max * n_used;
+  const BufferSlice b[3] = {x, y, step};
+  rec.dispatch(util_kernel(rec.context(), 1), b, a, ceil_div(n_embd, kUtilWg), t_max, 1, label, bytes());
+}
+
+void PrefillGatherOp::record(CommandRecorder& rec) const {
+  need(step, (uint64_t(count_word) + 1) * 4, label, "step");
+  need(out, uint64_t(n_embd) * 4, label, "out");
+  if (n_embd == 0 || x.size < uint64_t(n_embd) * 4) runtime_error(label, ": x binding too small or n_embd 0");
+  gpu::PrefillUtilArgs a{};
+  a.n_embd = n_embd;
+  a.count_word = count_word;
+  const BufferSlice b[3] = {x, out, step};
+  rec.dispatch(util_kernel(rec.context(), 2), b, a, ceil_div(n_embd, kUtilWg), 1, 1, label, bytes());
+}
+
+}  // namespace tessera::vk

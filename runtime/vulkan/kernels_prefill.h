@@ -1,0 +1,119 @@
+// Feed-forward kernels of the batched prefill (docs/PREFILL.md; math: shared/spec/forward.md §5):
+// a chunk of up to T tokens, n = step[count_word] of them live (one recording serves every
+// chunk length). Expert-major: each expert's weights are read once per chunk, not once per token.
+// Buffer layouts (pairs, route, lists, h, y): shaders/prefill_args.h.
+//
+// API — one MoE block of a chunk (barriers as shown; h2 = RMSNorm(x; ffn_norm) per token and the
+// router logits [T][E] come from RmsNormOp / a batched MatvecOp before):
+//
+//   PrefillRouteOp route;  route.n_expert = E; route.routing = MoeRouting::from_config(c);
+//   route.t_max = T; route.logits = logits; route.bias = exp_probs_b (or {});
+//   route.step = step; route.count_word = w; route.route = route_buf; route.lists = lists;
+//   route.record(rec);  rec.barrier();
+//   MoePrefillOp moe;  moe.tile = tile; moe.n_used = K; moe.t_max = T; moe.step/count_word;
+//   moe.h2 = h2; moe.route = route_buf; moe.lists = lists; moe.h = h; moe.y = y;
+//   moe.record_gateup(rec);  rec.barrier();     // routed experts + shared expert: h
+//   moe.record_down(rec);    rec.barrier();     // y[p] = w_p * down . h[p]
+//   PrefillSumOp sum;  ... sum.record(rec);      // x[t] += sum of its pairs' y (fixed order)
+//
+// Dense FFN block: DensePrefillOp (gate, up, down matrices; all tokens), then PrefillSumOp with
+// n_used = 0. PrefillGatherOp copies the last live token's row (for the LM head).
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+
+namespace tessera::vk {
+
+// Scratch sizes of a chunk of t_max tokens with K routed experts (K = 0: dense FFN).
+inline uint64_t prefill_pairs(uint32_t t_max, uint32_t n_used) { return uint64_t(t_max) * n_used + t_max; }
+inline uint64_t prefill_route_bytes(uint32_t t_max, uint32_t n_used) { return (2ull * t_max * n_used + 1) * 4; }
+inline uint64_t prefill_list_bytes(uint32_t t_max, uint32_t n_expert) { return uint64_t(n_expert) * (t_max + 1) * 4; }
+
+// Routing of every live token and the per-expert pair lists (one dispatch of t_max workgroups).
+struct PrefillRouteOp {
+  uint32_t n_expert = 0;
+  MoeRouting routing;
+  uint32_t t_max = 0;
+  BufferSlice logits;   // f32 [t_max][E]
+  BufferSlice bias;     // f32 [E] exp_probs_b, or empty
+  BufferSlice step;     // uint words
+  uint32_t count_word = 0;
+  BufferSlice route;    // uint [prefill_route_bytes] (out; its last word zeroed once after allocation)
+  BufferSlice lists;    // uint [prefill_list_bytes] (out)
+  std::string label;    // empty = "moe_prefill_route"
+
+  uint64_t bytes() const;
+  // One dispatch, no barrier. Validates sizes and the routing parameters (Error(Runtime)).
+  void record(CommandRecorder& rec) const;
+};
+
+// Gate-up and down of a MoE block's routed experts and shared expert for a chunk, from the
+// MOE_TILE1 tile. One dispatch per binding-sized expert range plus one for the shared expert;
+// no barriers needed between them (each writes its own pairs).
+struct MoePrefillOp {
+  MoeTileRef tile;
+  uint32_t n_used = 0;  // K
+  uint32_t t_max = 0;   // T
+  BufferSlice step;
+  uint32_t count_word = 0;
+  BufferSlice h2;       // f32 [T][n_embd]: RMSNorm(x; ffn_norm) per token
+  BufferSlice route;    // PrefillRouteOp::route
+  BufferSlice lists;    // PrefillRouteOp::lists
+  BufferSlice h;        // f32 [prefill_pairs][moe_h_stride(g)]
+  BufferSlice y;        // f32 [prefill_pairs][n_embd]
+  std::string label;    // dispatch labels: label + " gateup" / " down" (+ " shared")
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of expert ranges)
+
+  // Bytes of one call, counting every expert's weights once (the chunk's upper bound).
+  uint64_t gateup_bytes() const;
+  uint64_t down_bytes() const;
+  void record_gateup(CommandRecorder& rec) const;  // h of every live pair, no barrier
+  void record_down(CommandRecorder& rec) const;    // y of every live pair, no barrier
+};
+
+// Dense FFN (leading layers) for a chunk: h[t] = silu(gate . h2_t) * (up . h2_t), y[t] = down . h[t].
+struct DensePrefillOp {
+  MatrixRef gate, up;   // [F][n_embd], same type, same buffer (one binding spans both)
+  MatrixRef down;       // [n_embd][F]
+  uint32_t t_max = 0;
+  BufferSlice step;
+  uint32_t count_word = 0;
+  BufferSlice h2;       // f32 [T][n_embd]
+  BufferSlice h;        // f32 [T][F]
+  BufferSlice y;        // f32 [T][n_embd]
+  std::string label;
+
+  uint64_t gateup_bytes() const;
+  uint64_t down_bytes() const;
+  void record_gateup(CommandRecorder& rec) const;
+  void record_down(CommandRecorder& rec) const;
+};
+
+// x[t] += y of token t's pairs (routed slots in order, then the shared / dense pair), t < n.
+struct PrefillSumOp {
+  uint32_t n_embd = 0, n_used = 0, t_max = 0;
+  bool has_shared = true;  // add pair t_max*n_used + t (the shared expert; the dense FFN's only pair)
+  BufferSlice x, y, step;
+  uint32_t count_word = 0;
+  std::string label = "prefill_sum";
+
+  uint64_t bytes() const;
+  void record(CommandRecorder& rec) const;
+};
+
+// out = x[n - 1] (n_embd floats): the last live token's row.
+struct PrefillGatherOp {
+  uint32_t n_embd = 0;
+  BufferSlice x, out, step;
+  uint32_t count_word = 0;
+  std::string label = "prefill_gather";
+
+  uint64_t bytes() const { return uint64_t(n_embd) * 8 + 4; }
+  void record(CommandRecorder& rec) const;
+};
+
+}  // namespace tessera::vk

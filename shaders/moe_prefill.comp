@@ -1,0 +1,176 @@
+#version 450
+// Prefill FFN, expert-major (docs/PREFILL.md): each workgroup owns ROWS output rows of one slot
+// (a routed expert, or the shared expert / dense FFN over all tokens) and loops over that slot's
+// pairs TB at a time, so an expert's weights are read from memory once per chunk however many
+// of the chunk's tokens chose it (repeated passes over the same rows hit the caches).
+//   gate-up (default):  h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
+//   down (TS_PF_DOWN):  y[p][r] = w_p * (down_r . h[p])
+// Pairs, lists and buffer layouts: prefill_args.h. Arguments: PrefillFfnArgs.
+// Wrapper: MoePrefillOp / DensePrefillOp (runtime/vulkan/kernels_prefill.h).
+//
+// Defines: WTYPE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (rows computed at
+// once, one team of THREADS_PER_ROW invocations each), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS
+// (rows per workgroup, a multiple of TEAMS).
+// Work split inside a team: lane l takes the weight units l, l + THREADS_PER_ROW, ... of the row
+// (SPLIT1: 32-value units of split1_unit; plain: single elements), and for each unit the TB
+// current pairs' inputs: one weight decode feeds TB dot products.
+// Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
+
+#include "common.glsl"
+#include "prefill_args.h"
+
+#define W_Q_BINDING 0
+#define W_M_BINDING 0
+#include "weights.glsl"
+
+#define TB 4  // pairs per pass (vec4 accumulators)
+
+layout(local_size_x = WG_SIZE) in;
+
+layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
+layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
+layout(std430, binding = 2) writeonly restrict buffer OutBuf { float out_v[]; };
+layout(std430, binding = 3) readonly restrict buffer ListBuf { uint lists[]; };
+layout(std430, binding = 4) readonly restrict buffer RouteBuf { uint route[]; };
+layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
+
+layout(push_constant) uniform Push { PrefillFfnArgs args; };
+
+bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
+bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
+
+// A matrix of `rows` x `cols` starting at byte `base` of the weight binding.
+struct Mat {
+  uint qbase;  // SPLIT1: region Q in 16-byte units; plain: first element index
+  uint mbase;  // SPLIT1: region M in 32-bit words
+};
+Mat mat_at(uint base, uint rows, uint cols) {
+#if W_PLAIN
+  return Mat(base / uint(WTYPE == TS_TYPE_F32 ? 4 : 2), 0u);
+#else
+  const uint m_off = (rows * (cols / W_BLOCK) * (16u * W_QVEC) + 255u) & ~255u;
+  return Mat(base >> 4, (base + m_off) >> 2);
+#endif
+}
+
+// Row r of m (cols long) dotted with the TB inputs starting at floats in_base[b] (component b of
+// the result; inputs of pairs past the list are computed on a valid row and ignored). This
+// lane's share of the row only.
+vec4 row_dot4(Mat m, uint r, uint cols, uvec4 in_base, uint lane) {
+  vec4 acc = vec4(0.0);
+#if !W_PLAIN
+  const uint nb = cols / W_BLOCK, units = nb * W_UNITS;
+  for (uint t = lane; t < units; t += THREADS_PER_ROW) {
+    const uint b = t / W_UNITS, j = t % W_UNITS;
+    float lo[16], hi[16];
+    uint off_lo, off_hi;
+    split1_unit(m.qbase, m.mbase, r * nb + b, j, lo, hi, off_lo, off_hi);
+    const uint k_lo = b * W_BLOCK + off_lo, k_hi = b * W_BLOCK + off_hi;
+    [[unroll]] for (uint c = 0; c < TB; ++c) {
+      vec4 s = vec4(0.0);
+      [[unroll]] for (uint q = 0; q < 4; ++q) {
+        s += vec4(lo[4 * q], lo[4 * q + 1], lo[4 * q + 2], lo[4 * q + 3]) * in4[((in_base[c] + k_lo) >> 2) + q];
+        s += vec4(hi[4 * q], hi[4 * q + 1], hi[4 * q + 2], hi[4 * q + 3]) * in4[((in_base[c] + k_hi) >> 2) + q];
+      }
+      acc[c] += (s.x + s.y) + (s.z + s.w);
+    }
+  }
+#else
+  const uint e0 = m.qbase + r * cols;
+  for (uint k = lane; k < cols; k += THREADS_PER_ROW) {
+    const float w = plain_value(e0 + k);
+    acc += w * vec4(in_v[in_base.x + k], in_v[in_base.y + k], in_v[in_base.z + k], in_v[in_base.w + k]);
+  }
+#endif
+  return acc;
+}
+
+#if USE_SUBGROUP
+vec4 team_sum(vec4 v) { return subgroupAdd(v); }
+bool team_leader() { return subgroupElect(); }
+uint team_id() { return gl_SubgroupID; }
+uint team_lane() { return gl_SubgroupInvocationID; }
+#else
+shared vec4 team_partial[WG_SIZE];
+// Sum over the THREADS_PER_ROW invocations of a team; reached by the whole workgroup.
+vec4 team_sum(vec4 v) {
+  const uint lid = gl_LocalInvocationIndex, lane = lid % THREADS_PER_ROW;
+  team_partial[lid] = v;
+  barrier();
+  [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
+    if (lane < s) team_partial[lid] += team_partial[lid + s];
+    barrier();
+  }
+  const vec4 r = team_partial[lid - lane];
+  barrier();
+  return r;
+}
+bool team_leader() { return gl_LocalInvocationIndex % THREADS_PER_ROW == 0u; }
+uint team_id() { return gl_LocalInvocationIndex / THREADS_PER_ROW; }
+uint team_lane() { return gl_LocalInvocationIndex % THREADS_PER_ROW; }
+#endif
+
+float silu(float z) { return z / (1.0 + exp(-z)); }
+
+void main() {
+  const uint n_tok = min(step_words[args.count_word], args.t_max);
+  const uint slot = gl_WorkGroupID.y;
+  const uint e = args.expert_lo + slot;
+  const uint n_pairs = all_tokens() ? n_tok : lists[e];
+  const uint out_rows = is_down() ? args.n_embd : args.width;
+  const uint r0 = gl_WorkGroupID.x * ROWS;
+  if (n_pairs == 0u || r0 >= out_rows) return;  // uniform per workgroup
+  const uint r_end = min(r0 + ROWS, out_rows);
+  const uint K = args.n_used;
+
+  const uint base = all_tokens() ? 0u : slot * args.slot_stride;
+  Mat m, mu;
+  if (is_down()) {
+    m = mat_at(base + args.mat_offset, args.n_embd, args.width);
+    mu = m;
+  } else if ((args.flags & TS_PF_SEPARATE_GATE_UP) != 0u) {
+    m = mat_at(args.mat_offset, args.width, args.n_embd);
+    mu = mat_at(args.up_offset, args.width, args.n_embd);
+  } else {
+    m = mat_at(base + args.mat_offset, 2u * args.width, args.n_embd);
+    mu = m;
+  }
+  const bool separate = (args.flags & TS_PF_SEPARATE_GATE_UP) != 0u;
+
+  for (uint j0 = 0u; j0 < n_pairs; j0 += TB) {
+    // The TB pairs of this pass (past the end: repeats of the last one, results dropped).
+    uvec4 pair, in_base;
+    [[unroll]] for (uint c = 0; c < TB; ++c) {
+      const uint j = min(j0 + c, n_pairs - 1u);
+      pair[c] = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
+      const uint row_in = is_down() ? pair[c] : (all_tokens() ? j : pair[c] / K);
+      in_base[c] = row_in * args.in_stride;
+    }
+    for (uint rb = r0; rb < r_end; rb += TEAMS) {  // uniform trip count
+      const uint r = rb + team_id();
+      const bool valid = r < r_end;
+      if (is_down()) {
+        vec4 d = valid ? row_dot4(m, r, args.width, in_base, team_lane()) : vec4(0.0);
+        d = team_sum(d);
+        if (valid && team_leader()) {
+          [[unroll]] for (uint c = 0; c < TB; ++c) {
+            if (j0 + c < n_pairs) {
+              const float w = all_tokens() ? 1.0 : uintBitsToFloat(route[2u * pair[c] + 1u]);
+              out_v[pair[c] * args.out_stride + r] = w * d[c];
+            }
+          }
+        }
+      } else {
+        const uint gr = separate ? r : 2u * r, ur = separate ? r : 2u * r + 1u;
+        vec4 g = valid ? row_dot4(m, gr, args.n_embd, in_base, team_lane()) : vec4(0.0);
+        vec4 u = valid ? row_dot4(mu, ur, args.n_embd, in_base, team_lane()) : vec4(0.0);
+        g = team_sum(g);
+        u = team_sum(u);
+        if (valid && team_leader()) {
+          [[unroll]] for (uint c = 0; c < TB; ++c)
+            if (j0 + c < n_pairs) out_v[pair[c] * args.out_stride + r] = silu(g[c]) * u[c];
+        }
+      }
+    }
+  }
+}

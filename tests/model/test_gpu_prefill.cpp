@@ -1,0 +1,239 @@
+// The batched prefill graph (docs/PREFILL.md) on the tiny synthetic models: logits of every
+// position and of the last against the CPU reference, across chunk boundaries; prefill then decode
+// against token-by-token decode; stats and context errors.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "format/error.h"
+#include "format/tsr.h"
+#include "runtime/cpu/forward.h"
+#include "runtime/cpu/tsr_weights.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/vulkan/context.h"
+
+namespace tessera {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path temp_dir() {
+  static const fs::path dir = [] {
+    auto p = fs::temp_directory_path() / ("tessera-test-prefill-" + std::to_string(getpid()));
+    fs::create_directories(p);
+    return p;
+  }();
+  return dir;
+}
+
+class Cleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(temp_dir()); }
+};
+const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+
+vk::Context* context() {
+  static std::unique_ptr<vk::Context> ctx = [] {
+    try {
+      return std::make_unique<vk::Context>();
+    } catch (const Error&) {
+      return std::unique_ptr<vk::Context>();
+    }
+  }();
+  return ctx.get();
+}
+
+// Synthesizes and converts once per (preset, type, compose); returns the .tsr path.
+std::string tsr_file(const std::string& preset, const std::string& type, const std::string& compose) {
+  const fs::path g = temp_dir() / (preset + "-" + type + ".gguf");
+  if (!fs::exists(g)) synth::synthesize({preset, type, 3, -1, g.string()});
+  const fs::path t = temp_dir() / (preset + "-" + type + "-" + compose + ".tsr");
+  if (!fs::exists(t)) {
+    convert::ConvertOptions o;
+    o.in_path = g.string();
+    o.out_path = t.string();
+    o.compose = compose;
+    o.composed_type = "q8_0";
+    o.threads = 2;
+    convert::convert_model(o);
+  }
+  return t.string();
+}
+
+std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) {
+  std::vector<int32_t> p;
+  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13 + seed * 104729) % n_vocab));
+  return p;
+}
+
+model::GpuModelOptions options(uint32_t n_ctx, uint32_t chunk) {
+  model::GpuModelOptions o;
+  o.n_ctx = n_ctx;
+  o.prefill_chunk = chunk;
+  o.int8_activations = false;  // prefill runs f32 activations; single tokens (decode) then match
+  return o;
+}
+
+// max |a - b| / max |b|, and rows whose argmax differs.
+struct Compare {
+  double max_rel = 0;
+  size_t top1_diff = 0;
+};
+Compare compare(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
+  Compare c;
+  EXPECT_EQ(a.size(), b.size());
+  double diff = 0, ref = 0;
+  for (size_t r = 0; r < std::min(a.size(), b.size()) / V; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = b.data() + r * V;
+    for (size_t i = 0; i < V; ++i) {
+      EXPECT_TRUE(std::isfinite(x[i])) << "row " << r << " logit " << i;
+      diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
+      ref = std::max(ref, std::abs(double(y[i])));
+    }
+    c.top1_diff += std::max_element(x, x + V) - x != std::max_element(y, y + V) - y;
+  }
+  c.max_rel = ref > 0 ? diff / ref : diff;
+  return c;
+}
+
+struct Case {
+  const char* preset;
+  const char* type;
+  const char* compose;
+};
+
+class PrefillVsCpu : public ::testing::TestWithParam<Case> {};
+
+// Chunks of T = 8: prompt lengths 1 (decode graph), T-1, T, T+1, 2T+3, each after a reset, and a
+// second prompt continuing a context (p0 > 0, not a multiple of T).
+TEST_P(PrefillVsCpu, LogitsOfEveryPositionMatchTheReference) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  const Case& k = GetParam();
+  const std::string path = tsr_file(k.preset, k.type, k.compose);
+  TsrFile tsr = TsrFile::open(path);
+  constexpr uint32_t T = 8;
+  model::GpuModel gpu(*context(), tsr, options(64, T));
+  ASSERT_EQ(gpu.prefill_stats().chunk, T);
+  TsrWeights packed(path);
+  const size_t V = gpu.n_vocab();
+  for (size_t n : {size_t(1), size_t(T - 1), size_t(T), size_t(T + 1), size_t(2 * T + 3)}) {
+    const auto p = prompt(gpu.n_vocab(), n);
+    gpu.reset();
+    const auto all = gpu.forward(p, false);
+    EXPECT_EQ(gpu.n_past(), int(n));
+    CpuModel cpu(packed, 64, 2, AttentionPath::Absorbed);
+    const auto ref = cpu.forward(p, false);
+    const Compare c = compare(all, ref, V);
+    EXPECT_LT(c.max_rel, 2e-3) << k.preset << " " << k.type << " " << k.compose << " n=" << n;
+    EXPECT_EQ(c.top1_diff, 0u) << "n=" << n;
+    // last_only: the last row only (the head of one token; same body).
+    gpu.reset();
+    const auto last = gpu.forward(p, true);
+    const std::vector<float> last_ref(all.end() - V, all.end());
+    EXPECT_LT(compare(last, last_ref, V).max_rel, 1e-4) << "n=" << n;
+    // Continue the context: 5 more tokens at positions n.. (a chunk starting off the T grid).
+    const auto more = prompt(gpu.n_vocab(), 5, 1);
+    const auto cont = gpu.forward(more, false);
+    const auto cont_ref = cpu.forward(more, false);
+    const Compare cc = compare(cont, cont_ref, V);
+    EXPECT_LT(cc.max_rel, 2e-3) << "continuation after n=" << n;
+    EXPECT_EQ(cc.top1_diff, 0u) << "continuation after n=" << n;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, PrefillVsCpu,
+                         ::testing::Values(Case{"tiny", "f32", "none"}, Case{"tiny", "q4_0", "all"},
+                                           Case{"tiny", "q4_k_m", "none"}, Case{"tiny", "bf16", "vo"},
+                                           Case{"tiny-lite", "q4_k_m", "none"}, Case{"tiny-lite", "q4_0", "all"}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::string s = std::string(i.param.preset) + "_" + i.param.type + "_" + i.param.compose;
+                           std::replace(s.begin(), s.end(), '-', '_');
+                           return s;
+                         });
+
+// The default chunk (64) with a prompt of 70 tokens: one full chunk and a partial one.
+TEST(GpuPrefill, DefaultChunkMatchesTheReference) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  const std::string path = tsr_file("tiny", "q8_0", "all");
+  TsrFile tsr = TsrFile::open(path);
+  model::GpuModel gpu(*context(), tsr, options(128, model::GpuModelOptions{}.prefill_chunk));
+  EXPECT_EQ(gpu.prefill_stats().chunk, 64u);
+  const auto p = prompt(gpu.n_vocab(), 70);
+  const auto lg = gpu.forward(p, false);
+  TsrWeights packed(path);
+  CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
+  const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
+  EXPECT_LT(c.max_rel, 2e-3);
+  EXPECT_EQ(c.top1_diff, 0u);
+}
+
+// Prefill of a prompt, then 32 greedy steps, equals the same prompt run token by token through
+// the decode graph (prefill_chunk 0): the sampler's token and position carry over.
+TEST(GpuPrefill, PrefillThenDecodeEqualsTokenByToken) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    const std::string path = tsr_file(preset, "q4_0", std::string(preset) == "tiny" ? "none" : "all");
+    TsrFile tsr = TsrFile::open(path);
+    model::GpuModel batched(*context(), tsr, options(64, 4));
+    model::GpuModel stepwise(*context(), tsr, options(64, 0));
+    EXPECT_EQ(stepwise.prefill_stats().chunk, 0u);
+    const auto p = prompt(batched.n_vocab(), 11);
+    batched.forward(p, true);
+    stepwise.forward(p, true);
+    EXPECT_EQ(batched.n_past(), 11);
+    std::vector<int32_t> a{batched.sampled_token()}, b{stepwise.sampled_token()};
+    for (int i = 1; i < 32; ++i) {
+      a.push_back(batched.decode_step());
+      b.push_back(stepwise.decode_step());
+    }
+    EXPECT_EQ(a, b) << preset;
+    EXPECT_EQ(batched.n_past(), 11 + 31);
+  }
+}
+
+TEST(GpuPrefill, StatsDescribeTheChunkGraph) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  TsrFile tsr = TsrFile::open(tsr_file("tiny", "q4_0", "all"));
+  model::GpuModel gpu(*context(), tsr, options(64, 16));
+  const model::PrefillStats& s = gpu.prefill_stats();
+  EXPECT_EQ(s.chunk, 16u);
+  // docs/PREFILL.md: embed | per layer 9 (dense) or 10 (MoE) barriers; with T/8 = 2 matvec
+  // dispatches per matrix, 15 dispatches per dense and 20 per MoE layer (tiny: 1 dense + 2 MoE).
+  ASSERT_EQ(gpu.config().n_layer, 3u);
+  EXPECT_EQ(s.dispatches, 1u + 15u + 2u * 20u);
+  EXPECT_EQ(s.barriers, 1u + 9u + 2u * 10u);
+  EXPECT_GT(s.weight_bytes, 0u);
+  EXPECT_GT(s.scratch_bytes, 0u);
+}
+
+TEST(GpuPrefill, ContextFullIsAUsageErrorBeforeAnyWork) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  TsrFile tsr = TsrFile::open(tsr_file("tiny", "q4_0", "all"));
+  model::GpuModel m(*context(), tsr, options(8, 4));
+  m.forward(prompt(m.n_vocab(), 6), true);
+  try {
+    m.forward(prompt(m.n_vocab(), 3), true);
+    FAIL() << "expected a context-full error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::Usage);
+    EXPECT_NE(std::string(e.what()).find("context full"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(m.n_past(), 6);
+  const int32_t bad[2] = {1, int32_t(m.n_vocab())};
+  EXPECT_THROW(m.forward(bad, true), Error);
+  EXPECT_EQ(m.n_past(), 6);
+  m.forward(prompt(m.n_vocab(), 2), true);  // exactly full
+  EXPECT_EQ(m.n_past(), 8);
+}
+
+}  // namespace
+}  // namespace tessera

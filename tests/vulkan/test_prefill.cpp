@@ -1,0 +1,407 @@
+// Prefill kernels (kernels_prefill.h, docs/PREFILL.md) against the CPU: routing + per-expert
+// lists of a chunk, the expert-major gate-up / down and the sum into the residual (whole MoE
+// block, several tile types, expert ranges split over bindings, the shared-memory path), the
+// dense FFN, the last-row gather; and the multi-query attention / kv_write (QueryBatch) against
+// the decode kernels run once per token. Outputs are NaN-poisoned before each run; live token
+// counts below the chunk size check that padding tokens are left alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "format/fp16.h"
+#include "runtime/cpu/ops.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_prefill.h"
+#include "tests/vulkan/test_moe_util.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using moetest::HostTile;
+using vktest::Gpu;
+
+constexpr uint32_t kCountWord = 1;  // step words: [first position, live tokens]
+
+vk::Buffer step_buffer(Gpu& g, uint32_t p0, uint32_t n) {
+  vk::Buffer b = vktest::make_buffer(g, 16, "step");
+  const uint32_t w[4] = {p0, n, 0, 0};
+  vktest::upload_bytes(g, b, w, sizeof w);
+  return b;
+}
+
+std::vector<uint32_t> download_words(Gpu& g, const vk::Buffer& b, size_t n) {
+  std::vector<uint32_t> v(n);
+  g.transfer->download(b, 0, v.data(), n * 4);
+  return v;
+}
+
+struct MoeCase {
+  moetest::TileTypes types;
+  uint32_t n_expert, w_routed, w_shared, n_embd, K, T, n;
+  uint64_t max_binding_experts;  // 0: one binding; else expert ranges of this many slots
+  bool sigmoid_bias;
+};
+
+// A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
+void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
+  SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts));
+  std::mt19937 rng(seed);
+  const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
+  vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
+  vktest::upload_bytes(g, tile, ht.bytes.data(), ht.bytes.size());
+  const uint32_t E = c.n_expert, K = c.K, T = c.T, D = c.n_embd;
+  const std::vector<float> logits = vktest::random_values(rng, size_t(T) * E, 2.f);
+  const std::vector<float> h2 = vktest::random_values(rng, size_t(T) * D);
+  const std::vector<float> x0 = vktest::random_values(rng, size_t(T) * D);
+  std::vector<float> bias = vktest::random_values(rng, E, 0.1f);
+  ModelConfig cfg;
+  cfg.n_expert = E;
+  cfg.n_expert_used = K;
+  cfg.gating = c.sigmoid_bias ? GatingFunc::Sigmoid : GatingFunc::Softmax;
+  cfg.expert_weights_norm = c.sigmoid_bias;
+  cfg.expert_weights_scale = c.sigmoid_bias ? 2.5f : 0.f;
+
+  vk::Buffer lb = vktest::make_buffer(g, logits.size() * 4, "logits"), bb = vktest::make_buffer(g, E * 4, "bias");
+  vk::Buffer hb2 = vktest::make_buffer(g, h2.size() * 4, "h2"), xb = vktest::make_buffer(g, x0.size() * 4, "x");
+  vk::Buffer rb = vktest::make_buffer(g, vk::prefill_route_bytes(T, K), "route");
+  vk::Buffer listb = vktest::make_buffer(g, vk::prefill_list_bytes(T, E), "lists");
+  const uint64_t pairs = vk::prefill_pairs(T, K);
+  vk::Buffer hb = vktest::make_buffer(g, pairs * vk::moe_h_stride(ht.g) * 4, "h");
+  vk::Buffer yb = vktest::make_buffer(g, pairs * D * 4, "y");
+  vk::Buffer step = step_buffer(g, 0, c.n);
+  vktest::upload_bytes(g, lb, logits.data(), logits.size() * 4);
+  vktest::upload_bytes(g, bb, bias.data(), E * 4);
+  vktest::upload_bytes(g, hb2, h2.data(), h2.size() * 4);
+  vktest::upload_bytes(g, xb, x0.data(), x0.size() * 4);
+  vktest::poison(g, rb);
+  std::vector<uint32_t> counter0(1, 0);
+  vktest::upload_bytes(g, rb, counter0.data(), 4, (2ull * T * K) * 4);  // arrival counter
+  vktest::poison(g, listb);
+  vktest::poison(g, hb);
+  vktest::poison(g, yb);
+
+  vk::PrefillRouteOp route;
+  route.n_expert = E;
+  route.routing = vk::MoeRouting::from_config(cfg);
+  route.t_max = T;
+  route.logits = lb.whole();
+  if (c.sigmoid_bias) route.bias = bb.whole();
+  route.step = step.whole();
+  route.count_word = kCountWord;
+  route.route = rb.whole();
+  route.lists = listb.whole();
+  vk::MoePrefillOp moe;
+  moe.tile = {&tile, 0, ht.g};
+  moe.n_used = K;
+  moe.t_max = T;
+  moe.step = step.whole();
+  moe.count_word = kCountWord;
+  moe.h2 = hb2.whole();
+  moe.route = rb.whole();
+  moe.lists = listb.whole();
+  moe.h = hb.whole();
+  moe.y = yb.whole();
+  moe.max_binding_bytes = c.max_binding_experts * ht.g.slot_stride;
+  vk::PrefillSumOp sum;
+  sum.n_embd = D;
+  sum.n_used = K;
+  sum.t_max = T;
+  sum.has_shared = ht.g.has_shared();
+  sum.x = xb.whole();
+  sum.y = yb.whole();
+  sum.step = step.whole();
+  sum.count_word = kCountWord;
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  route.record(rec);
+  rec.barrier();
+  moe.record_gateup(rec);
+  rec.barrier();
+  moe.record_down(rec);
+  rec.barrier();
+  sum.record(rec);
+  rec.end();
+  if (c.max_binding_experts) EXPECT_GT(rec.dispatch_count(), 6u) << "expert ranges: several dispatches";
+  rec.run();
+
+  // Routing and lists.
+  const std::vector<uint32_t> rw = download_words(g, rb, 2ull * T * K + 1);
+  const std::vector<uint32_t> lw = download_words(g, listb, size_t(E) * (T + 1));
+  EXPECT_EQ(rw[2ull * T * K], 0u) << "arrival counter reset";
+  std::vector<cpu::Route> routes;
+  for (uint32_t t = 0; t < c.n; ++t) {
+    routes.push_back(cpu::route_token(cfg, std::span<const float>(logits.data() + size_t(t) * E, E),
+                                      c.sigmoid_bias ? std::span<const float>(bias) : std::span<const float>()));
+    for (uint32_t k = 0; k < K; ++k) {
+      EXPECT_EQ(rw[2 * (t * K + k)], routes[t].experts[k]) << "token " << t << " slot " << k;
+      float w;
+      std::memcpy(&w, &rw[2 * (t * K + k) + 1], 4);
+      EXPECT_NEAR(w, routes[t].weights[k], 2e-6 * std::fabs(routes[t].weights[k]) + 1e-7);
+    }
+  }
+  for (uint32_t e = 0; e < E; ++e) {
+    std::vector<uint32_t> want;
+    for (uint32_t p = 0; p < c.n * K; ++p)
+      if (routes[p / K].experts[p % K] == e) want.push_back(p);
+    ASSERT_EQ(lw[e], want.size()) << "expert " << e;
+    for (size_t j = 0; j < want.size(); ++j) EXPECT_EQ(lw[E + e * T + j], want[j]) << "expert " << e << " entry " << j;
+  }
+
+  // x[t] += sum_k w_k down_k(h_k) + shared, per live token; padding tokens unchanged.
+  const std::vector<float> got = vktest::download_floats(g, xb, x0.size());
+  std::vector<double> want(x0.begin(), x0.end()), tol(x0.size(), 0.0);
+  for (uint32_t t = 0; t < c.n; ++t) {
+    const std::vector<double> in(h2.begin() + size_t(t) * D, h2.begin() + size_t(t + 1) * D);
+    std::vector<double> y(D, 0.0), abs(D, 0.0);
+    auto slot_add = [&](uint32_t slot, double weight) {
+      std::vector<double> h, htol;
+      const uint32_t w = uint32_t(ht.g.width(slot));
+      moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
+                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, in, h, htol);
+      const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
+      const std::vector<double> hf(hf32.begin(), hf32.end());
+      moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, D, weight, hf.data(), y, abs);
+      double hmax = 0;
+      for (double v : htol) hmax = std::max(hmax, v);
+      for (uint32_t r = 0; r < D; ++r) abs[r] += 4 * hmax * w;  // h's own error through the down row
+    };
+    for (uint32_t k = 0; k < K; ++k) slot_add(routes[t].experts[k], routes[t].weights[k]);
+    if (ht.g.has_shared()) slot_add(E, 1.0);
+    for (uint32_t r = 0; r < D; ++r) {
+      want[size_t(t) * D + r] += y[r];
+      tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r]);
+    }
+  }
+  vktest::expect_close(got, want, tol, "x after the MoE block");
+}
+
+TEST(PrefillMoe, BlockMatchesTheReference) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  using T = GgmlType;
+  // Awkward sizes: 9 experts, widths not multiples of the team count, T not a power of two,
+  // fewer live tokens than T.
+  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::Q4_0, T::Q4_0}, 9, 96, 64, 128, 3, 7, 5, 0, false}, 1);
+  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true}, 2);
+  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true}, 3);
+  run_moe_case(g, {{T::F16, T::BF16, T::F32, T::F16}, 5, 36, 0, 40, 2, 4, 4, 2, false}, 4);
+  // More pairs (390 x 3) than the route kernel stages at once (1024).
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q4_0}, 5, 32, 32, 32, 3, 400, 390, 0, true}, 6);
+}
+
+TEST(PrefillMoe, SharedMemoryPathMatches) {
+  Gpu& g = vktest::gpu(true);
+  VK_TEST_REQUIRE_GPU(g);
+  using T = GgmlType;
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 7, 64, 32, 64, 3, 9, 8, 3, true}, 5);
+}
+
+// Dense FFN of a chunk (gate and up in one buffer), then the sum with K = 0; and the gather.
+TEST(PrefillDense, FfnAndGatherMatchTheReference) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F32}) {
+    SCOPED_TRACE(type_name(type));
+    std::mt19937 rng(7);
+    const uint32_t D = type == GgmlType::Q4_K ? 256 : 64, F = type == GgmlType::Q4_K ? 512 : type == GgmlType::Q8_0 ? 96 : 72, T = 6, n = 4;
+    const auto gate = vktest::random_matrix(rng, type, F, D), up = vktest::random_matrix(rng, type, F, D);
+    const auto down_q = vktest::random_matrix(rng, type == GgmlType::Q4_K ? GgmlType::Q6_K : type, D, F);
+    const GgmlType down_type = type == GgmlType::Q4_K ? GgmlType::Q6_K : type;
+    auto layout = [](GgmlType t, uint32_t rows, uint32_t cols, const std::vector<uint8_t>& q) {
+      std::vector<uint8_t> b = vk::split1_supported(t) ? vk::split1_from_gguf(t, rows, cols, q.data()) : q;
+      b.resize((b.size() + 255) / 256 * 256, 0);
+      return b;
+    };
+    std::vector<uint8_t> gu = layout(type, F, D, gate);
+    const uint64_t up_at = gu.size();
+    const std::vector<uint8_t> ub = layout(type, F, D, up);
+    gu.insert(gu.end(), ub.begin(), ub.end());
+    vk::Buffer wb = vktest::make_buffer(g, gu.size(), "gate+up");
+    vktest::upload_bytes(g, wb, gu.data(), gu.size());
+    auto dm = vktest::upload_matrix(g, down_type, D, F, down_q);
+    const vk::WeightLayout wl = vk::split1_supported(type) ? vk::WeightLayout::Split1 : vk::WeightLayout::Plain;
+    const std::vector<float> h2 = vktest::random_values(rng, size_t(T) * D), x0 = vktest::random_values(rng, size_t(T) * D);
+    vk::Buffer hb2 = vktest::make_buffer(g, h2.size() * 4, "h2"), xb = vktest::make_buffer(g, x0.size() * 4, "x");
+    vk::Buffer hb = vktest::make_buffer(g, size_t(T) * F * 4, "h"), yb = vktest::make_buffer(g, size_t(T) * D * 4, "y");
+    vk::Buffer last = vktest::make_buffer(g, D * 4, "last");
+    vk::Buffer step = step_buffer(g, 3, n);
+    vktest::upload_bytes(g, hb2, h2.data(), h2.size() * 4);
+    vktest::upload_bytes(g, xb, x0.data(), x0.size() * 4);
+    vktest::poison(g, hb);
+    vktest::poison(g, yb);
+    vktest::poison(g, last);
+    vk::DensePrefillOp d;
+    d.gate = {&wb, 0, type, wl, F, D};
+    d.up = {&wb, up_at, type, wl, F, D};
+    d.down = dm->ref;
+    d.t_max = T;
+    d.step = step.whole();
+    d.count_word = kCountWord;
+    d.h2 = hb2.whole();
+    d.h = hb.whole();
+    d.y = yb.whole();
+    vk::PrefillSumOp sum;
+    sum.n_embd = D;
+    sum.n_used = 0;
+    sum.t_max = T;
+    sum.x = xb.whole();
+    sum.y = yb.whole();
+    sum.step = step.whole();
+    sum.count_word = kCountWord;
+    vk::PrefillGatherOp gather;
+    gather.n_embd = D;
+    gather.x = xb.whole();
+    gather.out = last.whole();
+    gather.step = step.whole();
+    gather.count_word = kCountWord;
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    d.record_gateup(rec);
+    rec.barrier();
+    d.record_down(rec);
+    rec.barrier();
+    sum.record(rec);
+    rec.barrier();
+    gather.record(rec);
+    rec.end();
+    rec.run();
+    std::vector<double> want(x0.begin(), x0.end()), tol(x0.size(), 0.0);
+    for (uint32_t t = 0; t < n; ++t) {
+      const std::vector<double> in(h2.begin() + size_t(t) * D, h2.begin() + size_t(t + 1) * D);
+      std::vector<double> h, htol, y(D, 0.0), abs(D, 0.0);
+      moetest::ref_gateup([&](uint32_t i) { return vktest::dequant_row(type, gate, D, i); },
+                          [&](uint32_t i) { return vktest::dequant_row(type, up, D, i); }, F, in, h, htol);
+      const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
+      const std::vector<double> hf(hf32.begin(), hf32.end());
+      moetest::ref_down_add([&](uint32_t r) { return vktest::dequant_row(down_type, down_q, F, r); }, D, 1.0, hf.data(), y,
+                            abs);
+      double hmax = 0;
+      for (double v : htol) hmax = std::max(hmax, v);
+      for (uint32_t r = 0; r < D; ++r) {
+        want[size_t(t) * D + r] += y[r];
+        tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + 4 * hmax * F + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r]);
+      }
+    }
+    const std::vector<float> got = vktest::download_floats(g, xb, x0.size());
+    vktest::expect_close(got, want, tol, "x after the dense FFN");
+    const std::vector<float> lastv = vktest::download_floats(g, last, D);
+    EXPECT_TRUE(std::equal(lastv.begin(), lastv.end(), got.begin() + size_t(n - 1) * D)) << "gather of row n-1";
+  }
+}
+
+// T queries in one dispatch (QueryBatch) == the decode kernels run once per position, bit for bit:
+// kv_write of T rows, then causal attention of every query over the rows written so far.
+TEST(PrefillAttention, BatchedQueriesEqualOnePerPosition) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  vk::AttentionShape s;
+  s.n_head = 3;
+  s.kv_lora = 64;
+  s.n_ctx = 40;
+  s.eps = 1e-5f;
+  s.kq_scale = 0.125f;
+  ModelConfig m;
+  m.n_rot = 16;
+  m.rope_base = 10000;
+  s.rope = vk::RopeParams::from_config(m);
+  const uint32_t T = 9, n = 7, p0 = 13, row = s.row(), H = s.n_head, R = s.kv_lora;
+  vk::KvWriteOp kvw(*g.ctx, s);
+  vk::AttentionOp attn(*g.ctx, s, {.n_groups = 4, .min_chunk = 4});
+  std::mt19937 rng(11);
+  const std::vector<float> kv = vktest::random_values(rng, size_t(T) * row), q = vktest::random_values(rng, size_t(T) * H * row);
+  const std::vector<float> nw = vktest::random_values(rng, R), old = vktest::random_values(rng, size_t(p0) * row);
+  // Rows before p0: an earlier context (f16 of random values).
+  std::vector<uint16_t> cache0(size_t(s.n_ctx) * row, 0);
+  for (size_t i = 0; i < old.size(); ++i) cache0[i] = f32_to_fp16(old[i]);
+  vk::Buffer kvb = vktest::make_buffer(g, kv.size() * 4, "kv"), qb = vktest::make_buffer(g, q.size() * 4, "q");
+  vk::Buffer nwb = vktest::make_buffer(g, R * 4, "norm");
+  vk::Buffer cache_a = vktest::make_buffer(g, s.cache_bytes(), "cache batched"), cache_b = vktest::make_buffer(g, s.cache_bytes(), "cache single");
+  vk::Buffer part_a = vktest::make_buffer(g, T * attn.partials_bytes(), "partials"), part_b = vktest::make_buffer(g, attn.partials_bytes(), "partials 1");
+  vk::Buffer olat_a = vktest::make_buffer(g, size_t(T) * H * R * 4, "olat"), olat_b = vktest::make_buffer(g, size_t(T) * H * R * 4, "olat 1");
+  vktest::upload_bytes(g, kvb, kv.data(), kv.size() * 4);
+  vktest::upload_bytes(g, qb, q.data(), q.size() * 4);
+  vktest::upload_bytes(g, nwb, nw.data(), R * 4);
+  vktest::upload_bytes(g, cache_a, cache0.data(), cache0.size() * 2);
+  vktest::upload_bytes(g, cache_b, cache0.data(), cache0.size() * 2);
+  vktest::poison(g, olat_a);
+  vktest::poison(g, olat_b);
+  vk::Buffer step = step_buffer(g, p0, n);
+  const vk::QueryBatch batch{T, kCountWord};
+  {
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    kvw.record_rows(rec, kvb.whole(), nwb.whole(), step.whole(), 0, batch, cache_a.whole(), "kv_write rows");
+    rec.barrier();
+    attn.record(rec, qb.whole(), cache_a.whole(), step.whole(), 0, part_a.whole(), olat_a.whole(), "attention", batch);
+    rec.end();
+    rec.run();
+  }
+  // One position at a time through the decode form (step word 0 = position).
+  for (uint32_t t = 0; t < n; ++t) {
+    vk::Buffer st = step_buffer(g, p0 + t, 0);
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    kvw.record(rec, kvb.whole().sub(uint64_t(t) * row * 4, row * 4), nwb.whole(), st.whole(), 0, cache_b.whole(), "kv_write");
+    rec.barrier();
+    attn.record(rec, qb.whole().sub(uint64_t(t) * H * row * 4, uint64_t(H) * row * 4), cache_b.whole(), st.whole(), 0,
+                part_b.whole(), olat_b.whole().sub(uint64_t(t) * H * R * 4, uint64_t(H) * R * 4), "attention");
+    rec.end();
+    rec.run();
+  }
+  std::vector<uint16_t> ca(cache0.size()), cb(cache0.size());
+  g.transfer->download(cache_a, 0, ca.data(), ca.size() * 2);
+  g.transfer->download(cache_b, 0, cb.data(), cb.size() * 2);
+  EXPECT_EQ(ca, cb) << "cache rows (padding tokens t >= n must not write)";
+  const std::vector<float> oa = vktest::download_floats(g, olat_a, size_t(T) * H * R);
+  const std::vector<float> ob = vktest::download_floats(g, olat_b, size_t(T) * H * R);
+  for (size_t i = 0; i < size_t(n) * H * R; ++i) ASSERT_EQ(oa[i], ob[i]) << "olat value " << i;
+  for (size_t i = size_t(n) * H * R; i < oa.size(); ++i) ASSERT_TRUE(std::isnan(oa[i])) << "padding query wrote " << i;
+}
+
+// AbsorbOp over several tokens (z = token) == one dispatch per token, bit for bit, for the query
+// absorption (with the q_pe copy) and the value projection.
+TEST(PrefillAttention, AbsorbOverTokensEqualsOnePerToken) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  const uint32_t H = 3, R = 64, Dn = 32, Dr = 16, Dv = 40, T = 5;
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::F16}) {
+    SCOPED_TRACE(type_name(type));
+    std::mt19937 rng(21);
+    auto kb = vktest::upload_matrix(g, type, H * R, Dn, vktest::random_matrix(rng, type, H * R, Dn));
+    auto vb = vktest::upload_matrix(g, type, H * Dv, R, vktest::random_matrix(rng, type, H * Dv, R));
+    const std::vector<float> qin = vktest::random_values(rng, size_t(T) * H * (Dn + Dr));
+    const std::vector<float> olat = vktest::random_values(rng, size_t(T) * H * R);
+    vk::Buffer qb = vktest::make_buffer(g, qin.size() * 4, "q_b out"), ob = vktest::make_buffer(g, olat.size() * 4, "olat");
+    vktest::upload_bytes(g, qb, qin.data(), qin.size() * 4);
+    vktest::upload_bytes(g, ob, olat.data(), olat.size() * 4);
+    const uint64_t qs = uint64_t(H) * (R + Dr), os = uint64_t(H) * Dv;
+    vk::Buffer qa = vktest::make_buffer(g, T * qs * 4, "q batched"), q1 = vktest::make_buffer(g, T * qs * 4, "q single");
+    vk::Buffer oa = vktest::make_buffer(g, T * os * 4, "o batched"), o1 = vktest::make_buffer(g, T * os * 4, "o single");
+    for (vk::Buffer* b : {&qa, &q1, &oa, &o1}) vktest::poison(g, *b);
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    vk::AbsorbOp aq = vk::AbsorbOp::query(kb->ref, H, Dr, qb.whole(), qa.whole());
+    aq.n_tokens = T;
+    aq.record(rec);
+    vk::AbsorbOp av = vk::AbsorbOp::value(vb->ref, H, ob.whole(), oa.whole());
+    av.n_tokens = T;
+    av.record(rec);
+    for (uint32_t t = 0; t < T; ++t) {
+      const uint64_t qi = uint64_t(H) * (Dn + Dr) * 4, li = uint64_t(H) * R * 4;
+      vk::AbsorbOp::query(kb->ref, H, Dr, qb.whole().sub(t * qi, qi), q1.whole().sub(t * qs * 4, qs * 4)).record(rec);
+      vk::AbsorbOp::value(vb->ref, H, ob.whole().sub(t * li, li), o1.whole().sub(t * os * 4, os * 4)).record(rec);
+    }
+    rec.end();
+    rec.run();
+    const auto a = vktest::download_floats(g, qa, T * qs), b = vktest::download_floats(g, q1, T * qs);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "q value " << i;
+    const auto c = vktest::download_floats(g, oa, T * os), d = vktest::download_floats(g, o1, T * os);
+    for (size_t i = 0; i < c.size(); ++i) ASSERT_EQ(c[i], d[i]) << "o value " << i;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

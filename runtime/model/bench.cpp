@@ -224,6 +224,22 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
     }
     m.rewind(d);
     out.push_back(summarize_profile(steps, wall_us, read_gbps, d));
+    // One prefill chunk at the same depth (the batched graph: its own kernels and bottlenecks).
+    const uint32_t T = m.prefill_stats().chunk;
+    if (T > 0 && d + T <= uint32_t(m.n_ctx())) {
+      say(o, cat("profiling a prefill chunk of ", T, " tokens at depth ", d));
+      steps.clear();
+      wall_us.clear();
+      m.profile_prefill();
+      for (int r = 0; r < reps; ++r) {
+        double wall = 0;
+        steps.push_back(m.profile_prefill(&wall));
+        wall_us.push_back(wall);
+      }
+      TokenProfile pp = summarize_profile(steps, wall_us, read_gbps, d);
+      pp.what = cat("prefill chunk of ", T, " tokens");
+      out.push_back(std::move(pp));
+    }
   }
   return out;
 }

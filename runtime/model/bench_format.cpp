@@ -126,7 +126,7 @@ std::string bench_json(const BenchReport& r) {
     for (size_t i = 0; i < r.profiles.size(); ++i) {
       const TokenProfile& p = r.profiles[i];
       s += i ? ",\n    " : "\n    ";
-      s += "{\"depth\": " + ju(p.depth) + ", \"tokens\": " + ju(uint64_t(p.tokens)) + ", \"dispatches\": " +
+      s += "{\"what\": " + js(p.what) + ", \"depth\": " + ju(p.depth) + ", \"tokens\": " + ju(uint64_t(p.tokens)) + ", \"dispatches\": " +
            ju(p.dispatches) + ", \"kernel_us\": " + jn(p.kernel_us) + ", \"token_us\": " + jn(p.token_us) +
            ", \"outside_us\": " + jn(p.outside_us) + ", \"bytes_per_token\": " + ju(p.bytes_per_token) +
            ", \"read_gbps\": " + jn(p.read_gbps) + ", \"floor_us\": " + jn(p.floor_us) + ", \"kernels\": [";

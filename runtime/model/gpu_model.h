@@ -109,6 +109,11 @@ class GpuModel : public LanguageModel {
   // at position kv_len - 1 without advancing the session, and returns per-dispatch timings (label,
   // bytes, µs); *wall_us (if given): host time from submit to done of that step.
   std::vector<vk::DispatchTiming> profile_step(uint32_t kv_len, double* wall_us = nullptr);
+  // Runs one full prefill chunk (prefill_stats().chunk deterministic tokens at positions n_past()..)
+  // with GPU timestamps, without advancing the session (its cache rows are simply overwritten
+  // later), and returns per-dispatch timings; *wall_us: submit to done. Error(Usage) without a
+  // prefill graph or when the chunk does not fit the context.
+  std::vector<vk::DispatchTiming> profile_prefill(double* wall_us = nullptr);
 
  private:
   struct Weights;
@@ -121,7 +126,7 @@ class GpuModel : public LanguageModel {
   uint64_t prefill_scratch_bytes() const;
   void create_prefill();
   std::vector<float> run_prefill(std::span<const int32_t> tokens, bool last_only);
-  std::unique_ptr<vk::CommandRecorder> record_prefill(int head);  // head: gpu_prefill.cpp's Head
+  std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false);  // head: gpu_prefill.cpp's Head
   void write_step(uint32_t token, uint32_t pos);  // the decode step buffer's words
   // For gpu_prefill.cpp: tensors by name and the decode step's buffers.
   vk::MatrixRef weight_matrix(std::string_view name) const;

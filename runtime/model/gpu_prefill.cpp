@@ -5,6 +5,7 @@
 // dispatch), the MoE expert-major (each expert read once per chunk), attention as T causal
 // queries over the cache the same chunk just wrote.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "format/error.h"
@@ -38,6 +39,7 @@ struct GpuModel::Prefill {
   vk::Buffer chunk;  // host-visible: kPosWord, kCountWord, ids
   vk::Buffer x, cq, kv, qfull, q, olat, o, h2, router_logits, route, lists, h, y, partials, xlast, logits_all;
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
+  std::unique_ptr<vk::CommandRecorder> profiled;  // Head::None with timestamps (profile_prefill)
   vk::AttentionTuning attn_tuning;
 };
 
@@ -169,14 +171,14 @@ struct PrefillRecorder {
 
 }  // namespace
 
-std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
+std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps) {
   Prefill& p = *prefill_;
   const ModelConfig& c = config_;
   const Head head = Head(head_index);
   const DecodeBuffers db = decode_buffers();
   const vk::BufferSlice chunk = p.chunk.whole();
   {
-    auto rec = std::make_unique<vk::CommandRecorder>(ctx_);
+    auto rec = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = timestamps});
     rec->begin();
     PrefillRecorder r{*rec, c, p.T};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
@@ -357,6 +359,28 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index) {
     rec->end();
     return rec;
   }
+}
+
+std::vector<vk::DispatchTiming> GpuModel::profile_prefill(double* wall_us) {
+  if (!prefill_) usage_error("profile_prefill: the model was loaded without the prefill graph (prefill_chunk 0)");
+  if (!ctx_.device().has_timestamps()) runtime_error("profile: ", ctx_.info().name, " has no timestamp queries");
+  Prefill& p = *prefill_;
+  if (uint64_t(n_past_) + p.T > n_ctx_)
+    usage_error("profile_prefill: a chunk of ", p.T, " tokens at position ", n_past_, " exceeds the context of ", n_ctx_);
+  if (!p.profiled) {
+    const PrefillStats keep = prefill_stats_;
+    p.profiled = record_prefill(int(Head::None), true);
+    prefill_stats_ = keep;
+  }
+  std::vector<uint32_t> words(kIdsWord + p.T, 0);
+  words[kPosWord] = n_past_;
+  words[kCountWord] = p.T;
+  for (uint32_t t = 0; t < p.T; ++t) words[kIdsWord + t] = uint32_t((uint64_t(t) * 7919 + 13) % config_.n_vocab);
+  p.chunk.write(0, words.data(), words.size() * 4);
+  const auto t0 = std::chrono::steady_clock::now();
+  p.profiled->run();
+  if (wall_us) *wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  return p.profiled->timings();
 }
 
 std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool last_only) {

@@ -126,8 +126,8 @@ TokenProfile summarize_profile(std::span<const std::vector<vk::DispatchTiming>> 
 std::string profile_markdown(const TokenProfile& p) {
   std::string s;
   char line[512];
-  std::snprintf(line, sizeof line, "per-kernel profile of one decoded token at depth %u (%d tokens profiled, %u dispatches)\n\n",
-                p.depth, p.tokens, p.dispatches);
+  std::snprintf(line, sizeof line, "per-kernel profile of one %s at depth %u (%d profiled, %u dispatches; per token = per %s)\n\n",
+                p.what.c_str(), p.depth, p.tokens, p.dispatches, p.what.c_str());
   s += line;
   s += "| kernel | calls/token | µs/call (median) | bytes/call | GB/s | µs/token | share |\n";
   s += "|---|---:|---:|---:|---:|---:|---:|\n";
@@ -178,7 +178,7 @@ std::string profile_svg(std::span<const TokenProfile> profiles, std::string_view
   for (const TokenProfile& p : profiles) {
     y += kRow;
     s += "<text x=\"" + std::to_string(kMargin) + "\" y=\"" + std::to_string(y - 6) + "\" font-weight=\"bold\">" +
-         xml_escape("decoded token at depth " + std::to_string(p.depth) + ": µs per token by kernel family") +
+         xml_escape(p.what + " at depth " + std::to_string(p.depth) + ": µs per step by kernel family") +
          "</text>\n";
     size_t i = 0;
     for (const KernelFamilyStats& k : p.families) {

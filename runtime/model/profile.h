@@ -33,6 +33,7 @@ struct KernelFamilyStats {
 };
 
 struct TokenProfile {
+  std::string what = "decoded token";  // the profiled step: "decoded token", "prefill chunk of 64 tokens"
   uint32_t depth = 0;             // context positions cached before the profiled token
   int tokens = 0;                 // profiled tokens summarized
   std::vector<KernelFamilyStats> families;  // most time first

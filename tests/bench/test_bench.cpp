@@ -294,11 +294,19 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
     if (why.empty()) break;
   }
   EXPECT_TRUE(why.empty()) << "per-kernel times do not add up to the token time in 3 attempts:\n" << why;
+  // A decoded token at each depth; a prefill chunk where one fits the context (depth 0 here).
   const Value& profiles = j["profiles"];
-  ASSERT_EQ(profiles.arr.size(), 2u);
+  int decode = 0, prefill = 0;
   for (const Value& p : profiles.arr) {
     const double kernel = p["kernel_us"].num, token = p["token_us"].num;
-    EXPECT_EQ(p["dispatches"].num, j["model"]["dispatches_per_token"].num);
+    const bool is_prefill = p["what"].str.rfind("prefill chunk", 0) == 0;
+    (is_prefill ? prefill : decode) += 1;
+    if (is_prefill) {
+      EXPECT_EQ(p["dispatches"].num, j["model"]["prefill_dispatches_per_chunk"].num);
+    } else {
+      EXPECT_EQ(p["what"].str, "decoded token");
+      EXPECT_EQ(p["dispatches"].num, j["model"]["dispatches_per_token"].num);
+    }
     EXPECT_GT(kernel, 0);
     EXPECT_NEAR(p["outside_us"].num, token - kernel, 1e-6 * token);
     EXPECT_GT(p["floor_us"].num, 0);
@@ -314,6 +322,8 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
     EXPECT_NEAR(per_token, kernel, 0.10 * kernel);
     EXPECT_NEAR(share, 1.0, 0.10);
   }
+  EXPECT_EQ(decode, 2);
+  EXPECT_EQ(prefill, 1);
   const std::string text = read_text(svg);
   EXPECT_EQ(text.rfind("<svg", 0), 0u);
   EXPECT_NE(text.find("depth 6"), std::string::npos);

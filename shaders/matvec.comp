@@ -8,8 +8,9 @@
 // else a power of two), NUM_ROWS (rows per subgroup, 1..4; 1 without USE_SUBGROUP), NUM_COLS
 // (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with cols % 8 == 0: 16-byte weight loads),
 // UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)),
-// Q8ACT (Q4_0 / Q8_0, NUM_COLS 1: x quantized to int8 per workgroup, integer dot products;
-// q8_activations.glsl) with Q8_BLOCKS >= cols / 32.
+// Q8ACT (Q4_0 / Q8_0: the NUM_COLS x vectors quantized to int8 per workgroup, integer dot
+// products, each weight block loaded once for all columns; q8_activations.glsl) with
+// Q8_BLOCKS >= NUM_COLS * cols / 32 (block b of column c at c * cols / 32 + b).
 // Work split: a subgroup (or THREADS_PER_ROW invocations) owns NUM_ROWS consecutive rows and
 // walks them together (every x value it loads serves NUM_ROWS rows: pays off in the batched
 // form); rows are reduced with subgroupAdd, or through shared memory.
@@ -22,9 +23,6 @@
 #define W_M_BINDING 1
 #include "weights.glsl"
 
-#if Q8ACT && NUM_COLS != 1
-#error "matvec.comp: the int8 activation path takes one x vector"
-#endif
 #if !USE_SUBGROUP && NUM_ROWS != 1
 #error "matvec.comp: the shared-memory path handles one row per invocation group"
 #endif
@@ -64,7 +62,8 @@ vec4 xin4(uint c, uint k) {
 
 #if Q8ACT
 #include "q8_activations.glsl"
-vec4 q8_input4(uint k) { return xin4(0u, k); }
+// Element k of the columns laid end to end (cols % 32 == 0: a block never spans two columns).
+vec4 q8_input4(uint k) { return xin4(k / args.cols, k % args.cols); }
 #endif
 
 #if !W_PLAIN
@@ -91,18 +90,21 @@ void rows_dot(uint row, uint nvalid, uint lane, uint nlanes, inout float acc[NUM
   const uint entry0 = row * nb;
 #endif
 #if Q8ACT
-  // Whole blocks against the int8 x in shared memory; two blocks per iteration keep two
-  // independent weight loads in flight per lane and row.
+  // Whole blocks against the int8 x in shared memory: a weight block is loaded once for every
+  // column; two blocks per iteration keep more independent loads in flight per lane and row.
   uint b = lane;
-  for (; b + nlanes < nb; b += 2u * nlanes) {
+  for (; b < nb; b += 2u * nlanes) {
+    const bool two = b + nlanes < nb;
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-      if (r == 0u || r < nvalid)
-        acc[r][0] += q8_block_dot(0u, 0u, entry0 + r * nb + b, b) + q8_block_dot(0u, 0u, entry0 + r * nb + b + nlanes, b + nlanes);
-    }
-  }
-  if (b < nb) {
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-      if (r == 0u || r < nvalid) acc[r][0] += q8_block_dot(0u, 0u, entry0 + r * nb + b, b);
+      if (r == 0u || r < nvalid) {
+        const Q8W w0 = q8_load_block(0u, 0u, entry0 + r * nb + b);
+        const Q8W w1 = q8_load_block(0u, 0u, entry0 + r * nb + (two ? b + nlanes : b));
+        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+          const uint i0 = c * nb + b, i1 = c * nb + b + nlanes;
+          acc[r][c] += q8_dot_loaded(w0, q8_lo[i0], q8_hi[i0], q8_ds[i0]);
+          if (two) acc[r][c] += q8_dot_loaded(w1, q8_lo[i1], q8_hi[i1], q8_ds[i1]);
+        }
+      }
     }
   }
 #elif !W_PLAIN && UNIT32
@@ -193,7 +195,7 @@ void main() {
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif
 #if Q8ACT
-  q8_quantize_input(args.cols / 32u);
+  q8_quantize_input(NUM_COLS * args.cols / 32u);
 #endif
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);

@@ -23,7 +23,10 @@
 #define W_M_BINDING 0
 #include "weights.glsl"
 
+#if !Q8ACT
 #define TB 4  // pairs per pass (vec4 accumulators)
+#endif
+#define TB4 (TB / 4)  // vec4 accumulators per row
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -35,6 +38,11 @@ layout(std430, binding = 4) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
 
 layout(push_constant) uniform Push { PrefillFfnArgs args; };
+
+#if Q8ACT
+#include "q8_activations.glsl"
+vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: stage_inputs_q8 reads the pairs' rows
+#endif
 
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
@@ -84,6 +92,37 @@ vec4 row_dot4(Mat m, uint r, uint cols, uvec4 in_base, uint lane) {
 #endif
   return acc;
 }
+
+#if Q8ACT
+// The inputs of this pass's TB pairs (rows starting at floats in_base[c], nb blocks long) as int8
+// blocks in shared memory: block b of pair c at c * nb + b. The whole workgroup; then a barrier.
+void stage_inputs_q8(uint in_base[TB], uint nb) {
+  for (uint i = gl_LocalInvocationIndex; i < TB * nb; i += WG_SIZE) {
+    const uint c = i / nb, b = i % nb;
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = in4[((in_base[c] + 32u * b) >> 2) + k];
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    q8_lo[i] = lo;
+    q8_hi[i] = hi;
+    q8_ds[i] = ds;
+  }
+  barrier();
+}
+
+// Row r of m (nb blocks) dotted with the TB staged inputs, this lane's blocks: each weight block
+// is loaded once for all TB pairs.
+void row_dot_q8(Mat m, uint r, uint nb, uint lane, inout vec4 acc[TB4]) {
+  for (uint b = lane; b < nb; b += THREADS_PER_ROW) {
+    const Q8W w = q8_load_block(m.qbase, m.mbase, r * nb + b);
+    [[unroll]] for (uint c = 0; c < TB; ++c) {
+      const uint i = c * nb + b;
+      acc[c / 4][c % 4] += q8_dot_loaded(w, q8_lo[i], q8_hi[i], q8_ds[i]);
+    }
+  }
+}
+#endif
 
 #if USE_SUBGROUP
 vec4 team_sum(vec4 v) { return subgroupAdd(v); }
@@ -137,6 +176,58 @@ void main() {
   }
   const bool separate = (args.flags & TS_PF_SEPARATE_GATE_UP) != 0u;
 
+#if Q8ACT
+  const uint in_cols = is_down() ? args.width : args.n_embd, nb = in_cols / 32u;
+  for (uint j0 = 0u; j0 < n_pairs; j0 += TB) {
+    // The TB pairs of this pass (past the end: repeats of the last one, results dropped).
+    uint pair[TB], in_base[TB];
+    [[unroll]] for (uint c = 0; c < TB; ++c) {
+      const uint j = min(j0 + c, n_pairs - 1u);
+      pair[c] = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
+      const uint row_in = is_down() ? pair[c] : (all_tokens() ? j : pair[c] / K);
+      in_base[c] = row_in * args.in_stride;
+    }
+    barrier();  // the previous pass is done with the staged inputs
+    stage_inputs_q8(in_base, nb);
+    for (uint rb = r0; rb < r_end; rb += TEAMS) {  // uniform trip count
+      const uint r = rb + team_id();
+      const bool valid = r < r_end;
+      if (is_down()) {
+        vec4 d[TB4];
+        [[unroll]] for (uint q = 0; q < TB4; ++q) d[q] = vec4(0.0);
+        if (valid) row_dot_q8(m, r, nb, team_lane(), d);
+        [[unroll]] for (uint q = 0; q < TB4; ++q) d[q] = team_sum(d[q]);
+        if (valid && team_leader()) {
+          [[unroll]] for (uint c = 0; c < TB; ++c) {
+            if (j0 + c < n_pairs) {
+              const float w = all_tokens() ? 1.0 : uintBitsToFloat(route[2u * pair[c] + 1u]);
+              out_v[pair[c] * args.out_stride + r] = w * d[c / 4][c % 4];
+            }
+          }
+        }
+      } else {
+        const uint gr = separate ? r : 2u * r, ur = separate ? r : 2u * r + 1u;
+        vec4 g[TB4], u[TB4];
+        [[unroll]] for (uint q = 0; q < TB4; ++q) {
+          g[q] = vec4(0.0);
+          u[q] = vec4(0.0);
+        }
+        if (valid) {
+          row_dot_q8(m, gr, nb, team_lane(), g);
+          row_dot_q8(mu, ur, nb, team_lane(), u);
+        }
+        [[unroll]] for (uint q = 0; q < TB4; ++q) {
+          g[q] = team_sum(g[q]);
+          u[q] = team_sum(u[q]);
+        }
+        if (valid && team_leader()) {
+          [[unroll]] for (uint c = 0; c < TB; ++c)
+            if (j0 + c < n_pairs) out_v[pair[c] * args.out_stride + r] = silu(g[c / 4][c % 4]) * u[c / 4][c % 4];
+        }
+      }
+    }
+  }
+#else
   for (uint j0 = 0u; j0 < n_pairs; j0 += TB) {
     // The TB pairs of this pass (past the end: repeats of the last one, results dropped).
     uvec4 pair, in_base;
@@ -173,4 +264,5 @@ void main() {
       }
     }
   }
+#endif
 }

@@ -88,25 +88,37 @@ void q8_quantize_input(uint n_blocks) {
 }
 
 #if Q8ACT_SUPPORTED
-// Dot product of weight block `entry` (counted from the matrix at qbase / mbase, as in
-// weights.glsl) with an input block given as (lo, hi, ds).
-float q8_block_dot_x(uint qbase, uint mbase, uint entry, uvec4 xl, uvec4 xh, vec4 ds) {
+// One weight block in registers: Q4_0: a / b = its low / high nibbles (elements 0..15 / 16..31,
+// values + 8), Q8_0: a / b = its bytes 0..15 / 16..31; d = its scale.
+struct Q8W {
+  uvec4 a, b;
+  float d;
+};
+
+// Weight block `entry` (counted from the matrix at qbase / mbase, as in weights.glsl).
+Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
 #if WTYPE == TS_TYPE_Q4_0
   const uvec4 q = w_q[qbase + entry];
-  const float dw = m_half(mbase, entry);
-  int s = 0;
-  [[unroll]] for (uint j = 0; j < 4; ++j) {
-    s += SDOT4(q[j] & 0x0F0F0F0Fu, xl[j]);
-    s += SDOT4((q[j] >> 4) & 0x0F0F0F0Fu, xh[j]);
-  }
-  return dw * (ds.x * float(s) - 8.0 * (ds.y + ds.z));
+  return Q8W(q & 0x0F0F0F0Fu, (q >> 4) & 0x0F0F0F0Fu, m_half(mbase, entry));
 #else  // Q8_0
-  const uvec4 q0 = w_q[qbase + 2u * entry], q1 = w_q[qbase + 2u * entry + 1u];
-  const float dw = m_half(mbase, entry);
-  int s = 0;
-  [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(q0[j], xl[j]) + SDOT4(q1[j], xh[j]);
-  return dw * ds.x * float(s);
+  return Q8W(w_q[qbase + 2u * entry], w_q[qbase + 2u * entry + 1u], m_half(mbase, entry));
 #endif
+}
+
+// A loaded weight block dotted with an input block given as (lo, hi, ds).
+float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
+  int s = 0;
+  [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(w.a[j], xl[j]) + SDOT4(w.b[j], xh[j]);
+#if WTYPE == TS_TYPE_Q4_0
+  return w.d * (ds.x * float(s) - 8.0 * (ds.y + ds.z));
+#else
+  return w.d * ds.x * float(s);
+#endif
+}
+
+// Dot product of weight block `entry` with an input block given as (lo, hi, ds).
+float q8_block_dot_x(uint qbase, uint mbase, uint entry, uvec4 xl, uvec4 xh, vec4 ds) {
+  return q8_dot_loaded(q8_load_block(qbase, mbase, entry), xl, xh, ds);
 }
 
 // The same with input block b of the shared-memory copy.

@@ -4,7 +4,8 @@
 # decode tg128 at depth 0 (+ DEPTH2, default 4096, on the composed file) with --profile.
 #   device tool: carry ["dist"], command "bash dist/ab.sh"
 # Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
-# PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none).
+# PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none),
+# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 0 -d 0 -r 2 --profile` per file).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -21,7 +22,8 @@ vulkan_env "$HERE" "$T" "$LOG"
 "$T" devices 2>>"$LOG" | head -20
 G="$WORK/m.gguf"
 /usr/bin/time -f "synth %e s" "$T" --threads "$(nproc)" synth --preset "$PRESET" --type "$TYPE" -o "$G" 2>>"$LOG" >/dev/null
-for c in all none; do
+COMPOSE="${COMPOSE:-all none}"
+for c in $COMPOSE; do
   /usr/bin/time -f "convert $c %e s" "$T" convert "$G" -o "$WORK/m-$c.tsr" --compose "$c" --threads "$(nproc)" >/dev/null 2>>"$LOG"
 done
 rm -f "$G"
@@ -32,9 +34,14 @@ run() {  # run NAME ARGS...: bench into $OUT/NAME.md
   echo "== $name: tessera bench $*"
   timeout 200 "$T" bench "$@" >"$OUT/$name.md" 2>>"$LOG"
   echo "   exit $?"
-  grep -E "^(per token|activations)|^\| tg|^\| pp|^\| (moe|matvec|attention|router|kv_write|dense|argmax|embed|kernel time|measured|outside|floor)" "$OUT/$name.md"
+  grep -E "^(per token|activations|prefill|per-kernel)|^\| [a-z]" "$OUT/$name.md"
 }
-for c in all none; do
+if [ -n "${ONLY_PREFILL:-}" ]; then
+  for c in $COMPOSE; do run "$c-prefill" "$WORK/m-$c.tsr" -p 512 -n 0 -d 0 -r 2 --profile; done
+  tail -n 5 "$LOG"
+  exit 0
+fi
+for c in $COMPOSE; do
   run "$c-int8" "$WORK/m-$c.tsr" -p 0 -n 128 -d 0 -r 3 --profile
   run "$c-f32" "$WORK/m-$c.tsr" -p 0 -n 128 -d 0 -r 3 --profile --f32-activations
 done

@@ -145,6 +145,7 @@ struct PrefillRecorder {
   vk::CommandRecorder& rec;
   const ModelConfig& c;
   uint32_t T;
+  bool int8_activations;
   uint64_t weight_bytes = 0;
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of up to 8 tokens, no barrier between.
@@ -162,7 +163,8 @@ struct PrefillRecorder {
       op.accumulate = acc;
       op.norm_weight = norm;
       op.norm_eps = c.eps;
-      op.label = op.kernel_name() + " " + name;
+      op.int8_activations = int8_activations;
+      op.label = op.kernel_name(&rec.context()) + " " + name;
       op.record(rec);
       weight_bytes += w.read_bytes();
     }
@@ -180,7 +182,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   {
     auto rec = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = timestamps});
     rec->begin();
-    PrefillRecorder r{*rec, c, p.T};
+    PrefillRecorder r{*rec, c, p.T, options_.int8_activations};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");
@@ -258,6 +260,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       if (!c.is_moe(l)) {
         rec->barrier();
         vk::DensePrefillOp d;
+        d.int8_activations = options_.int8_activations;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -294,6 +297,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       route.record(*rec);
       rec->barrier();
       vk::MoePrefillOp moe;
+      moe.int8_activations = options_.int8_activations;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;

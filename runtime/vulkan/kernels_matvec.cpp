@@ -18,8 +18,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool plain = op.w.layout == WeightLayout::Plain;
   const uint32_t xs = op.x_stride ? op.x_stride : op.w.cols;
   const bool x_aligned = op.x_offset % 4 == 0 && (op.batch == 1 || xs % 4 == 0);
-  const bool q8 = ctx && op.int8_activations && op.batch == 1 && !plain && x_aligned &&
-                  q8_activations_usable(*ctx, op.w.type, op.w.cols);
+  const bool q8 = ctx && op.int8_activations && !plain && x_aligned &&
+                  q8_activations_usable(*ctx, op.w.type, uint64_t(op.w.cols) * op.batch);
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
 }
 
@@ -99,7 +99,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                   {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
                   {"UNIT32", unit32 ? "1" : "0"},
                   {"Q8ACT", v.q8 ? "1" : "0"},
-                  {"Q8_BLOCKS", std::to_string(v.q8 ? q8_blocks_define(w.cols) : 1u)}};
+                  {"Q8_BLOCKS", std::to_string(v.q8 ? q8_blocks_define(uint64_t(w.cols) * batch) : 1u)}};
   desc.num_buffers = v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "format/error.h"
+#include "runtime/vulkan/kernels_matvec.h"
 #include "shaders/moe_args.h"
 #include "shaders/prefill_args.h"
 
@@ -12,6 +13,10 @@ namespace {
 constexpr uint32_t kTeams = 4;              // moe_prefill: rows computed at once (one team each)
 constexpr uint32_t kRowsPerWg = 4;          // moe_prefill: rows per workgroup
 constexpr uint32_t kSharedThreadsPerRow = 32;  // team width without subgroup arithmetic
+constexpr uint32_t kQ8Teams = 8;            // moe_prefill, int8 path: rows at once
+constexpr uint32_t kQ8RowsPerWg = 32;       // moe_prefill, int8 path: rows per workgroup (each
+                                            // pass's staged inputs serve all of them)
+constexpr uint64_t kQ8StageBytes = 40960;   // shared memory for the staged int8 inputs
 constexpr uint32_t kRouteWg = 64;           // moe_prefill_route
 constexpr uint32_t kUtilWg = 256;           // prefill_util
 
@@ -27,18 +32,34 @@ void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, c
   need(step, (uint64_t(count_word) + 1) * 4, what, "step");
 }
 
-// The moe_prefill pipeline for a weight type.
-const Pipeline& ffn_kernel(Context& ctx, GgmlType type) {
+// Pairs per pass of the int8 path for inputs of `in_cols` elements (8 or 4: what the staged
+// blocks' shared memory holds), or 0 where that path does not serve the type / device.
+uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols) {
+  if (in_cols % 32 != 0 || !q8_activations_usable(ctx, type, in_cols)) return 0;
+  for (uint32_t tb : {8u, 4u})
+    if (uint64_t(tb) * (in_cols / 32) * 48 <= std::min<uint64_t>(kQ8StageBytes, ctx.info().max_compute_shared_memory - 1024))
+      return tb;
+  return 0;
+}
+
+// The moe_prefill pipeline for a weight type; tb > 0: the int8 path with tb pairs per pass.
+const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols) {
   const bool sg = ctx.pipelines().use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  const uint32_t teams = tb ? kQ8Teams : kTeams;
   PipelineDesc desc;
-  desc.name = cat("moe_prefill.", type_name(type));
+  desc.name = cat("moe_prefill.", type_name(type), tb ? cat(".q8act.tb", tb) : std::string());
   desc.file = "moe_prefill.comp";
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                   {"THREADS_PER_ROW", std::to_string(tpr)},
-                  {"TEAMS", std::to_string(kTeams)},
-                  {"WG_SIZE", std::to_string(tpr * kTeams)},
-                  {"ROWS", std::to_string(kRowsPerWg)}};
+                  {"TEAMS", std::to_string(teams)},
+                  {"WG_SIZE", std::to_string(tpr * teams)},
+                  {"ROWS", std::to_string(tb ? kQ8RowsPerWg : kRowsPerWg)},
+                  {"Q8ACT", tb ? "1" : "0"}};
+  if (tb) {
+    desc.defines["TB"] = std::to_string(tb);
+    desc.defines["Q8_BLOCKS"] = std::to_string(tb * (in_cols / 32));
+  }
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
   desc.full_subgroups = sg;
@@ -62,13 +83,18 @@ struct FfnDispatch {
   uint64_t bytes;
 };
 
+// int8: the op's int8_activations choice (the int8 path runs where it serves the type).
 void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
-                const BufferSlice& step) {
-  const Pipeline& pipe = ffn_kernel(rec.context(), d.type);
-  const uint32_t out_rows = (d.args.flags & TS_PF_DOWN) ? d.args.n_embd : d.args.width;
+                const BufferSlice& step, bool int8) {
+  const bool down = (d.args.flags & TS_PF_DOWN) != 0;
+  const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
+  const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols) : 0;
+  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols);
+  const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
   const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
-  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, kRowsPerWg), d.slots, 1, d.label, d.bytes);
+  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? kQ8RowsPerWg : kRowsPerWg), d.slots, 1,
+               tb ? d.label + " q8act" : d.label, d.bytes);
 }
 
 uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
@@ -215,11 +241,11 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 }  // namespace
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) record_ffn(rec, d, lists, route, step);
+  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) record_ffn(rec, d, lists, route, step, int8_activations);
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) record_ffn(rec, d, lists, route, step);
+  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) record_ffn(rec, d, lists, route, step, int8_activations);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,7 +287,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn(rec, d, {}, {}, step);
+  record_ffn(rec, d, {}, {}, step, int8_activations);
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -288,7 +314,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn(rec, d, {}, {}, step);
+  record_ffn(rec, d, {}, {}, step, int8_activations);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -161,6 +161,9 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     // Enough rows for 4 (short rows) and 2 rows per subgroup, a partial last workgroup.
     run_case(g, {t, 4100, 96, 1, false, true, 0, 0, 0, true}, seed++);
     run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true}, seed++);
+    // Batched columns (prefill): strides with padding, a full batch of 8 with the norm.
+    run_case(g, {t, 67, 288, 3, false, false, 4, 5, 0, true}, seed++);
+    run_case(g, {t, 130, 2048, 8, true, true, 0, 3, 0, true}, seed++);
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

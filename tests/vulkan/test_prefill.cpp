@@ -12,6 +12,7 @@
 #include "format/fp16.h"
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_prefill.h"
 #include "tests/vulkan/test_moe_util.h"
 #include "tests/vulkan/vk_test_util.h"
@@ -42,12 +43,15 @@ struct MoeCase {
   uint32_t n_expert, w_routed, w_shared, n_embd, K, T, n;
   uint64_t max_binding_experts;  // 0: one binding; else expert ranges of this many slots
   bool sigmoid_bias;
+  bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0)
 };
+
+bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0; }
 
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -105,6 +109,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.h = hb.whole();
   moe.y = yb.whole();
   moe.max_binding_bytes = c.max_binding_experts * ht.g.slot_stride;
+  moe.int8_activations = c.q8;
   vk::PrefillSumOp sum;
   sum.n_embd = D;
   sum.n_used = K;
@@ -159,10 +164,16 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
     auto slot_add = [&](uint32_t slot, double weight) {
       std::vector<double> h, htol;
       const uint32_t w = uint32_t(ht.g.width(slot));
+      // The int8 path rounds the inputs of the kernels whose type it serves (q8_activations.glsl).
+      const bool shared = slot == E;
+      const bool q8_gu = c.q8 && q8_type(shared ? c.types.shared_gateup : c.types.gateup);
+      const bool q8_down = c.q8 && q8_type(shared ? c.types.shared_down : c.types.down);
       moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
-                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, in, h, htol);
+                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, q8_gu ? vktest::q8_round(in) : in,
+                          h, htol, q8_gu ? 1e-4 : 2e-5);
       const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
-      const std::vector<double> hf(hf32.begin(), hf32.end());
+      std::vector<double> hf(hf32.begin(), hf32.end());
+      if (q8_down) hf = vktest::q8_round(hf);
       moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, D, weight, hf.data(), y, abs);
       double hmax = 0;
       for (double v : htol) hmax = std::max(hmax, v);
@@ -172,7 +183,8 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
     if (ht.g.has_shared()) slot_add(E, 1.0);
     for (uint32_t r = 0; r < D; ++r) {
       want[size_t(t) * D + r] += y[r];
-      tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r]);
+      tol[size_t(t) * D + r] =
+          moetest::sum_tol(abs[r] + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r], c.q8 ? 1e-4 : 2e-5);
     }
   }
   vktest::expect_close(got, want, tol, "x after the MoE block");
@@ -190,6 +202,20 @@ TEST(PrefillMoe, BlockMatchesTheReference) {
   run_moe_case(g, {{T::F16, T::BF16, T::F32, T::F16}, 5, 36, 0, 40, 2, 4, 4, 2, false}, 4);
   // More pairs (390 x 3) than the route kernel stages at once (1024).
   run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q4_0}, 5, 32, 32, 32, 3, 400, 390, 0, true}, 6);
+}
+
+// The int8-activation path (Q4_0 / Q8_0 dispatches; others keep f32 in the same block): passes of
+// 8 pairs, experts with more pairs than a pass, fewer live tokens than T, expert ranges.
+TEST(PrefillMoe, Int8ActivationPath) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
+  using T = GgmlType;
+  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::Q4_0, T::Q4_0}, 9, 96, 64, 128, 3, 23, 21, 0, true, true}, 11);
+  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_0}, 9, 64, 96, 96, 2, 6, 6, 4, false, true}, 12);
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 4, 2048 / 32 * 32, 64, 256, 2, 17, 17, 0, true, true}, 13);
+  Gpu& gs = vktest::gpu(true);
+  run_moe_case(gs, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 7, 64, 32, 64, 3, 9, 8, 3, true, true}, 14);
 }
 
 TEST(PrefillMoe, SharedMemoryPathMatches) {
@@ -243,6 +269,7 @@ TEST(PrefillDense, FfnAndGatherMatchTheReference) {
     d.h2 = hb2.whole();
     d.h = hb.whole();
     d.y = yb.whole();
+    d.int8_activations = false;  // f32 reference tolerance (the int8 path: PrefillMoe.Int8ActivationPath)
     vk::PrefillSumOp sum;
     sum.n_embd = D;
     sum.n_used = 0;

@@ -7,10 +7,7 @@
 // Defines: WTYPE (ggml type id), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP,
 // else a power of two), NUM_ROWS (rows per subgroup, 1..4; 1 without USE_SUBGROUP), NUM_COLS
 // (1..8), NORM_INPUT (0/1), PLAIN_VEC8 (plain types with cols % 8 == 0: 16-byte weight loads),
-// UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)),
-// Q8ACT (Q4_0 / Q8_0: the NUM_COLS x vectors quantized to int8 per workgroup, integer dot
-// products, each weight block loaded once for all columns; q8_activations.glsl) with
-// Q8_BLOCKS >= NUM_COLS * cols / 32 (block b of column c at c * cols / 32 + b).
+// UNIT32 (block types: 1 = 32-value units (split1_unit), 0 = 8-value units (split1_unit8)).
 // Work split: a subgroup (or THREADS_PER_ROW invocations) owns NUM_ROWS consecutive rows and
 // walks them together (every x value it loads serves NUM_ROWS rows: pays off in the batched
 // form); rows are reduced with subgroupAdd, or through shared memory.
@@ -60,12 +57,6 @@ vec4 xin4(uint c, uint k) {
   return v;
 }
 
-#if Q8ACT
-#include "q8_activations.glsl"
-// Element k of the columns laid end to end (cols % 32 == 0: a block never spans two columns).
-vec4 q8_input4(uint k) { return xin4(k / args.cols, k % args.cols); }
-#endif
-
 #if !W_PLAIN
 // Adds 8-value unit u (split1_unit8) of rows entry0 / nb .. + nvalid - 1 to acc.
 void unit8_dot(uint entry0, uint nb, uint nvalid, uint u, inout float acc[NUM_ROWS][NUM_COLS]) {
@@ -89,25 +80,7 @@ void rows_dot(uint row, uint nvalid, uint lane, uint nlanes, inout float acc[NUM
   const uint nb = args.cols / W_BLOCK;
   const uint entry0 = row * nb;
 #endif
-#if Q8ACT
-  // Whole blocks against the int8 x in shared memory: a weight block is loaded once for every
-  // column; two blocks per iteration keep more independent loads in flight per lane and row.
-  uint b = lane;
-  for (; b < nb; b += 2u * nlanes) {
-    const bool two = b + nlanes < nb;
-    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-      if (r == 0u || r < nvalid) {
-        const Q8W w0 = q8_load_block(0u, 0u, entry0 + r * nb + b);
-        const Q8W w1 = q8_load_block(0u, 0u, entry0 + r * nb + (two ? b + nlanes : b));
-        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-          const uint i0 = c * nb + b, i1 = c * nb + b + nlanes;
-          acc[r][c] += q8_dot_loaded(w0, q8_lo[i0], q8_hi[i0], q8_ds[i0]);
-          if (two) acc[r][c] += q8_dot_loaded(w1, q8_lo[i1], q8_hi[i1], q8_ds[i1]);
-        }
-      }
-    }
-  }
-#elif !W_PLAIN && UNIT32
+#if !W_PLAIN && UNIT32
   // 32-value units: 16-byte weight loads, one scale decode per 32 values (decoding K-quant
   // scales is what limits the 8-value path); x is read 128 bytes apart across lanes.
   for (uint u = lane; u < nb * W_UNITS; u += nlanes) {
@@ -193,9 +166,6 @@ void main() {
   }
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
-#endif
-#if Q8ACT
-  q8_quantize_input(NUM_COLS * args.cols / 32u);
 #endif
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);

@@ -9,6 +9,7 @@ namespace {
 constexpr uint32_t kGroupsPerWorkgroup = 4;  // subgroups (row groups) per workgroup
 constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory reduction path
 constexpr uint32_t kMinWorkgroups = 256;       // int8 path: rows per subgroup are lowered to reach this
+constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for the staged columns
 
 struct Variant {
   bool plain, vec8, norm, q8;
@@ -18,8 +19,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool plain = op.w.layout == WeightLayout::Plain;
   const uint32_t xs = op.x_stride ? op.x_stride : op.w.cols;
   const bool x_aligned = op.x_offset % 4 == 0 && (op.batch == 1 || xs % 4 == 0);
-  const bool q8 = ctx && op.int8_activations && !plain && x_aligned &&
-                  q8_activations_usable(*ctx, op.w.type, uint64_t(op.w.cols) * op.batch);
+  const bool q8 = ctx && op.int8_activations && !plain && x_aligned && op.w.cols % 32 == 0 &&
+                  q8_activations_usable(*ctx, op.w.type, 32);  // matvec_q8 stages any length in passes
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
 }
 
@@ -73,33 +74,50 @@ void MatvecOp::record(CommandRecorder& rec) const {
   PipelineLibrary& lib = ctx.pipelines();
   const bool sg = lib.use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
-  // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
-  // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
-  // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
-  // Int8 path (H200, 2026-11-22): one row per subgroup left rows of <= 64 blocks with one or two
-  // weight loads in flight per lane (W_qk 768 cols: 580 GB/s); several rows per subgroup at once.
-  // Fewer rows per subgroup when that would leave fewer than kMinWorkgroups workgroups (an
-  // H200 has 132 SMs: q_a's 768 rows at 4 rows per subgroup would be 48 workgroups).
-  uint32_t nrows = sg && batch > 1 ? 2u : (sg && v.q8 ? (w.cols / 32 <= 2 * tpr ? 4u : 2u) : 1u);
-  if (v.q8)
-    while (nrows > 1 && (w.rows + kGroupsPerWorkgroup * nrows - 1) / (kGroupsPerWorkgroup * nrows) < kMinWorkgroups)
-      nrows /= 2;
-  const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
-  const uint32_t rows_per_wg = kGroupsPerWorkgroup * nrows;
   PipelineDesc desc;
   desc.name = name;
-  desc.file = "matvec.comp";
-  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
-                  {"WG_SIZE", std::to_string(tpr * kGroupsPerWorkgroup)},
-                  {"THREADS_PER_ROW", std::to_string(tpr)},
-                  {"NUM_ROWS", std::to_string(nrows)},
-                  {"NUM_COLS", std::to_string(batch)},
-                  {"NORM_INPUT", v.norm ? "1" : "0"},
-                  {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
-                  {"UNIT32", unit32 ? "1" : "0"},
-                  {"Q8ACT", v.q8 ? "1" : "0"},
-                  {"Q8_BLOCKS", std::to_string(v.q8 ? q8_blocks_define(uint64_t(w.cols) * batch) : 1u)}};
+  uint32_t rows_per_wg = 0;
+  if (v.q8) {
+    // matvec_q8.comp. Decode (batch 1): 4 teams; rows per team 4 for rows of <= 2 blocks per lane,
+    // else 2, lowered until the matrix gives kMinWorkgroups workgroups (an H200 has 132 SMs).
+    // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
+    const uint32_t nb = w.cols / 32;
+    const uint32_t teams = batch > 1 ? 8u : kGroupsPerWorkgroup;
+    uint32_t nrows = batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
+    if (batch == 1)
+      while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+    // Blocks per staging pass: a power of two, at most what the columns need and what fits
+    // kQ8StageBytes of shared memory (48 bytes per block and column).
+    uint32_t kchunk = 1;
+    while (kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
+    rows_per_wg = teams * nrows;
+    desc.file = "matvec_q8.comp";
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                    {"WG_SIZE", std::to_string(tpr * teams)},
+                    {"THREADS_PER_ROW", std::to_string(tpr)},
+                    {"NUM_ROWS", std::to_string(nrows)},
+                    {"NUM_COLS", std::to_string(batch)},
+                    {"NORM_INPUT", v.norm ? "1" : "0"},
+                    {"KCHUNK", std::to_string(kchunk)},
+                    {"Q8_BLOCKS", std::to_string(kchunk * batch)}};
+  } else {
+    // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
+    // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
+    // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
+    // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
+    const uint32_t nrows = sg && batch > 1 ? 2u : 1u;
+    const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
+    rows_per_wg = kGroupsPerWorkgroup * nrows;
+    desc.file = "matvec.comp";
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                    {"WG_SIZE", std::to_string(tpr * kGroupsPerWorkgroup)},
+                    {"THREADS_PER_ROW", std::to_string(tpr)},
+                    {"NUM_ROWS", std::to_string(nrows)},
+                    {"NUM_COLS", std::to_string(batch)},
+                    {"NORM_INPUT", v.norm ? "1" : "0"},
+                    {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
+                    {"UNIT32", unit32 ? "1" : "0"}};
+  }
   desc.num_buffers = v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;

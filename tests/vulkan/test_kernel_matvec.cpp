@@ -164,6 +164,9 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     // Batched columns (prefill): strides with padding, a full batch of 8 with the norm.
     run_case(g, {t, 67, 288, 3, false, false, 4, 5, 0, true}, seed++);
     run_case(g, {t, 130, 2048, 8, true, true, 0, 3, 0, true}, seed++);
+    // Rows longer than one staging pass (64 blocks at batch 8, 512 at batch 1): two passes.
+    run_case(g, {t, 37, 2080, 8, false, true, 0, 0, 0, true}, seed++);
+    run_case(g, {t, 5, 16416, 1, true, false, 0, 0, 0, true}, seed++);
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

@@ -1,0 +1,170 @@
+#version 450
+// y = W x (+ y) with int8 activations (q8_activations.glsl): W a Q4_0 / Q8_0 SPLIT1 matrix, x and y
+// f32, NUM_COLS x vectors at once (decode: 1, prefill: up to 8). The MatvecOp wrapper picks this
+// kernel where the device has integer dot products (runtime/vulkan/kernels_matvec.h); same
+// arguments and bindings as matvec.comp.
+//
+// The columns' inputs are staged in passes of KCHUNK blocks (32 elements) of every column:
+//   pass: barrier; the workgroup quantizes x[c][32 kb .. 32 (kb + KCHUNK)) of each column c into
+//         int8 blocks in shared memory (block b of column c at c * KCHUNK + b); barrier;
+//         each team (a subgroup, or THREADS_PER_ROW invocations) adds, for its NUM_ROWS rows, the
+//         pass's blocks: each weight block is loaded once (one 16-byte load for Q4_0) and dotted
+//         with the NUM_COLS staged blocks by packed 4x8-bit dot products.
+// So the staging costs NUM_COLS * cols / 32 block quantizations per workgroup, shared by its
+// TEAMS * NUM_ROWS rows, whatever the row length (shared memory: NUM_COLS * KCHUNK * 48 bytes).
+// With NORM_INPUT the staged values are x * norm weight; 1/rms scales the finished dot products.
+//
+// Defines: WTYPE (Q4_0 or Q8_0), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
+// NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per pass),
+// Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
+// SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
+// Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
+
+#include "common.glsl"
+
+#define W_Q_BINDING 0
+#define W_M_BINDING 1
+#include "weights.glsl"
+
+#if WTYPE != TS_TYPE_Q4_0 && WTYPE != TS_TYPE_Q8_0
+#error "matvec_q8.comp: Q4_0 and Q8_0 weights only"
+#endif
+
+layout(local_size_x = WG_SIZE) in;
+
+layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
+layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
+layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
+#if NORM_INPUT
+layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
+#endif
+
+layout(push_constant) uniform Push { MatvecArgs args; };
+
+#include "q8_activations.glsl"
+vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: stage_pass reads the columns
+
+#define TEAMS (WG_SIZE / THREADS_PER_ROW)
+#define ROWS_PER_WG (TEAMS * NUM_ROWS)
+
+// x elements k..k+3 of column c (times the norm weight with NORM_INPUT).
+vec4 xin4(uint c, uint k) {
+  vec4 v = x4[(args.x_offset + c * args.x_stride + k) >> 2];
+#if NORM_INPUT
+  v *= nw4[k >> 2];
+#endif
+  return v;
+}
+
+// Blocks [kb, kb + kn) of every column into shared memory. The whole workgroup, between barriers.
+void stage_pass(uint kb, uint kn) {
+  for (uint i = gl_LocalInvocationIndex; i < NUM_COLS * kn; i += WG_SIZE) {
+    const uint c = i / kn, b = i % kn;
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = xin4(c, 32u * (kb + b) + 4u * k);
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    q8_lo[c * KCHUNK + b] = lo;
+    q8_hi[c * KCHUNK + b] = hi;
+    q8_ds[c * KCHUNK + b] = ds;
+  }
+}
+
+// acc[r][c] += (weight row `row + r`, blocks kb + b for this lane's b < kn) . staged column c.
+// Two blocks per iteration: more independent weight loads in flight.
+void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
+  for (uint b = lane; b < kn; b += 2u * nlanes) {
+    const bool two = b + nlanes < kn;
+    const uint b1 = two ? b + nlanes : b;
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r < nvalid) {
+        const Q8W w0 = q8_load_block(0u, 0u, (row + r) * nb + kb + b);
+        const Q8W w1 = q8_load_block(0u, 0u, (row + r) * nb + kb + b1);
+        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+          const uint i0 = c * KCHUNK + b, i1 = c * KCHUNK + b1;
+          acc[r][c] += q8_dot_loaded(w0, q8_lo[i0], q8_hi[i0], q8_ds[i0]);
+          if (two) acc[r][c] += q8_dot_loaded(w1, q8_lo[i1], q8_hi[i1], q8_ds[i1]);
+        }
+      }
+    }
+  }
+}
+
+void store(uint row, uint c, float v) {
+  const uint i = c * args.y_stride + args.row_begin + row;
+  y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+}
+
+#if !USE_SUBGROUP
+shared float team_partial[WG_SIZE];
+#endif
+
+void main() {
+  float scale[NUM_COLS];
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+#if NORM_INPUT
+    float ss = 0.0;
+    for (uint k = gl_LocalInvocationIndex; k < args.cols / 4u; k += WG_SIZE) {
+      const vec4 v = x4[(args.x_offset + c * args.x_stride) / 4u + k];
+      ss += dot(v, v);
+    }
+    scale[c] = inversesqrt(workgroup_sum(ss) / float(args.cols) + args.norm_eps);
+#else
+    scale[c] = 1.0;
+#endif
+  }
+  const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
+  if (row0 >= args.rows) return;  // uniform per workgroup
+  const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
+
+#if USE_SUBGROUP
+  const uint team = gl_SubgroupID, lane = gl_SubgroupInvocationID, nlanes = gl_SubgroupSize;
+#else
+  const uint team = gl_LocalInvocationIndex / THREADS_PER_ROW, lane = gl_LocalInvocationIndex % THREADS_PER_ROW;
+  const uint nlanes = THREADS_PER_ROW;
+#endif
+  const uint row = row0 + team * NUM_ROWS;
+  const uint nvalid = row < row_end ? min(NUM_ROWS, row_end - row) : 0u;
+  const uint nb = args.cols / 32u;
+
+  float acc[NUM_ROWS][NUM_COLS];
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
+  }
+  for (uint kb = 0; kb < nb; kb += KCHUNK) {  // uniform
+    const uint kn = min(uint(KCHUNK), nb - kb);
+    barrier();  // the previous pass is done with the staged blocks
+    stage_pass(kb, kn);
+    barrier();
+    pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, acc);
+  }
+
+#if USE_SUBGROUP
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = subgroupAdd(acc[r][c]);
+  }
+  if (subgroupElect()) {
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r < nvalid) {
+        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c]);
+      }
+    }
+  }
+#else
+  // Each (row, column) sum through shared memory in turn.
+  const uint lid = gl_LocalInvocationIndex;
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+      barrier();
+      team_partial[lid] = acc[r][c];
+      barrier();
+      [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
+        if (lane < s) team_partial[lid] += team_partial[lid + s];
+        barrier();
+      }
+      if (lane == 0u && r < nvalid) store(row + r, c, team_partial[lid] * scale[c]);
+    }
+  }
+#endif
+}

@@ -20,9 +20,12 @@
 // cut the accumulators by the same factor and both multiply the cache reads by it (a column
 // slice still reads the full R + Dr row for its scores), but column slices recompute every score
 // S times (H (R + Dr) FMAs per row and query, more than the H R of the values), heads cost
-// nothing extra. With <= 64 pairs, 16 accumulator vec4 per value thread (OH <= 16 pairs x 4
-// columns = 64 floats) and R / 4 column quads: <= R / 4 * 64 / 16 = 512 threads for R = 512.
-// GLM (H = 20): GQ = 16, HW = 4 (5 head groups) -> cache read 5 times per 16 queries (3.2x less).
+// nothing extra. Accumulators: 16 vec4 per value thread (OH <= 16 pairs x 4 columns = 64
+// floats), R / 4 column quads: 32 pairs -> 128 x 2 = 256 value threads (the default, like the
+// decode kernel's 20-32 heads), 64 pairs -> 512 (more registers per workgroup, opt-in).
+// The cache reduction per query is PAIRS / N_HEAD, not GQ: GLM (H = 20) at 32 pairs: GQ = 8,
+// HW = 4 (5 head groups), cache read 5 times per 8 queries (1.6x less); at 64 pairs GQ = 16,
+// 5 times per 16 queries (3.2x less). Arithmetic is unchanged (each score computed once).
 //
 // Chunking: the chunk length comes from the group's LAST live query (ts_attn_chunk_len with
 // CHUNK_TILE, the merge's TILE) and is >= every other query's own chunk length (the rule is

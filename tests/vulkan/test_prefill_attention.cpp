@@ -6,6 +6,7 @@
 // changed (p0, n); outputs poisoned before every run; padding queries must stay NaN.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
@@ -154,7 +155,12 @@ INSTANTIATE_TEST_SUITE_P(
                         {{0, 1}, {5, 15}, {5, 16}, {29, 17}, {61, 35}, {0, 35}}},
         // 5 heads, G 6 -> 5 heads per group at 32 pairs; tile 4 staging a tile-16 split.
         PrefillAttnCase{"h5", 5, 128, 32, 90, 14, split(5, 16, 16), group(6, 32, 4),
-                        {{0, 1}, {2, 5}, {2, 6}, {7, 7}, {30, 14}, {76, 14}}}));
+                        {{0, 1}, {2, 5}, {2, 6}, {7, 7}, {30, 14}, {76, 14}}}),
+    [](const ::testing::TestParamInfo<PrefillAttnCase>& info) {
+      std::string name = info.param.name;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
 
 // The declared bytes: the cache once per (query group, head group), not once per query.
 TEST(PrefillAttentionBytes, CacheReadOncePerGroup) {

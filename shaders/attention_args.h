@@ -38,6 +38,8 @@ struct KvWriteArgs {
 // chunk c and writes its partial (running max m, sum l, unnormalized latent output o) for every
 // head. Query t's q is at float t*N_HEAD*(R+Dr), its partials at float
 // t*n_groups*N_HEAD*(R+2) (the per-query layout of the decode step, repeated).
+// attention_prefill.comp takes the same arguments (count_word required) and writes the same
+// partials, workgroup z = a group of queries (its header gives the chunking of a group).
 struct AttnPartialArgs {
   uint pos_word;    // index (in 32-bit words) of the (first) query position in the step buffer
   uint n_ctx;       // rows the bound cache holds

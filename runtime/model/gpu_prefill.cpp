@@ -3,7 +3,8 @@
 // count n, the T token ids) live in a host-visible buffer; kernels skip tokens t >= n, so one
 // recording serves every chunk length. Dense matrices run as batched matvecs (8 tokens per
 // dispatch), the MoE expert-major (each expert read once per chunk), attention as T causal
-// queries over the cache the same chunk just wrote.
+// queries over the cache the same chunk just wrote (PrefillAttentionOp: groups of queries share
+// each staged cache tile, then the per-query merge).
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -195,7 +196,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
 
     const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
     vk::KvWriteOp kv_write(ctx_, ashape);
-    vk::AttentionOp attn(ctx_, ashape, p.attn_tuning);
+    vk::PrefillAttentionOp attn(ctx_, ashape, p.attn_tuning);  // query groups share each cache tile
     const vk::QueryBatch batch{T, kCountWord};
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");

@@ -1,9 +1,12 @@
 #include "runtime/vulkan/kernels_prefill.h"
 
 #include <algorithm>
+#include <optional>
+#include <utility>
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_matvec.h"
+#include "shaders/attention_args.h"
 #include "shaders/moe_args.h"
 #include "shaders/prefill_args.h"
 
@@ -360,6 +363,123 @@ void PrefillGatherOp::record(CommandRecorder& rec) const {
   a.count_word = count_word;
   const BufferSlice b[3] = {x, out, step};
   rec.dispatch(util_kernel(rec.context(), 2), b, a, ceil_div(n_embd, kUtilWg), 1, 1, label, bytes());
+}
+
+
+// ---------------------------------------------------------------------------------------------
+// PrefillAttentionOp
+
+namespace {
+
+constexpr uint32_t kDefaultQueriesPerGroup = 8;
+constexpr uint32_t kDefaultMaxPairs = 32;
+constexpr uint32_t kMaxValueQuadsPerThread = 16;  // OH: accumulator vec4 per value thread
+
+// Thread layout and shared memory of attention_prefill.comp for P pairs (same formulas as its
+// header: score threads NS * ceil(P/4), value threads (R/4) * ceil(P/OH)).
+struct PrefillAttnLayout {
+  uint32_t wg = 0, sv = 0, oh = 0, tile = 0;
+  uint64_t shared_bytes = 0;
+};
+PrefillAttnLayout prefill_attn_layout(const AttentionShape& s, uint32_t pairs, uint32_t tile, uint32_t sv) {
+  PrefillAttnLayout l;
+  l.sv = sv;
+  l.tile = tile;
+  const uint32_t row_v = s.row() / 4, quads = s.kv_lora / 4, pp = ceil_div(pairs, 4) * 4;
+  l.oh = std::min(kMaxValueQuadsPerThread, pp);
+  const uint32_t slices = ceil_div(row_v, sv);
+  const uint32_t threads = std::max({slices * ceil_div(pairs, 4), quads * ceil_div(pairs, l.oh), pairs, 32u});
+  l.wg = ceil_div(threads, 32) * 32;
+  l.shared_bytes = uint64_t(tile) * s.row() * 4 + (uint64_t(slices) * tile * pp + l.oh) * 4 + 2ull * pp * 4;
+  return l;
+}
+
+ShaderDefines with(ShaderDefines a, const ShaderDefines& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+}  // namespace
+
+PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
+                                       const PrefillAttentionTuning& tuning)
+    : attn_(ctx, shape, split), shape_(shape) {
+  const DeviceInfo& info = ctx.info();
+  const uint32_t max_pairs = tuning.max_pairs ? tuning.max_pairs : kDefaultMaxPairs;
+  if (max_pairs != 32 && max_pairs != 64) usage_error("prefill attention: max pairs must be 32 or 64, found ", max_pairs);
+  gq_ = tuning.queries_per_group ? tuning.queries_per_group : kDefaultQueriesPerGroup;
+  if (gq_ > max_pairs) usage_error("prefill attention: ", gq_, " queries per group, expected 1..", max_pairs);
+  // Heads per group: as many as the pair budget allows, split evenly.
+  const uint32_t hw_max = std::min(shape.n_head, std::max(1u, max_pairs / gq_));
+  hw_ = ceil_div(shape.n_head, ceil_div(shape.n_head, hw_max));
+  const uint32_t pairs = gq_ * hw_;
+  if (tuning.tile && tuning.tile != 2 && tuning.tile != 4 && tuning.tile != 8)
+    usage_error("prefill attention tile must be 2, 4 or 8, found ", tuning.tile);
+  std::optional<PrefillAttnLayout> layout;
+  const std::pair<uint32_t, uint32_t> prefs[] = {{8, 4}, {4, 4}, {8, 8}, {4, 8}, {2, 4}, {2, 8}};
+  for (auto [t, sv] : prefs) {
+    if ((tuning.tile && t != tuning.tile) || attn_.tile() % t != 0) continue;
+    const PrefillAttnLayout l = prefill_attn_layout(shape, pairs, t, sv);
+    if (l.shared_bytes <= info.max_compute_shared_memory && l.wg <= std::min(1024u, info.max_compute_workgroup_invocations)) {
+      layout = l;
+      break;
+    }
+  }
+  if (!layout)
+    runtime_error("prefill attention: ", pairs, " (query, head) pairs x ", shape.row(), "-value rows fit no tile in ",
+                  info.max_compute_shared_memory, " bytes of shared memory / ", info.max_compute_workgroup_invocations,
+                  " threads of ", info.name);
+  tile_ = layout->tile;
+  wg_ = layout->wg;
+  profile_kv_len_ = shape.n_ctx;
+  PipelineDesc p;
+  p.name = "attention_prefill";
+  p.file = "attention_prefill.comp";
+  p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
+                    {"KV_LORA", std::to_string(shape.kv_lora)},
+                    {"TILE", std::to_string(tile_)},
+                    {"CHUNK_TILE", std::to_string(attn_.tile())},
+                    {"GQ", std::to_string(gq_)},
+                    {"HW", std::to_string(hw_)},
+                    {"WG", std::to_string(wg_)},
+                    {"SV", std::to_string(layout->sv)},
+                    {"OH", std::to_string(layout->oh)}},
+                   shape.rope.defines());
+  p.num_buffers = 4;
+  p.push_bytes = sizeof(gpu::AttnPartialArgs);
+  pipeline_ = &ctx.pipeline(p);
+}
+
+uint64_t PrefillAttentionOp::partial_bytes(uint32_t kv_len, uint32_t n) const {
+  const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  const uint64_t reads = uint64_t(ceil_div(n, gq_)) * ceil_div(shape_.n_head, hw_);  // cache passes
+  return reads * len * shape_.row() * 2 + uint64_t(n) * shape_.n_head * shape_.row() * 4 +
+         uint64_t(n) * attn_.num_chunks(kv_len) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+}
+
+void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
+                                        uint32_t pos_word, BufferSlice partials, std::string_view label,
+                                        const QueryBatch& batch) const {
+  const std::string what(label);
+  const uint32_t n = batch.checked(label);
+  if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
+  need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
+  need(cache, shape_.cache_bytes(), what, "cache");
+  need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+  need(partials, n * partials_bytes(), what, "partials");
+  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, attn_.n_groups(), attn_.min_chunk(), shape_.kq_scale,
+                                  batch.count_word, 0, 0};
+  const BufferSlice b[] = {q, cache, step, partials};
+  rec.dispatch(*pipeline_, b, args, attn_.n_groups(), ceil_div(shape_.n_head, hw_), ceil_div(n, gq_), label,
+               partial_bytes(profile_kv_len_, n));
+}
+
+void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                BufferSlice partials, BufferSlice olat, std::string_view label,
+                                const QueryBatch& batch) const {
+  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
+  rec.barrier();
+  attn_.record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
 }
 
 }  // namespace tessera::vk

@@ -18,10 +18,15 @@
 //
 // Dense FFN block: DensePrefillOp (gate, up, down matrices; all tokens), then PrefillSumOp with
 // n_used = 0. PrefillGatherOp copies the last live token's row (for the LM head).
+//
+// Attention of a chunk: PrefillAttentionOp (attention_prefill.comp: groups of queries share each
+// staged cache tile) + AttentionOp's merge (QueryBatch form); same partials layout and result as
+// AttentionOp::record with a QueryBatch, fewer cache reads.
 #pragma once
 #include <cstdint>
 #include <string>
 
+#include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
@@ -116,6 +121,58 @@ struct PrefillGatherOp {
 
   uint64_t bytes() const { return uint64_t(n_embd) * 8 + 4; }
   void record(CommandRecorder& rec) const;
+};
+
+// Causal attention of the T queries of a chunk (query t at position step[pos_word] + t sees
+// rows [0, that position]; t >= step[batch.count_word] skipped) over a layer's cache, in
+// workgroups of (KV chunk, head group, query group): each staged tile of cache rows serves
+// queries_per_group() queries x heads_per_group() heads, so the cache is read once per (query
+// group, head group), not once per query. The partials (per query: partials_bytes(), the layout
+// of AttentionOp) are then combined by the merge of attention() (unchanged).
+struct PrefillAttentionTuning {
+  uint32_t queries_per_group = 0;  // GQ (1..64); auto: 8
+  uint32_t max_pairs = 0;          // (query, head) pairs per workgroup, 32 or 64; auto: 32 (64 doubles
+                                   // the threads and the registers, see attention_prefill.comp)
+  uint32_t tile = 0;               // rows staged per step (2, 4 or 8, dividing attention().tile());
+                                   // auto: the largest that fits the device
+};
+
+class PrefillAttentionOp {
+ public:
+  // split: the split-K choices (n_groups, min_chunk, tile) shared with the merge; its
+  // heads_per_group is ignored (this kernel picks its own from the pair budget).
+  PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split = {},
+                     const PrefillAttentionTuning& tuning = {});
+
+  const AttentionOp& attention() const { return attn_; }  // the merge and the split-K parameters
+  uint64_t partials_bytes() const { return attn_.partials_bytes(); }  // per query
+  // Partials of batch.n queries (q: [n][H][R+Dr], partials: n * partials_bytes()); no barrier.
+  void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                      BufferSlice partials, std::string_view label, const QueryBatch& batch) const;
+  // record_partial, barrier, attention().record_merge (olat: [n][H][R]).
+  void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+              BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch) const;
+
+  // Bytes of record_partial for n queries whose last sees kv_len rows: the cache rows once per
+  // (query group, head group), the queries, the partials written.
+  uint64_t partial_bytes(uint32_t kv_len, uint32_t n) const;
+  // Context length the declared bytes assume (default n_ctx); set before recording.
+  void set_profile_kv_len(uint32_t kv_len) {
+    profile_kv_len_ = kv_len;
+    attn_.set_profile_kv_len(kv_len);
+  }
+
+  uint32_t queries_per_group() const { return gq_; }
+  uint32_t heads_per_group() const { return hw_; }
+  uint32_t tile() const { return tile_; }
+  uint32_t threads() const { return wg_; }
+
+ private:
+  AttentionOp attn_;
+  const Pipeline* pipeline_ = nullptr;
+  AttentionShape shape_;
+  uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;
+  uint32_t profile_kv_len_ = 0;
 };
 
 }  // namespace tessera::vk

@@ -1,0 +1,181 @@
+// PrefillAttentionOp (attention_prefill.comp + the QueryBatch merge) against the CPU reference of
+// test_attention_ref.h and against the per-query path (AttentionOp with a QueryBatch): GLM (20
+// heads), V2-Lite (16 heads) and tiny shapes; live query counts 1, G-1, G, G+1, 2G+3; contexts
+// shorter than a tile; first positions off the tile grid; split-K chunk counts that differ between
+// the queries of a group (the empty-partial case). One recording per case, resubmitted with
+// changed (p0, n); outputs poisoned before every run; padding queries must stay NaN.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "format/fp16.h"
+#include "runtime/cpu/ops.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_prefill.h"
+#include "tests/vulkan/test_attention_ref.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using vktest::Gpu;
+
+constexpr uint32_t kPosWord = 0, kCountWord = 1;  // step words: [first position, live queries]
+
+struct ChunkRun {
+  uint32_t p0, n;  // first position, live queries
+};
+
+struct PrefillAttnCase {
+  const char* name;
+  uint32_t n_head, kv_lora, n_rot, n_ctx, T;
+  vk::AttentionTuning split;
+  vk::PrefillAttentionTuning tuning;
+  std::vector<ChunkRun> runs;  // n in [1, T]; p0 + n <= n_ctx except where a case tests the context end
+};
+
+void PrintTo(const PrefillAttnCase& c, std::ostream* os) { *os << c.name; }
+
+vk::AttentionShape make_shape(const PrefillAttnCase& c) {
+  ModelConfig m;
+  m.n_rot = c.n_rot;
+  m.rope_base = 1e6f;  // GLM's plain rope
+  vk::AttentionShape s;
+  s.n_head = c.n_head;
+  s.kv_lora = c.kv_lora;
+  s.n_ctx = c.n_ctx;
+  s.eps = 1e-5f;
+  s.kq_scale = 1.f / std::sqrt(float(c.kv_lora / 2 + c.n_rot));
+  s.rope = vk::RopeParams::from_config(m);
+  return s;
+}
+
+class PrefillAttentionGroups : public ::testing::TestWithParam<PrefillAttnCase> {};
+
+TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  const PrefillAttnCase& c = GetParam();
+  const vk::AttentionShape s = make_shape(c);
+  const cpu::Rope rope(c.n_rot, 1e6f, 1.f, 0.f, 1.f, cpu::YarnCorrDims{0.f, 0.f});
+  const uint32_t T = c.T, H = c.n_head, R = c.kv_lora, row = s.row();
+  vk::PrefillAttentionOp op(*g.ctx, s, c.split, c.tuning);
+  vk::AttentionOp per_query(*g.ctx, s, c.split);
+  ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
+  SCOPED_TRACE(cat(c.name, ": G ", op.queries_per_group(), " heads/group ", op.heads_per_group(), " tile ", op.tile(),
+                   " threads ", op.threads(), " split tile ", op.attention().tile()));
+
+  std::mt19937 rng(5);
+  std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
+  {
+    const std::vector<float> v = vktest::random_values(rng, cache_h.size());
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  }
+  const std::vector<float> q_h = vktest::random_values(rng, size_t(T) * H * row, 2.f);
+  vk::Buffer q = vktest::make_buffer(g, q_h.size() * 4, "q"), cache = vktest::make_buffer(g, s.cache_bytes(), "cache");
+  vktest::upload_bytes(g, q, q_h.data(), q_h.size() * 4);
+  vktest::upload_bytes(g, cache, cache_h.data(), cache_h.size() * 2);
+  vk::Buffer step = vktest::make_buffer(g, 16, "step");
+  vk::Buffer part_a = vktest::make_buffer(g, T * op.partials_bytes(), "partials grouped");
+  vk::Buffer part_b = vktest::make_buffer(g, T * op.partials_bytes(), "partials per query");
+  vk::Buffer olat_a = vktest::make_buffer(g, size_t(T) * H * R * 4, "olat grouped");
+  vk::Buffer olat_b = vktest::make_buffer(g, size_t(T) * H * R * 4, "olat per query");
+  const vk::QueryBatch batch{T, kCountWord};
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, part_a.whole(), olat_a.whole(), "grouped", batch);
+  per_query.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, part_b.whole(), olat_b.whole(), "per query", batch);
+  rec.end();
+
+  for (const ChunkRun& run : c.runs) {
+    SCOPED_TRACE(cat("p0 ", run.p0, " n ", run.n));
+    const uint32_t words[4] = {run.p0, run.n, 0, 0};
+    vktest::upload_bytes(g, step, words, sizeof words);
+    for (vk::Buffer* b : {&part_a, &part_b, &olat_a, &olat_b}) vktest::poison(g, *b);
+    rec.run();
+    const std::vector<float> a = vktest::download_floats(g, olat_a, size_t(T) * H * R);
+    const std::vector<float> b = vktest::download_floats(g, olat_b, size_t(T) * H * R);
+    for (uint32_t t = 0; t < run.n; ++t) {
+      const uint32_t pos = run.p0 + t, kv_len = std::min(pos + 1, c.n_ctx);
+      const std::vector<float> qt(q_h.begin() + long(t) * H * row, q_h.begin() + long(t + 1) * H * row);
+      const std::vector<float> want = test::ref_attention(qt, cache_h, H, R, c.n_rot, kv_len, pos, s.kq_scale, rope);
+      double max_ref = 0;
+      for (float v : want) max_ref = std::max(max_ref, double(std::fabs(v)));
+      const double tol = 5e-6 + 2e-5 * max_ref;
+      for (size_t i = 0; i < want.size(); ++i) {
+        const size_t k = size_t(t) * H * R + i;
+        ASSERT_TRUE(std::isfinite(a[k])) << "query " << t << " head " << i / R << " col " << i % R;
+        ASSERT_NEAR(a[k], want[i], tol) << "vs reference: query " << t << " head " << i / R << " col " << i % R;
+        ASSERT_NEAR(a[k], b[k], tol) << "vs per-query kernel: query " << t << " head " << i / R << " col " << i % R;
+      }
+    }
+    for (size_t k = size_t(run.n) * H * R; k < a.size(); ++k)
+      ASSERT_TRUE(std::isnan(a[k])) << "padding query " << k / (size_t(H) * R) << " wrote";
+  }
+}
+
+vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {
+  vk::AttentionTuning t;
+  t.n_groups = n_groups;
+  t.min_chunk = min_chunk;
+  t.tile = tile;
+  return t;
+}
+
+vk::PrefillAttentionTuning group(uint32_t queries, uint32_t max_pairs = 0, uint32_t tile = 0) {
+  vk::PrefillAttentionTuning t;
+  t.queries_per_group = queries;
+  t.max_pairs = max_pairs;
+  t.tile = tile;
+  return t;
+}
+
+// Live counts 1, G-1, G, G+1, 2G+3 (G = 8) at first positions on and off the tile grid.
+std::vector<ChunkRun> counts_g8(uint32_t p0_off) {
+  return {{p0_off, 1}, {0, 7}, {p0_off, 8}, {p0_off + 16, 9}, {p0_off, 19}, {0, 19}, {0, 2}};
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, PrefillAttentionGroups,
+    ::testing::Values(
+        // GLM-4.7-Flash: 20 heads, R 512, Dr 64; G 8 x 4 heads (5 head groups); prefill split-K.
+        PrefillAttnCase{"glm", 20, 512, 64, 160, 19, split(32, 8), {}, counts_g8(37)},
+        // V2-Lite: 16 heads; 4 split groups with chunks of >= 16 rows (several chunks per query).
+        PrefillAttnCase{"v2lite", 16, 512, 64, 200, 19, split(4, 16), {}, counts_g8(53)},
+        // tiny, 3 heads, G 5 (one head group, 15 pairs); 4 groups of >= 4 rows: the chunk count of
+        // the queries of one group differs (e.g. kv_len 16 -> 4 chunks, 17 -> 3), so queries
+        // write empty partials for chunks past their rows; n_ctx reached by the last run.
+        PrefillAttnCase{"tiny", 3, 64, 16, 48, 13, split(4, 4, 4), group(5),
+                        {{0, 1}, {0, 4}, {0, 5}, {11, 6}, {15, 13}, {3, 13}, {12, 2}, {40, 8}}},
+        // tiny, 64 pairs (G 16 x 3 heads = 48), staged tile 2, 7 split groups of >= 8 rows.
+        PrefillAttnCase{"tiny-64pairs", 3, 64, 16, 120, 35, split(7, 8, 8), group(16, 64, 2),
+                        {{0, 1}, {5, 15}, {5, 16}, {29, 17}, {61, 35}, {0, 35}}},
+        // 5 heads, G 6 -> 5 heads per group at 32 pairs; tile 4 staging a tile-16 split.
+        PrefillAttnCase{"h5", 5, 128, 32, 90, 14, split(5, 16, 16), group(6, 32, 4),
+                        {{0, 1}, {2, 5}, {2, 6}, {7, 7}, {30, 14}, {76, 14}}}),
+    [](const ::testing::TestParamInfo<PrefillAttnCase>& info) {
+      std::string name = info.param.name;
+      std::replace(name.begin(), name.end(), '-', '_');
+      return name;
+    });
+
+// The declared bytes: the cache once per (query group, head group), not once per query.
+TEST(PrefillAttentionBytes, CacheReadOncePerGroup) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  PrefillAttnCase c{"glm", 20, 512, 64, 8192 + 64, 64, split(32, 8), {}, {}};
+  const vk::AttentionShape s = make_shape(c);
+  vk::PrefillAttentionOp op(*g.ctx, s, c.split);
+  vk::AttentionOp per_query(*g.ctx, s, c.split);
+  const uint64_t row_bytes = s.row() * 2ull, kv = 8192;
+  const uint64_t passes = (64 / op.queries_per_group()) * ((20 + op.heads_per_group() - 1) / op.heads_per_group());
+  const uint64_t rest = 64ull * 20 * s.row() * 4 + 64ull * per_query.num_chunks(kv) * 20 * (512 + 2) * 4;
+  EXPECT_EQ(op.partial_bytes(kv, 64), passes * kv * row_bytes + rest);
+  EXPECT_LT(op.partial_bytes(kv, 64), 64 * per_query.partial_bytes(kv));
+}
+
+}  // namespace
+}  // namespace tessera

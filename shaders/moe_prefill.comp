@@ -177,8 +177,10 @@ void main() {
   const bool separate = (args.flags & TS_PF_SEPARATE_GATE_UP) != 0u;
 
 #if Q8ACT
+  // Passes j0 = z * TB, (z + Z) * TB, ... (Z = the dispatch's z size): the pairs of one slot spread
+  // over Z workgroups per row tile (the shared expert's 64 tokens: 8 workgroups, one pass each).
   const uint in_cols = is_down() ? args.width : args.n_embd, nb = in_cols / 32u;
-  for (uint j0 = 0u; j0 < n_pairs; j0 += TB) {
+  for (uint j0 = gl_WorkGroupID.z * TB; j0 < n_pairs; j0 += TB * gl_NumWorkGroups.z) {
     // The TB pairs of this pass (past the end: repeats of the last one, results dropped).
     uint pair[TB], in_base[TB];
     [[unroll]] for (uint c = 0; c < TB; ++c) {

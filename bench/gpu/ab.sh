@@ -5,7 +5,7 @@
 #   device tool: carry ["dist"], command "bash dist/ab.sh"
 # Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
 # PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none),
-# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 0 -d 0 -r 2 --profile` per file).
+# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -37,7 +37,7 @@ run() {  # run NAME ARGS...: bench into $OUT/NAME.md
   grep -E "^(per token|activations|prefill|per-kernel)|^\| [a-z]" "$OUT/$name.md"
 }
 if [ -n "${ONLY_PREFILL:-}" ]; then
-  for c in $COMPOSE; do run "$c-prefill" "$WORK/m-$c.tsr" -p 512 -n 0 -d 0 -r 2 --profile; done
+  for c in $COMPOSE; do run "$c-prefill" "$WORK/m-$c.tsr" -p 512 -n 128 -d 0 -r 2 --profile; done
   tail -n 5 "$LOG"
   exit 0
 fi

@@ -28,7 +28,6 @@ constexpr uint32_t kIdsWord = 2;
 constexpr uint32_t kStepTokenWord = 0;
 constexpr uint32_t kStepPosWord = 1;
 constexpr uint32_t kRing = 64;
-constexpr uint32_t kMatvecBatch = 8;        // MatvecOp's largest batch
 constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T queries add parallelism)
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
@@ -149,13 +148,18 @@ struct PrefillRecorder {
   bool int8_activations;
   uint64_t weight_bytes = 0;
 
-  // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of up to 8 tokens, no barrier between.
+  // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of MatvecOp::max_batch tokens (8, or 16
+  // on the int8 path), no barrier between.
   void matvec(const vk::MatrixRef& w, const std::string& name, const vk::Buffer& x, const vk::Buffer& y,
               vk::BufferSlice norm, bool acc) {
-    for (uint32_t c0 = 0; c0 < T; c0 += kMatvecBatch) {
+    vk::MatvecOp probe;
+    probe.w = w;
+    probe.int8_activations = int8_activations;
+    const uint32_t step = probe.max_batch(rec.context());
+    for (uint32_t c0 = 0; c0 < T; c0 += step) {
       vk::MatvecOp op;
       op.w = w;
-      op.batch = std::min(kMatvecBatch, T - c0);
+      op.batch = std::min(step, T - c0);
       op.x = x.whole();
       op.x_offset = c0 * w.cols;
       op.x_stride = w.cols;

@@ -34,6 +34,12 @@ bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols) {
 
 uint32_t q8_blocks_define(uint64_t cols) { return uint32_t((cols / 32 + 63) / 64 * 64); }
 
+uint32_t MatvecOp::max_batch(Context& ctx) const {
+  MatvecOp one = *this;
+  one.batch = 1;
+  return variant_of(one, &ctx).q8 ? 16u : 8u;
+}
+
 std::string MatvecOp::kernel_name(Context* ctx) const {
   const Variant v = variant_of(*this, ctx);
   std::string n = cat("matvec.", type_name(w.type));
@@ -56,8 +62,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
   const std::string name = kernel_name(&ctx);
   const std::string what = label.empty() ? name : label;
   w.validate(what.c_str());
-  if (batch < 1 || batch > 8) runtime_error(what, ": batch ", batch, " outside 1..8");
   const Variant v = variant_of(*this, &ctx);
+  const uint32_t most = max_batch(ctx);
+  if (batch < 1 || batch > most) runtime_error(what, ": batch ", batch, " outside 1..", most);
   const uint32_t xs = x_stride ? x_stride : w.cols;
   const uint32_t ys = y_stride ? y_stride : w.rows;
   if (!v.plain && (x_offset % 4 != 0 || (batch > 1 && xs % 4 != 0)))
@@ -83,7 +90,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
     const uint32_t nb = w.cols / 32;
     const uint32_t teams = batch > 1 ? 8u : kGroupsPerWorkgroup;
-    uint32_t nrows = batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
+    uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
     if (batch == 1)
       while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
     // Blocks per staging pass: a power of two, at most what the columns need and what fits

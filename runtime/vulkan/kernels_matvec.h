@@ -30,7 +30,7 @@ struct MatvecOp {
   MatrixRef w;                 // W [rows][cols]
   BufferSlice x;               // x vector c, element k at float x_offset + c * x_stride + k
   BufferSlice y;               // y vector c, row r at float c * y_stride + r
-  uint32_t batch = 1;          // x vectors, 1..8
+  uint32_t batch = 1;          // x vectors, 1..max_batch() (8; 16 on the int8-activation path)
   uint32_t x_offset = 0;       // floats (block types: multiple of 4)
   uint32_t x_stride = 0;       // floats between x vectors; 0 = cols (block types: multiple of 4)
   uint32_t y_stride = 0;       // floats between y vectors; 0 = rows
@@ -42,6 +42,8 @@ struct MatvecOp {
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
 
+  // The most x vectors one dispatch takes for this matrix on this device.
+  uint32_t max_batch(Context& ctx) const;
   // Bytes moved: weights once, x (batch vectors), y written (and read when accumulating), norm weight.
   uint64_t bytes() const;
   // Records the dispatches (no barrier). Validates shapes, strides and buffer sizes first and

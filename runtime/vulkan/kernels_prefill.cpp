@@ -96,8 +96,9 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
   const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
-  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? kQ8RowsPerWg : kRowsPerWg), d.slots, 1,
-               tb ? d.label + " q8act" : d.label, d.bytes);
+  // int8 path: z = the slot's passes of tb pairs, one workgroup each (empty ones exit at once).
+  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? kQ8RowsPerWg : kRowsPerWg), d.slots,
+               tb ? ceil_div(d.args.t_max, tb) : 1, tb ? d.label + " q8act" : d.label, d.bytes);
 }
 
 uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }

@@ -167,6 +167,9 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     // Rows longer than one staging pass (64 blocks at batch 8, 512 at batch 1): two passes.
     run_case(g, {t, 37, 2080, 8, false, true, 0, 0, 0, true}, seed++);
     run_case(g, {t, 5, 16416, 1, true, false, 0, 0, 0, true}, seed++);
+    // The int8 path takes up to 16 columns.
+    run_case(g, {t, 67, 288, 16, false, false, 4, 1, 0, true}, seed++);
+    run_case(g, {t, 37, 2080, 13, true, true, 0, 0, 0, true}, seed++);
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

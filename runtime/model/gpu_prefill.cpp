@@ -20,6 +20,8 @@ namespace tessera::model {
 
 namespace {
 
+constexpr uint32_t kPrefillColumns = 8;  // tokens per batched matvec dispatch
+
 // Chunk buffer words: [first position, token count, ids of tokens 0..T-1].
 constexpr uint32_t kPosWord = 0;
 constexpr uint32_t kCountWord = 1;
@@ -148,14 +150,12 @@ struct PrefillRecorder {
   bool int8_activations;
   uint64_t weight_bytes = 0;
 
-  // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of MatvecOp::max_batch tokens (8, or 16
-  // on the int8 path), no barrier between.
+  // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
+  // int8 path takes 16 columns, but on an H200 that was slower overall: pp512 907 -> 796 tok/s,
+  // W_qk's 768-long rows paying for the larger staging; docs/PERFORMANCE.md.)
   void matvec(const vk::MatrixRef& w, const std::string& name, const vk::Buffer& x, const vk::Buffer& y,
               vk::BufferSlice norm, bool acc) {
-    vk::MatvecOp probe;
-    probe.w = w;
-    probe.int8_activations = int8_activations;
-    const uint32_t step = probe.max_batch(rec.context());
+    const uint32_t step = kPrefillColumns;
     for (uint32_t c0 = 0; c0 < T; c0 += step) {
       vk::MatvecOp op;
       op.w = w;

@@ -223,6 +223,16 @@ struct RouteSource {
   BufferSlice route, logits, bias;  // bindings (unused ones point at a valid buffer)
 };
 
+// The int8-activation path of a gate-up or a down: taken when `hq` is set, which then must suit the
+// tile and the device and hold moe_hq_bytes. Returns whether it is taken.
+bool check_hq(Context& ctx, const BufferSlice& hq, const MoeTileGeometry& g, uint32_t n_used, const std::string& what) {
+  if (hq.buffer == VK_NULL_HANDLE) return false;
+  if (!moe_q8_usable(ctx, g, n_used))
+    runtime_error(what, ": hq is set but the int8-activation path does not serve this tile or device");
+  need(hq, moe_hq_bytes(g, n_used), what, "hq");
+  return true;
+}
+
 // Checks shared by the gate-up and the down of a tile; resolves where the routing comes from.
 RouteSource check_moe_common(const MoeTileRef& tile, uint32_t n_used, const BufferSlice& route, const MoeRouting& routing,
                              const BufferSlice& logits, const BufferSlice& bias, const std::string& what) {
@@ -396,12 +406,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
-  const bool q8 = hq.buffer != VK_NULL_HANDLE;
-  if (q8) {
-    if (!moe_q8_usable(ctx, g, n_used))
-      runtime_error(what, ": hq is set but the int8-activation path does not serve this tile or device");
-    need(hq, moe_hq_bytes(g, n_used), what, "hq");
-  }
+  const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
   const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
@@ -450,12 +455,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
-  const bool q8 = hq.buffer != VK_NULL_HANDLE;
-  if (q8) {
-    if (!moe_q8_usable(ctx, g, n_used))
-      runtime_error(what, ": hq is set but the int8-activation path does not serve this tile or device");
-    need(hq, moe_hq_bytes(g, n_used), what, "hq");
-  }
+  const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t rows_per_wg = q8 ? kQ8DownRows : t.down_rows;
   const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
   for (size_t i = 0; i < parts.size(); ++i) {

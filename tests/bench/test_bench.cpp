@@ -21,6 +21,7 @@
 #include "runtime/model/profile.h"
 #include "runtime/vulkan/context.h"
 #include "tests/bench/mini_json.h"
+#include "tests/model/model_fixture.h"
 
 namespace tessera {
 namespace {
@@ -28,20 +29,8 @@ namespace {
 namespace fs = std::filesystem;
 using testjson::Value;
 
-fs::path temp_dir() {
-  static const fs::path dir = [] {
-    auto p = fs::temp_directory_path() / ("tessera-test-bench-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return dir;
-}
-
-class Cleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(temp_dir()); }
-};
-const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
+testfx::TempDir test_dir("bench");
+const fs::path& temp_dir() { return test_dir.path(); }
 
 bool have_vulkan() {
   static const bool ok = [] {

@@ -2,17 +2,12 @@
 // on the original GGUF: logits of a prompt, greedy tokens, decode vs prompt, context and memory
 // errors.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "convert/convert.h"
-#include "convert/synth.h"
 #include "format/error.h"
 #include "format/tsr.h"
 #include "runtime/cpu/forward.h"
@@ -20,65 +15,20 @@
 #include "runtime/cpu/weight_source.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
+#include "tests/model/model_fixture.h"
 
 namespace tessera {
 namespace {
 
-namespace fs = std::filesystem;
+testfx::ModelFixture fixture("model");
 
-fs::path temp_dir() {
-  static const fs::path dir = [] {
-    auto p = fs::temp_directory_path() / ("tessera-test-model-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return dir;
-}
+vk::Context& context() { return *fixture.context(); }
+bool have_vulkan() { return fixture.context() != nullptr; }
 
-class Cleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(temp_dir()); }
-};
-const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
-
-vk::Context& context() {
-  static std::unique_ptr<vk::Context> ctx = [] {
-    try {
-      return std::make_unique<vk::Context>();
-    } catch (const Error&) {
-      return std::unique_ptr<vk::Context>();
-    }
-  }();
-  return *ctx;
-}
-bool have_vulkan() {
-  try {
-    context();
-    return true;
-  } catch (...) {
-    return false;
-  }
-}
-
-// Synthesizes (once per preset/type) and converts (once per compose mode); returns both paths.
-struct Files {
-  std::string gguf, tsr;
-};
+using Files = testfx::ModelFiles;
 Files files(const std::string& preset, const std::string& type, const std::string& compose,
             const std::string& composed_type = "q8_0") {
-  const fs::path g = temp_dir() / (preset + "-" + type + ".gguf");
-  if (!fs::exists(g)) synth::synthesize({preset, type, 3, -1, g.string()});
-  const fs::path t = temp_dir() / (preset + "-" + type + "-" + compose + "-" + composed_type + ".tsr");
-  if (!fs::exists(t)) {
-    convert::ConvertOptions o;
-    o.in_path = g.string();
-    o.out_path = t.string();
-    o.compose = compose;
-    o.composed_type = composed_type;
-    o.threads = 2;
-    convert::convert_model(o);
-  }
-  return {g.string(), t.string()};
+  return fixture.files(preset, type, compose, composed_type);
 }
 
 std::vector<int32_t> prompt(uint32_t n_vocab, size_t n) {

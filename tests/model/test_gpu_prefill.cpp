@@ -2,70 +2,30 @@
 // position and of the last against the CPU reference, across chunk boundaries; prefill then decode
 // against token-by-token decode; stats and context errors.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <memory>
 #include <string>
 #include <vector>
 
-#include "convert/convert.h"
-#include "convert/synth.h"
 #include "format/error.h"
 #include "format/tsr.h"
 #include "runtime/cpu/forward.h"
 #include "runtime/cpu/tsr_weights.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
+#include "tests/model/model_fixture.h"
 
 namespace tessera {
 namespace {
 
-namespace fs = std::filesystem;
+testfx::ModelFixture fixture("prefill");
 
-fs::path temp_dir() {
-  static const fs::path dir = [] {
-    auto p = fs::temp_directory_path() / ("tessera-test-prefill-" + std::to_string(getpid()));
-    fs::create_directories(p);
-    return p;
-  }();
-  return dir;
-}
-
-class Cleanup : public ::testing::Environment {
- public:
-  void TearDown() override { fs::remove_all(temp_dir()); }
-};
-const auto* kCleanup = ::testing::AddGlobalTestEnvironment(new Cleanup);
-
-vk::Context* context() {
-  static std::unique_ptr<vk::Context> ctx = [] {
-    try {
-      return std::make_unique<vk::Context>();
-    } catch (const Error&) {
-      return std::unique_ptr<vk::Context>();
-    }
-  }();
-  return ctx.get();
-}
+vk::Context* context() { return fixture.context(); }
 
 // Synthesizes and converts once per (preset, type, compose); returns the .tsr path.
 std::string tsr_file(const std::string& preset, const std::string& type, const std::string& compose) {
-  const fs::path g = temp_dir() / (preset + "-" + type + ".gguf");
-  if (!fs::exists(g)) synth::synthesize({preset, type, 3, -1, g.string()});
-  const fs::path t = temp_dir() / (preset + "-" + type + "-" + compose + ".tsr");
-  if (!fs::exists(t)) {
-    convert::ConvertOptions o;
-    o.in_path = g.string();
-    o.out_path = t.string();
-    o.compose = compose;
-    o.composed_type = "q8_0";
-    o.threads = 2;
-    convert::convert_model(o);
-  }
-  return t.string();
+  return fixture.files(preset, type, compose).tsr;
 }
 
 std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) {

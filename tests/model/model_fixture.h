@@ -1,0 +1,105 @@
+// What the GPU model test files share: a temp folder per test file (removed when the program ends),
+// a Vulkan context per test file, and tiny synthetic models synthesized and converted into that
+// folder once each. Define one TempDir / ModelFixture per test file at namespace scope, so that the
+// cleanup registers with gtest before main, as a global test environment.
+#pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "convert/convert.h"
+#include "convert/synth.h"
+#include "format/error.h"
+#include "runtime/vulkan/context.h"
+
+namespace tessera::testfx {
+
+// <tmp>/tessera-test-<tag>-<pid>: made on first use, removed (with what it holds) when the test
+// program ends.
+class TempDir {
+ public:
+  explicit TempDir(std::string tag) : tag_(std::move(tag)) {
+    ::testing::AddGlobalTestEnvironment(new Cleanup(this));
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+
+  const std::filesystem::path& path() {
+    std::call_once(once_, [this] {
+      path_ = std::filesystem::temp_directory_path() / ("tessera-test-" + tag_ + "-" + std::to_string(getpid()));
+      std::filesystem::create_directories(path_);
+    });
+    return path_;
+  }
+
+ private:
+  class Cleanup : public ::testing::Environment {
+   public:
+    explicit Cleanup(TempDir* dir) : dir_(dir) {}
+    void TearDown() override { std::filesystem::remove_all(dir_->path()); }
+
+   private:
+    TempDir* dir_;
+  };
+
+  std::string tag_;
+  std::once_flag once_;
+  std::filesystem::path path_;
+};
+
+// A synthesized GGUF and its conversion to .tsr.
+struct ModelFiles {
+  std::string gguf, tsr;
+};
+
+// A test file's temp folder, its Vulkan context and its converted models.
+class ModelFixture {
+ public:
+  explicit ModelFixture(std::string tag) : dir_(std::move(tag)) {}
+
+  const std::filesystem::path& dir() { return dir_.path(); }
+
+  // Made on first use; nullptr where no Vulkan device can be had.
+  vk::Context* context() {
+    std::call_once(ctx_once_, [this] {
+      try {
+        ctx_ = std::make_unique<vk::Context>();
+      } catch (const Error&) {
+        ctx_.reset();
+      }
+    });
+    return ctx_.get();
+  }
+
+  // Synthesizes (seed 3) once per preset/type and converts once per compose mode and composed
+  // type; returns both paths.
+  ModelFiles files(const std::string& preset, const std::string& type, const std::string& compose,
+                   const std::string& composed_type = "q8_0") {
+    const std::filesystem::path g = dir() / (preset + "-" + type + ".gguf");
+    if (!std::filesystem::exists(g)) synth::synthesize({preset, type, 3, -1, g.string()});
+    const std::filesystem::path t = dir() / (preset + "-" + type + "-" + compose + "-" + composed_type + ".tsr");
+    if (!std::filesystem::exists(t)) {
+      convert::ConvertOptions o;
+      o.in_path = g.string();
+      o.out_path = t.string();
+      o.compose = compose;
+      o.composed_type = composed_type;
+      o.threads = 2;
+      convert::convert_model(o);
+    }
+    return {g.string(), t.string()};
+  }
+
+ private:
+  TempDir dir_;
+  std::once_flag ctx_once_;
+  std::unique_ptr<vk::Context> ctx_;
+};
+
+}  // namespace tessera::testfx

@@ -1,4 +1,4 @@
-// tessera convert IN.gguf -o OUT.tsr [--compose all|qk|vo|none] [--composed-type TYPE] [--threads N]
+// tessera convert IN.gguf -o OUT.tsr [--compose auto|all|qk|vo|none] [--composed-type TYPE] [--threads N]
 // Packs a deepseek2 GGUF into the GPU-ready .tsr format (docs/FORMAT.md) and prints a summary.
 // Logic: convert/convert.h.
 #include <cstdio>
@@ -15,8 +15,10 @@ Action setup(CLI::App& sub, const Globals& globals) {
   auto threads = std::make_shared<unsigned>(0);
   sub.add_option("input", opt->in_path, "Source .gguf (GGUF arch deepseek2)")->required();
   sub.add_option("-o,--output", opt->out_path, "Destination .tsr")->required();
-  sub.add_option("--compose", opt->compose, "Compose MLA weights: all, qk (W_qk), vo (W_vo) or none")
-      ->check(CLI::IsMember({"all", "qk", "vo", "none"}))
+  sub.add_option("--compose", opt->compose,
+                 "Compose MLA weights: all, qk (W_qk), vo (W_vo), none, or auto (all with a q LoRA, else none: "
+                 "what measured faster)")
+      ->check(CLI::IsMember({"auto", "all", "qk", "vo", "none"}))
       ->capture_default_str();
   sub.add_option("--composed-type", opt->composed_type,
                  "Type of the composed weights: f16, bf16, q8_0, q4_0, source (the originals' type) or f32")

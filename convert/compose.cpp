@@ -18,6 +18,11 @@ bool is_float(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t
 
 }  // namespace
 
+std::string resolve_compose(std::string_view option, const ModelConfig& c) {
+  if (option != "auto") return std::string(option);
+  return c.q_lora_rank ? "all" : "none";
+}
+
 ComposeSet parse_compose(std::string_view o) {
   if (o == "all") return {true, true};
   if (o == "qk") return {true, false};

@@ -19,6 +19,11 @@ struct ComposeSet {
 };
 // Throws Error(Usage) for another word.
 ComposeSet parse_compose(std::string_view option);
+// --compose auto (the default) picks what measured faster on an H200 (docs/PERFORMANCE.md, the
+// grid of 2026-11-22): "all" for models with a q LoRA (GLM-4.7-Flash: W_qk reads the 768-wide cq;
+// decode +4 %, prefill +23 %), "none" without one (DeepSeek-V2-Lite: W_qk would read the 2048-wide
+// x, ~5x the bytes of attn_q; factored decode +4 %). Other words are returned unchanged.
+std::string resolve_compose(std::string_view option, const ModelConfig& c);
 // --composed-type f32|f16|bf16|q8_0|q4_0|source: throws Error(Usage) for another word.
 void check_composed_type_option(std::string_view option);
 // The type a composed tensor is stored in: the option's type ("source": `source_type`), then

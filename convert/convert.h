@@ -19,7 +19,7 @@ namespace tessera::convert {
 struct ConvertOptions {
   std::string in_path;                 // source .gguf
   std::string out_path;                // destination .tsr
-  std::string compose = "all";         // all | qk | vo | none
+  std::string compose = "auto";        // auto | all | qk | vo | none (auto: resolve_compose, compose.h)
   std::string composed_type = "q8_0";  // f16 | bf16 | q8_0 | q4_0 | source | f32
   unsigned threads = 1;
   bool progress = false;               // draw a progress bar on stderr (the caller checks for a TTY)

@@ -117,11 +117,12 @@ void check_source(const GgufFile& src, const ModelConfig& c) {
 }
 
 ConvertPlan make_plan(const GgufFile& src, const ConvertOptions& opt) {
-  const ComposeSet comp = parse_compose(opt.compose);
   check_composed_type_option(opt.composed_type);
   ConvertPlan plan;
   plan.config = ModelConfig::from_metadata(src.metadata());
   const ModelConfig& c = plan.config;
+  const std::string compose = resolve_compose(opt.compose, c);
+  const ComposeSet comp = parse_compose(compose);
 
   check_source(src, c);
   const std::vector<TensorSpec> expected = expected_tensors(c);
@@ -179,7 +180,7 @@ Metadata packed_metadata(const GgufFile& src, const ConvertOptions& opt) {
   m.set_string("tessera.source.name", base);
   m.set_u64("tessera.source.size", src.file_size());
   m.set_u64("tessera.source.metadata_hash", source_metadata_hash(src));
-  m.set_string("tessera.compose", opt.compose);
+  m.set_string("tessera.compose", resolve_compose(opt.compose, ModelConfig::from_metadata(src.metadata())));
   m.set_string("tessera.composed_type", opt.composed_type);
   m.set_u32("tessera.split_layout", uint32_t(TsrLayout::Split1));
   m.set_u32("tessera.tile_layout", uint32_t(TsrLayout::MoeTile1));

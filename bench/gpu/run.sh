@@ -7,7 +7,8 @@
 #   for GLM-4.7-Flash q4_0, DeepSeek-V2-Lite q4_0, GLM-4.7-Flash q4_k_m (full size): synth ->
 #   convert --compose all and none -> verify (bytes level; q4_0 files) -> on each file
 #   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the composed profile).
-# Results: at most 8 small files in $OUT; a short summary table is printed last.
+# Results in $OUT: summary.md, log.txt and results.tar.gz (each bench's JSON and profile SVG: the
+# device tool brings back few files); a short summary table is printed last.
 # Environment: OUT (results folder, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work,
 # never under $OUT), BUDGET_S (seconds for everything, default 530), DEPTHS (default 0,8192),
 # PROMPT (default 512), GEN (default 128), REPS (default 3),
@@ -30,6 +31,8 @@ START=$(date +%s)
 DEADLINE=$((START + BUDGET_S))
 mkdir -p "$OUT" "$WORK"
 SUMMARY="$OUT/summary.md"   # file 1: everything readable
+RESULTS="$WORK/results"     # JSON and SVG files, packed into $OUT/results.tar.gz at the end
+mkdir -p "$RESULTS"
 LOG="$OUT/log.txt"          # file 2: stderr of every stage
 SHORT="$WORK/short.md"      # the table printed last (also appended to summary.md)
 : >"$SUMMARY"
@@ -86,7 +89,7 @@ bench_model() {
   shift 3
   : >"$WORK/$name.md"
   STAGE_STDOUT="$WORK/$name.md" stage "bench $name" 40 "$T" bench "$tsr" -p "$PROMPT" -n "$GEN" -d "$DEPTHS" \
-    -r "$REPS" --json "$OUT/$name.json" "$@"
+    -r "$REPS" --json "$RESULTS/$name.json" "$@"
   local rc=$?
   cat "$WORK/$name.md" >>"$SUMMARY"
   shorten "${name%-*}" "$compose" "$WORK/$name.md"
@@ -119,7 +122,7 @@ model() {
       stage "verify $name all" 90 "$T" verify "$gguf" "$all" --threads "$THREADS"
     stage "convert $name --compose none" 40 "$T" convert "$gguf" -o "$none" --compose none --threads "$THREADS"
     rm -f "$gguf"
-    [ -e "$all" ] && bench_model "$name-all" all "$all" --profile --profile-out "$OUT/$name-all-profile.svg"
+    [ -e "$all" ] && bench_model "$name-all" all "$all" --profile --profile-out "$RESULTS/$name-all-profile.svg"
     rm -f "$all"
     [ -e "$none" ] && bench_model "$name-none" none "$none" --profile
   fi
@@ -141,8 +144,9 @@ model "$PRESET" q4_k_m glm-q4_k_m 0
 echo
 echo "## stage times (total $(($(date +%s) - START)) s of ${BUDGET_S} s)"
 cat "$STAGES"
+tar -czf "$OUT/results.tar.gz" -C "$RESULTS" . 2>>"$LOG"
 echo
-echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+echo "files in $OUT: $(ls "$OUT" | tr '\n' ' ') (results.tar.gz: $(ls "$RESULTS" | tr '\n' ' '))"
 echo
 echo "## summary (median tok/s)"
 cat "$SHORT"

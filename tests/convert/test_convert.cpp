@@ -51,6 +51,27 @@ struct Case {
 };
 class ConvertVerify : public ::testing::TestWithParam<Case> {};
 
+// --compose auto (the default) composes where it measured faster: with a q LoRA (tiny, GLM-like)
+// everything, without one (tiny-lite, V2-Lite-like) nothing.
+TEST(ConvertCompose, AutoFollowsTheQLora) {
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    SCOPED_TRACE(preset);
+    const std::string& src = synth_model(preset, "q4_0");
+    const ModelConfig cfg = ModelConfig::from_metadata(GgufFile::open(src).metadata());
+    const std::string want = cfg.q_lora_rank ? "all" : "none";
+    EXPECT_EQ(resolve_compose("auto", cfg), want);
+    EXPECT_EQ(resolve_compose("vo", cfg), "vo");
+    EXPECT_EQ(ConvertOptions{}.compose, "auto");
+    const std::string out = temp_file(std::string(preset) + "-auto.tsr");
+    ConvertOptions o = testing::convert_options(src, out, "auto");
+    convert_model(o);
+    const TsrFile f = TsrFile::open(out);
+    EXPECT_EQ(f.metadata().get_string("tessera.compose"), want);
+    EXPECT_EQ(f.find_tensor(qk_name(0)) != nullptr, want == "all");
+    EXPECT_EQ(f.find_tensor(vo_name(0)) != nullptr, want == "all");
+  }
+}
+
 TEST_P(ConvertVerify, EveryComposeModePasses) {
   const Case c = GetParam();
   const std::string& src = synth_model(c.preset, c.type);

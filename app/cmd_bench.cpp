@@ -22,7 +22,38 @@ struct BenchArgs {
   unsigned threads = 0;
   uint64_t roofline_mib = 0;
   bool f32_activations = false;
+  std::string attention;
 };
+
+// "heads=4,tile=8,slice=8,groups=128,min_chunk=16" (any subset) -> AttentionTuning.
+vk::AttentionTuning parse_attention(const std::string& text) {
+  vk::AttentionTuning t;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find(',', at);
+    if (end == std::string::npos) end = text.size();
+    const std::string item = text.substr(at, end - at);
+    const size_t eq = item.find('=');
+    uint32_t v = 0;
+    const std::string key = item.substr(0, eq);
+    try {
+      if (eq == std::string::npos) throw std::invalid_argument(item);
+      size_t used = 0;
+      v = uint32_t(std::stoul(item.substr(eq + 1), &used));
+      if (used != item.size() - eq - 1) throw std::invalid_argument(item);
+    } catch (const std::exception&) {
+      usage_error("--attention: '", item, "' is not KEY=NUMBER (keys: heads, tile, slice, groups, min_chunk)");
+    }
+    if (key == "heads") t.heads_per_group = v;
+    else if (key == "tile") t.tile = v;
+    else if (key == "slice") t.score_slice = v;
+    else if (key == "groups") t.n_groups = v;
+    else if (key == "min_chunk") t.min_chunk = v;
+    else usage_error("--attention: unknown key '", key, "' (keys: heads, tile, slice, groups, min_chunk)");
+    at = end + 1;
+  }
+  return t;
+}
 
 Action setup(CLI::App& sub, const Globals& globals) {
   auto a = std::make_shared<BenchArgs>();
@@ -46,6 +77,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0)");
+  sub.add_option("--attention", a->attention,
+                 "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -58,6 +91,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
     o.roofline_options.read_bytes = a->roofline_mib << 20;
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
+    if (!a->attention.empty()) o.attention = parse_attention(a->attention);
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

@@ -5,6 +5,7 @@
 #   device tool: carry ["dist"], command "bash dist/ab.sh"
 # Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
 # PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none),
+# ATTN_VARIANTS (set: decode tg128 at depth 0 and 4096 per `--attention` variant, "default" = none),
 # COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -36,6 +37,15 @@ run() {  # run NAME ARGS...: bench into $OUT/NAME.md
   echo "   exit $?"
   grep -E "^(per token|activations|prefill|per-kernel)|^\| [a-z]" "$OUT/$name.md"
 }
+if [ -n "${ATTN_VARIANTS:-}" ]; then  # e.g. "default heads=4 slice=8": decode attention splits
+  for v in $ATTN_VARIANTS; do
+    extra=()
+    [ "$v" != default ] && extra=(--attention "$v")
+    run "attn-$v" "$WORK/m-all.tsr" -p 0 -n 128 -d 0,4096 -r 2 --profile "${extra[@]}"
+  done
+  tail -n 3 "$LOG"
+  exit 0
+fi
 if [ -n "${ONLY_PREFILL:-}" ]; then
   for c in $COMPOSE; do run "$c-prefill" "$WORK/m-$c.tsr" -p 512 -n 128 -d 0 -r 2 --profile; done
   tail -n 5 "$LOG"

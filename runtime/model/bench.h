@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "runtime/model/bench_roofline.h"
+#include "runtime/vulkan/kernels_attention.h"
 #include "runtime/model/profile.h"
 
 namespace tessera::model {
@@ -42,6 +43,7 @@ struct BenchOptions {
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
+  vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;

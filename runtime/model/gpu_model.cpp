@@ -257,7 +257,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   vk::KvWriteOp kv_write(ctx_, ashape);
-  vk::AttentionOp attn(ctx_, ashape);
+  vk::AttentionOp attn(ctx_, ashape, options_.attention);
   attn.set_profile_kv_len(std::max<uint32_t>(1, profile_kv_len));
   const vk::MoeRouting routing = vk::MoeRouting::from_config(c);
 

@@ -28,6 +28,7 @@
 #include "runtime/cpu/generate.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_sample.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
@@ -41,6 +42,7 @@ struct GpuModelOptions {
   bool device_sampling = true;    // generate() takes the GPU's choice (false: the host samples
                                   // from downloaded logits, e.g. for repetition penalties)
   bool progress = false;          // upload progress bar on stderr
+  vk::AttentionTuning attention;  // decode attention work split (0 = automatic; bench --attention)
   bool int8_activations = true;   // Q4_0/Q8_0 matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)

@@ -47,7 +47,8 @@ struct AttnPartialArgs {
   uint min_chunk;   // fewest positions per chunk (a multiple of the kernel's TILE)
   float kq_scale;   // score scale (forward.md section 4)
   uint count_word;  // index of the query count in the step buffer, or TS_ATTN_NO_COUNT
-  uint pad1, pad2;
+  uint kv_min;      // the dispatch does nothing unless kv_min <= kv_len (a query's) ...
+  uint kv_max;      // ... <= kv_max (0: no upper bound): two variants, one recording
 };
 
 // attention_merge.comp: olat[h*R + r] = sum_c exp(m_c - M) o_c[h][r] / sum_c exp(m_c - M) l_c,

@@ -71,6 +71,7 @@ void main() {
   const uint kv_len = min(pos + 1, args.n_ctx);
   const uint q_base = qt * N_HEAD * kRowV;                            // vec4
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);   // floats
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max)) return;  // the other variant's
   const uint chunk_len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint begin = chunk * chunk_len;
   if (begin >= kv_len) return;  // uniform: chunk beyond the current context

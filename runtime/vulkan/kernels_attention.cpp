@@ -18,6 +18,7 @@ constexpr uint32_t kMergeLanes = 4;     // threads per column (each sums every 4
 constexpr uint32_t kMaxHeadsPerGroup = 32;  // attention_partial: one head per lane of a 32-thread group
 constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared weights array)
 constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
+constexpr uint32_t kDefaultShortMaxKv = 1024;  // contexts up to this run the short variant
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
@@ -233,6 +234,26 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
   partial_ = &ctx.pipeline(p);
 
+  // The short-context variant: fewer heads per workgroup, same tile (so the same chunking, the
+  // same partials layout and one merge for both).
+  uint32_t short_heads = tuning.short_heads_per_group;
+  if (short_heads == 0 && shape.n_head > 8) short_heads = ceil_div(shape.n_head, 2);
+  short_heads = std::min(short_heads, heads_per_group_);
+  if (short_heads > 0 && short_heads < heads_per_group_) {
+    uint32_t short_tile = 0;
+    const std::optional<PartialLayout> sl = choose_layout(shape, short_heads, tile_, tuning.score_slice, info, &short_tile);
+    if (sl) {
+      short_heads_ = short_heads;
+      short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultShortMaxKv;
+      PipelineDesc ps = p;
+      ps.defines = merged(common, {{"WG", std::to_string(sl->wg)},
+                                   {"HW", std::to_string(short_heads)},
+                                   {"SV", std::to_string(sl->sv)},
+                                   {"OH", std::to_string(sl->oh)}});
+      partial_short_ = &ctx.pipeline(ps);
+    }
+  }
+
   PipelineDesc m;
   m.name = "attention_merge";
   m.file = "attention_merge.comp";
@@ -271,10 +292,25 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
-  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
   const BufferSlice b[] = {q, cache, step, partials};
-  rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
-               n * partial_bytes(profile_kv_len_));
+  if (!partial_short_) {
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
+    rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
+                 n * partial_bytes(profile_kv_len_));
+    return;
+  }
+  // Two dispatches, no barrier between them: for a given context exactly one of them works (its
+  // workgroups check kv_len against the bounds), both write the same partials layout. The bytes
+  // go to the one the profiled context length selects.
+  const bool short_ctx = profile_kv_len_ <= short_max_kv_;
+  const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0,
+                                   short_max_kv_};
+  rec.dispatch(*partial_short_, b, sargs, n_groups_, ceil_div(shape_.n_head, short_heads_), n, std::string(label) + " short",
+               short_ctx ? n * partial_bytes(profile_kv_len_) : 0);
+  const gpu::AttnPartialArgs largs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(),
+                                   short_max_kv_ + 1, 0};
+  rec.dispatch(*partial_, b, largs, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
+               short_ctx ? 0 : n * partial_bytes(profile_kv_len_));
 }
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,

@@ -200,7 +200,7 @@ TEST_P(AttentionTest, MatchesReferenceAtEveryContextLength) {
   rec.begin();
   op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), olat.whole(), "attn");
   rec.end();
-  EXPECT_EQ(rec.dispatch_count(), 2u);
+  EXPECT_EQ(rec.dispatch_count(), op.short_max_kv() ? 3u : 2u);  // (short +) long partial, merge
   EXPECT_EQ(rec.barrier_count(), 1u);
 
   for (uint32_t kv_len : c.kv_lens) {
@@ -231,6 +231,14 @@ vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads
   return t;
 }
 
+// The short-context variant (fewer heads per workgroup) up to kv_len `max_kv`, then the long one.
+vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads = 0) {
+  vk::AttentionTuning t;
+  t.short_max_kv = max_kv;
+  t.short_heads_per_group = heads;
+  return t;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
     ::testing::Values(
@@ -245,7 +253,12 @@ INSTANTIATE_TEST_SUITE_P(
         // V2-Lite-like: 16 heads, YaRN, one chunk holds everything
         AttnCase{16, 512, 64, kYarnRope, {1, 100, 1000}, tuning(1, 32), 1.f},
         // more heads than one workgroup takes (33 -> 17 + 16), tile 4
-        AttnCase{33, 64, 16, kGlmRope, {1, 100, 1000}, tuning(0, 0, 0, 4), 2.f}),
+        AttnCase{33, 64, 16, kGlmRope, {1, 100, 1000}, tuning(0, 0, 0, 4), 2.f},
+        // GLM-like with the short-context variant (10 heads per workgroup) up to 64 positions:
+        // both variants and the switch between them, one recording
+        AttnCase{20, 512, 64, kGlmRope, {1, 7, 64, 65, 100, 1000}, short_variant(64), 3.f},
+        // 7 heads per workgroup up to 100 positions (7 + 7 + 6)
+        AttnCase{20, 512, 64, kYarnRope, {5, 100, 101, 700}, short_variant(100, 7), 1.f}),
     [](const auto& info) {
       return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);

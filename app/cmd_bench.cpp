@@ -25,7 +25,8 @@ struct BenchArgs {
   std::string attention;
 };
 
-// "heads=4,tile=8,slice=8,groups=128,min_chunk=16" (any subset) -> AttentionTuning.
+// "heads=4,tile=8,slice=8,groups=128,min_chunk=16,short_heads=10,short_max=1024" (any subset)
+// -> AttentionTuning.
 vk::AttentionTuning parse_attention(const std::string& text) {
   vk::AttentionTuning t;
   size_t at = 0;
@@ -42,14 +43,16 @@ vk::AttentionTuning parse_attention(const std::string& text) {
       v = uint32_t(std::stoul(item.substr(eq + 1), &used));
       if (used != item.size() - eq - 1) throw std::invalid_argument(item);
     } catch (const std::exception&) {
-      usage_error("--attention: '", item, "' is not KEY=NUMBER (keys: heads, tile, slice, groups, min_chunk)");
+      usage_error("--attention: '", item, "' is not KEY=NUMBER (keys: heads, tile, slice, groups, min_chunk, short_heads, short_max)");
     }
     if (key == "heads") t.heads_per_group = v;
     else if (key == "tile") t.tile = v;
     else if (key == "slice") t.score_slice = v;
     else if (key == "groups") t.n_groups = v;
     else if (key == "min_chunk") t.min_chunk = v;
-    else usage_error("--attention: unknown key '", key, "' (keys: heads, tile, slice, groups, min_chunk)");
+    else if (key == "short_heads") t.short_heads_per_group = v;
+    else if (key == "short_max") t.short_max_kv = v;
+    else usage_error("--attention: unknown key '", key, "' (keys: heads, tile, slice, groups, min_chunk, short_heads, short_max)");
     at = end + 1;
   }
   return t;
@@ -78,7 +81,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0)");
   sub.add_option("--attention", a->attention,
-                 "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M (any subset)");
+                 "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
+                 "short_heads=H2,short_max=N (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");

@@ -236,9 +236,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
 
   // The short-context variant: fewer heads per workgroup, same tile (so the same chunking, the
   // same partials layout and one merge for both).
-  uint32_t short_heads = tuning.short_heads_per_group;
-  if (short_heads == 0 && shape.n_head > 8) short_heads = ceil_div(shape.n_head, 2);
-  short_heads = std::min(short_heads, heads_per_group_);
+  const uint32_t short_heads = std::min(tuning.short_heads_per_group, heads_per_group_);
   if (short_heads > 0 && short_heads < heads_per_group_) {
     uint32_t short_tile = 0;
     const std::optional<PartialLayout> sl = choose_layout(shape, short_heads, tile_, tuning.score_slice, info, &short_tile);

@@ -134,12 +134,13 @@ struct AttentionTuning {
                                  // split evenly when there are more than 32
   uint32_t tile = 0;             // rows staged per step (4, 8, 16); auto: the largest that fits
   uint32_t score_slice = 0;      // vec4 of a row per score thread (4 or 8); auto: 4 where it fits
-  // Short contexts (kv_len <= short_max_kv) run a second partial kernel with fewer heads per
-  // workgroup: more workgroups share the little work there is (the cache is read once per head
-  // group, which only pays at long contexts). Measured on an H200 (GLM, tg128): 10 heads per
-  // workgroup 172.5 tok/s at depth 0 vs 162.5 with 20, but 130 vs 144 at depth 4096.
-  uint32_t short_heads_per_group = 0;  // auto: ceil(H / 2) when H > 8, else off
-  uint32_t short_max_kv = 0;           // auto: 1024
+  // Short contexts (kv_len <= short_max_kv) may run a second partial kernel with fewer heads per
+  // workgroup: more workgroups share the little work there is (the cache is then read once per
+  // head group, which costs at long contexts). Off by default: on an H200 (GLM, tg128) the pair
+  // gave 166.1 tok/s at depth 0 and 138.4 at 4096, against 162.5 / 143.9 with one kernel of 20
+  // heads (10 heads alone: 172.5 / 130.3): the idle variant's dispatch is not free.
+  uint32_t short_heads_per_group = 0;  // 0: no short variant
+  uint32_t short_max_kv = 0;           // with a short variant; 0: 1024
 };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).

@@ -232,7 +232,7 @@ vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads
 }
 
 // The short-context variant (fewer heads per workgroup) up to kv_len `max_kv`, then the long one.
-vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads = 0) {
+vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads) {
   vk::AttentionTuning t;
   t.short_max_kv = max_kv;
   t.short_heads_per_group = heads;
@@ -256,7 +256,7 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{33, 64, 16, kGlmRope, {1, 100, 1000}, tuning(0, 0, 0, 4), 2.f},
         // GLM-like with the short-context variant (10 heads per workgroup) up to 64 positions:
         // both variants and the switch between them, one recording
-        AttnCase{20, 512, 64, kGlmRope, {1, 7, 64, 65, 100, 1000}, short_variant(64), 3.f},
+        AttnCase{20, 512, 64, kGlmRope, {1, 7, 64, 65, 100, 1000}, short_variant(64, 10), 3.f},
         // 7 heads per workgroup up to 100 positions (7 + 7 + 6)
         AttnCase{20, 512, 64, kYarnRope, {5, 100, 101, 700}, short_variant(100, 7), 1.f}),
     [](const auto& info) {

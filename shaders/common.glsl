@@ -51,4 +51,30 @@ float workgroup_sum(float v) {
 }
 #endif  // WG_SIZE
 
+#if defined(WG_SIZE) && defined(NUM_COLS)
+#if USE_SUBGROUP
+shared float ts_wg_cols[NUM_COLS][WG_SIZE / SUBGROUP_SIZE];
+#endif
+// v[c] summed over the whole workgroup for every c < NUM_COLS, with one round of barriers (the
+// kernel must run as full subgroups of SUBGROUP_SIZE); without subgroups, one workgroup_sum per
+// column. Uniform control flow.
+void workgroup_sum_cols(inout float v[NUM_COLS]) {
+#if USE_SUBGROUP
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+    const float s = subgroupAdd(v[c]);
+    if (subgroupElect()) ts_wg_cols[c][gl_SubgroupID] = s;
+  }
+  barrier();
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
+    float s = 0.0;
+    for (uint i = 0; i < gl_NumSubgroups; ++i) s += ts_wg_cols[c][i];
+    v[c] = s;
+  }
+  barrier();
+#else
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) v[c] = workgroup_sum(v[c]);
+#endif
+}
+#endif
+
 #endif  // TESSERA_COMMON_GLSL

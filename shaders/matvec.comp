@@ -155,15 +155,17 @@ void main() {
 
   float scale[NUM_COLS];
 #if NORM_INPUT
+  // The sums of squares of all columns in one reduction.
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
     float ss = 0.0;
     for (uint k = gl_LocalInvocationIndex; k < args.cols; k += WG_SIZE) {
       const float v = x[args.x_offset + c * args.x_stride + k];
       ss += v * v;
     }
-    ss = workgroup_sum(ss);
-    scale[c] = inversesqrt(ss / float(args.cols) + args.norm_eps);
+    scale[c] = ss;
   }
+  workgroup_sum_cols(scale);
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif

@@ -101,19 +101,22 @@ shared float team_partial[WG_SIZE];
 #endif
 
 void main() {
+  // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
   float scale[NUM_COLS];
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
 #if NORM_INPUT
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
     float ss = 0.0;
     for (uint k = gl_LocalInvocationIndex; k < args.cols / 4u; k += WG_SIZE) {
       const vec4 v = x4[(args.x_offset + c * args.x_stride) / 4u + k];
       ss += dot(v, v);
     }
-    scale[c] = inversesqrt(workgroup_sum(ss) / float(args.cols) + args.norm_eps);
-#else
-    scale[c] = 1.0;
-#endif
+    scale[c] = ss;
   }
+  workgroup_sum_cols(scale);
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
+#else
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
+#endif
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);

@@ -269,7 +269,7 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
   const fs::path svg = temp_dir() / "profile.svg";
   Value j;
   std::string why;
-  for (int attempt = 0; attempt < 3; ++attempt) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
     const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 4 -d 0,6 -r 5 --roofline-mib 8 -o json --profile-out '" +
                                     svg.string() + "'");
     ASSERT_EQ(r.rc, 0) << r.out;
@@ -278,11 +278,20 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
     for (const Value& p : j["profiles"].arr) {
       const double kernel = p["kernel_us"].num, token = p["token_us"].num;
       if (!(std::fabs(kernel - token) <= 0.10 * token))
-        why += cat("depth ", p["depth"].num, ": kernels ", kernel, " µs, token ", token, " µs\n");
+        why += cat(p["what"].str, " depth ", p["depth"].num, ": kernels ", kernel, " µs, token ", token, " µs\n");
+      // The families' medians add up to the median kernel time (not exactly: a sum of medians).
+      double per_token = 0, share = 0;
+      for (const Value& k : p["kernels"].arr) {
+        per_token += k["us_per_token"].num;
+        share += k["share"].num;
+      }
+      if (!(std::fabs(per_token - kernel) <= 0.10 * kernel) || !(std::fabs(share - 1.0) <= 0.10))
+        why += cat(p["what"].str, " depth ", p["depth"].num, ": families add up to ", per_token, " µs (share ", share,
+                   ") of ", kernel, " µs\n");
     }
     if (why.empty()) break;
   }
-  EXPECT_TRUE(why.empty()) << "per-kernel times do not add up to the token time in 3 attempts:\n" << why;
+  EXPECT_TRUE(why.empty()) << "per-kernel times do not add up to the token / kernel time in 5 attempts:\n" << why;
   // A decoded token at each depth; a prefill chunk where one fits the context (depth 0 here).
   const Value& profiles = j["profiles"];
   int decode = 0, prefill = 0;
@@ -300,16 +309,12 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
     EXPECT_NEAR(p["outside_us"].num, token - kernel, 1e-6 * token);
     EXPECT_GT(p["floor_us"].num, 0);
     EXPECT_GT(p["read_gbps"].num, 0);
-    double per_token = 0, share = 0, calls = 0;
+    double calls = 0;
     for (const Value& k : p["kernels"].arr) {
-      per_token += k["us_per_token"].num;
-      share += k["share"].num;
       calls += k["calls_per_token"].num;
       EXPECT_FALSE(k["kernel"].str.empty());
     }
     EXPECT_EQ(calls, p["dispatches"].num);
-    EXPECT_NEAR(per_token, kernel, 0.10 * kernel);
-    EXPECT_NEAR(share, 1.0, 0.10);
   }
   EXPECT_EQ(decode, 2);
   EXPECT_EQ(prefill, 1);

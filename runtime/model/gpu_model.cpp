@@ -369,7 +369,18 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
-  matvec("output.weight", w.x.whole(), w.logits.whole(), w.vec("output_norm.weight", c.n_embd), false);
+  // The final norm as its own dispatch (into h2, free here): fused into the LM head, every one of
+  // its ~39 K workgroups (GLM: 154880 rows) would re-read x for the sum of squares.
+  vk::RmsNormOp out_norm;
+  out_norm.x = w.x.whole();
+  out_norm.weight = w.vec("output_norm.weight", c.n_embd);
+  out_norm.y = w.h2.whole();
+  out_norm.n = c.n_embd;
+  out_norm.eps = c.eps;
+  out_norm.label = "rmsnorm output";
+  out_norm.record(rec);
+  rec.barrier();
+  matvec("output.weight", w.h2.whole(), w.logits.whole(), {}, false);
   rec.barrier();
   vk::SampleOp sample;
   sample.n_vocab = c.n_vocab;

@@ -16,6 +16,7 @@
 //        dot = d_w * (d * sum_i nib_i q_i - 8 * (s_lo + s_hi))
 //        word j of qs:  low nibbles . q8_lo[b].j   +   high nibbles . q8_hi[b].j
 //   Q8_0 (32 signed bytes in order): dot = d_w * d * (qs[0..15] . q8_lo + qs[16..31] . q8_hi)
+//   Q4_K (per 32-element sub-block j: 6-bit scale and min): dot = d sc_j d (q . qx) - dmin min_j sum(x)
 //
 // The rounding of the activations is the only numerical difference from the f32 path (the same
 // one llama.cpp's Q8_1 activation path makes): ~0.4 % of |x| per element at most, unbiased.
@@ -35,7 +36,7 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 int ts_sdot4x8(uint a, uint b, spirv_literal int packed_format);
 #define SDOT4(a, b) ts_sdot4x8((a), (b), 0)
 
-#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0 || WTYPE == TS_TYPE_Q4_K
 #define Q8ACT_SUPPORTED 1
 #else
 #define Q8ACT_SUPPORTED 0
@@ -88,32 +89,39 @@ void q8_quantize_input(uint n_blocks) {
 }
 
 #if Q8ACT_SUPPORTED
-// One weight block in registers: Q4_0: a / b = its low / high nibbles (elements 0..15 / 16..31,
-// values + 8), Q8_0: a / b = its bytes 0..15 / 16..31; d = its scale.
+// One 32-element weight block in registers: a / b = its elements 0..15 / 16..31 as bytes (Q4_0:
+// nibbles 0..15; Q8_0: signed bytes; Q4_K: the sub-block's nibbles), and its value is
+// d * byte - m: Q4_0 m = 8 d, Q8_0 m = 0, Q4_K d = d * scale_j, m = dmin * min_j.
 struct Q8W {
   uvec4 a, b;
-  float d;
+  float d, m;
 };
 
-// Weight block `entry` (counted from the matrix at qbase / mbase, as in weights.glsl).
+// Weight block `entry` (counted from the matrix at qbase / mbase, as in weights.glsl); for Q4_K
+// `entry` counts 32-element sub-blocks: super-block entry / 8, sub-block entry % 8.
 Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
 #if WTYPE == TS_TYPE_Q4_0
   const uvec4 q = w_q[qbase + entry];
-  return Q8W(q & 0x0F0F0F0Fu, (q >> 4) & 0x0F0F0F0Fu, m_half(mbase, entry));
-#else  // Q8_0
-  return Q8W(w_q[qbase + 2u * entry], w_q[qbase + 2u * entry + 1u], m_half(mbase, entry));
+  const float d = m_half(mbase, entry);
+  return Q8W(q & 0x0F0F0F0Fu, (q >> 4) & 0x0F0F0F0Fu, d, 8.0 * d);
+#elif WTYPE == TS_TYPE_Q8_0
+  return Q8W(w_q[qbase + 2u * entry], w_q[qbase + 2u * entry + 1u], m_half(mbase, entry), 0.0);
+#else  // Q4_K: qs[32c + l] holds element l of sub-block 2c (low nibble) and of 2c + 1 (high)
+  const uint sb = entry >> 3, j = entry & 7u, c = j >> 1, shift = (j & 1u) * 4u;
+  const uvec4 q0 = w_q[qbase + 8u * sb + 2u * c], q1 = w_q[qbase + 8u * sb + 2u * c + 1u];
+  const uint mw = mbase + 4u * sb;  // M entry: d, dmin, scales[12]
+  const vec2 dm = unpackHalf2x16(w_m[mw]);
+  const vec2 sm = kquant_scale_min(uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]), j);
+  return Q8W((q0 >> shift) & 0x0F0F0F0Fu, (q1 >> shift) & 0x0F0F0F0Fu, dm.x * sm.x, dm.y * sm.y);
 #endif
 }
 
-// A loaded weight block dotted with an input block given as (lo, hi, ds).
+// A loaded weight block dotted with an input block given as (lo, hi, ds):
+//   sum_i (d q_i - m) x_i = d * dx * (q . qx) - m * sum(x).
 float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
   int s = 0;
   [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(w.a[j], xl[j]) + SDOT4(w.b[j], xh[j]);
-#if WTYPE == TS_TYPE_Q4_0
-  return w.d * (ds.x * float(s) - 8.0 * (ds.y + ds.z));
-#else
-  return w.d * ds.x * float(s);
-#endif
+  return w.d * ds.x * float(s) - w.m * (ds.y + ds.z);
 }
 
 // Dot product of weight block `entry` with an input block given as (lo, hi, ds).

@@ -27,7 +27,7 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
 }  // namespace
 
 bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols) {
-  if (t != GgmlType::Q4_0 && t != GgmlType::Q8_0) return false;
+  if (t != GgmlType::Q4_0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) return false;
   if (!ctx.device().enabled().integer_dot_product || cols % 32 != 0) return false;
   return uint64_t(q8_blocks_define(cols)) * 48 + 1024 <= ctx.info().max_compute_shared_memory;
 }

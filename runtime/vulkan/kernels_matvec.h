@@ -20,7 +20,7 @@
 namespace tessera::vk {
 
 // The int8-activation path (shaders/q8_activations.glsl) serves weights of type `t` in rows of
-// `cols` elements on this device: Q4_0 / Q8_0 SPLIT1 weights, a device with shaderIntegerDotProduct,
+// `cols` elements on this device: Q4_0 / Q8_0 / Q4_K / Q4_K SPLIT1 weights, a device with shaderIntegerDotProduct,
 // and the quantized input (48 bytes per 32 elements) within the shared memory limit.
 bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols);
 // Q8_BLOCKS for `cols` input elements (rounded up so that few pipeline variants exist).

@@ -149,7 +149,7 @@ TEST(GpuModel, GreedyTokensEqualTheReference) {
 // model's error is what `tessera verify`-style comparisons on the GPU machine report.
 TEST(GpuModel, Int8ActivationsTrackTheReference) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  for (const char* type : {"q4_0", "q8_0"}) {
+  for (const char* type : {"q4_0", "q8_0", "q4_k_m"}) {
     for (const char* preset : {"tiny", "tiny-lite"}) {
       const Files f = files(preset, type, "none");
       TsrFile tsr = TsrFile::open(f.tsr);

@@ -171,8 +171,17 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {t, 67, 288, 16, false, false, 4, 1, 0, true}, seed++);
     run_case(g, {t, 37, 2080, 13, true, true, 0, 0, 0, true}, seed++);
   }
+  // Q4_K: 32-element sub-blocks with their own 6-bit scales and mins; rows of 1, 9, 65 super-blocks
+  // (65 x 8 = 520 sub-blocks: two staging passes at batch 1), batched, many rows.
+  const GgmlType k = GgmlType::Q4_K;
+  run_case(g, {k, 67, 256, 1, false, false, 0, 0, 0, true}, seed++);
+  run_case(g, {k, 5, 2304, 1, true, true, 0, 0, 0, true}, seed++);
+  run_case(g, {k, 4100, 256, 1, false, true, 0, 0, 0, true}, seed++);
+  run_case(g, {k, 37, 2304, 8, false, true, 0, 0, 0, true}, seed++);
+  run_case(g, {k, 5, 16640, 1, false, false, 0, 0, 0, true}, seed++);
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);
+  run_case(gs, {k, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

@@ -345,6 +345,10 @@ TEST(MoeKernels, Int8ActivationPath) {
                                  make_case(8, 2, 1536, 3072, 2048, mixed, Style::V2),
                                  make_case(12, 3, 32, 64, 96, q40, Style::Glm),
                                  make_case(8, 2, 64, 0, 320, mixed, Style::V2)};
+  const TileTypes q4k = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K};
+  const TileTypes q4k_mix = {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K};
+  cases.push_back(make_case(8, 2, 256, 256, 512, q4k, Style::Glm));
+  cases.push_back(make_case(6, 3, 256, 512, 256, q4k_mix, Style::V2));
   TileCase ranged = make_case(16, 4, 96, 96, 256, q40, Style::Glm);
   ranged.max_binding_bytes = 3 * moetest::build_tile(*std::make_unique<std::mt19937>(1), 16, 96, 96, 256, q40).g.slot_stride;
   cases.push_back(ranged);

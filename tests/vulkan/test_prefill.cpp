@@ -46,7 +46,7 @@ struct MoeCase {
   bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0)
 };
 
-bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0; }
+bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K; }
 
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
@@ -214,6 +214,7 @@ TEST(PrefillMoe, Int8ActivationPath) {
   run_moe_case(g, {{T::Q4_0, T::Q4_0, T::Q4_0, T::Q4_0}, 9, 96, 64, 128, 3, 23, 21, 0, true, true}, 11);
   run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_0}, 9, 64, 96, 96, 2, 6, 6, 4, false, true}, 12);
   run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 4, 2048 / 32 * 32, 64, 256, 2, 17, 17, 0, true, true}, 13);
+  run_moe_case(g, {{T::Q4_K, T::Q4_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 512, 2, 11, 10, 0, true, true}, 15);
   Gpu& gs = vktest::gpu(true);
   run_moe_case(gs, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 7, 64, 32, 64, 3, 9, 8, 3, true, true}, 14);
 }

@@ -342,12 +342,21 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       gather.record(*rec);
       if (head == Head::All) r.matvec(out_w, "output", p.x, p.logits_all, out_norm, false);
       rec->barrier();
+      // The final norm as its own dispatch (into h2's first row, free here), as in the decode step:
+      // fused, each of the LM head's workgroups would re-read the row.
+      vk::RmsNormOp last_norm;
+      last_norm.x = p.xlast.whole();
+      last_norm.weight = out_norm;
+      last_norm.y = p.h2.whole();
+      last_norm.n = c.n_embd;
+      last_norm.eps = c.eps;
+      last_norm.label = "rmsnorm output (last token)";
+      last_norm.record(*rec);
+      rec->barrier();
       vk::MatvecOp lm;
       lm.w = out_w;
-      lm.x = p.xlast.whole();
+      lm.x = p.h2.whole();
       lm.y = db.logits;
-      lm.norm_weight = out_norm;
-      lm.norm_eps = c.eps;
       lm.int8_activations = options_.int8_activations;
       lm.label = lm.kernel_name(&ctx_) + " output (last token)";
       lm.record(*rec);

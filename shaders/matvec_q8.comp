@@ -42,7 +42,6 @@ layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 layout(push_constant) uniform Push { MatvecArgs args; };
 
 #include "q8_activations.glsl"
-vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: stage_pass reads the columns
 
 #define TEAMS (WG_SIZE / THREADS_PER_ROW)
 #define ROWS_PER_WG (TEAMS * NUM_ROWS)
@@ -62,12 +61,7 @@ void stage_pass(uint kb, uint kn) {
     const uint c = i / kn, b = i % kn;
     vec4 v[8];
     [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = xin4(c, 32u * (kb + b) + 4u * k);
-    uvec4 lo, hi;
-    vec4 ds;
-    q8_quantize32(v, lo, hi, ds);
-    q8_lo[c * KCHUNK + b] = lo;
-    q8_hi[c * KCHUNK + b] = hi;
-    q8_ds[c * KCHUNK + b] = ds;
+    q8_stage_block(c * KCHUNK + b, v);
   }
 }
 

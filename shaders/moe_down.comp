@@ -49,7 +49,6 @@ float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBit
 
 #if Q8ACT
 #include "q8_activations.glsl"
-vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: hq arrives quantized
 layout(std430, binding = 6) readonly restrict buffer HqBuf { uvec4 hq[]; };
 #endif
 

@@ -63,7 +63,6 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 
 #if Q8ACT
 #include "q8_activations.glsl"
-vec4 q8_input4(uint k) { return in_vec4(k); }
 layout(std430, binding = 7) writeonly restrict buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 #endif
@@ -177,7 +176,13 @@ void main() {
     scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
   }
 #if Q8ACT
-  q8_quantize_input(args.n_embd / 32u);
+  // The input (h2, or x times the norm weight) as int8 blocks in shared memory.
+  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
+    q8_stage_block(b, v);
+  }
+  barrier();
 #endif
 
   // Which slot and rows this workgroup does (uniform per workgroup).

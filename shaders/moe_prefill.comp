@@ -41,7 +41,6 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 
 #if Q8ACT
 #include "q8_activations.glsl"
-vec4 q8_input4(uint k) { return vec4(0.0); }  // unused: stage_inputs_q8 reads the pairs' rows
 #endif
 
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
@@ -101,12 +100,7 @@ void stage_inputs_q8(uint in_base[TB], uint nb) {
     const uint c = i / nb, b = i % nb;
     vec4 v[8];
     [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = in4[((in_base[c] + 32u * b) >> 2) + k];
-    uvec4 lo, hi;
-    vec4 ds;
-    q8_quantize32(v, lo, hi, ds);
-    q8_lo[i] = lo;
-    q8_hi[i] = hi;
-    q8_ds[i] = ds;
+    q8_stage_block(i, v);
   }
   barrier();
 }

@@ -21,10 +21,8 @@
 // The rounding of the activations is the only numerical difference from the f32 path (the same
 // one llama.cpp's Q8_1 activation path makes): ~0.4 % of |x| per element at most, unbiased.
 //
-// The including kernel defines WG_SIZE, Q8_BLOCKS (the most input blocks it quantizes) and, before
-// including this file, the function that reads its input:
-//   vec4 q8_input4(uint k);   // input elements k .. k+3 (k % 4 == 0)
-// and includes weights.glsl first (WTYPE, w_q, w_m, m_half).
+// The including kernel defines Q8_BLOCKS (the most input blocks it stages), includes weights.glsl
+// first (WTYPE, w_q, w_m, m_half), and stages its input with q8_stage_block.
 #ifndef TESSERA_Q8_ACTIVATIONS_GLSL
 #define TESSERA_Q8_ACTIVATIONS_GLSL
 
@@ -45,8 +43,6 @@ int ts_sdot4x8(uint a, uint b, spirv_literal int packed_format);
 shared uvec4 q8_lo[Q8_BLOCKS];
 shared uvec4 q8_hi[Q8_BLOCKS];
 shared vec4 q8_ds[Q8_BLOCKS];
-
-vec4 q8_input4(uint k);
 
 // Four int8 values (round(v / d), |v / d| <= 127) in one word, and their sum.
 uint q8_pack(vec4 v, float inv_d, inout int sum) {
@@ -72,20 +68,15 @@ void q8_quantize32(vec4 v[8], out uvec4 lo, out uvec4 hi, out vec4 ds) {
   ds = vec4(d, d * float(s_lo), d * float(s_hi), 0.0);
 }
 
-// Quantizes input blocks [0, n_blocks) (n_blocks <= Q8_BLOCKS) into shared memory, then a barrier.
-// Every invocation of the workgroup must call it (uniform control flow).
-void q8_quantize_input(uint n_blocks) {
-  for (uint b = gl_LocalInvocationIndex; b < n_blocks; b += WG_SIZE) {
-    vec4 v[8];
-    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = q8_input4(32u * b + 4u * i);
-    uvec4 lo, hi;
-    vec4 ds;
-    q8_quantize32(v, lo, hi, ds);
-    q8_lo[b] = lo;
-    q8_hi[b] = hi;
-    q8_ds[b] = ds;
-  }
-  barrier();
+// Quantizes one block of 32 input values into slot i (< Q8_BLOCKS) of the shared copy. Each
+// kernel's staging loop reads its own input (its layout, its norm weight) and calls this.
+void q8_stage_block(uint i, vec4 v[8]) {
+  uvec4 lo, hi;
+  vec4 ds;
+  q8_quantize32(v, lo, hi, ds);
+  q8_lo[i] = lo;
+  q8_hi[i] = hi;
+  q8_ds[i] = ds;
 }
 
 #if Q8ACT_SUPPORTED

@@ -201,7 +201,8 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
   return out;
 }
 
-// Profiles one decoded token per depth (GpuModel::profile_step: the step recorded with timestamps).
+// Profiles one decoded token per depth (GpuModel::profile_step: the step recorded with timestamps)
+// and, where the context leaves room, one prefill chunk (GpuModel::profile_prefill).
 std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, double read_gbps) {
   std::vector<uint32_t> depths = o.depths;
   std::sort(depths.begin(), depths.end());
@@ -209,34 +210,28 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
   GpuTarget t(m);
   std::vector<TokenProfile> out;
   const int reps = std::max(o.repetitions, 1);
+  // A warm-up, then `reps` profiled runs of one recording; each run's host time from submit to done
+  // is the measured time (timestamps on) the kernel times are held against.
+  auto profile = [&](const auto& run_once, uint32_t d) {
+    std::vector<std::vector<vk::DispatchTiming>> steps;
+    std::vector<double> wall_us;
+    run_once(nullptr);
+    for (int r = 0; r < reps; ++r) {
+      double wall = 0;
+      steps.push_back(run_once(&wall));
+      wall_us.push_back(wall);
+    }
+    return summarize_profile(steps, wall_us, read_gbps, d);
+  };
   for (uint32_t d : depths) {
     say(o, cat("profiling a decoded token at depth ", d));
     t.set_depth(d);
-    std::vector<std::vector<vk::DispatchTiming>> steps;
-    std::vector<double> wall_us;
-    // Warm-up, then profiled tokens at position d; each one's host time from submit to done is
-    // the measured token time (timestamps on) the kernel times are held against.
-    m.profile_step(d + 1);
-    for (int r = 0; r < reps; ++r) {
-      double wall = 0;
-      steps.push_back(m.profile_step(d + 1, &wall));
-      wall_us.push_back(wall);
-    }
-    m.rewind(d);
-    out.push_back(summarize_profile(steps, wall_us, read_gbps, d));
+    out.push_back(profile([&](double* wall) { return m.profile_step(d + 1, wall); }, d));
     // One prefill chunk at the same depth (the batched graph: its own kernels and bottlenecks).
     const uint32_t T = m.prefill_stats().chunk;
     if (T > 0 && d + T <= uint32_t(m.n_ctx())) {
       say(o, cat("profiling a prefill chunk of ", T, " tokens at depth ", d));
-      steps.clear();
-      wall_us.clear();
-      m.profile_prefill();
-      for (int r = 0; r < reps; ++r) {
-        double wall = 0;
-        steps.push_back(m.profile_prefill(&wall));
-        wall_us.push_back(wall);
-      }
-      TokenProfile pp = summarize_profile(steps, wall_us, read_gbps, d);
+      TokenProfile pp = profile([&](double* wall) { return m.profile_prefill(wall); }, d);
       pp.what = cat("prefill chunk of ", T, " tokens");
       out.push_back(std::move(pp));
     }

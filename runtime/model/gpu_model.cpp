@@ -369,32 +369,47 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
-  // The final norm as its own dispatch (into h2, free here): fused into the LM head, every one of
-  // its ~39 K workgroups (GLM: 154880 rows) would re-read x for the sum of squares.
-  vk::RmsNormOp out_norm;
-  out_norm.x = w.x.whole();
-  out_norm.weight = w.vec("output_norm.weight", c.n_embd);
-  out_norm.y = w.h2.whole();
-  out_norm.n = c.n_embd;
-  out_norm.eps = c.eps;
-  out_norm.label = "rmsnorm output";
-  out_norm.record(rec);
+  weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "");
+  stats_.weight_bytes = weight_bytes;
+}
+
+uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed,
+                               const std::string& what) {
+  const ModelConfig& c = config_;
+  Weights& w = *w_;
+  // The final norm as its own dispatch: fused into the LM head, every one of its ~39 K workgroups
+  // (GLM: 154880 rows) would re-read x for the sum of squares.
+  vk::RmsNormOp norm;
+  norm.x = x;
+  norm.weight = w.vec("output_norm.weight", c.n_embd);
+  norm.y = normed;
+  norm.n = c.n_embd;
+  norm.eps = c.eps;
+  norm.label = "rmsnorm output" + what;
+  norm.record(rec);
   rec.barrier();
-  matvec("output.weight", w.h2.whole(), w.logits.whole(), {}, false);
+  vk::MatvecOp lm;
+  lm.w = w.matrix("output.weight");
+  lm.x = normed;
+  lm.y = w.logits.whole();
+  lm.int8_activations = options_.int8_activations;
+  lm.label = lm.kernel_name(&ctx_) + " output.weight" + what;
+  if (lm.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
+  lm.record(rec);
   rec.barrier();
   vk::SampleOp sample;
   sample.n_vocab = c.n_vocab;
   sample.params = options_.sampling;
   sample.logits = w.logits.whole();
   sample.scratch = w.sample_scratch.whole();
-  sample.step = step;
+  sample.step = w.step.whole();
   sample.token_word = kTokenWord;
   sample.pos_word = kPosWord;
   sample.advance_pos = true;
   sample.tokens_out = w.ring.whole();
   sample.out_ring = kRing;
   sample.record(rec);
-  stats_.weight_bytes = weight_bytes;
+  return lm.w.read_bytes();
 }
 
 void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(*rec_, token, pos); }
@@ -405,8 +420,7 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
                 " positions (start a new context, or raise --ctx)");
   if (token < 0 || uint32_t(token) >= config_.n_vocab)
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
-  const uint32_t words[2] = {uint32_t(token), pos};
-  w_->step.write(0, words, sizeof words);
+  write_step(uint32_t(token), pos);
   rec.run();
 }
 
@@ -472,8 +486,7 @@ std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* 
   if (wall_us) *wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   std::vector<vk::DispatchTiming> t = prof_rec_->timings();
   // Leave the step buffer as it was for the session (position n_past, same token).
-  const uint32_t words[2] = {uint32_t(token), n_past_};
-  w_->step.write(0, words, sizeof words);
+  write_step(uint32_t(token), n_past_);
   return t;
 }
 
@@ -493,10 +506,6 @@ void GpuModel::write_step(uint32_t token, uint32_t pos) {
   w_->step.write(0, words, sizeof words);
 }
 
-GpuModel::DecodeBuffers GpuModel::decode_buffers() const {
-  DecodeBuffers b{w_->step.whole(), w_->ring.whole(), w_->logits.whole(), w_->sample_scratch.whole(), {}};
-  for (const vk::Buffer& c : w_->cache) b.cache.push_back(c.whole());
-  return b;
-}
+vk::BufferSlice GpuModel::kv_cache(uint32_t layer) const { return w_->cache.at(layer).whole(); }
 
 }  // namespace tessera::model

@@ -130,21 +130,22 @@ class GpuModel : public LanguageModel {
   std::vector<float> run_prefill(std::span<const int32_t> tokens, bool last_only);
   std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false);  // head: gpu_prefill.cpp's Head
   void write_step(uint32_t token, uint32_t pos);  // the decode step buffer's words
-  // For gpu_prefill.cpp: tensors by name and the decode step's buffers.
+  // For gpu_prefill.cpp: tensors by name and the layers' KV caches.
   vk::MatrixRef weight_matrix(std::string_view name) const;
   vk::BufferSlice weight_vec(std::string_view name, uint64_t n) const;
   bool has_weight(std::string_view name) const;
   vk::MoeTileRef moe_tile(std::string_view name) const;
-  struct DecodeBuffers {
-    vk::BufferSlice step, ring, logits, sample_scratch;
-    std::vector<vk::BufferSlice> cache;  // per layer
-  };
-  DecodeBuffers decode_buffers() const;
+  vk::BufferSlice kv_cache(uint32_t layer) const;
 
   void plan_and_upload(const TsrFile& file);
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   void run_step(int32_t token, uint32_t pos);
   void run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos);
+  // The LM head of one token, shared by the decode step and the prefill's last chunk:
+  // normed = RMSNorm(x; output_norm) (its own dispatch), barrier, logits = W_out . normed, barrier,
+  // the GPU sampler (the next token and position into the step buffer). `what` ends the labels.
+  // Returns the weight bytes read.
+  uint64_t record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed, const std::string& what);
 
   vk::Context& ctx_;
   GpuModelOptions options_;

@@ -26,10 +26,6 @@ constexpr uint32_t kPrefillColumns = 8;  // tokens per batched matvec dispatch
 constexpr uint32_t kPosWord = 0;
 constexpr uint32_t kCountWord = 1;
 constexpr uint32_t kIdsWord = 2;
-// Decode step buffer words (as gpu_model.cpp): the sampler writes the next token and position.
-constexpr uint32_t kStepTokenWord = 0;
-constexpr uint32_t kStepPosWord = 1;
-constexpr uint32_t kRing = 64;
 constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T queries add parallelism)
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
@@ -182,7 +178,6 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   Prefill& p = *prefill_;
   const ModelConfig& c = config_;
   const Head head = Head(head_index);
-  const DecodeBuffers db = decode_buffers();
   const vk::BufferSlice chunk = p.chunk.whole();
   {
     auto rec = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = timestamps});
@@ -218,7 +213,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       if (c.q_lora_rank)
         r.matvec(weight_matrix(qname), qlabel, p.cq, qdst, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
       kv_write.record_rows(*rec, p.kv.whole(), weight_vec(L + "attn_kv_a_norm.weight", R), chunk, kPosWord, batch,
-                           db.cache[l], "kv_write " + L);
+                           kv_cache(l), "kv_write " + L);
       if (!qk) {
         if (c.q_lora_rank) rec->barrier();
         vk::AbsorbOp a = vk::AbsorbOp::query(weight_matrix(L + "attn_k_b.weight"), H, c.n_rot, p.qfull.whole(), p.q.whole());
@@ -228,7 +223,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         r.weight_bytes += a.w.read_bytes();
       }
       rec->barrier();
-      attn.record(*rec, p.q.whole(), db.cache[l], chunk, kPosWord, p.partials.whole(), p.olat.whole(), "attention " + L,
+      attn.record(*rec, p.q.whole(), kv_cache(l), chunk, kPosWord, p.partials.whole(), p.olat.whole(), "attention " + L,
                   batch);
       rec->barrier();
       if (vo) {
@@ -342,37 +337,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       gather.record(*rec);
       if (head == Head::All) r.matvec(out_w, "output", p.x, p.logits_all, out_norm, false);
       rec->barrier();
-      // The final norm as its own dispatch (into h2's first row, free here), as in the decode step:
-      // fused, each of the LM head's workgroups would re-read the row.
-      vk::RmsNormOp last_norm;
-      last_norm.x = p.xlast.whole();
-      last_norm.weight = out_norm;
-      last_norm.y = p.h2.whole();
-      last_norm.n = c.n_embd;
-      last_norm.eps = c.eps;
-      last_norm.label = "rmsnorm output (last token)";
-      last_norm.record(*rec);
-      rec->barrier();
-      vk::MatvecOp lm;
-      lm.w = out_w;
-      lm.x = p.h2.whole();
-      lm.y = db.logits;
-      lm.int8_activations = options_.int8_activations;
-      lm.label = lm.kernel_name(&ctx_) + " output (last token)";
-      lm.record(*rec);
-      rec->barrier();
-      vk::SampleOp sample;
-      sample.n_vocab = c.n_vocab;
-      sample.params = options_.sampling;
-      sample.logits = db.logits;
-      sample.scratch = db.sample_scratch;
-      sample.step = db.step;
-      sample.token_word = kStepTokenWord;
-      sample.pos_word = kStepPosWord;
-      sample.advance_pos = true;
-      sample.tokens_out = db.ring;
-      sample.out_ring = kRing;
-      sample.record(*rec);
+      record_head(*rec, p.xlast.whole(), p.h2.whole(), " (last token)");  // h2's first row is free here
     }
     rec->end();
     return rec;

@@ -19,16 +19,21 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool plain = op.w.layout == WeightLayout::Plain;
   const uint32_t xs = op.x_stride ? op.x_stride : op.w.cols;
   const bool x_aligned = op.x_offset % 4 == 0 && (op.batch == 1 || xs % 4 == 0);
+  // matvec_q8 stages rows of any length in passes: only the type and the device matter.
   const bool q8 = ctx && op.int8_activations && !plain && x_aligned && op.w.cols % 32 == 0 &&
-                  q8_activations_usable(*ctx, op.w.type, 32);  // matvec_q8 stages any length in passes
+                  q8_activations_type(*ctx, op.w.type);
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
 }
 
 }  // namespace
 
+bool q8_activations_type(Context& ctx, GgmlType t) {
+  return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K) &&
+         ctx.device().enabled().integer_dot_product;
+}
+
 bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols) {
-  if (t != GgmlType::Q4_0 && t != GgmlType::Q8_0 && t != GgmlType::Q4_K) return false;
-  if (!ctx.device().enabled().integer_dot_product || cols % 32 != 0) return false;
+  if (!q8_activations_type(ctx, t) || cols % 32 != 0) return false;
   return uint64_t(q8_blocks_define(cols)) * 48 + 1024 <= ctx.info().max_compute_shared_memory;
 }
 

@@ -19,9 +19,11 @@
 
 namespace tessera::vk {
 
-// The int8-activation path (shaders/q8_activations.glsl) serves weights of type `t` in rows of
-// `cols` elements on this device: Q4_0 / Q8_0 / Q4_K / Q4_K SPLIT1 weights, a device with shaderIntegerDotProduct,
-// and the quantized input (48 bytes per 32 elements) within the shared memory limit.
+// The int8-activation path (shaders/q8_activations.glsl) serves weights of type `t` on this
+// device: Q4_0 / Q8_0 / Q4_K SPLIT1 weights on a device with shaderIntegerDotProduct.
+bool q8_activations_type(Context& ctx, GgmlType t);
+// ... and a kernel that stages its whole input of `cols` elements at once (48 bytes per 32
+// elements) finds room for it in shared memory (the MoE kernels; matvec_q8 stages in passes).
 bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols);
 // Q8_BLOCKS for `cols` input elements (rounded up so that few pipeline variants exist).
 uint32_t q8_blocks_define(uint64_t cols);
@@ -35,7 +37,7 @@ struct MatvecOp {
   uint32_t x_stride = 0;       // floats between x vectors; 0 = cols (block types: multiple of 4)
   uint32_t y_stride = 0;       // floats between y vectors; 0 = rows
   bool accumulate = false;     // y += W x
-  bool int8_activations = true;  // where usable (q8_activations_usable): x quantized to int8 per
+  bool int8_activations = true;  // where usable (q8_activations_type): x quantized to int8 per
                                  // block of 32, integer dot products (shaders/q8_activations.glsl)
   BufferSlice norm_weight;     // set (non-null buffer): x := x * norm_weight / rms(x); cols floats
   float norm_eps = 1e-6f;      // with norm_weight

@@ -38,7 +38,7 @@ void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, c
 // Pairs per pass of the int8 path for inputs of `in_cols` elements (8 or 4: what the staged
 // blocks' shared memory holds), or 0 where that path does not serve the type / device.
 uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols) {
-  if (in_cols % 32 != 0 || !q8_activations_usable(ctx, type, in_cols)) return 0;
+  if (in_cols % 32 != 0 || !q8_activations_type(ctx, type)) return 0;
   for (uint32_t tb : {8u, 4u})
     if (uint64_t(tb) * (in_cols / 32) * 48 <= std::min<uint64_t>(kQ8StageBytes, ctx.info().max_compute_shared_memory - 1024))
       return tb;

@@ -160,7 +160,7 @@ TEST(GpuModel, Int8ActivationsTrackTheReference) {
       TsrWeights packed(f.tsr);
       CpuModel cpu(packed, 64, 2, AttentionPath::Absorbed);
       const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
-      std::printf("%s %s int8 activations vs CPU f32: max rel %.4f, top-1 %d / %d\n", preset, type, c.max_rel,
+      std::printf("%s %s int8 activations vs CPU f32: max rel %.4f, top-1 %zu / %zu\n", preset, type, c.max_rel,
                   c.top1_same, c.rows);
       EXPECT_LT(c.max_rel, 0.35) << preset << " " << type;
       EXPECT_GE(2 * c.top1_same, c.rows) << preset << " " << type;

@@ -128,7 +128,9 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   vk::Buffer x_b = vktest::make_buffer(g, x0.size() * 4, "x");
   vktest::upload_bytes(g, x_b, x0.data(), x0.size() * 4);
   vk::Buffer hq_b = vktest::make_buffer(g, vk::moe_hq_bytes(geo, c.n_used), "hq");
-  if (c.q8) EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, geo, c.n_used));
+  if (c.q8) {
+    EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, geo, c.n_used));
+  }
 
   vk::RouteOp ro;
   ro.n_expert = c.n_expert;

@@ -6,7 +6,9 @@
 # Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
 # PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none),
 # ATTN_VARIANTS (set: decode tg128 at depth 0 and 4096 per `--attention` variant, "default" = none),
-# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file).
+# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file),
+# BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
+# tg128 at depth 0 and 4096 with --profile on the composed file, e.g. "default;--unfuse router").
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -42,6 +44,18 @@ if [ -n "${ATTN_VARIANTS:-}" ]; then  # e.g. "default heads=4 slice=8": decode a
     extra=()
     [ "$v" != default ] && extra=(--attention "$v")
     run "attn-$v" "$WORK/m-all.tsr" -p 0 -n 128 -d 0,4096 -r 2 --profile "${extra[@]}"
+  done
+  tail -n 3 "$LOG"
+  exit 0
+fi
+if [ -n "${BENCH_VARIANTS:-}" ]; then
+  IFS=';' read -ra variants <<<"$BENCH_VARIANTS"
+  i=0
+  for v in "${variants[@]}"; do
+    extra=()
+    [ "$v" != default ] && read -ra extra <<<"$v"
+    run "variant-$i" "$WORK/m-all.tsr" -p 0 -n 128 -d 0,4096 -r 2 --profile "${extra[@]}"
+    i=$((i + 1))
   done
   tail -n 3 "$LOG"
   exit 0

@@ -260,10 +260,10 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
 }
 
-// The profiler's per-kernel times add up to the measured token time (within 10 %), and the
-// profile lands in the SVG. Host-clock times on a loaded CPU device are noisy (a late thread
-// wake-up adds milliseconds outside the kernels), so up to 3 attempts may be made: a profiler that
-// misses or double-counts dispatches fails every one.
+// The profiler's per-kernel times add up to the measured token time (within 10 %), every
+// dispatch is counted in one family, and the profile lands in the SVG. Host-clock times on a
+// loaded CPU device are noisy (a late thread wake-up adds milliseconds outside the kernels), so
+// up to 5 attempts may be made: a profiler that misses or double-counts dispatches fails every one.
 TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const fs::path svg = temp_dir() / "profile.svg";
@@ -279,13 +279,19 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
       const double kernel = p["kernel_us"].num, token = p["token_us"].num;
       if (!(std::fabs(kernel - token) <= 0.10 * token))
         why += cat(p["what"].str, " depth ", p["depth"].num, ": kernels ", kernel, " µs, token ", token, " µs\n");
-      // The families' medians add up to the median kernel time (not exactly: a sum of medians).
-      double per_token = 0, share = 0;
+      // Every dispatch lands in exactly one family; the families' medians add up to about the median
+      // kernel time (a sum of medians: under load each family's median drops the spikes that
+      // almost every token has somewhere, hence the wider bound).
+      double per_token = 0, share = 0, calls = 0;
       for (const Value& k : p["kernels"].arr) {
         per_token += k["us_per_token"].num;
         share += k["share"].num;
+        calls += k["calls_per_token"].num;
       }
-      if (!(std::fabs(per_token - kernel) <= 0.10 * kernel) || !(std::fabs(share - 1.0) <= 0.10))
+      if (calls != p["dispatches"].num)
+        why += cat(p["what"].str, " depth ", p["depth"].num, ": families hold ", calls, " calls of ", p["dispatches"].num,
+                   " dispatches\n");
+      if (!(std::fabs(per_token - kernel) <= 0.25 * kernel) || !(std::fabs(share - 1.0) <= 0.25))
         why += cat(p["what"].str, " depth ", p["depth"].num, ": families add up to ", per_token, " µs (share ", share,
                    ") of ", kernel, " µs\n");
     }

@@ -79,7 +79,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->capture_default_str();
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--f32-activations", a->f32_activations,
-               "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K)");
+               "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short_heads=H2,short_max=N (any subset)");

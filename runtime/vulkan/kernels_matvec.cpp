@@ -28,7 +28,7 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
 }  // namespace
 
 bool q8_activations_type(Context& ctx, GgmlType t) {
-  return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K) &&
+  return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K) &&
          ctx.device().enabled().integer_dot_product;
 }
 

@@ -82,7 +82,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->capture_default_str();
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--f32-activations", a->f32_activations,
-               "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K)");
+               "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--unfuse", a->unfuse, "Record these fusions as separate dispatches, for A/B runs: router, merge (any subset)")
       ->delimiter(',')->check(CLI::IsMember({"router", "merge"}));
   sub.add_option("--attention", a->attention,

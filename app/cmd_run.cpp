@@ -73,7 +73,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->check(CLI::IsMember({"auto", "cpu", "vulkan"}))->capture_default_str();
   sub.add_option("--device", a->device, "Vulkan device number (tessera devices; default: the best one)");
   sub.add_flag("--f32-activations", a->f32_activations,
-               "Vulkan: f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K weights)");
+               "Vulkan: f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K weights)");
   auto* p = sub.add_option("-p,--prompt", a->prompt, "Prompt text");
   auto* f = sub.add_option("-f,--file", a->prompt_file, "Read the prompt text from a file");
   auto* t = sub.add_option("--tokens", a->tokens, "Prompt as token ids: ID,ID,...");

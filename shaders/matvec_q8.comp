@@ -1,8 +1,8 @@
 #version 450
-// y = W x (+ y) with int8 activations (q8_activations.glsl): W a Q4_0 / Q8_0 / Q4_K SPLIT1 matrix, x and y
-// f32, NUM_COLS x vectors at once (decode: 1, prefill: up to 8). The MatvecOp wrapper picks this
-// kernel where the device has integer dot products (runtime/vulkan/kernels_matvec.h); same
-// arguments and bindings as matvec.comp.
+// y = W x (+ y) with int8 activations (q8_activations.glsl): W a Q4_0 / Q8_0 / Q4_K / Q6_K SPLIT1
+// matrix, x and y f32, NUM_COLS x vectors at once (decode: 1, prefill: up to 8). The MatvecOp
+// wrapper picks this kernel where the device has integer dot products
+// (runtime/vulkan/kernels_matvec.h); same arguments and bindings as matvec.comp.
 //
 // The columns' inputs are staged in passes of KCHUNK blocks (32 elements) of every column:
 //   pass: barrier; the workgroup quantizes x[c][32 kb .. 32 (kb + KCHUNK)) of each column c into
@@ -14,9 +14,9 @@
 // TEAMS * NUM_ROWS rows, whatever the row length (shared memory: NUM_COLS * KCHUNK * 48 bytes).
 // With NORM_INPUT the staged values are x * norm weight; 1/rms scales the finished dot products.
 //
-// Defines: WTYPE (Q4_0, Q8_0 or Q4_K), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
-// NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per pass),
-// Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
+// Defines: WTYPE (Q4_0, Q8_0, Q4_K or Q6_K), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when
+// USE_SUBGROUP), NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per
+// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
 // With ROUTE_EPILOGUE (decode: NUM_COLS 1, no NORM_INPUT, ACCUMULATE) the workgroups then compute
@@ -28,8 +28,8 @@
 #define W_M_BINDING 1
 #include "weights.glsl"
 
-#if WTYPE != TS_TYPE_Q4_0 && WTYPE != TS_TYPE_Q8_0 && WTYPE != TS_TYPE_Q4_K
-#error "matvec_q8.comp: Q4_0, Q8_0 and Q4_K weights only"
+#if WTYPE != TS_TYPE_Q4_0 && WTYPE != TS_TYPE_Q8_0 && WTYPE != TS_TYPE_Q4_K && WTYPE != TS_TYPE_Q6_K
+#error "matvec_q8.comp: Q4_0, Q8_0, Q4_K and Q6_K weights only"
 #endif
 
 layout(local_size_x = WG_SIZE) in;

@@ -12,10 +12,10 @@
 // Defines: WTYPE (down type), THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (slots
 // per dispatch: K + 1, K or 1), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS_PER_WG, PLAIN_VEC8
 // (plain types whose row lengths are multiples of 8), UNROLL (1 or 2 units per loop iteration),
-// Q8ACT (Q4_0 / Q8_0: h read as the int8 blocks the Q8ACT gate-up wrote (binding 6), integer dot
-// products; with subgroups each lane keeps the blocks it uses, lane + j * subgroup size for
-// j < Q8_OWN, in registers for all rows; without, the blocks are copied to shared memory,
-// Q8_BLOCKS >= (n_used + 1) * h_stride / 32).
+// Q8ACT (Q4_0 / Q8_0 / Q4_K / Q6_K: h read as the int8 blocks the Q8ACT gate-up wrote (binding
+// 6), integer dot products; with subgroups each lane keeps the blocks it uses, lane + j * subgroup
+// size for j < Q8_OWN, in registers for all rows; without, the blocks are copied to shared
+// memory, Q8_BLOCKS >= (n_used + 1) * h_stride / 32).
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.

@@ -13,10 +13,10 @@
 //
 // Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
 // OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
-// (1 or 2 units per loop iteration), Q8ACT (Q4_0 / Q8_0: the input quantized to int8 per
-// workgroup, integer dot products, q8_activations.glsl; Q8_BLOCKS >= n_embd / 32; OUT_PER_WG a
-// multiple of 32 and the widths multiples of 32: each workgroup also writes its outputs as int8
-// blocks to hq, the down kernel's input).
+// (1 or 2 units per loop iteration), Q8ACT (Q4_0 / Q8_0 / Q4_K / Q6_K: the input quantized to
+// int8 per workgroup, integer dot products, q8_activations.glsl; Q8_BLOCKS >= n_embd / 32;
+// OUT_PER_WG a multiple of 32 and the widths multiples of 32: each workgroup also writes its
+// outputs as int8 blocks to hq, the down kernel's input).
 // Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
 // [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
 // following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way. With

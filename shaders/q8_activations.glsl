@@ -17,6 +17,9 @@
 //        word j of qs:  low nibbles . q8_lo[b].j   +   high nibbles . q8_hi[b].j
 //   Q8_0 (32 signed bytes in order): dot = d_w * d * (qs[0..15] . q8_lo + qs[16..31] . q8_hi)
 //   Q4_K (per 32-element sub-block j: 6-bit scale and min): dot = d sc_j d (q . qx) - dmin min_j sum(x)
+//   Q6_K (per 32-element unit: two 16-element sub-blocks with int8 scales sc_a, sc_b; 6-bit q,
+//        value d_w sc (q - 32); q as bytes 0..63):
+//        dot = d_w * (sc_a * (d * q[0..15] . q8_lo - 32 s_lo) + sc_b * (d * q[16..31] . q8_hi - 32 s_hi))
 //
 // The rounding of the activations is the only numerical difference from the f32 path (the same
 // one llama.cpp's Q8_1 activation path makes): ~0.4 % of |x| per element at most, unbiased.
@@ -34,7 +37,7 @@ spirv_instruction(extensions = ["SPV_KHR_integer_dot_product"], capabilities = [
 int ts_sdot4x8(uint a, uint b, spirv_literal int packed_format);
 #define SDOT4(a, b) ts_sdot4x8((a), (b), 0)
 
-#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0 || WTYPE == TS_TYPE_Q4_K
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0 || WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q6_K
 #define Q8ACT_SUPPORTED 1
 #else
 #define Q8ACT_SUPPORTED 0
@@ -81,15 +84,20 @@ void q8_stage_block(uint i, vec4 v[8]) {
 
 #if Q8ACT_SUPPORTED
 // One 32-element weight block in registers: a / b = its elements 0..15 / 16..31 as bytes (Q4_0:
-// nibbles 0..15; Q8_0: signed bytes; Q4_K: the sub-block's nibbles), and its value is
-// d * byte - m: Q4_0 m = 8 d, Q8_0 m = 0, Q4_K d = d * scale_j, m = dmin * min_j.
+// nibbles 0..15; Q8_0: signed bytes; Q4_K: the sub-block's nibbles; Q6_K: the 6-bit values
+// 0..63), and its value is d * byte - m: Q4_0 m = 8 d, Q8_0 m = 0, Q4_K d = d * scale_j,
+// m = dmin * min_j; Q6_K: d.x * (byte - 32) for elements 0..15, d.y * (byte - 32) for 16..31.
 struct Q8W {
   uvec4 a, b;
+#if WTYPE == TS_TYPE_Q6_K
+  vec2 d;  // d * scales[2u], d * scales[2u + 1] (the two 16-element sub-blocks)
+#else
   float d, m;
+#endif
 };
 
 // Weight block `entry` (counted from the matrix at qbase / mbase, as in weights.glsl); for Q4_K
-// `entry` counts 32-element sub-blocks: super-block entry / 8, sub-block entry % 8.
+// and Q6_K `entry` counts 32-element units: super-block entry / 8, elements 32 (entry % 8) + 0..31.
 Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
 #if WTYPE == TS_TYPE_Q4_0
   const uvec4 q = w_q[qbase + entry];
@@ -97,22 +105,60 @@ Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
   return Q8W(q & 0x0F0F0F0Fu, (q >> 4) & 0x0F0F0F0Fu, d, 8.0 * d);
 #elif WTYPE == TS_TYPE_Q8_0
   return Q8W(w_q[qbase + 2u * entry], w_q[qbase + 2u * entry + 1u], m_half(mbase, entry), 0.0);
-#else  // Q4_K: qs[32c + l] holds element l of sub-block 2c (low nibble) and of 2c + 1 (high)
+#elif WTYPE == TS_TYPE_Q4_K
+  // qs[32c + l] holds element l of sub-block 2c (low nibble) and of 2c + 1 (high).
   const uint sb = entry >> 3, j = entry & 7u, c = j >> 1, shift = (j & 1u) * 4u;
   const uvec4 q0 = w_q[qbase + 8u * sb + 2u * c], q1 = w_q[qbase + 8u * sb + 2u * c + 1u];
   const uint mw = mbase + 4u * sb;  // M entry: d, dmin, scales[12]
   const vec2 dm = unpackHalf2x16(w_m[mw]);
   const vec2 sm = kquant_scale_min(uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]), j);
   return Q8W((q0 >> shift) & 0x0F0F0F0Fu, (q1 >> shift) & 0x0F0F0F0Fu, dm.x * sm.x, dm.y * sm.y);
+#else  // Q6_K (the order of split1_unit8 in weights.glsl)
+  // Unit u = entry % 8 of super-block sb: half n = u / 4, quarter g = u % 4. Element
+  // 128n + 32g + l (l < 32) has its low 4 bits in ql[64n + 32(g % 2) + l] (low nibble for g < 2,
+  // high for g >= 2) and its high 2 bits in qh[32n + l] at bits 2g, 2g + 1.
+  const uint sb = entry >> 3, u = entry & 7u, n = u >> 2, g = u & 3u;
+  const uint qv = qbase + 8u * sb + 4u * n + 2u * (g & 1u);
+  const uvec4 q0 = w_q[qv], q1 = w_q[qv + 1u];
+  const uint nshift = (g >> 1) * 4u, hshift = 2u * g;
+  // M entry (82 bytes, 41 u16: 2-byte aligned, mid-word for odd sb): qh[64] at byte 0,
+  // scales[16] at 64, d at 80. qh[32n .. 32n + 31]: the 9 words from the one holding its first
+  // byte, realigned by 16 bits where it starts mid-word.
+  const uint e16 = 41u * sb, i16 = 2u * mbase + e16 + 16u * n;
+  const uint w0 = i16 >> 1;
+  const bool mid = (i16 & 1u) != 0u;
+  uint hw[9];
+  [[unroll]] for (uint k = 0; k < 9; ++k) hw[k] = w_m[w0 + k];
+  uvec4 a, b;
+  [[unroll]] for (uint k = 0; k < 4; ++k) {
+    // qh[32n + 4k .. +3] (elements 4k + i) and qh[32n + 16 + 4k .. +3] (elements 16 + 4k + i).
+    const uint h_lo = mid ? (hw[k] >> 16u) | (hw[k + 1u] << 16u) : hw[k];
+    const uint h_hi = mid ? (hw[k + 4u] >> 16u) | (hw[k + 5u] << 16u) : hw[k + 4u];
+    a[k] = ((q0[k] >> nshift) & 0x0F0F0F0Fu) | (((h_lo >> hshift) << 4u) & 0x30303030u);
+    b[k] = ((q1[k] >> nshift) & 0x0F0F0F0Fu) | (((h_hi >> hshift) << 4u) & 0x30303030u);
+  }
+  const int sc = int(m_u16(mbase, e16 + 32u + u));  // scales[2u] (low byte), scales[2u + 1] (high)
+  const float d = m_half(mbase, e16 + 40u);
+  return Q8W(a, b, d * vec2(float(bitfieldExtract(sc, 0, 8)), float(bitfieldExtract(sc, 8, 8))));
 #endif
 }
 
 // A loaded weight block dotted with an input block given as (lo, hi, ds):
-//   sum_i (d q_i - m) x_i = d * dx * (q . qx) - m * sum(x).
+//   sum_i (d q_i - m) x_i = d * dx * (q . qx) - m * sum(x);
+//   Q6_K: d.x * (dx * (a . qx_lo) - 32 sum(x_lo)) + d.y * (dx * (b . qx_hi) - 32 sum(x_hi)).
 float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
+#if WTYPE == TS_TYPE_Q6_K
+  int sa = 0, sb = 0;
+  [[unroll]] for (uint j = 0; j < 4; ++j) {
+    sa += SDOT4(w.a[j], xl[j]);
+    sb += SDOT4(w.b[j], xh[j]);
+  }
+  return w.d.x * (ds.x * float(sa) - 32.0 * ds.y) + w.d.y * (ds.x * float(sb) - 32.0 * ds.z);
+#else
   int s = 0;
   [[unroll]] for (uint j = 0; j < 4; ++j) s += SDOT4(w.a[j], xl[j]) + SDOT4(w.b[j], xh[j]);
   return w.d * ds.x * float(s) - w.m * (ds.y + ds.z);
+#endif
 }
 
 // Dot product of weight block `entry` with an input block given as (lo, hi, ds).

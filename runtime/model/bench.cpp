@@ -326,7 +326,7 @@ BenchReport run_bench(const BenchOptions& o) {
     h.dispatches = model.stats().dispatches;
     h.barriers = model.stats().barriers;
     h.weight_bytes_per_token = model.stats().weight_bytes;
-    h.activations = model.stats().int8_activations ? "int8 (Q4_0/Q8_0/Q4_K matvecs and experts)" : "f32";
+    h.activations = model.stats().int8_activations ? "int8 (Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts)" : "f32";
     h.prefill_chunk = model.prefill_stats().chunk;
     h.prefill_dispatches = model.prefill_stats().dispatches;
     h.prefill_barriers = model.prefill_stats().barriers;

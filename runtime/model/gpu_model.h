@@ -43,7 +43,7 @@ struct GpuModelOptions {
                                   // from downloaded logits, e.g. for repetition penalties)
   bool progress = false;          // upload progress bar on stderr
   vk::AttentionTuning attention;  // decode attention work split (0 = automatic; bench --attention)
-  bool int8_activations = true;   // Q4_0/Q8_0/Q4_K matvecs and experts: int8 activations and integer
+  bool int8_activations = true;   // Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   bool router_epilogue = true;    // decode: the MoE router as the epilogue of the matvec before it
                                   // (shaders/route_epilogue.glsl) where that matvec can take it

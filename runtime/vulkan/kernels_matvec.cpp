@@ -89,7 +89,7 @@ PipelineDesc describe(const MatvecOp& op, Context& ctx, const Variant& v, const 
 }  // namespace
 
 bool q8_activations_type(Context& ctx, GgmlType t) {
-  return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K) &&
+  return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K) &&
          ctx.device().enabled().integer_dot_product;
 }
 

@@ -22,7 +22,7 @@
 namespace tessera::vk {
 
 // The int8-activation path (shaders/q8_activations.glsl) serves weights of type `t` on this
-// device: Q4_0 / Q8_0 / Q4_K SPLIT1 weights on a device with shaderIntegerDotProduct.
+// device: Q4_0 / Q8_0 / Q4_K / Q6_K SPLIT1 weights on a device with shaderIntegerDotProduct.
 bool q8_activations_type(Context& ctx, GgmlType t);
 // ... and a kernel that stages its whole input of `cols` elements at once (48 bytes per 32
 // elements) finds room for it in shared memory (the MoE kernels; matvec_q8 stages in passes).

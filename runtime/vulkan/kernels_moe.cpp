@@ -106,7 +106,9 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
                     7);
 }
 
-bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K; }
+bool q8_type(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+}
 
 void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
   if (s.buffer == VK_NULL_HANDLE) runtime_error(what, ": binding '", binding, "' is not set");

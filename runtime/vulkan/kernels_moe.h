@@ -108,9 +108,9 @@ uint32_t moe_h_stride(const MoeTileGeometry& g);
 uint64_t moe_h_floats(const MoeTileGeometry& g, uint32_t n_used);
 // The int8-activation path of the expert kernels (shaders/q8_activations.glsl): gate-up quantizes
 // its input per workgroup and writes h also as int8 blocks (hq), which the down kernel reads.
-// Usable when every gate-up and down type of the tile is Q4_0 / Q8_0 / Q4_K, widths are multiples of 32
-// and the device has integer dot products. Set MoeGateUpOp::hq and MoeDownOp::hq (same buffer,
-// moe_hq_bytes) to use it; leave both empty for the f32 path.
+// Usable when every gate-up and down type of the tile is Q4_0 / Q8_0 / Q4_K / Q6_K, widths are
+// multiples of 32 and the device has integer dot products. Set MoeGateUpOp::hq and MoeDownOp::hq
+// (same buffer, moe_hq_bytes) to use it; leave both empty for the f32 path.
 bool moe_q8_usable(Context& ctx, const MoeTileGeometry& g, uint32_t n_used);
 uint64_t moe_hq_bytes(const MoeTileGeometry& g, uint32_t n_used);
 // The same for the dense FFN (DenseGateUpOp::hq, DenseDownOp::hq; dense_hq_bytes(F)).

@@ -72,7 +72,7 @@ struct MoePrefillOp {
   BufferSlice y;        // f32 [prefill_pairs][n_embd]
   std::string label;    // dispatch labels: label + " gateup" / " down" (+ " shared")
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of expert ranges)
-  bool int8_activations = true;    // Q4_0/Q8_0/Q4_K: inputs staged as int8 blocks, integer dot products
+  bool int8_activations = true;    // Q4_0/Q8_0/Q4_K/Q6_K: inputs staged as int8 blocks, integer dot products
 
   // Bytes of one call, counting every expert's weights once (the chunk's upper bound).
   uint64_t gateup_bytes() const;

@@ -142,11 +142,12 @@ TEST(GpuModel, GreedyTokensEqualTheReference) {
   EXPECT_EQ(tg, tc);
 }
 
-// The int8-activation path end to end (every Q4_0 / Q8_0 matvec and expert kernel takes int8
-// inputs; its kernels are checked exactly against the same rounding in tests/vulkan): the
-// logits stay close to the f32 reference and pick the same top token in most positions. The
-// bound is loose because the tiny random models amplify a rounding through 2-3 layers; a real
-// model's error is what `tessera verify`-style comparisons on the GPU machine report.
+// The int8-activation path end to end (every Q4_0 / Q8_0 / Q4_K / Q6_K matvec and expert kernel
+// takes int8 inputs, the q4_k_m files' Q6_K LM head included; its kernels are checked exactly
+// against the same rounding in tests/vulkan): the logits stay close to the f32 reference and pick
+// the same top token in most positions. The bound is loose because the tiny random models amplify
+// a rounding through 2-3 layers; a real model's error is what `tessera verify`-style comparisons
+// on the GPU machine report.
 TEST(GpuModel, Int8ActivationsTrackTheReference) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* type : {"q4_0", "q8_0", "q4_k_m"}) {

@@ -20,7 +20,7 @@ struct Case {
   bool norm = false;
   uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
   uint64_t max_binding_bytes = 0;
-  bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0, batch 1)
+  bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
 };
 
 std::string describe(const Case& c) {
@@ -171,17 +171,26 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {t, 67, 288, 16, false, false, 4, 1, 0, true}, seed++);
     run_case(g, {t, 37, 2080, 13, true, true, 0, 0, 0, true}, seed++);
   }
-  // Q4_K: 32-element sub-blocks with their own 6-bit scales and mins; rows of 1, 9, 65 super-blocks
-  // (65 x 8 = 520 sub-blocks: two staging passes at batch 1), batched, many rows.
-  const GgmlType k = GgmlType::Q4_K;
-  run_case(g, {k, 67, 256, 1, false, false, 0, 0, 0, true}, seed++);
-  run_case(g, {k, 5, 2304, 1, true, true, 0, 0, 0, true}, seed++);
-  run_case(g, {k, 4100, 256, 1, false, true, 0, 0, 0, true}, seed++);
-  run_case(g, {k, 37, 2304, 8, false, true, 0, 0, 0, true}, seed++);
-  run_case(g, {k, 5, 16640, 1, false, false, 0, 0, 0, true}, seed++);
+  // K-quants, 32 elements per int8 block: Q4_K (sub-blocks with their own 6-bit scales and mins),
+  // Q6_K (two 16-element sub-blocks with int8 scales per block, 6-bit values split over ql / qh).
+  // Rows of 1, 9, 65 super-blocks (65 x 8 = 520 blocks: two staging passes at batch 1), row counts
+  // off the tile (1, 5, 37, 67, 4100), batched with padded strides, up to 16 columns, many rows.
+  for (GgmlType k : {GgmlType::Q4_K, GgmlType::Q6_K}) {
+    run_case(g, {k, 67, 256, 1, false, false, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 1, 2304, 1, false, false, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 5, 2304, 1, true, true, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 4100, 256, 1, false, true, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 37, 2304, 8, false, true, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 67, 768, 3, true, false, 4, 5, 0, true}, seed++);
+    run_case(g, {k, 37, 512, 16, false, false, 4, 1, 0, true}, seed++);
+    run_case(g, {k, 5, 16640, 1, false, false, 0, 0, 0, true}, seed++);
+    run_case(g, {k, 67, 256, 1, false, false, 0, 0, 4096, true}, seed++);  // row chunks of a few KiB
+  }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);
-  run_case(gs, {k, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
+  run_case(gs, {GgmlType::Q4_K, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
+  run_case(gs, {GgmlType::Q6_K, 67, 768, 1, true, false, 0, 0, 0, true}, seed++);
+  run_case(gs, {GgmlType::Q6_K, 7, 512, 3, false, true, 4, 2, 0, true}, seed++);
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

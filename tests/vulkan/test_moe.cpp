@@ -335,8 +335,9 @@ TEST(MoeKernels, RoutingTiesPreferLowerExpertIds) {
 }
 
 // The int8-activation path (gate-up quantizes h2 and writes h as int8 blocks, down reads them)
-// against the CPU on the same rounded inputs: GLM and V2 routing, Q4_0 and Q8_0 mixed, widths of
-// one and several blocks per lane, slot ranges, per-workgroup routing, the shared-memory path.
+// against the CPU on the same rounded inputs: GLM and V2 routing, Q4_0 / Q8_0 / Q4_K / Q6_K mixed
+// (routed and shared parts of different types: separate dispatches), widths of one and several
+// blocks per lane, slot ranges, per-workgroup routing, the shared-memory path.
 TEST(MoeKernels, Int8ActivationPath) {
   REQUIRE_GPU(false);
   if (!vk::q8_activations_usable(*vktest::gpu().ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
@@ -351,6 +352,21 @@ TEST(MoeKernels, Int8ActivationPath) {
   const TileTypes q4k_mix = {GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K};
   cases.push_back(make_case(8, 2, 256, 256, 512, q4k, Style::Glm));
   cases.push_back(make_case(6, 3, 256, 512, 256, q4k_mix, Style::V2));
+  // Q6_K: the Q4_K_M mix (Q4_K gate-up, Q6_K down), all Q6_K, Q6_K next to 32-element types.
+  const TileTypes q6k = {GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K, GgmlType::Q6_K};
+  const TileTypes q6k_mix = {GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q6_K};
+  cases.push_back(make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm));
+  cases.push_back(make_case(6, 3, 512, 256, 256, q6k, Style::V2));
+  cases.push_back(make_case(9, 3, 96, 256, 256, q6k_mix, Style::Glm));
+  TileCase q4km_ranged = make_case(12, 3, 256, 256, 256, kQ4KM, Style::V2);
+  q4km_ranged.max_binding_bytes = 5 * moe_tile_geometry(12, 256, 256, 256, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q4_K,
+                                                        GgmlType::Q6_K).slot_stride;
+  cases.push_back(q4km_ranged);
+  TileCase q4km_per_wg = make_case(16, 4, 256, 256, 256, kQ4KM, Style::Glm);
+  q4km_per_wg.per_workgroup_routing = true;
+  cases.push_back(q4km_per_wg);
+  cases.push_back(make_case(8, 2, 256, 512, 256, kQ4KM, Style::V2, /*no_subgroup=*/true));
+  cases.push_back(make_case(6, 2, 256, 256, 512, q6k_mix, Style::Glm, /*no_subgroup=*/true));
   TileCase ranged = make_case(16, 4, 96, 96, 256, q40, Style::Glm);
   ranged.max_binding_bytes = 3 * moetest::build_tile(*std::make_unique<std::mt19937>(1), 16, 96, 96, 256, q40).g.slot_stride;
   cases.push_back(ranged);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "tests/vulkan/test_moe_util.h"
 #include "tests/vulkan/vk_test_util.h"
@@ -109,8 +110,11 @@ TEST(MoeBlock, Router) {
 }
 
 // Dense FFN: x += W_down (silu(W_gate xn) * (W_up xn)), xn = RMSNorm(x; ffn_norm).
-void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_embd, uint32_t n_ff, uint32_t seed) {
-  SCOPED_TRACE(cat("dense ", type_name(gu_type), "/", type_name(down_type), " n_embd ", n_embd, " F ", n_ff));
+// q8: the int8-activation path (hq set on both ops), against the same rounding on the CPU.
+void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_embd, uint32_t n_ff, uint32_t seed,
+                    bool q8 = false) {
+  SCOPED_TRACE(cat("dense ", type_name(gu_type), "/", type_name(down_type), " n_embd ", n_embd, " F ", n_ff,
+                   q8 ? " q8act" : ""));
   std::mt19937 rng(seed);
   const std::vector<uint8_t> gate = vktest::random_matrix(rng, gu_type, n_ff, n_embd);
   const std::vector<uint8_t> up = vktest::random_matrix(rng, gu_type, n_ff, n_embd);
@@ -130,9 +134,11 @@ void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_emb
   const float eps = 1e-6f;
   vk::Buffer xb = vktest::make_buffer(g, n_embd * 4, "x"), nb = vktest::make_buffer(g, n_embd * 4, "norm");
   vk::Buffer hb = vktest::make_buffer(g, n_ff * 4, "h");
+  vk::Buffer hqb = vktest::make_buffer(g, vk::dense_hq_bytes(n_ff), "hq");
   vktest::upload_bytes(g, xb, x0.data(), n_embd * 4);
   vktest::upload_bytes(g, nb, nw.data(), n_embd * 4);
   vktest::poison(g, hb);
+  vktest::poison(g, hqb);
 
   vk::DenseGateUpOp gu;
   gu.gate = {&wb, gate_at, gu_type, layout, n_ff, n_embd};
@@ -145,6 +151,10 @@ void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_emb
   dd.down = dm->ref;
   dd.h = hb.whole();
   dd.x = xb.whole();
+  if (q8) {
+    EXPECT_TRUE(vk::dense_q8_usable(*g.ctx, gu.gate, dd.down));
+    gu.hq = dd.hq = hqb.whole();
+  }
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   gu.record(rec);
@@ -153,18 +163,29 @@ void run_dense_case(Gpu& g, GgmlType gu_type, GgmlType down_type, uint32_t n_emb
   rec.end();
   rec.run();
 
-  const std::vector<double> xn_d = rms_norm_ref(x0, nw, eps);
+  std::vector<double> xn_d = rms_norm_ref(x0, nw, eps);
+  if (q8) {  // the kernel quantizes x * norm weight, then scales the dot products by 1/rms
+    double ss = 0;
+    for (float v : x0) ss += double(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / n_embd + eps);
+    std::vector<double> xw(n_embd);
+    for (uint32_t k = 0; k < n_embd; ++k) xw[k] = double(x0[k]) * nw[k];
+    xn_d = vktest::q8_round(xw);
+    for (double& v : xn_d) v *= inv;
+  }
+  const double rel = q8 ? 1e-4 : 2e-5;
   std::vector<double> hw, ht;
   moetest::ref_gateup([&](uint32_t i) { return vktest::dequant_row(gu_type, gate, n_embd, i); },
-                      [&](uint32_t i) { return vktest::dequant_row(gu_type, up, n_embd, i); }, n_ff, xn_d, hw, ht);
+                      [&](uint32_t i) { return vktest::dequant_row(gu_type, up, n_embd, i); }, n_ff, xn_d, hw, ht, rel);
   for (double& t : ht) t *= 2;  // the kernel applies 1/rms after the dot products
   const std::vector<float> h = vktest::download_floats(g, hb, n_ff);
   vktest::expect_close(h, hw, ht, "dense h");
   std::vector<double> want(x0.begin(), x0.end()), abs(n_embd, 0.0), tol(n_embd);
-  const std::vector<double> hd(h.begin(), h.end());
+  std::vector<double> hd(h.begin(), h.end());
+  if (q8) hd = vktest::q8_round(hd);  // the down kernel reads the gate-up's int8 copy of h
   moetest::ref_down_add([&](uint32_t r) { return vktest::dequant_row(down_type, down, n_ff, r); }, n_embd, 1.0, hd.data(),
                         want, abs);
-  for (uint32_t r = 0; r < n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r]);
+  for (uint32_t r = 0; r < n_embd; ++r) tol[r] = moetest::sum_tol(abs[r], want[r], rel);
   vktest::expect_close(vktest::download_floats(g, xb, n_embd), want, tol, "x after the dense FFN");
 }
 
@@ -178,6 +199,21 @@ TEST(MoeBlock, DenseFfn) {
   Gpu& s = vktest::gpu(true);
   VK_TEST_REQUIRE_GPU(s);
   run_dense_case(s, GgmlType::Q5_K, GgmlType::Q5_1, 256, 96, 14);
+}
+
+// The dense FFN on the int8-activation path: the Q4_K_M shape of types (Q4_K gate/up, Q6_K down),
+// Q6_K gate/up, Q6_K next to 32-element types, the shared-memory path.
+TEST(MoeBlock, DenseFfnInt8Activations) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
+  run_dense_case(g, GgmlType::Q4_K, GgmlType::Q6_K, 256, 512, 20, true);
+  run_dense_case(g, GgmlType::Q6_K, GgmlType::Q6_K, 512, 256, 21, true);
+  run_dense_case(g, GgmlType::Q4_0, GgmlType::Q6_K, 96, 768, 22, true);
+  run_dense_case(g, GgmlType::Q6_K, GgmlType::Q8_0, 256, 160, 23, true);
+  Gpu& s = vktest::gpu(true);
+  VK_TEST_REQUIRE_GPU(s);
+  run_dense_case(s, GgmlType::Q4_K, GgmlType::Q6_K, 256, 256, 24, true);
 }
 
 // One MoE block recorded once (router | gate-up | down) and run for two different residual

@@ -43,10 +43,12 @@ struct MoeCase {
   uint32_t n_expert, w_routed, w_shared, n_embd, K, T, n;
   uint64_t max_binding_experts;  // 0: one binding; else expert ranges of this many slots
   bool sigmoid_bias;
-  bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0)
+  bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0 / Q4_K / Q6_K)
 };
 
-bool q8_type(GgmlType t) { return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K; }
+bool q8_type(GgmlType t) {
+  return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
+}
 
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
@@ -129,7 +131,9 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   rec.barrier();
   sum.record(rec);
   rec.end();
-  if (c.max_binding_experts) EXPECT_GT(rec.dispatch_count(), 6u) << "expert ranges: several dispatches";
+  if (c.max_binding_experts) {
+    EXPECT_GT(rec.dispatch_count(), 6u) << "expert ranges: several dispatches";
+  }
   rec.run();
 
   // Routing and lists.
@@ -204,8 +208,9 @@ TEST(PrefillMoe, BlockMatchesTheReference) {
   run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q4_0}, 5, 32, 32, 32, 3, 400, 390, 0, true}, 6);
 }
 
-// The int8-activation path (Q4_0 / Q8_0 dispatches; others keep f32 in the same block): passes of
-// 8 pairs, experts with more pairs than a pass, fewer live tokens than T, expert ranges.
+// The int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K dispatches; others keep f32 in the same
+// block): passes of 8 pairs, experts with more pairs than a pass, fewer live tokens than T, expert
+// ranges, the shared-memory path.
 TEST(PrefillMoe, Int8ActivationPath) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -215,8 +220,14 @@ TEST(PrefillMoe, Int8ActivationPath) {
   run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_0}, 9, 64, 96, 96, 2, 6, 6, 4, false, true}, 12);
   run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 4, 2048 / 32 * 32, 64, 256, 2, 17, 17, 0, true, true}, 13);
   run_moe_case(g, {{T::Q4_K, T::Q4_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 512, 2, 11, 10, 0, true, true}, 15);
+  // Q6_K: the Q4_K_M mix (Q6_K downs), Q6_K gate-ups next to a 32-element down and an f32-path down
+  // (Q5_K), expert ranges.
+  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q4_K, T::Q6_K}, 7, 256, 512, 256, 3, 13, 11, 0, true, true}, 16);
+  run_moe_case(g, {{T::Q6_K, T::Q8_0, T::Q6_K, T::Q5_K}, 6, 96, 256, 512, 2, 10, 9, 0, false, true}, 17);
+  run_moe_case(g, {{T::Q6_K, T::Q6_K, T::Q4_0, T::Q6_K}, 8, 256, 256, 256, 2, 9, 7, 3, true, true}, 18);
   Gpu& gs = vktest::gpu(true);
   run_moe_case(gs, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 7, 64, 32, 64, 3, 9, 8, 3, true, true}, 14);
+  run_moe_case(gs, {{T::Q4_K, T::Q6_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 256, 2, 9, 8, 2, true, true}, 19);
 }
 
 TEST(PrefillMoe, SharedMemoryPathMatches) {

@@ -22,43 +22,67 @@
 #ifndef TESSERA_ATTENTION_MERGE_TAIL_GLSL
 #define TESSERA_ATTENTION_MERGE_TAIL_GLSL
 
-shared float mg_w[MERGE_MAX * kHWP];  // w_c of combined partial c for head h at [c * kHWP + h]
-shared float mg_m[kHWP], mg_l[kHWP];
+shared float mg_w[MERGE_MAX * kHWP];  // m_c, then w_c, of combined partial c for head h at [c * kHWP + h]
+shared float mg_lc[MERGE_MAX * kHWP]; // l_c
+shared float mg_l[kHWP];
 shared bool mg_last;
+
+const uint kMergeOuts = (HW * kOQ + WG - 1) / WG;  // output vec4 per thread
 
 uint ml_index(uint p_base, uint chunk, uint head) { return p_base + args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + head) * 2; }
 uint o_index4(uint p_base, uint chunk, uint head) { return (p_base + (chunk * N_HEAD + head) * KV_LORA) / 4; }
 
 // Combines the partials of chunks first + c * stride, c < count, for this workgroup's heads: into
-// olat (to_olat), else over chunk `first`'s partial. Uniform control flow.
+// olat (to_olat), else over chunk `first`'s partial. Uniform control flow. The loads of each step
+// are independent of each other (spread over threads, or unrolled over a constant count).
 void merge_partials(uint first, uint stride, uint count, bool to_olat, uint head0, uint n_heads, uint p_base) {
   const uint tid = gl_LocalInvocationID.x;
+  for (uint i = tid; i < count * n_heads; i += WG) {
+    const uint c = i / n_heads, h = i % n_heads, ml = ml_index(p_base, first + c * stride, head0 + h);
+    mg_w[c * kHWP + h] = partials[ml];
+    mg_lc[c * kHWP + h] = partials[ml + 1];
+  }
+  barrier();
   if (tid < n_heads) {
     float m = kNegHuge;
-    for (uint c = 0; c < count; ++c) m = max(m, partials[ml_index(p_base, first + c * stride, head0 + tid)]);
+    for (uint c = 0; c < count; ++c) m = max(m, mg_w[c * kHWP + tid]);
     float l = 0.0;
     for (uint c = 0; c < count; ++c) {
-      const uint ml = ml_index(p_base, first + c * stride, head0 + tid);
-      const float w = exp(partials[ml] - m);
+      const float w = exp(mg_w[c * kHWP + tid] - m);
       mg_w[c * kHWP + tid] = w;
-      l += w * partials[ml + 1];
+      l += w * mg_lc[c * kHWP + tid];
     }
-    mg_m[tid] = m;
+    mg_lc[tid] = m;  // chunk 0's l is no longer needed: the combined m
     mg_l[tid] = l;
   }
   barrier();
-  for (uint i = tid; i < n_heads * kOQ; i += WG) {
-    const uint h = i / kOQ, quad = i % kOQ;
-    vec4 o = vec4(0.0);
-    for (uint c = 0; c < count; ++c) o += mg_w[c * kHWP + h] * partials4[o_index4(p_base, first + c * stride, head0 + h) + quad];
-    if (to_olat) olat4[(head0 + h) * kOQ + quad] = o / mg_l[h];
-    else partials4[o_index4(p_base, first, head0 + h) + quad] = o;
+  vec4 o[kMergeOuts];
+  [[unroll]] for (uint k = 0; k < kMergeOuts; ++k) o[k] = vec4(0.0);
+  for (uint c = 0; c < count; c += 2u) {
+    const bool two = c + 1u < count;
+    [[unroll]] for (uint k = 0; k < kMergeOuts; ++k) {
+      const uint i = tid + k * WG, h = i / kOQ, quad = i % kOQ;
+      if (i < n_heads * kOQ) {
+        const vec4 a = partials4[o_index4(p_base, first + c * stride, head0 + h) + quad];
+        const vec4 b = two ? partials4[o_index4(p_base, first + (c + 1u) * stride, head0 + h) + quad] : vec4(0.0);
+        o[k] += mg_w[c * kHWP + h] * a;
+        if (two) o[k] += mg_w[(c + 1u) * kHWP + h] * b;
+      }
+    }
+  }
+  [[unroll]] for (uint k = 0; k < kMergeOuts; ++k) {
+    const uint i = tid + k * WG, h = i / kOQ, quad = i % kOQ;
+    if (i < n_heads * kOQ) {
+      if (to_olat) olat4[(head0 + h) * kOQ + quad] = o[k] / mg_l[h];
+      else partials4[o_index4(p_base, first, head0 + h) + quad] = o[k];
+    }
   }
   if (!to_olat && tid < n_heads) {
     const uint ml = ml_index(p_base, first, head0 + tid);
-    partials[ml] = mg_m[tid];
+    partials[ml] = mg_lc[tid];
     partials[ml + 1] = mg_l[tid];
   }
+  barrier();  // the shared arrays are reused by the next combination
 }
 
 // Arrival at counter word `word` expecting `expected` arrivals: true in the last workgroup, which

@@ -165,8 +165,8 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.olat, "olat", H * R * 4},
       {&w.o, "o", H * c.n_v * 4},
       {&w.router_logits, "router logits", std::max<uint64_t>(c.n_expert, 4) * 4},
-      // router epilogue: E x workgroups of the matvec before it (at least 4 rows per workgroup)
-      {&w.route_partials, "router partials", std::max<uint64_t>(c.n_expert, 4) * ((c.n_embd + 3) / 4) * 4},
+      // router epilogue: (E + 1) x workgroups of the matvec before it (>= 4 rows per workgroup), rounded to 4
+      {&w.route_partials, "router partials", (std::max<uint64_t>(c.n_expert, 4) + 1) * ((c.n_embd + 15) / 16 * 4) * 4},
       {&w.h2, "h2", c.n_embd * 4ull},
       {&w.route, "route", (2ull * std::max<uint32_t>(c.n_expert_used, 1) + 1) * 4},
       {&w.h, "moe h", moe_h * 4},

@@ -116,7 +116,8 @@ bool MatvecOp::router_fusable(Context& ctx) const {
 uint64_t MatvecOp::router_partials_bytes(Context& ctx, uint32_t n_expert) const {
   uint32_t rows_per_wg = 0;
   describe(*this, ctx, variant_of(*this, &ctx), "", &rows_per_wg);
-  return uint64_t(n_expert) * ((w.rows + rows_per_wg - 1) / rows_per_wg) * 4;
+  const uint64_t groups = (w.rows + rows_per_wg - 1) / rows_per_wg;
+  return uint64_t(n_expert + 1) * ((groups + 3) / 4 * 4) * 4;
 }
 
 std::string MatvecOp::kernel_name(Context* ctx) const {
@@ -176,7 +177,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     };
     need(r.w, uint64_t(E) * w.rows * 4, "router weight");
     need(r.norm_weight, uint64_t(w.rows) * 4, "norm weight");
-    need(r.partials, uint64_t(E) * groups * 4, "partials");
+    need(r.partials, uint64_t(E + 1) * ((groups + 3) / 4 * 4) * 4, "partials");
     need(r.route, (2ull * r.args.n_used + 1) * 4, "route");
     need(r.h2, uint64_t(w.rows) * 4, "h2");
     const bool bias = (r.args.flags & TS_ROUTER_EXPERT_BIAS) != 0u;

@@ -70,7 +70,7 @@ struct MatvecOp {
   // Whether this op can take a router epilogue on this device: the int8-activation kernel, one
   // x vector, no fused input norm, y += W x, the whole matrix in one binding.
   bool router_fusable(Context& ctx) const;
-  // Scratch the epilogue needs for n_expert experts (E x workgroups floats).
+  // Scratch the epilogue needs for n_expert experts ((E + 1) x workgroups floats, rounded up).
   uint64_t router_partials_bytes(Context& ctx, uint32_t n_expert) const;
   // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm" (with a device: also
   // ".q8act" when the int8-activation path will run).

@@ -124,7 +124,9 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
       float w0, w1;
       std::memcpy(&w0, &r0[2 * k + 1], 4);
       std::memcpy(&w1, &r1[2 * k + 1], 4);
-      EXPECT_NEAR(w1, w0, 1e-5 * std::fabs(w0) + 1e-7) << "slot " << k;
+      // A logit error d moves a weight by about d relative: the two logits differ by the f32
+      // rounding of sums of a few hundred terms in different orders (~1e-5 of the largest).
+      EXPECT_NEAR(w1, w0, 1e-4 * std::fabs(w0) + 1e-7) << "slot " << k;
     }
     EXPECT_EQ(r1[2 * K], 0u) << "arrival counter reset";
   }

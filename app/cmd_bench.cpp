@@ -6,8 +6,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "app/cli.h"
 #include "format/error.h"
@@ -25,7 +23,6 @@ struct BenchArgs {
   uint64_t roofline_mib = 0;
   bool f32_activations = false;
   std::string attention;
-  std::vector<std::string> unfuse;  // --unfuse
 };
 
 // "heads=4,tile=8,slice=8,groups=128,min_chunk=16,short_heads=10,short_max=1024" (any subset)
@@ -83,8 +80,6 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
-  sub.add_option("--unfuse", a->unfuse, "Record these fusions as separate dispatches, for A/B runs: router, merge (any subset)")
-      ->delimiter(',')->check(CLI::IsMember({"router", "merge"}));
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short_heads=H2,short_max=N (any subset)");
@@ -101,10 +96,6 @@ Action setup(CLI::App& sub, const Globals& globals) {
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
     if (!a->attention.empty()) o.attention = parse_attention(a->attention);
-    for (const std::string& f : a->unfuse) {
-      if (f == "router") o.router_epilogue = false;
-      if (f == "merge") o.attention.fused_merge = false;
-    }
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

@@ -22,8 +22,6 @@
 // WG (threads, a multiple of 32), TILE (rows per tile, a multiple of 2), HW (heads per
 // workgroup, <= 32), SV (vec4 per score slice), OH (heads per value thread, a multiple of 4).
 // The host sizes WG >= NS * ceil(HW/4), WG >= (R/4) * ceil(HW/OH), WG >= HW.
-// FUSED_MERGE (decode, one query): the kernel also merges the chunks into olat (bindings 4 =
-// arrival counters, 5 = olat; attention_merge_tail.glsl), no attention_merge dispatch.
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
@@ -35,15 +33,7 @@ layout(std430, binding = 0) readonly restrict buffer Query { vec4 q4[]; };      
 layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; };  // n_ctx x (R+Dr) f16
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
-#if FUSED_MERGE
-// The last workgroups merge (attention_merge_tail.glsl): partials are read back, olat written here.
-layout(std430, binding = 3) coherent buffer Partials { float partials[]; };
-layout(std430, binding = 3) coherent buffer Partials4 { vec4 partials4[]; };
-layout(std430, binding = 4) coherent restrict buffer MergeCount { uint merge_count[]; };
-layout(std430, binding = 5) writeonly restrict buffer Out { vec4 olat4[]; };  // N_HEAD x R
-#else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
-#endif
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
@@ -65,10 +55,6 @@ shared vec4 tile[TILE * kRowV];                // staged rows, f32
 shared vec4 scores4[kNS * TILE * kHWP / 4 + OH / 4];
 shared float m_tile[kHWP];                     // running max including the current tile
 shared float alpha[kHWP];                      // factor rescaling the previous accumulators
-
-#if FUSED_MERGE
-#include "attention_merge_tail.glsl"
-#endif
 
 float score_at(uint idx) { return scores4[idx / 4][idx % 4]; }
 void set_score(uint idx, float v) { scores4[idx / 4][idx % 4] = v; }
@@ -212,20 +198,6 @@ void main() {
     }
   }
 
-#if FUSED_MERGE
-  const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
-  if (n_chunks == 1u) {  // uniform: the whole context in this workgroup, olat = o / l
-    barrier();
-    if (tid < n_heads) m_tile[tid] = l_run;
-    barrier();
-    if (o_active) {
-      [[unroll]] for (uint a = 0; a < OH; ++a) {
-        if (o_head0 + a < n_heads) olat4[(head0 + o_head0 + a) * kOQ + o_quad] = acc[a] / m_tile[o_head0 + a];
-      }
-    }
-    return;
-  }
-#endif
   // Partial of this chunk: unnormalized o, then (m, l) per head.
   if (o_active) {
     [[unroll]] for (uint a = 0; a < OH; ++a) {
@@ -243,7 +215,4 @@ void main() {
     partials[ml] = m_run;
     partials[ml + 1] = l_run;
   }
-#if FUSED_MERGE
-  merge_tail(chunk, n_chunks, head0, n_heads, p_base);
-#endif
 }

@@ -19,8 +19,6 @@
 // pass), Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
-// With ROUTE_EPILOGUE (decode: NUM_COLS 1, no NORM_INPUT, ACCUMULATE) the workgroups then compute
-// the MoE routing of the new y (route_epilogue.glsl; bindings 5..10, push RouteEpilogueArgs).
 
 #include "common.glsl"
 
@@ -36,36 +34,17 @@ layout(local_size_x = WG_SIZE) in;
 
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
 layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
-#if ROUTE_EPILOGUE
-layout(std430, binding = 3) coherent restrict buffer YBuf { float y[]; };  // the last workgroup reads all rows
-#else
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
-#endif
 #if NORM_INPUT
 layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 #endif
 
-#if ROUTE_EPILOGUE
-#include "moe_args.h"
-layout(push_constant) uniform Push {
-  MatvecArgs args;
-  RouteEpilogueArgs rargs;
-};
-#else
 layout(push_constant) uniform Push { MatvecArgs args; };
-#endif
 
 #include "q8_activations.glsl"
 
 #define TEAMS (WG_SIZE / THREADS_PER_ROW)
 #define ROWS_PER_WG (TEAMS * NUM_ROWS)
-
-#if ROUTE_EPILOGUE
-#if NUM_COLS != 1 || NORM_INPUT
-#error "matvec_q8.comp: ROUTE_EPILOGUE is for one column without NORM_INPUT"
-#endif
-#include "route_epilogue.glsl"
-#endif
 
 // x elements k..k+3 of column c (times the norm weight with NORM_INPUT).
 vec4 xin4(uint c, uint k) {
@@ -106,12 +85,9 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
   }
 }
 
-// Stores row `row` of column c and returns the stored value.
-float store(uint row, uint c, float v) {
+void store(uint row, uint c, float v) {
   const uint i = c * args.y_stride + args.row_begin + row;
-  const float out_v = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
-  y[i] = out_v;
-  return out_v;
+  y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
 }
 
 #if !USE_SUBGROUP
@@ -135,8 +111,7 @@ void main() {
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif
-  const uint wg = linear_workgroup_id();
-  const uint row0 = wg * ROWS_PER_WG;
+  const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
 
@@ -169,12 +144,7 @@ void main() {
   if (subgroupElect()) {
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {
-        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-          const float v = store(row + r, c, acc[r][c] * scale[c]);
-#if ROUTE_EPILOGUE
-          ep_h[team * NUM_ROWS + r] = v;
-#endif
-        }
+        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c]);
       }
     }
   }
@@ -190,16 +160,8 @@ void main() {
         if (lane < s) team_partial[lid] += team_partial[lid + s];
         barrier();
       }
-      if (lane == 0u && r < nvalid) {
-        const float v = store(row + r, c, team_partial[lid] * scale[c]);
-#if ROUTE_EPILOGUE
-        ep_h[team * NUM_ROWS + r] = v;
-#endif
-      }
+      if (lane == 0u && r < nvalid) store(row + r, c, team_partial[lid] * scale[c]);
     }
   }
-#endif
-#if ROUTE_EPILOGUE
-  route_epilogue(wg, row0, row_end - row0);
 #endif
 }

@@ -43,21 +43,6 @@ struct RouterArgs {
   uint pad0;
 };
 
-// matvec_q8.comp with ROUTE_EPILOGUE (route_epilogue.glsl): the router of the next MoE block
-// computed by the matvec's workgroups after y += W x (y = the new residual h, n = rows of W):
-// logits = W_router . RMSNorm(h; ffn_norm, eps), then the routing as with TS_ROUTER_ROUTE, h2 =
-// RMSNorm(h; ffn_norm, eps). Pushed after the matvec's MatvecArgs.
-struct RouteEpilogueArgs {
-  uint n_groups;        // workgroups of the matvec that arrive (rows / rows per workgroup, rounded up)
-  uint n_expert;
-  float eps;
-  uint n_used;          // K
-  uint gating;          // TS_GATING_*
-  uint flags;           // TS_ROUTER_EXPERT_BIAS, TS_ROUTER_NORM_WEIGHTS
-  float weights_scale;  // routing weights scale, applied unless 0 or 1
-  uint pad0;
-};
-
 // MoeArgs.flags bits.
 #define TS_MOE_ROUTED 4u          // this dispatch does the routed slots 0..n_used-1
 #define TS_MOE_SHARED 8u          // this dispatch does the shared slot (slot n_used of h)
@@ -133,7 +118,7 @@ struct SampleArgs {
 };
 
 #ifdef __cplusplus
-static_assert(sizeof(RouterArgs) % 16 == 0 && sizeof(RouteEpilogueArgs) % 16 == 0 && sizeof(MoeArgs) % 16 == 0 && sizeof(SampleArgs) % 16 == 0);
+static_assert(sizeof(RouterArgs) % 16 == 0 && sizeof(MoeArgs) % 16 == 0 && sizeof(SampleArgs) % 16 == 0);
 static_assert(sizeof(MoeArgs) <= 128 && sizeof(SampleArgs) <= 128);
 }  // namespace tessera::gpu
 #endif

@@ -8,7 +8,7 @@
 # ATTN_VARIANTS (set: decode tg128 at depth 0 and 4096 per `--attention` variant, "default" = none),
 # COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file),
 # BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
-# tg128 at depth 0 and 4096 with --profile on the composed file, e.g. "default;--unfuse router").
+# tg128 at depth 0 and 4096 with --profile on the composed file, e.g. "default;--attention heads=10").
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"

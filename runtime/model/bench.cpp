@@ -315,7 +315,6 @@ BenchReport run_bench(const BenchOptions& o) {
   go.n_ctx = need_ctx;
   go.progress = false;
   go.int8_activations = o.int8_activations;
-  go.router_epilogue = o.router_epilogue;
   go.attention = o.attention;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

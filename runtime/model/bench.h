@@ -43,7 +43,6 @@ struct BenchOptions {
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
-  bool router_epilogue = true;            // GpuModelOptions::router_epilogue
   vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

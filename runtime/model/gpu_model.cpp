@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <optional>
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_attention.h"
@@ -43,7 +42,7 @@ struct GpuModel::Weights {
   std::map<std::string, Loc, std::less<>> loc;
 
   // activations (f32) and state
-  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, route_partials, merge_counters, h2, route, h, hdense, logits, partials, sample_scratch;
+  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
@@ -95,7 +94,6 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
   rec_->fill(w_->route.whole(), 0);  // the router's arrival counter
-  rec_->fill(w_->merge_counters.whole(), 0);  // the attention merge's arrival counters
   rec_->end();
   rec_->run();
   rec_->begin();
@@ -149,7 +147,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
     }
   hq_bytes = std::max<uint64_t>(hq_bytes, vk::dense_hq_bytes(c.n_ff));
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
-  vk::AttentionOp probe(ctx_, ashape, options_.attention);
+  vk::AttentionOp probe(ctx_, ashape, options_.attention);  // partials sized for the tuning in use
   struct Act {
     vk::Buffer* buf;
     const char* name;
@@ -165,8 +163,6 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.olat, "olat", H * R * 4},
       {&w.o, "o", H * c.n_v * 4},
       {&w.router_logits, "router logits", std::max<uint64_t>(c.n_expert, 4) * 4},
-      // router epilogue: (E + 1) x workgroups of the matvec before it (>= 4 rows per workgroup), rounded to 4
-      {&w.route_partials, "router partials", (std::max<uint64_t>(c.n_expert, 4) + 1) * ((c.n_embd + 15) / 16 * 4) * 4},
       {&w.h2, "h2", c.n_embd * 4ull},
       {&w.route, "route", (2ull * std::max<uint32_t>(c.n_expert_used, 1) + 1) * 4},
       {&w.h, "moe h", moe_h * 4},
@@ -174,7 +170,6 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.hq, "int8 h", hq_bytes},
       {&w.logits, "logits", uint64_t(c.n_vocab) * 4},
       {&w.partials, "attention partials", probe.partials_bytes()},
-      {&w.merge_counters, "attention merge counters", std::max<uint64_t>(probe.merge_counter_bytes(), 16)},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
   };
 
@@ -238,9 +233,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const vk::BufferSlice step = w.step.whole();
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
-  // Returns whether `then_route` (when given) became the matvec's epilogue.
-  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterOp* then_route = nullptr) {
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc) {
     vk::MatvecOp op;
     op.w = w.matrix(name);
     op.x = x;
@@ -249,17 +242,10 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.norm_weight = norm;
     op.norm_eps = c.eps;
     op.int8_activations = options_.int8_activations;
-    if (then_route && options_.router_epilogue) {
-      op.router = then_route->as_epilogue(ctx_, op, w.route_partials.whole());
-      if (op.router && op.router_partials_bytes(ctx_, op.router->args.n_expert) > w.route_partials.size())
-        op.router.reset();
-      if (op.router) weight_bytes += then_route->w.read_bytes();
-    }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
     weight_bytes += op.w.read_bytes();
-    return op.router.has_value();
   };
 
   vk::EmbedOp embed;
@@ -301,37 +287,20 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += a.w.read_bytes();
     }
     rec.barrier();
-    attn.record(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord, w.partials.whole(), w.merge_counters.whole(),
-                w.olat.whole(), "attention " + L);
+    attn.record(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord, w.partials.whole(), w.olat.whole(), "attention " + L);
     rec.barrier();
-    // The attention output, y += W o; in MoE layers the router as its epilogue where it can be.
-    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
-    std::optional<vk::RouterOp> router;
-    if (c.is_moe(l)) {
-      router.emplace();
-      router->w = w.matrix(L + "ffn_gate_inp.weight");
-      router->x = w.x.whole();
-      router->norm_weight = ffn_norm;
-      router->eps = c.eps;
-      router->routing = routing;
-      if (c.has_exp_probs_b) router->bias = w.vec(L + "exp_probs_b.bias", c.n_expert);
-      router->logits = w.router_logits.whole();
-      router->h2 = w.h2.whole();
-      router->route = w.route.whole();
-      router->label = "router " + L;
-    }
-    bool routed = false;
     if (vo) {
-      routed = matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, router ? &*router : nullptr);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true);
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
       a.record(rec);
       weight_bytes += a.w.read_bytes();
       rec.barrier();
-      routed = matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, router ? &*router : nullptr);
+      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true);
     }
     rec.barrier();
+    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
     if (!c.is_moe(l)) {
       vk::DenseGateUpOp gu;
       gu.gate = w.matrix(L + "ffn_gate.weight");
@@ -356,11 +325,21 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes() + dd.down.read_bytes();
       continue;
     }
-    if (!routed) {
-      router->record(rec);
-      rec.barrier();
-      weight_bytes += router->w.read_bytes();
-    }
+    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    vk::RouterOp router;
+    router.w = w.matrix(L + "ffn_gate_inp.weight");
+    router.x = w.x.whole();
+    router.norm_weight = ffn_norm;
+    router.eps = c.eps;
+    router.routing = routing;
+    router.bias = bias;
+    router.logits = w.router_logits.whole();
+    router.h2 = w.h2.whole();
+    router.route = w.route.whole();
+    router.label = "router " + L;
+    router.record(rec);
+    rec.barrier();
+    weight_bytes += router.w.read_bytes();
     const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
     if (tile.tensor->layout != TsrLayout::MoeTile1)
       bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");

@@ -45,8 +45,6 @@ struct GpuModelOptions {
   vk::AttentionTuning attention;  // decode attention work split (0 = automatic; bench --attention)
   bool int8_activations = true;   // Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
-  bool router_epilogue = true;    // decode: the MoE router as the epilogue of the matvec before it
-                                  // (shaders/route_epilogue.glsl) where that matvec can take it
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
   uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
                                   // 0 = prompts run token by token through the decode graph

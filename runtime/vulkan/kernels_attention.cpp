@@ -20,7 +20,6 @@ constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared
 constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
 constexpr uint32_t kDefaultShortMaxKv = 1024;  // contexts up to this run the short variant
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
-constexpr uint32_t kMergeSet = 16;        // fused merge: chunks combined per set (attention_merge_tail.glsl)
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
@@ -253,16 +252,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     }
   }
 
-  if (tuning.fused_merge && !partial_short_) {
-    PipelineDesc f = p;
-    f.name = "attention_partial.merge";
-    f.defines["FUSED_MERGE"] = "1";
-    f.defines["MERGE_SET"] = std::to_string(kMergeSet);
-    f.defines["MERGE_MAX"] = std::to_string(std::max(kMergeSet, ceil_div(n_groups_, kMergeSet)));
-    f.num_buffers = 6;
-    partial_fused_ = &ctx.pipeline(f);
-  }
-
   PipelineDesc m;
   m.name = "attention_merge";
   m.file = "attention_merge.comp";
@@ -275,10 +264,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
 }
 
 uint64_t AttentionOp::partials_bytes() const { return uint64_t(n_groups_) * shape_.n_head * (shape_.kv_lora + 2) * 4; }
-
-uint64_t AttentionOp::merge_counter_bytes() const {
-  return uint64_t(ceil_div(shape_.n_head, heads_per_group_)) * (1 + ceil_div(n_groups_, kMergeSet)) * 4;
-}
 
 uint32_t AttentionOp::num_chunks(uint32_t kv_len) const {
   return gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), n_groups_, min_chunk_, tile_);
@@ -346,30 +331,6 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
   record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
   rec.barrier();
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
-}
-
-void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                         BufferSlice partials, BufferSlice counters, BufferSlice olat, std::string_view label) const {
-  if (!partial_fused_) {
-    record(rec, q, cache, step, pos_word, partials, olat, label);
-    return;
-  }
-  const std::string what = std::string(label) + " partial+merge";
-  if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
-    runtime_error(what, ": q binding holds ", q.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.row() * 4);
-  if (cache.size < shape_.cache_bytes())
-    runtime_error(what, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes());
-  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(what, ": step binding has no word ", pos_word);
-  if (partials.size < partials_bytes())
-    runtime_error(what, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
-  if (counters.size < merge_counter_bytes())
-    runtime_error(what, ": counter binding holds ", counters.size, " bytes, needs ", merge_counter_bytes());
-  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-    runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, 0};
-  const BufferSlice b[] = {q, cache, step, partials, counters, olat};
-  rec.dispatch(*partial_fused_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1, what,
-               partial_bytes(profile_kv_len_) + merge_bytes(profile_kv_len_));
 }
 
 uint32_t QueryBatch::word() const { return n > 1 ? count_word : TS_ATTN_NO_COUNT; }

@@ -141,9 +141,6 @@ struct AttentionTuning {
   // heads (10 heads alone: 172.5 / 130.3): the idle variant's dispatch is not free.
   uint32_t short_heads_per_group = 0;  // 0: no short variant
   uint32_t short_max_kv = 0;           // with a short variant; 0: 1024
-  // Decode: the partial kernel's last workgroups merge the chunks (attention_merge_tail.glsl; no
-  // merge dispatch, no barrier before it). Not with a short variant. false: partial, barrier, merge.
-  bool fused_merge = true;
 };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
@@ -164,13 +161,6 @@ class AttentionOp {
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
-  // Decode (one query): with fused_merge(), one dispatch that also merges, its arrival counters in
-  // `counters` (merge_counter_bytes(), zero before the first run; the kernel leaves them zero);
-  // else as record() above.
-  void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-              BufferSlice partials, BufferSlice counters, BufferSlice olat, std::string_view label) const;
-  bool fused_merge() const { return partial_fused_ != nullptr; }
-  uint64_t merge_counter_bytes() const;
 
   // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).
   uint64_t partial_bytes(uint32_t kv_len) const;
@@ -193,7 +183,6 @@ class AttentionOp {
   const Pipeline* partial_ = nullptr;
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* merge_ = nullptr;
-  const Pipeline* partial_fused_ = nullptr;  // FUSED_MERGE variant of partial_ (or null)
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
   uint32_t short_heads_ = 0, short_max_kv_ = 0;

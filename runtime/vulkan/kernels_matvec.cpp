@@ -1,7 +1,5 @@
 #include "runtime/vulkan/kernels_matvec.h"
 
-#include <algorithm>
-
 #include "format/error.h"
 #include "shaders/kernel_args.h"
 
@@ -27,65 +25,6 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
 }
 
-// The pipeline of op's variant and the rows each of its workgroups computes.
-PipelineDesc describe(const MatvecOp& op, Context& ctx, const Variant& v, const std::string& name, uint32_t* rows_per_wg) {
-  const bool sg = ctx.pipelines().use_subgroup();
-  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  PipelineDesc desc;
-  desc.name = name;
-  if (v.q8) {
-    // matvec_q8.comp. Decode (batch 1): 4 teams; rows per team 4 for rows of <= 2 blocks per lane,
-    // else 2, lowered until the matrix gives kMinWorkgroups workgroups (an H200 has 132 SMs).
-    // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
-    const uint32_t nb = op.w.cols / 32;
-    const uint32_t teams = op.batch > 1 ? 8u : kGroupsPerWorkgroup;
-    uint32_t nrows = op.batch > 8 ? 2u : op.batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
-    if (op.batch == 1)
-      while (nrows > 1 && (op.w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
-    // Blocks per staging pass: a power of two, at most what the columns need and what fits
-    // kQ8StageBytes of shared memory (48 bytes per block and column).
-    uint32_t kchunk = 1;
-    while (kchunk < nb && uint64_t(2 * kchunk) * op.batch * 48 <= kQ8StageBytes) kchunk *= 2;
-    *rows_per_wg = teams * nrows;
-    desc.file = "matvec_q8.comp";
-    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(op.w.type))},
-                    {"WG_SIZE", std::to_string(tpr * teams)},
-                    {"THREADS_PER_ROW", std::to_string(tpr)},
-                    {"NUM_ROWS", std::to_string(nrows)},
-                    {"NUM_COLS", std::to_string(op.batch)},
-                    {"NORM_INPUT", v.norm ? "1" : "0"},
-                    {"KCHUNK", std::to_string(kchunk)},
-                    {"Q8_BLOCKS", std::to_string(kchunk * op.batch)}};
-  } else {
-    // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
-    // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
-    // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
-    // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
-    const uint32_t nrows = sg && op.batch > 1 ? 2u : 1u;
-    const bool unit32 = op.batch == 1 && type_info(op.w.type).block_elems == 256;
-    *rows_per_wg = kGroupsPerWorkgroup * nrows;
-    desc.file = "matvec.comp";
-    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(op.w.type))},
-                    {"WG_SIZE", std::to_string(tpr * kGroupsPerWorkgroup)},
-                    {"THREADS_PER_ROW", std::to_string(tpr)},
-                    {"NUM_ROWS", std::to_string(nrows)},
-                    {"NUM_COLS", std::to_string(op.batch)},
-                    {"NORM_INPUT", v.norm ? "1" : "0"},
-                    {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
-                    {"UNIT32", unit32 ? "1" : "0"}};
-  }
-  desc.num_buffers = v.norm ? 5 : 4;
-  desc.push_bytes = sizeof(gpu::MatvecArgs);
-  desc.full_subgroups = sg;
-
-  if (op.router) {
-    desc.defines["ROUTE_EPILOGUE"] = "1";
-    desc.num_buffers = 11;
-    desc.push_bytes = sizeof(gpu::MatvecArgs) + sizeof(gpu::RouteEpilogueArgs);
-  }
-  return desc;
-}
-
 }  // namespace
 
 bool q8_activations_type(Context& ctx, GgmlType t) {
@@ -106,20 +45,6 @@ uint32_t MatvecOp::max_batch(Context& ctx) const {
   return variant_of(one, &ctx).q8 ? 16u : 8u;
 }
 
-bool MatvecOp::router_fusable(Context& ctx) const {
-  MatvecOp plain = *this;
-  plain.router.reset();
-  const Variant v = variant_of(plain, &ctx);
-  return v.q8 && !v.norm && batch == 1 && accumulate && row_chunks(w, ctx.info(), max_binding_bytes).size() == 1;
-}
-
-uint64_t MatvecOp::router_partials_bytes(Context& ctx, uint32_t n_expert) const {
-  uint32_t rows_per_wg = 0;
-  describe(*this, ctx, variant_of(*this, &ctx), "", &rows_per_wg);
-  const uint64_t groups = (w.rows + rows_per_wg - 1) / rows_per_wg;
-  return uint64_t(n_expert + 1) * ((groups + 3) / 4 * 4) * 4;
-}
-
 std::string MatvecOp::kernel_name(Context* ctx) const {
   const Variant v = variant_of(*this, ctx);
   std::string n = cat("matvec.", type_name(w.type));
@@ -127,7 +52,6 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.vec8) n += ".v8";
   if (v.norm) n += ".norm";
   if (v.q8) n += ".q8act";
-  if (router) n += ".route";
   return n;
 }
 
@@ -159,48 +83,59 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
 
+  PipelineLibrary& lib = ctx.pipelines();
+  const bool sg = lib.use_subgroup();
+  const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  PipelineDesc desc;
+  desc.name = name;
   uint32_t rows_per_wg = 0;
-  const PipelineDesc desc = describe(*this, ctx, v, name, &rows_per_wg);
-  const Pipeline& pipe = ctx.pipelines().get(desc);
+  if (v.q8) {
+    // matvec_q8.comp. Decode (batch 1): 4 teams; rows per team 4 for rows of <= 2 blocks per lane,
+    // else 2, lowered until the matrix gives kMinWorkgroups workgroups (an H200 has 132 SMs).
+    // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
+    const uint32_t nb = w.cols / 32;
+    const uint32_t teams = batch > 1 ? 8u : kGroupsPerWorkgroup;
+    uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
+    if (batch == 1)
+      while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+    // Blocks per staging pass: a power of two, at most what the columns need and what fits
+    // kQ8StageBytes of shared memory (48 bytes per block and column).
+    uint32_t kchunk = 1;
+    while (kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
+    rows_per_wg = teams * nrows;
+    desc.file = "matvec_q8.comp";
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                    {"WG_SIZE", std::to_string(tpr * teams)},
+                    {"THREADS_PER_ROW", std::to_string(tpr)},
+                    {"NUM_ROWS", std::to_string(nrows)},
+                    {"NUM_COLS", std::to_string(batch)},
+                    {"NORM_INPUT", v.norm ? "1" : "0"},
+                    {"KCHUNK", std::to_string(kchunk)},
+                    {"Q8_BLOCKS", std::to_string(kchunk * batch)}};
+  } else {
+    // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
+    // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
+    // with 32-value units) and 32-value units for K-quants (Q4_K: 1.01 TB/s vs 0.52); batched:
+    // two rows (x loads shared by both: Q4_0 b4 0.74 TB/s vs 0.52) and 8-value units.
+    const uint32_t nrows = sg && batch > 1 ? 2u : 1u;
+    const bool unit32 = batch == 1 && type_info(w.type).block_elems == 256;
+    rows_per_wg = kGroupsPerWorkgroup * nrows;
+    desc.file = "matvec.comp";
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                    {"WG_SIZE", std::to_string(tpr * kGroupsPerWorkgroup)},
+                    {"THREADS_PER_ROW", std::to_string(tpr)},
+                    {"NUM_ROWS", std::to_string(nrows)},
+                    {"NUM_COLS", std::to_string(batch)},
+                    {"NORM_INPUT", v.norm ? "1" : "0"},
+                    {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
+                    {"UNIT32", unit32 ? "1" : "0"}};
+  }
+  desc.num_buffers = v.norm ? 5 : 4;
+  desc.push_bytes = sizeof(gpu::MatvecArgs);
+  desc.full_subgroups = sg;
+  const Pipeline& pipe = lib.get(desc);
 
   const std::vector<RowChunk> chunks = row_chunks(w, ctx.info(), max_binding_bytes);
-  if (router) {
-    if (!router_fusable(ctx) || chunks.size() != 1)
-      runtime_error(what, ": the router epilogue needs the int8 kernel, one x vector, no input norm, y += W x and one binding");
-    const MatvecRouter& r = *router;
-    const uint32_t E = r.args.n_expert, groups = (w.rows + rows_per_wg - 1) / rows_per_wg;
-    if (E == 0 || E > TS_ROUTE_MAX_E || r.args.n_used == 0 || r.args.n_used > std::min(E, TS_ROUTE_MAX_K))
-      runtime_error(what, ": router epilogue with ", E, " experts, ", r.args.n_used, " used");
-    auto need = [&](BufferSlice b, uint64_t bytes, const char* which) {
-      if (b.buffer == VK_NULL_HANDLE || b.size < bytes)
-        runtime_error(what, ": router epilogue ", which, " binding holds ", b.size, " bytes, needs ", bytes);
-    };
-    need(r.w, uint64_t(E) * w.rows * 4, "router weight");
-    need(r.norm_weight, uint64_t(w.rows) * 4, "norm weight");
-    need(r.partials, uint64_t(E + 1) * ((groups + 3) / 4 * 4) * 4, "partials");
-    need(r.route, (2ull * r.args.n_used + 1) * 4, "route");
-    need(r.h2, uint64_t(w.rows) * 4, "h2");
-    const bool bias = (r.args.flags & TS_ROUTER_EXPERT_BIAS) != 0u;
-    if (bias) need(r.bias, uint64_t(E) * 4, "bias");
-    struct {
-      gpu::MatvecArgs mv;
-      gpu::RouteEpilogueArgs route;
-    } a{};
-    a.mv.rows = w.rows;
-    a.mv.cols = w.cols;
-    a.mv.flags = TS_MATVEC_ACCUMULATE;
-    a.mv.x_stride = xs;
-    a.mv.y_stride = ys;
-    a.mv.x_offset = x_offset;
-    a.route = r.args;
-    a.route.n_groups = groups;
-    const RowChunk& c = chunks[0];
-    const BufferSlice bufs[11] = {c.q, c.m, x, y, x, r.w, r.norm_weight, r.partials, r.route, bias ? r.bias : r.w, r.h2};
-    const GroupCounts g = split_workgroups(groups, ctx.info());
-    const uint64_t route_bytes = uint64_t(E) * w.rows * 4 + uint64_t(w.rows) * 12 + uint64_t(E) * groups * 8;
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 11), a, g.x, g.y, 1, what, bytes() + route_bytes);
-    return;
-  }
   for (const RowChunk& c : chunks) {
     gpu::MatvecArgs a{};
     a.rows = c.rows;

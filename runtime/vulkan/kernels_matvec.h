@@ -12,12 +12,10 @@
 //   op.bytes();                // bytes moved, for the profiler
 #pragma once
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
-#include "shaders/moe_args.h"
 
 namespace tessera::vk {
 
@@ -29,19 +27,6 @@ bool q8_activations_type(Context& ctx, GgmlType t);
 bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols);
 // Q8_BLOCKS for `cols` input elements (rounded up so that few pipeline variants exist).
 uint32_t q8_blocks_define(uint64_t cols);
-
-// The MoE router as a matvec epilogue (shaders/route_epilogue.glsl): after y += W x, the same
-// workgroups compute the routing of the new y, so the decode step needs no router dispatch.
-// Made by RouterOp::as_epilogue (runtime/vulkan/kernels_moe.h), which checks the router's side.
-struct MatvecRouter {
-  BufferSlice w;            // f32 [E][rows of the matvec] ffn_gate_inp
-  BufferSlice norm_weight;  // f32 [rows] ffn_norm
-  BufferSlice bias;         // f32 [E] exp_probs_b; empty = no bias
-  BufferSlice partials;     // f32 scratch, MatvecOp::router_partials_bytes
-  BufferSlice route;        // uint32 [2K+1] (out; the counter word zero before the first dispatch)
-  BufferSlice h2;           // f32 [rows] RMSNorm(y; ffn_norm) (out)
-  gpu::RouteEpilogueArgs args{};  // n_groups is set by MatvecOp::record
-};
 
 struct MatvecOp {
   MatrixRef w;                 // W [rows][cols]
@@ -58,7 +43,6 @@ struct MatvecOp {
   float norm_eps = 1e-6f;      // with norm_weight
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
-  std::optional<MatvecRouter> router;  // the router epilogue (only where router_fusable)
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;
@@ -67,11 +51,6 @@ struct MatvecOp {
   // Records the dispatches (no barrier). Validates shapes, strides and buffer sizes first and
   // throws Error(Runtime) naming the label and the problem.
   void record(CommandRecorder& rec) const;
-  // Whether this op can take a router epilogue on this device: the int8-activation kernel, one
-  // x vector, no fused input norm, y += W x, the whole matrix in one binding.
-  bool router_fusable(Context& ctx) const;
-  // Scratch the epilogue needs for n_expert experts ((E + 1) x workgroups floats, rounded up).
-  uint64_t router_partials_bytes(Context& ctx, uint32_t n_expert) const;
   // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm" (with a device: also
   // ".q8act" when the int8-activation path will run).
   std::string kernel_name(Context* ctx = nullptr) const;

@@ -368,29 +368,6 @@ void RouterOp::record(CommandRecorder& rec) const {
   record_router(rec, &w, w.rows, w.cols, with_route ? &routing : nullptr, eps, bufs, has_bias, name, what, bytes());
 }
 
-std::optional<MatvecRouter> RouterOp::as_epilogue(Context& ctx, const MatvecOp& mv, BufferSlice partials) const {
-  if (w.layout != WeightLayout::Plain || w.type != GgmlType::F32 || route.buffer == VK_NULL_HANDLE) return std::nullopt;
-  if (!mv.router_fusable(ctx) || mv.y.buffer != x.buffer || mv.y.offset != x.offset || w.cols != mv.w.rows)
-    return std::nullopt;
-  const std::string what = label.empty() ? "router epilogue" : label;
-  check_routing(routing, w.rows, what);
-  MatvecRouter r;
-  r.w = weight_slice(*w.buffer, w.offset, w.bytes());
-  r.norm_weight = norm_weight;
-  r.bias = bias;
-  r.partials = partials;
-  r.route = route;
-  r.h2 = h2;
-  r.args.n_expert = w.rows;
-  r.args.eps = eps;
-  r.args.n_used = routing.n_used;
-  r.args.gating = uint32_t(routing.gating);
-  r.args.flags = (bias.buffer != VK_NULL_HANDLE ? TS_ROUTER_EXPERT_BIAS : 0u) |
-                 (routing.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
-  r.args.weights_scale = routing.weights_scale;
-  return r;
-}
-
 uint64_t RouteOp::bytes() const {
   return uint64_t(n_expert) * 4 * (bias.buffer != VK_NULL_HANDLE ? 2 : 1) + moe_route_bytes(routing.n_used);
 }

@@ -69,7 +69,6 @@
 
 #include "format/model_config.h"
 #include "format/tsr_layout.h"
-#include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
 
@@ -136,11 +135,6 @@ struct RouterOp {
   // Records one dispatch (no barrier). Throws Error(Runtime) naming the label and the problem
   // (shape, layout, buffer sizes, E > 256, K out of range).
   void record(CommandRecorder& rec) const;
-  // This router as the epilogue of `mv` (which must compute x: mv.y == x, y += W x), the
-  // routing written to `route` and h2 as record() would: nullopt where the router weight is not
-  // plain F32 or mv cannot take an epilogue (MatvecOp::router_fusable). `partials`: scratch of
-  // mv.router_partials_bytes(ctx, E). The logits are not written.
-  std::optional<MatvecRouter> as_epilogue(Context& ctx, const MatvecOp& mv, BufferSlice partials) const;
 };
 
 // The routing alone: route = top-K of the given logits (one workgroup).

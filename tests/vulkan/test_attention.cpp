@@ -196,36 +196,18 @@ TEST_P(AttentionTest, MatchesReferenceAtEveryContextLength) {
   upload(q, q_h);
   upload(cache, cache_h);
 
-  // Two recordings: partial + merge, and (where the op has it) the one-dispatch fused merge.
-  vk::CommandRecorder rec(*gpu().ctx), fused(*gpu().ctx);
+  vk::CommandRecorder rec(*gpu().ctx);
   rec.begin();
   op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), olat.whole(), "attn");
   rec.end();
   EXPECT_EQ(rec.dispatch_count(), op.short_max_kv() ? 3u : 2u);  // (short +) long partial, merge
   EXPECT_EQ(rec.barrier_count(), 1u);
-  EXPECT_EQ(op.fused_merge(), !op.short_max_kv() && c.tuning.fused_merge);
-  vk::Buffer counters = make_buffer(std::max<uint64_t>(op.merge_counter_bytes(), 4), "merge counters");
-  upload(counters, std::vector<uint32_t>(counters.size() / 4, 0));
-  fused.begin();
-  op.record(fused, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), counters.whole(), olat.whole(),
-            "attn");
-  fused.end();
-  if (op.fused_merge()) {
-    EXPECT_EQ(fused.dispatch_count(), 1u);
-    EXPECT_EQ(fused.barrier_count(), 0u);
-  }
 
-  for (int way = 0; way < (op.fused_merge() ? 2 : 1); ++way)
   for (uint32_t kv_len : c.kv_lens) {
-    SCOPED_TRACE(way ? "fused merge" : "partial, merge");
     poison(partials);
     poison(olat);
     upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
-    (way ? fused : rec).run();
-    if (way) {
-      const std::vector<uint32_t> left = download<uint32_t>(counters, counters.size() / 4);
-      for (size_t i = 0; i < left.size(); ++i) ASSERT_EQ(left[i], 0u) << "merge counter " << i << " not reset";
-    }
+    rec.run();
     const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
     const std::vector<float> want =
         test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
@@ -249,11 +231,6 @@ vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads
   return t;
 }
 
-vk::AttentionTuning unfused(vk::AttentionTuning t) {
-  t.fused_merge = false;
-  return t;
-}
-
 // The short-context variant (fewer heads per workgroup) up to kv_len `max_kv`, then the long one.
 vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads) {
   vk::AttentionTuning t;
@@ -273,10 +250,6 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{20, 512, 64, kGlmRope, {1, 7, 100, 1000, 5000}, {}, 3.f},
         // 20 heads in workgroups of 8 (8 + 8 + 4), tile 8, many small chunks
         AttnCase{20, 512, 64, kYarnRope, {7, 100, 1000}, tuning(37, 16, 8, 8), 1.f},
-        // 5 heads, 100 groups of >= 8 rows: up to 7 sets of 16 chunks in the fused merge
-        AttnCase{5, 64, 16, kGlmRope, {1, 8, 9, 128, 129, 200, 777}, tuning(100, 8, 0, 8), 1.f},
-        // 20 heads in groups of 8 and 4, 40 context groups, fused merge off
-        AttnCase{20, 512, 64, kGlmRope, {9, 300}, unfused(tuning(40, 8, 8, 8)), 2.f},
         // V2-Lite-like: 16 heads, YaRN, one chunk holds everything
         AttnCase{16, 512, 64, kYarnRope, {1, 100, 1000}, tuning(1, 32), 1.f},
         // more heads than one workgroup takes (33 -> 17 + 16), tile 4

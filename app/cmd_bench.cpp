@@ -23,12 +23,12 @@ struct BenchArgs {
   uint64_t roofline_mib = 0;
   bool f32_activations = false;
   std::string attention;
+  std::string tune;
 };
 
-// "heads=4,tile=8,slice=8,groups=128,min_chunk=16,short_heads=10,short_max=1024" (any subset)
-// -> AttentionTuning.
-vk::AttentionTuning parse_attention(const std::string& text) {
-  vk::AttentionTuning t;
+// "KEY=NUMBER,KEY=NUMBER..." -> calls set(key, number); `what` names the option in errors.
+template <class Set>
+void parse_knobs(const std::string& text, const char* what, const char* keys, Set set) {
   size_t at = 0;
   while (at < text.size()) {
     size_t end = text.find(',', at);
@@ -36,25 +36,48 @@ vk::AttentionTuning parse_attention(const std::string& text) {
     const std::string item = text.substr(at, end - at);
     const size_t eq = item.find('=');
     uint32_t v = 0;
-    const std::string key = item.substr(0, eq);
     try {
       if (eq == std::string::npos) throw std::invalid_argument(item);
       size_t used = 0;
       v = uint32_t(std::stoul(item.substr(eq + 1), &used));
       if (used != item.size() - eq - 1) throw std::invalid_argument(item);
     } catch (const std::exception&) {
-      usage_error("--attention: '", item, "' is not KEY=NUMBER (keys: heads, tile, slice, groups, min_chunk, short_heads, short_max)");
+      usage_error(what, ": '", item, "' is not KEY=NUMBER (keys: ", keys, ")");
     }
-    if (key == "heads") t.heads_per_group = v;
-    else if (key == "tile") t.tile = v;
-    else if (key == "slice") t.score_slice = v;
-    else if (key == "groups") t.n_groups = v;
-    else if (key == "min_chunk") t.min_chunk = v;
-    else if (key == "short_heads") t.short_heads_per_group = v;
-    else if (key == "short_max") t.short_max_kv = v;
-    else usage_error("--attention: unknown key '", key, "' (keys: heads, tile, slice, groups, min_chunk, short_heads, short_max)");
+    if (!set(item.substr(0, eq), v)) usage_error(what, ": unknown key '", item.substr(0, eq), "' (keys: ", keys, ")");
     at = end + 1;
   }
+}
+
+// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
+// work split, for tuning runs.
+void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe) {
+  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, gateup_teams, down_rows", [&](const std::string& k, uint32_t v) {
+    if (k == "matvec_teams") mv.teams = v;
+    else if (k == "matvec_rows") mv.rows = v;
+    else if (k == "gateup_teams") moe.q8_gateup_teams = v;
+    else if (k == "down_rows") moe.q8_down_rows = v;
+    else return false;
+    return true;
+  });
+}
+
+// "heads=4,tile=8,slice=8,groups=128,min_chunk=16,short_heads=10,short_max=1024" (any subset)
+// -> AttentionTuning.
+vk::AttentionTuning parse_attention(const std::string& text) {
+  vk::AttentionTuning t;
+  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short_heads, short_max",
+              [&](const std::string& k, uint32_t v) {
+                if (k == "heads") t.heads_per_group = v;
+                else if (k == "tile") t.tile = v;
+                else if (k == "slice") t.score_slice = v;
+                else if (k == "groups") t.n_groups = v;
+                else if (k == "min_chunk") t.min_chunk = v;
+                else if (k == "short_heads") t.short_heads_per_group = v;
+                else if (k == "short_max") t.short_max_kv = v;
+                else return false;
+                return true;
+              });
   return t;
 }
 
@@ -83,6 +106,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short_heads=H2,short_max=N (any subset)");
+  sub.add_option("--tune", a->tune,
+                 "Decode kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,gateup_teams=G,down_rows=D (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -96,6 +121,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
     if (!a->attention.empty()) o.attention = parse_attention(a->attention);
+    if (!a->tune.empty()) parse_tune(a->tune, o.matvec, o.moe);
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

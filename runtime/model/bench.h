@@ -26,6 +26,8 @@
 
 #include "runtime/model/bench_roofline.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe.h"
 #include "runtime/model/profile.h"
 
 namespace tessera::model {
@@ -44,6 +46,8 @@ struct BenchOptions {
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
   vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
+  vk::MatvecTuning matvec;                // GpuModelOptions::matvec (--tune)
+  vk::MoeTuning moe;                      // GpuModelOptions::moe (--tune)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;

@@ -242,6 +242,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.norm_weight = norm;
     op.norm_eps = c.eps;
     op.int8_activations = options_.int8_activations;
+    op.tuning = options_.matvec;
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
@@ -311,6 +312,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       gu.h = w.hdense.whole();
       if (options_.int8_activations && vk::dense_q8_usable(ctx_, gu.gate, w.matrix(L + "ffn_down.weight")))
         gu.hq = w.hq.whole();
+      gu.tuning = options_.moe;
       gu.label = (gu.hq.buffer ? "dense_gateup.q8act " : "dense_gateup ") + L;
       gu.record(rec);
       rec.barrier();
@@ -319,6 +321,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       dd.h = w.hdense.whole();
       dd.x = w.x.whole();
       dd.hq = gu.hq;
+      dd.tuning = options_.moe;
       dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
       dd.record(rec);
       rec.barrier();
@@ -354,6 +357,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       gu.hq = w.hq.whole();
       stats_.int8_activations = true;
     }
+    gu.tuning = options_.moe;
     gu.label = (gu.hq.buffer ? "moe_gateup.q8act " : "moe_gateup ") + L;
     gu.record(rec);
     rec.barrier();
@@ -364,6 +368,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.route = w.route.whole();
     down.x = w.x.whole();
     down.hq = gu.hq;
+    down.tuning = options_.moe;
     down.label = (down.hq.buffer ? "moe_down.q8act " : "moe_down ") + L;
     down.record(rec);
     rec.barrier();
@@ -393,6 +398,7 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
   lm.x = normed;
   lm.y = w.logits.whole();
   lm.int8_activations = options_.int8_activations;
+  lm.tuning = options_.matvec;
   lm.label = lm.kernel_name(&ctx_) + " output.weight" + what;
   if (lm.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
   lm.record(rec);

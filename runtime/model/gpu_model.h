@@ -27,8 +27,9 @@
 #include "format/tsr.h"
 #include "runtime/cpu/generate.h"
 #include "runtime/vulkan/context.h"
-#include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_sample.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
@@ -43,6 +44,8 @@ struct GpuModelOptions {
                                   // from downloaded logits, e.g. for repetition penalties)
   bool progress = false;          // upload progress bar on stderr
   vk::AttentionTuning attention;  // decode attention work split (0 = automatic; bench --attention)
+  vk::MatvecTuning matvec;        // decode int8 matvec work split (0 = automatic; bench --tune)
+  vk::MoeTuning moe;              // decode expert kernels' work split (0 = automatic; bench --tune)
   bool int8_activations = true;   // Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)

@@ -94,9 +94,12 @@ void MatvecOp::record(CommandRecorder& rec) const {
     // else 2, lowered until the matrix gives kMinWorkgroups workgroups (an H200 has 132 SMs).
     // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
     const uint32_t nb = w.cols / 32;
-    const uint32_t teams = batch > 1 ? 8u : kGroupsPerWorkgroup;
+    if (tuning.teams > 16 || tuning.rows > 4)
+      usage_error("matvec tuning: ", tuning.teams, " teams, ", tuning.rows, " rows per team outside 1..16 / 1..4");
+    const uint32_t teams = batch > 1 ? 8u : tuning.teams ? tuning.teams : kGroupsPerWorkgroup;
     uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : (nb <= 2 * tpr ? 4u : 2u);
-    if (batch == 1)
+    if (batch == 1 && tuning.rows) nrows = tuning.rows;
+    else if (batch == 1)
       while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
     // Blocks per staging pass: a power of two, at most what the columns need and what fits
     // kQ8StageBytes of shared memory (48 bytes per block and column).

@@ -28,6 +28,13 @@ bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols);
 // Q8_BLOCKS for `cols` input elements (rounded up so that few pipeline variants exist).
 uint32_t q8_blocks_define(uint64_t cols);
 
+// Work split of the one-vector int8 matvec (matvec_q8.comp, decode); 0 = automatic.
+struct MatvecTuning {
+  uint32_t teams = 0;  // subgroups per workgroup, 1..16; auto 4
+  uint32_t rows = 0;   // rows per subgroup, 1..4; auto: 4 for rows of <= 2 blocks per lane, else 2,
+                       // halved until the matrix gives 256 workgroups
+};
+
 struct MatvecOp {
   MatrixRef w;                 // W [rows][cols]
   BufferSlice x;               // x vector c, element k at float x_offset + c * x_stride + k
@@ -43,6 +50,7 @@ struct MatvecOp {
   float norm_eps = 1e-6f;      // with norm_weight
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
+  MatvecTuning tuning;             // one x vector on the int8 path only
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

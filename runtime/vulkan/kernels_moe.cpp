@@ -28,9 +28,12 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
-  if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16)
+  if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
+  if (r.q8_down_rows == 0) r.q8_down_rows = kQ8DownRows;
+  if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
-                  r.down_rows, ") outside 1..2 / 1..16 / 1..16");
+                  r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
+                  ") outside 1..2 / 1..16 / 1..16 / 1..32 / 1..64");
   return r;
 }
 
@@ -77,8 +80,8 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 }
 
 // The int8-activation gate-up: kQ8GateUpOutputs outputs per workgroup, int8 copy of h written.
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd) {
-  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act"), "moe_gateup.comp", type, false, kQ8GateUpTeams,
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act"), "moe_gateup.comp", type, false, t.q8_gateup_teams,
                     1,
                     {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
                      {"Q8ACT", "1"},
@@ -94,12 +97,13 @@ const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slo
 
 // The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
 // width: the widest slot, whose blocks a lane keeps in registers on the subgroup path).
-const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width) {
+const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
+                               const MoeTuning& t) {
   const TeamShape ts = team_shape(ctx);
   const uint64_t own = (width / 32 + ts.threads_per_row - 1) / ts.threads_per_row;
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
                     {{"TEAMS", std::to_string(slots)},
-                     {"ROWS_PER_WG", std::to_string(kQ8DownRows)},
+                     {"ROWS_PER_WG", std::to_string(t.q8_down_rows)},
                      {"Q8ACT", "1"},
                      {"Q8_OWN", std::to_string(std::max<uint64_t>(own, 1))},
                      {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}},
@@ -414,7 +418,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
   for (const TilePart& p : parts) {
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd)) : gateup_kernel(ctx, p.type, vec8, t);
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t) : gateup_kernel(ctx, p.type, vec8, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
@@ -458,14 +462,14 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
-  const uint32_t rows_per_wg = q8 ? kQ8DownRows : t.down_rows;
+  const uint32_t rows_per_wg = q8 ? t.q8_down_rows : t.down_rows;
   const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared))
+                                               std::max(g.w_routed, g.w_shared), t)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -540,7 +544,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                     gate.rows, "x", gate.cols, " on this device");
     need(hq, dense_hq_bytes(gate.rows), what, "hq");
   }
-  const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols) : gateup_kernel(ctx, gate.type, vec8, t);
+  const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t) : gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
@@ -580,14 +584,14 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                     down.rows, "x", down.cols, " on this device");
     need(hq, dense_hq_bytes(down.cols), what, "hq");
   }
-  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols) : down_kernel(ctx, down.type, vec8, 1, t);
+  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, t) : down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;
   a.h_stride = (down.cols + 3) / 4 * 4;
   a.w_shared = down.cols;
   const BufferSlice bufs[7] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h, q8 ? hq : h};
-  const uint32_t rows_per_wg = q8 ? kQ8DownRows : t.down_rows;
+  const uint32_t rows_per_wg = q8 ? t.q8_down_rows : t.down_rows;
   const uint32_t groups = (down.rows + rows_per_wg - 1) / rows_per_wg;
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, bytes());
 }

@@ -169,6 +169,35 @@ TEST(GpuModel, Int8ActivationsTrackTheReference) {
   }
 }
 
+// The decode kernels' work splits (bench --tune) move rows between workgroups, never the order of
+// a row's dot product; only the fused norms' sums of squares are reduced over a workgroup of
+// another size. So the logits agree to f32 rounding. Awkward splits: 3 rows per subgroup, 6
+// teams, 3 down rows per workgroup, 12 gate-up subgroups.
+TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* type : {"q4_0", "q4_k_m"}) {
+    const Files f = files("tiny", type, "all");
+    TsrFile tsr = TsrFile::open(f.tsr);
+    model::GpuModel plain(context(), tsr, {.n_ctx = 32, .prefill_chunk = 0});
+    if (!plain.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.matvec = {.teams = 6, .rows = 3};
+    o.moe.q8_gateup_teams = 12;
+    o.moe.q8_down_rows = 3;
+    model::GpuModel tuned(context(), tsr, o);
+    const auto p = prompt(plain.n_vocab(), 5);
+    const std::vector<float> a = tuned.forward(p, false), b = plain.forward(p, false);
+    ASSERT_EQ(a.size(), b.size());
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+      scale = std::max(scale, std::fabs(b[i]));
+      worst = std::max(worst, std::fabs(a[i] - b[i]));
+    }
+    std::printf("%s: tuned vs default max |diff| %.3g of max |logit| %.3g\n", type, worst, scale);
+    EXPECT_LE(worst, 1e-4f * scale) << type;
+  }
+}
+
 TEST(GpuModel, DecodeOfTokenNEqualsPromptOfNTokens) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny-lite", "q4_0", "all");

@@ -30,9 +30,9 @@ uint32_t q8_blocks_define(uint64_t cols);
 
 // Work split of the one-vector int8 matvec (matvec_q8.comp, decode); 0 = automatic.
 struct MatvecTuning {
-  uint32_t teams = 0;  // subgroups per workgroup, 1..16; auto 4
-  uint32_t rows = 0;   // rows per subgroup, 1..4; auto: 4 for rows of <= 2 blocks per lane, else 2,
-                       // halved until the matrix gives 256 workgroups
+  uint32_t teams = 0;  // subgroups per workgroup, 1..16; auto: 16 for <= 2048 rows, else 4
+  uint32_t rows = 0;   // rows per subgroup, 1..4; auto: 1 for <= 2048 rows, else 4 for rows of <= 2
+                       // blocks per lane, else 2, halved until the matrix gives 256 workgroups
 };
 
 struct MatvecOp {

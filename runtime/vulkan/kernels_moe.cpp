@@ -18,9 +18,12 @@ constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one 
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // The int8-activation variants (Q8ACT): bigger workgroups, so that the input each workgroup
 // quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
-constexpr uint32_t kQ8GateUpTeams = 8;         // subgroups per gate-up workgroup
+// Measured on an H200 (GLM-4.7-Flash Q4_0, tg128, bench --tune, docs/PERFORMANCE.md): gate-up
+// 16 subgroups 14.7 us per call vs 16.8 with 8 (4: slower); down 2 rows 12.4 us vs 19.4 with 8
+// (16: slower, 1: slower than 2).
+constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
-constexpr uint32_t kQ8DownRows = 8;            // down rows per workgroup
+constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup
 
 // MoeTuning with the automatic choices filled in.
 MoeTuning resolve(const MoeTuning& t) {

@@ -100,8 +100,8 @@ struct MoeTuning {
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
   // The int8-activation kernels (decode):
-  uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 8
-  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 8
+  uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
+  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -48,11 +48,23 @@ void router_row(uint row) {
   const uint n = args.n_embd, tid = gl_LocalInvocationIndex;
   float ss = 0.0, acc = 0.0;
 #if VEC4 && WTYPE == TS_TYPE_F32
-  const uint base4 = row * (n >> 2);
-  for (uint k = tid; k < (n >> 2); k += WG_SIZE) {
-    const vec4 xv = x4[k];
-    ss += dot(xv, xv);
-    acc += dot(uintBitsToFloat(w_q[base4 + k]), xv * nw4[k]);
+  // Four vec4 of each input per thread and round, loaded before they are used (GLM: n = 2048 is
+  // one round of 128 threads): the loads of a round are in flight together.
+  const uint base4 = row * (n >> 2), n4 = n >> 2;
+  for (uint k0 = tid; k0 < n4; k0 += 4u * WG_SIZE) {
+    vec4 xv[4], wv[4], gv[4];
+    [[unroll]] for (uint u = 0; u < 4; ++u) {
+      const uint k = min(k0 + u * WG_SIZE, n4 - 1u);
+      xv[u] = x4[k];
+      wv[u] = uintBitsToFloat(w_q[base4 + k]);
+      gv[u] = nw4[k];
+    }
+    [[unroll]] for (uint u = 0; u < 4; ++u) {
+      if (k0 + u * WG_SIZE < n4) {
+        ss += dot(xv[u], xv[u]);
+        acc += dot(wv[u], xv[u] * gv[u]);
+      }
+    }
   }
 #else
   for (uint k = tid; k < n; k += WG_SIZE) {

@@ -20,6 +20,8 @@ namespace {
 
 constexpr uint32_t kTokenWord = 0;  // step buffer: [token, position]
 constexpr uint32_t kPosWord = 1;
+constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
+constexpr uint32_t kStepBytes = (kAttnCountsWord + vk::AttentionOp::kDecodeCountWords) * 4;
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
 
 void progress(bool on, uint64_t done, uint64_t total) {
@@ -147,7 +149,8 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
     }
   hq_bytes = std::max<uint64_t>(hq_bytes, vk::dense_hq_bytes(c.n_ff));
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
-  vk::AttentionOp probe(ctx_, ashape, options_.attention);  // partials sized for the tuning in use
+  attn_ = std::make_unique<vk::AttentionOp>(ctx_, ashape, options_.attention);
+  const vk::AttentionOp& probe = *attn_;
   struct Act {
     vk::Buffer* buf;
     const char* name;
@@ -222,9 +225,9 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   }
   for (const Act& a : acts) *a.buf = local_->create_buffer(std::max<uint64_t>(a.bytes, 16), a.name);
   for (uint32_t l = 0; l < c.n_layer; ++l) w.cache.push_back(local_->create_buffer(ashape.cache_bytes(), cat("KV cache blk.", l)));
-  w.step = host_->create_buffer(16, "step");
+  w.step = host_->create_buffer(kStepBytes, "step");
   w.ring = host_->create_buffer(kRing * 4, "sampled tokens");
-  std::memset(w.step.mapped(), 0, 16);
+  std::memset(w.step.mapped(), 0, kStepBytes);
 }
 
 void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
@@ -258,7 +261,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   vk::KvWriteOp kv_write(ctx_, ashape);
-  vk::AttentionOp attn(ctx_, ashape, options_.attention);
+  vk::AttentionOp& attn = *attn_;
   attn.set_profile_kv_len(std::max<uint32_t>(1, profile_kv_len));
   const vk::MoeRouting routing = vk::MoeRouting::from_config(c);
 
@@ -288,7 +291,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += a.w.read_bytes();
     }
     rec.barrier();
-    attn.record(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord, w.partials.whole(), w.olat.whole(), "attention " + L);
+    attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
+                       step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
+                       w.olat.whole(), "attention " + L);
     rec.barrier();
     if (vo) {
       matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true);
@@ -510,6 +515,9 @@ vk::MoeTileRef GpuModel::moe_tile(std::string_view name) const {
 void GpuModel::write_step(uint32_t token, uint32_t pos) {
   const uint32_t words[2] = {token, pos};
   w_->step.write(0, words, sizeof words);
+  uint32_t counts[vk::AttentionOp::kDecodeCountWords];
+  attn_->decode_counts(pos + 1, counts);
+  w_->step.write(kAttnCountsWord * 4, counts, sizeof counts);
 }
 
 vk::BufferSlice GpuModel::kv_cache(uint32_t layer) const { return w_->cache.at(layer).whole(); }

@@ -158,6 +158,7 @@ class GpuModel : public LanguageModel {
   DecodeStats stats_;
   std::unique_ptr<vk::MemoryPool> local_, host_;
   std::unique_ptr<Weights> w_;
+  std::unique_ptr<vk::AttentionOp> attn_;           // the decode attention (its variant counts: write_step)
   std::unique_ptr<vk::CommandRecorder> rec_;
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for

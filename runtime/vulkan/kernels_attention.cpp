@@ -236,7 +236,11 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
 
   // The short-context variant: fewer heads per workgroup, same tile (so the same chunking, the
   // same partials layout and one merge for both).
-  const uint32_t short_heads = std::min(tuning.short_heads_per_group, heads_per_group_);
+  const uint32_t half = ceil_div(heads_per_group_, 2);
+  const uint32_t short_heads = !tuning.short_variant         ? 0
+                               : tuning.short_heads_per_group ? std::min(tuning.short_heads_per_group, heads_per_group_)
+                               : half >= 4                    ? half
+                                                              : 0;
   if (short_heads > 0 && short_heads < heads_per_group_) {
     uint32_t short_tile = 0;
     const std::optional<PartialLayout> sl = choose_layout(shape, short_heads, tile_, tuning.score_slice, info, &short_tile);
@@ -331,6 +335,47 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
   record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
   rec.barrier();
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
+}
+
+void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
+                                uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice olat,
+                                std::string_view label) const {
+  if (!partial_short_) {
+    record(rec, q, cache, step, pos_word, partials, olat, label);
+    return;
+  }
+  const std::string what = std::string(label) + " partial";
+  if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
+  if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
+    runtime_error(what, ": q binding holds ", q.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.row() * 4);
+  if (cache.size < shape_.cache_bytes())
+    runtime_error(what, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes());
+  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(what, ": step binding has no word ", pos_word);
+  if (partials.size < partials_bytes())
+    runtime_error(what, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
+  const BufferSlice b[] = {q, cache, step, partials};
+  // The kv bounds stay: a workgroup of the wrong variant (bad counts) still does nothing.
+  const bool short_ctx = profile_kv_len_ <= short_max_kv_;
+  const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0,
+                                   short_max_kv_};
+  const gpu::AttnPartialArgs largs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT,
+                                   short_max_kv_ + 1, 0};
+  rec.dispatch_indirect(*partial_short_, b, &sargs, sizeof sargs, counts.sub(0, 12), what + " short",
+                        short_ctx ? partial_bytes(profile_kv_len_) : 0);
+  rec.dispatch_indirect(*partial_, b, &largs, sizeof largs, counts.sub(12, 12), what,
+                        short_ctx ? 0 : partial_bytes(profile_kv_len_));
+  rec.barrier();
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
+}
+
+void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
+  const bool use_short = partial_short_ && kv_len <= short_max_kv_;
+  const uint32_t s[3] = {use_short ? n_groups_ : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
+  const uint32_t l[3] = {use_short ? 0u : n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1u};
+  for (int i = 0; i < 3; ++i) {
+    words[i] = s[i];
+    words[3 + i] = l[i];
+  }
 }
 
 uint32_t QueryBatch::word() const { return n > 1 ? count_word : TS_ATTN_NO_COUNT; }

@@ -134,13 +134,16 @@ struct AttentionTuning {
                                  // split evenly when there are more than 32
   uint32_t tile = 0;             // rows staged per step (4, 8, 16); auto: the largest that fits
   uint32_t score_slice = 0;      // vec4 of a row per score thread (4 or 8); auto: 4 where it fits
-  // Short contexts (kv_len <= short_max_kv) may run a second partial kernel with fewer heads per
+  // Short contexts (kv_len <= short_max_kv) run a second partial kernel with fewer heads per
   // workgroup: more workgroups share the little work there is (the cache is then read once per
-  // head group, which costs at long contexts). Off by default: on an H200 (GLM, tg128) the pair
-  // gave 166.1 tok/s at depth 0 and 138.4 at 4096, against 162.5 / 143.9 with one kernel of 20
-  // heads (10 heads alone: 172.5 / 130.3): the idle variant's dispatch is not free.
-  uint32_t short_heads_per_group = 0;  // 0: no short variant
-  uint32_t short_max_kv = 0;           // with a short variant; 0: 1024
+  // head group, which costs at long contexts). H200, GLM, tg128: 20 heads per workgroup 162.5
+  // tok/s at depth 0 and 143.9 at 4096, 10 heads 172.5 / 130.3. Both recorded with fixed group
+  // counts, the idle one's empty workgroups cost 3-6 us per layer (166.1 / 138.4); so the decode
+  // step records both as indirect dispatches whose group counts the host writes per token
+  // (record_decode, decode_counts): the idle one has none.
+  bool short_variant = true;           // false: one partial kernel
+  uint32_t short_heads_per_group = 0;  // 0: half the heads per workgroup (rounded up) when that is >= 4
+  uint32_t short_max_kv = 0;           // 0: 1024
 };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
@@ -161,6 +164,15 @@ class AttentionOp {
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
+  // The decode step (one query): as record(), but with a short variant its two partial kernels
+  // are indirect dispatches whose group counts are read from `counts` (kDecodeCountWords words,
+  // written by the host before each submission with decode_counts): only the variant for the
+  // current context length has workgroups.
+  void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                     BufferSlice counts, BufferSlice partials, BufferSlice olat, std::string_view label) const;
+  static constexpr uint32_t kDecodeCountWords = 6;
+  // The group counts of record_decode's two dispatches for a context of kv_len positions.
+  void decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const;
 
   // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).
   uint64_t partial_bytes(uint32_t kv_len) const;

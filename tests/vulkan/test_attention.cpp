@@ -264,6 +264,64 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
     });
 
+// The decode step's attention (record_decode): both partial variants are indirect dispatches, the
+// host writes their group counts per token (decode_counts); one recording over contexts on both
+// sides of short_max_kv matches the reference, and writes no workgroups for the idle variant.
+TEST(AttentionDecode, VariantPickedPerTokenByIndirectCounts) {
+  REQUIRE_GPU();
+  const uint32_t n_head = 20, kv_lora = 512, n_rot = 64, n_ctx = 300, row = kv_lora + n_rot;
+  const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
+  const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
+  vk::AttentionTuning t;
+  t.short_max_kv = 40;  // 20 heads per workgroup above, 10 (automatic: half) up to 40 positions
+  vk::AttentionOp op(*gpu().ctx, shape, t);
+  ASSERT_EQ(op.short_heads_per_group(), 10u);
+  uint32_t words[vk::AttentionOp::kDecodeCountWords];
+  op.decode_counts(40, words);
+  EXPECT_EQ(words[0], op.n_groups());
+  EXPECT_EQ(words[1], 2u);
+  EXPECT_EQ(words[3], 0u) << "long variant idle";
+  op.decode_counts(41, words);
+  EXPECT_EQ(words[0], 0u) << "short variant idle";
+  EXPECT_EQ(words[3], op.n_groups());
+  EXPECT_EQ(words[4], 1u);
+
+  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 21);
+  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  const std::vector<float> q_h = test::random_values(size_t(n_head) * row, 2.f, 22);
+  vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer olat = make_buffer(size_t(n_head) * kv_lora * 4, "olat");
+  upload(q, q_h);
+  upload(cache, cache_h);
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                   olat.whole(), "attn");
+  rec.end();
+  EXPECT_EQ(rec.dispatch_count(), 3u);  // short, long, merge
+  EXPECT_EQ(rec.barrier_count(), 1u);
+  for (uint32_t kv_len : {1u, 17u, 40u, 41u, 299u}) {
+    poison(olat);
+    op.decode_counts(kv_len, words);
+    std::vector<uint32_t> sw = {0, kv_len - 1, 0, 0};
+    sw.insert(sw.end(), words, words + vk::AttentionOp::kDecodeCountWords);
+    upload(step, sw);
+    rec.run();
+    const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
+    const std::vector<float> want =
+        test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
+    double max_err = 0, max_ref = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
+      max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+      max_ref = std::max(max_ref, double(std::abs(want[i])));
+    }
+    EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+  }
+}
+
 // The decode loop as the model records it: kv_write, barrier, attention; one recording reused for
 // every token, the position advanced by the host between submissions.
 TEST(AttentionDecode, KvWriteThenAttentionOverGrowingContext) {

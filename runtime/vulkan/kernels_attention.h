@@ -142,7 +142,8 @@ struct AttentionTuning {
   // step records both as indirect dispatches whose group counts the host writes per token
   // (record_decode, decode_counts): the idle one has none.
   bool short_variant = true;           // false: one partial kernel
-  uint32_t short_heads_per_group = 0;  // 0: half the heads per workgroup (rounded up) when that is >= 4
+  uint32_t short_heads_per_group = 0;  // 0: a quarter of the heads per workgroup, at least 4 (none
+                                       // when that is all of them)
   uint32_t short_max_kv = 0;           // 0: 1024
 };
 

@@ -273,13 +273,13 @@ TEST(AttentionDecode, VariantPickedPerTokenByIndirectCounts) {
   const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
   const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
   vk::AttentionTuning t;
-  t.short_max_kv = 40;  // 20 heads per workgroup above, 10 (automatic: half) up to 40 positions
+  t.short_max_kv = 40;  // 20 heads per workgroup above, 5 (automatic: a quarter) up to 40 positions
   vk::AttentionOp op(*gpu().ctx, shape, t);
-  ASSERT_EQ(op.short_heads_per_group(), 10u);
+  ASSERT_EQ(op.short_heads_per_group(), 5u);
   uint32_t words[vk::AttentionOp::kDecodeCountWords];
   op.decode_counts(40, words);
   EXPECT_EQ(words[0], op.n_groups());
-  EXPECT_EQ(words[1], 2u);
+  EXPECT_EQ(words[1], 4u);
   EXPECT_EQ(words[3], 0u) << "long variant idle";
   op.decode_counts(41, words);
   EXPECT_EQ(words[0], 0u) << "short variant idle";

@@ -20,6 +20,7 @@ namespace {
 
 constexpr uint32_t kTokenWord = 0;  // step buffer: [token, position]
 constexpr uint32_t kPosWord = 1;
+constexpr uint32_t kMaxDispatchesPerLayer = 12;  // decode step budget (issue 5)
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kStepBytes = (kAttnCountsWord + vk::AttentionOp::kDecodeCountWords) * 4;
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
@@ -101,6 +102,17 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->begin();
   record_step(*rec_, n_ctx_);
   rec_->end();
+  // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding and the
+  // head. The short-context attention variant costs one dispatch per layer (none when idle, but
+  // counted); where it would break the budget (the factored file of a q-LoRA model), it goes.
+  if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + 3 && attn_->short_max_kv()) {
+    vk::AttentionTuning t = options_.attention;
+    t.short_variant = false;
+    attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
+    rec_->begin();
+    record_step(*rec_, n_ctx_);
+    rec_->end();
+  }
   stats_.dispatches = rec_->dispatch_count();
   stats_.barriers = rec_->barrier_count();
   stats_.layers = config_.n_layer;
@@ -334,6 +346,14 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       continue;
     }
     const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+    if (tile.tensor->layout != TsrLayout::MoeTile1)
+      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
+    // The shared expert needs no routing: with shared_expert_early its gate-up runs beside the
+    // router (normalizing x itself) and its down beside the routed gate-up, so the routed kernels
+    // after the router carry K slots instead of K + 1 (same stages and barriers).
+    const bool early = options_.shared_expert_early && tref.geometry.has_shared();
     vk::RouterOp router;
     router.w = w.matrix(L + "ffn_gate_inp.weight");
     router.x = w.x.whole();
@@ -346,12 +366,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     router.route = w.route.whole();
     router.label = "router " + L;
     router.record(rec);
-    rec.barrier();
     weight_bytes += router.w.read_bytes();
-    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
-    if (tile.tensor->layout != TsrLayout::MoeTile1)
-      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
-    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
     vk::MoeGateUpOp gu;
     gu.tile = tref;
     gu.n_used = c.n_expert_used;
@@ -363,9 +378,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       stats_.int8_activations = true;
     }
     gu.tuning = options_.moe;
-    gu.label = (gu.hq.buffer ? "moe_gateup.q8act " : "moe_gateup ") + L;
-    gu.record(rec);
-    rec.barrier();
     vk::MoeDownOp down;
     down.tile = tref;
     down.n_used = c.n_expert_used;
@@ -374,7 +386,30 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.x = w.x.whole();
     down.hq = gu.hq;
     down.tuning = options_.moe;
-    down.label = (down.hq.buffer ? "moe_down.q8act " : "moe_down ") + L;
+    const std::string q8 = gu.hq.buffer ? ".q8act " : " ";
+    if (early) {
+      vk::MoeGateUpOp sg = gu;
+      sg.slots = vk::MoeSlots::Shared;
+      sg.h2 = w.x.whole();
+      sg.norm_weight = ffn_norm;
+      sg.eps = c.eps;
+      sg.label = "moe_gateup.shared" + q8 + L;
+      sg.record(rec);
+      weight_bytes += sg.bytes();
+      gu.slots = down.slots = vk::MoeSlots::Routed;
+    }
+    rec.barrier();
+    gu.label = "moe_gateup" + q8 + L;
+    gu.record(rec);
+    if (early) {
+      vk::MoeDownOp sd = down;
+      sd.slots = vk::MoeSlots::Shared;
+      sd.label = "moe_down.shared" + q8 + L;
+      sd.record(rec);
+      weight_bytes += sd.bytes();
+    }
+    rec.barrier();
+    down.label = "moe_down" + q8 + L;
     down.record(rec);
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();

@@ -49,15 +49,11 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
   }
 }
 
-// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4,shared_early=0" (any subset): the
-// decode kernels' work split and order, for tuning runs.
-void parse_tune(const std::string& text, model::BenchOptions& o) {
-  vk::MatvecTuning& mv = o.matvec;
-  vk::MoeTuning& moe = o.moe;
-  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, gateup_teams, down_rows, shared_early",
-              [&](const std::string& k, uint32_t v) {
-    if (k == "shared_early") o.shared_expert_early = v != 0;
-    else if (k == "matvec_teams") mv.teams = v;
+// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
+// work split, for tuning runs.
+void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe) {
+  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, gateup_teams, down_rows", [&](const std::string& k, uint32_t v) {
+    if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
     else if (k == "down_rows") moe.q8_down_rows = v;
@@ -112,8 +108,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_heads=H2,short_max=N (any subset)");
   sub.add_option("--tune", a->tune,
-                 "Decode kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,gateup_teams=G,down_rows=D,"
-                 "shared_early=0|1 (any subset)");
+                 "Decode kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,gateup_teams=G,down_rows=D (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -127,7 +122,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
     if (!a->attention.empty()) o.attention = parse_attention(a->attention);
-    if (!a->tune.empty()) parse_tune(a->tune, o);
+    if (!a->tune.empty()) parse_tune(a->tune, o.matvec, o.moe);
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

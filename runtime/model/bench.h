@@ -48,7 +48,6 @@ struct BenchOptions {
   vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
   vk::MatvecTuning matvec;                // GpuModelOptions::matvec (--tune)
   vk::MoeTuning moe;                      // GpuModelOptions::moe (--tune)
-  bool shared_expert_early = false;       // GpuModelOptions::shared_expert_early (--tune shared_early=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;

@@ -346,14 +346,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       continue;
     }
     const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
-    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
-    if (tile.tensor->layout != TsrLayout::MoeTile1)
-      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
-    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
-    // The shared expert needs no routing: with shared_expert_early its gate-up runs beside the
-    // router (normalizing x itself) and its down beside the routed gate-up, so the routed kernels
-    // after the router carry K slots instead of K + 1 (same stages and barriers).
-    const bool early = options_.shared_expert_early && tref.geometry.has_shared();
     vk::RouterOp router;
     router.w = w.matrix(L + "ffn_gate_inp.weight");
     router.x = w.x.whole();
@@ -366,7 +358,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     router.route = w.route.whole();
     router.label = "router " + L;
     router.record(rec);
+    rec.barrier();
     weight_bytes += router.w.read_bytes();
+    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+    if (tile.tensor->layout != TsrLayout::MoeTile1)
+      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
     vk::MoeGateUpOp gu;
     gu.tile = tref;
     gu.n_used = c.n_expert_used;
@@ -378,6 +375,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       stats_.int8_activations = true;
     }
     gu.tuning = options_.moe;
+    gu.label = (gu.hq.buffer ? "moe_gateup.q8act " : "moe_gateup ") + L;
+    gu.record(rec);
+    rec.barrier();
     vk::MoeDownOp down;
     down.tile = tref;
     down.n_used = c.n_expert_used;
@@ -386,30 +386,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.x = w.x.whole();
     down.hq = gu.hq;
     down.tuning = options_.moe;
-    const std::string q8 = gu.hq.buffer ? ".q8act " : " ";
-    if (early) {
-      vk::MoeGateUpOp sg = gu;
-      sg.slots = vk::MoeSlots::Shared;
-      sg.h2 = w.x.whole();
-      sg.norm_weight = ffn_norm;
-      sg.eps = c.eps;
-      sg.label = "moe_gateup.shared" + q8 + L;
-      sg.record(rec);
-      weight_bytes += sg.bytes();
-      gu.slots = down.slots = vk::MoeSlots::Routed;
-    }
-    rec.barrier();
-    gu.label = "moe_gateup" + q8 + L;
-    gu.record(rec);
-    if (early) {
-      vk::MoeDownOp sd = down;
-      sd.slots = vk::MoeSlots::Shared;
-      sd.label = "moe_down.shared" + q8 + L;
-      sd.record(rec);
-      weight_bytes += sd.bytes();
-    }
-    rec.barrier();
-    down.label = "moe_down" + q8 + L;
+    down.label = (down.hq.buffer ? "moe_down.q8act " : "moe_down ") + L;
     down.record(rec);
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();

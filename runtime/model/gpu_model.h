@@ -46,9 +46,6 @@ struct GpuModelOptions {
   vk::AttentionTuning attention;  // decode attention work split (0 = automatic; bench --attention)
   vk::MatvecTuning matvec;        // decode int8 matvec work split (0 = automatic; bench --tune)
   vk::MoeTuning moe;              // decode expert kernels' work split (0 = automatic; bench --tune)
-  bool shared_expert_early = false;  // decode: the shared expert's gate-up beside the router, its
-                                     // down beside the routed gate-up (+2 dispatches per MoE layer,
-                                     // same barriers; bench --tune shared_early=0|1)
   bool int8_activations = true;   // Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)

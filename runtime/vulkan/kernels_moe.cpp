@@ -206,20 +206,6 @@ std::vector<TilePart> tile_parts(const MoeTileRef& t, bool down, uint64_t limit,
   return parts;
 }
 
-// The parts that hold the asked slots, each limited to them.
-std::vector<TilePart> select_slots(std::vector<TilePart> parts, MoeSlots slots, const MoeTileGeometry& g,
-                                   const std::string& what) {
-  if (slots == MoeSlots::All) return parts;
-  if (slots == MoeSlots::Shared && !g.has_shared()) runtime_error(what, ": the tile has no shared expert");
-  std::vector<TilePart> out;
-  for (TilePart p : parts) {
-    if (slots == MoeSlots::Routed) p.shared = false;
-    else p.routed = false;
-    if (p.routed || p.shared) out.push_back(p);
-  }
-  return out;
-}
-
 gpu::MoeArgs base_args(const MoeTileGeometry& g, uint32_t n_used) {
   gpu::MoeArgs a{};
   a.n_embd = uint32_t(g.n_embd);
@@ -409,11 +395,10 @@ void RouteOp::record(CommandRecorder& rec) const {
 uint64_t MoeGateUpOp::bytes() const {
   const MoeTileGeometry& g = tile.geometry;
   const uint32_t n_used = this->n_used ? this->n_used : routing.n_used;
-  const bool routed = slots != MoeSlots::Shared, shared = slots != MoeSlots::Routed && g.has_shared();
-  uint64_t b = routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) : 0;
-  if (shared) b += read_bytes(g.gateup(g.n_expert));
-  b += g.n_embd * 4 + (routed ? uint64_t(n_used) * 8 : 0);
-  b += ((routed ? uint64_t(n_used) * g.w_routed : 0) + (shared ? g.w_shared : 0)) * 4;
+  uint64_t b = uint64_t(n_used) * read_bytes(g.gateup(0));
+  if (g.has_shared()) b += read_bytes(g.gateup(g.n_expert));
+  b += g.n_embd * 4 + uint64_t(n_used) * 8;
+  b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
   return b;
 }
 
@@ -428,11 +413,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   need(h, moe_h_floats(g, n_used) * 4, what, "h");
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const std::vector<TilePart> parts =
-      select_slots(tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what), slots, g, what);
-  const bool norm = norm_weight.buffer != VK_NULL_HANDLE;
-  if (norm && slots != MoeSlots::Shared) runtime_error(what, ": an input norm only with the shared slot alone");
-  if (norm) need(norm_weight, g.n_embd * 4, what, "norm_weight");
+  const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
@@ -445,16 +426,11 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     set_part(a, p);
     set_routing(a, src, routing, g);
     a.groups_routed = groups_routed;
-    if (norm) {
-      a.flags |= TS_MOE_NORM_INPUT;
-      a.norm_eps = eps;
-    }
     const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice bufs[8] = {p.w, h2, norm ? norm_weight : h2, src.route, h, src.logits, src.bias, q8 ? hq : h};
+    const BufferSlice bufs[8] = {p.w, h2, h2, src.route, h, src.logits, src.bias, q8 ? hq : h};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
-    if (parts.size() > 1 || slots != MoeSlots::All) {
-      // this part's expected share: its experts' fraction of K, or the shared slot
+    if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
@@ -468,11 +444,10 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
 uint64_t MoeDownOp::bytes() const {
   const MoeTileGeometry& g = tile.geometry;
   const uint32_t n_used = this->n_used ? this->n_used : routing.n_used;
-  const bool routed = slots != MoeSlots::Shared, shared = slots != MoeSlots::Routed && g.has_shared();
-  uint64_t b = routed ? uint64_t(n_used) * read_bytes(g.down(0)) : 0;
-  if (shared) b += read_bytes(g.down(g.n_expert));
-  b += ((routed ? uint64_t(n_used) * g.w_routed : 0) + (shared ? g.w_shared : 0)) * 4;
-  b += (routed ? uint64_t(n_used) * 8 : 0) + g.n_embd * 8;
+  uint64_t b = uint64_t(n_used) * read_bytes(g.down(0));
+  if (g.has_shared()) b += read_bytes(g.down(g.n_expert));
+  b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
+  b += uint64_t(n_used) * 8 + g.n_embd * 8;
   return b;
 }
 
@@ -487,8 +462,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   need(x, g.n_embd * 4, what, "x");
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const std::vector<TilePart> parts =
-      select_slots(tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what), this->slots, g, what);
+  const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t rows_per_wg = q8 ? t.q8_down_rows : t.down_rows;
@@ -505,7 +479,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     set_routing(a, src, routing, g);
     const BufferSlice bufs[7] = {p.w, h, x, src.route, src.logits, src.bias, q8 ? hq : h};
     uint64_t part_bytes = bytes();
-    if (parts.size() > 1 || this->slots != MoeSlots::All) {
+    if (parts.size() > 1) {
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.down(g.n_expert));
       part_bytes += g.n_embd * 8;

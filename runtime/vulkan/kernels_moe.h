@@ -153,11 +153,6 @@ struct RouteOp {
   void record(CommandRecorder& rec) const;
 };
 
-// Which slots an expert op computes: all, the K routed ones, or the shared expert alone (which
-// needs no routing, so the decode step runs its gate-up beside the router and its down beside
-// the routed gate-up).
-enum class MoeSlots { All, Routed, Shared };
-
 // D9: h[k][i] = silu(gate_{e_k,i} . h2) * (up_{e_k,i} . h2) for the K routed slots, and the same
 // with the shared slot's weights into h[K] (when the tile has one).
 struct MoeGateUpOp {
@@ -173,11 +168,8 @@ struct MoeGateUpOp {
   std::string label;     // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
   MoeTuning tuning;
-  MoeSlots slots = MoeSlots::All;  // Shared needs a tile with a shared expert
-  BufferSlice norm_weight;  // set: the input is RMSNorm(h2; norm_weight, eps), computed by every
-  float eps = 1e-6f;        // workgroup (h2 then holds the un-normalized x); Shared only
 
-  // Bytes of one call: the slots' gate-up matrices, h2, route, h written.
+  // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written.
   uint64_t bytes() const;
   // Records the dispatch(es), no barrier at the end. Validates first (Error(Runtime)).
   void record(CommandRecorder& rec) const;
@@ -197,9 +189,8 @@ struct MoeDownOp {
   std::string label;    // empty = "moe_down.<type>"
   uint64_t max_binding_bytes = 0;
   MoeTuning tuning;
-  MoeSlots slots = MoeSlots::All;  // Shared needs a tile with a shared expert
 
-  uint64_t bytes() const;  // the slots' down matrices, h, route, x read and written
+  uint64_t bytes() const;  // K routed + shared down matrices, h, route, x read and written
   // Records the dispatch(es), with barriers between parts when there are several (see above),
   // none at the end.
   void record(CommandRecorder& rec) const;

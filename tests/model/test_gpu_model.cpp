@@ -171,9 +171,8 @@ TEST(GpuModel, Int8ActivationsTrackTheReference) {
 
 // The decode kernels' work splits (bench --tune) move rows between workgroups, never the order of
 // a row's dot product; only the fused norms' sums of squares are reduced over a workgroup of
-// another size, and the shared expert run apart adds into x in another order. So the logits agree
-// to f32 rounding. Awkward splits: 3 rows per subgroup, 6 teams, 3 down rows per workgroup, 12
-// gate-up subgroups; the shared expert apart (MoeSlots::Shared / Routed).
+// another size. So the logits agree to f32 rounding. Awkward splits: 3 rows per subgroup, 6
+// teams, 3 down rows per workgroup, 12 gate-up subgroups.
 TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* type : {"q4_0", "q4_k_m"}) {
@@ -185,13 +184,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     o.matvec = {.teams = 6, .rows = 3};
     o.moe.q8_gateup_teams = 12;
     o.moe.q8_down_rows = 3;
-    o.shared_expert_early = true;  // the shared expert's gate-up beside the router, its down beside the routed gate-up
     model::GpuModel tuned(context(), tsr, o);
-    EXPECT_EQ(tuned.stats().barriers, plain.stats().barriers);
-    uint32_t moe_layers = 0;
-    for (uint32_t l = 0; l < plain.config().n_layer; ++l) moe_layers += plain.config().is_moe(l) ? 1 : 0;
-    ASSERT_GT(moe_layers, 0u);
-    EXPECT_EQ(tuned.stats().dispatches, plain.stats().dispatches + 2 * moe_layers) << "shared expert dispatched apart";
     const auto p = prompt(plain.n_vocab(), 5);
     const std::vector<float> a = tuned.forward(p, false), b = plain.forward(p, false);
     ASSERT_EQ(a.size(), b.size());

@@ -18,12 +18,13 @@ constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one 
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // The int8-activation variants (Q8ACT): bigger workgroups, so that the input each workgroup
 // quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
-// Measured on an H200 (GLM-4.7-Flash Q4_0, tg128, bench --tune, docs/PERFORMANCE.md): gate-up
-// 16 subgroups 14.7 us per call vs 16.8 with 8 (4: slower); down 2 rows 12.4 us vs 19.4 with 8
-// (16: slower, 1: slower than 2).
+// Measured on an H200 (GLM-4.7-Flash, tg128, bench --tune, docs/PERFORMANCE.md): gate-up 16
+// subgroups 14.7 us per call vs 16.8 with 8 (4, 32: slower); down, Q4_0: 2 rows 12.4 us vs 19.4
+// with 8 (1, 4, 16: slower); down, Q4_K_M (Q4_K / Q6_K): 4 rows 16.8 us vs 18.3 with 2.
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
-constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup
+constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
+constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
 
 // MoeTuning with the automatic choices filled in.
 MoeTuning resolve(const MoeTuning& t) {
@@ -32,12 +33,16 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
-  if (r.q8_down_rows == 0) r.q8_down_rows = kQ8DownRows;
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
                   ") outside 1..2 / 1..16 / 1..16 / 1..32 / 1..64");
   return r;
+}
+
+// Rows per workgroup of the int8 down kernel for weights of `type`.
+uint32_t q8_down_rows(const MoeTuning& t, GgmlType type) {
+  return t.q8_down_rows ? t.q8_down_rows : type_info(type).block_elems == 256 ? kQ8DownRowsK : kQ8DownRows;
 }
 
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
@@ -101,12 +106,12 @@ const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slo
 // The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
 // width: the widest slot, whose blocks a lane keeps in registers on the subgroup path).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               const MoeTuning& t) {
+                               uint32_t rows) {
   const TeamShape ts = team_shape(ctx);
   const uint64_t own = (width / 32 + ts.threads_per_row - 1) / ts.threads_per_row;
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
                     {{"TEAMS", std::to_string(slots)},
-                     {"ROWS_PER_WG", std::to_string(t.q8_down_rows)},
+                     {"ROWS_PER_WG", std::to_string(rows)},
                      {"Q8ACT", "1"},
                      {"Q8_OWN", std::to_string(std::max<uint64_t>(own, 1))},
                      {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}},
@@ -465,14 +470,14 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
-  const uint32_t rows_per_wg = q8 ? t.q8_down_rows : t.down_rows;
-  const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
+    const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type) : t.down_rows;
+    const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared), t)
+                                               std::max(g.w_routed, g.w_shared), rows_per_wg)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -587,14 +592,15 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                     down.rows, "x", down.cols, " on this device");
     need(hq, dense_hq_bytes(down.cols), what, "hq");
   }
-  const Pipeline& pipe = q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, t) : down_kernel(ctx, down.type, vec8, 1, t);
+  const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type) : t.down_rows;
+  const Pipeline& pipe =
+      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg) : down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;
   a.h_stride = (down.cols + 3) / 4 * 4;
   a.w_shared = down.cols;
   const BufferSlice bufs[7] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h, q8 ? hq : h};
-  const uint32_t rows_per_wg = q8 ? t.q8_down_rows : t.down_rows;
   const uint32_t groups = (down.rows + rows_per_wg - 1) / rows_per_wg;
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, bytes());
 }

@@ -101,7 +101,7 @@ struct MoeTuning {
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
   // The int8-activation kernels (decode):
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
-  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2
+  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4)
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

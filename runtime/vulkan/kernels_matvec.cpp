@@ -94,17 +94,15 @@ void MatvecOp::record(CommandRecorder& rec) const {
     // matvec_q8.comp. Decode (batch 1): matrices of at most kFewRows rows: 16 teams x 1 row (each
     // workgroup stages the whole input once for 16 rows; H200, GLM: W_vo 2048 x 10240 15.8 us vs
     // 20.8 with 4 x 1, q_a / kv_a 7.7 vs 8.2); taller ones: 4 teams, rows per team 4 for rows of
-    // <= 2 blocks per lane, else 2, lowered until the matrix gives kMinWorkgroups workgroups (the
-    // Q6_K LM head 101 us vs 133 with 16 x 1); tall ones with fewer blocks per row than lanes:
-    // 8 x 2 (W_qk 11520 x 768: 12.8 us vs 13.6 with 4 x 4, 14.5 with 16 x 1).
+    // <= 2 blocks per lane, else 2, lowered until the matrix gives kMinWorkgroups workgroups (W_qk
+    // 11520 x 768: 13.6 us vs 14.5 with 16 x 1; the Q6_K LM head 101 vs 133 us).
     // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
     const uint32_t nb = w.cols / 32;
     if (tuning.teams > 16 || tuning.rows > 4)
       usage_error("matvec tuning: ", tuning.teams, " teams, ", tuning.rows, " rows per team outside 1..16 / 1..4");
     const bool few = batch == 1 && w.rows <= kFewRows;
-    const bool short_rows = batch == 1 && !few && nb < tpr;  // fewer blocks than lanes (W_qk: 24)
-    const uint32_t teams = batch > 1 ? 8u : tuning.teams ? tuning.teams : few ? 16u : short_rows ? 8u : kGroupsPerWorkgroup;
-    uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : few ? 1u : short_rows ? 2u : (nb <= 2 * tpr ? 4u : 2u);
+    const uint32_t teams = batch > 1 ? 8u : tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
+    uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : few ? 1u : (nb <= 2 * tpr ? 4u : 2u);
     if (batch == 1 && tuning.rows) nrows = tuning.rows;
     else if (batch == 1)
       while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;

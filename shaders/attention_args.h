@@ -51,8 +51,6 @@ struct AttnPartialArgs {
   uint kv_max;      // ... <= kv_max (0: no upper bound): two variants, one recording
 };
 
-// attention_partial.comp, when a query's context is a single chunk, writes its olat itself
-// (o / l, binding 4) instead of a partial.
 // attention_merge.comp: olat[h*R + r] = sum_c exp(m_c - M) o_c[h][r] / sum_c exp(m_c - M) l_c,
 // over the chunks attention_partial wrote for the same step (same chunking arguments); query t
 // = workgroup z as in AttnPartialArgs, its output at float t*N_HEAD*R.
@@ -61,10 +59,8 @@ struct AttnMergeArgs {
   uint n_ctx;
   uint n_groups;
   uint min_chunk;
-  uint count_word;   // as in AttnPartialArgs
-  uint skip_single;  // 1: a query whose context is one chunk is skipped (attention_partial.comp
-                     // wrote its olat itself); 0: every query is merged (attention_prefill.comp)
-  uint pad1, pad2;
+  uint count_word;  // as in AttnPartialArgs
+  uint pad0, pad1, pad2;
 };
 
 // absorb.comp: per-head matvec. For the weight rows g in [row_begin, row_begin + n_rows) bound to

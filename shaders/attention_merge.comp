@@ -34,7 +34,6 @@ void main() {
   const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1, args.n_ctx);
   const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
-  if (args.skip_single != 0u && n_chunks == 1u) return;  // uniform: the partial kernel wrote olat
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
   const uint ml_base = p_base + args.n_groups * N_HEAD * KV_LORA;
 

@@ -3,8 +3,7 @@
 // latent cache (forward.md section 2.3-2.4). For the query at position pos (kv_len = pos + 1 rows)
 //   s_h(j) = kq_scale * (q_lat_h . c_j + rope(q_pe_h, pos) . kpe_j),   j < kv_len
 // and per chunk of positions the softmax state of every head: m = max_j s, l = sum_j exp(s - m),
-// o = sum_j exp(s - m) * c_j (R floats). attention_merge.comp combines the chunks; a context of
-// one chunk is finished here (olat = o / l, binding 4) and the merge skips it (skip_single).
+// o = sum_j exp(s - m) * c_j (R floats). attention_merge.comp combines the chunks.
 //
 // Work split: workgroup (x = chunk c, y = head group) handles the positions of chunk c
 // (ts_attn_chunk_len of attention_args.h; chunks past kv_len exit at once, so the dispatch is
@@ -35,7 +34,6 @@ layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; }; 
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
-layout(std430, binding = 4) writeonly restrict buffer Out { vec4 olat4[]; };  // [query][N_HEAD][R]: one-chunk contexts
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
@@ -200,18 +198,6 @@ void main() {
     }
   }
 
-  // A context of one chunk: this workgroup has the whole softmax, olat = o / l (the merge skips it).
-  if (ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE) == 1u) {  // uniform
-    barrier();
-    if (tid < n_heads) m_tile[tid] = l_run;
-    barrier();
-    if (o_active) {
-      [[unroll]] for (uint a = 0; a < OH; ++a) {
-        if (o_head0 + a < n_heads) olat4[(qt * N_HEAD + head0 + o_head0 + a) * kOQ + o_quad] = acc[a] / m_tile[o_head0 + a];
-      }
-    }
-    return;
-  }
   // Partial of this chunk: unnormalized o, then (m, l) per head.
   if (o_active) {
     [[unroll]] for (uint a = 0; a < OH; ++a) {

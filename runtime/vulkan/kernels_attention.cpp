@@ -230,7 +230,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
                               {"HW", std::to_string(heads_per_group_)},
                               {"SV", std::to_string(layout->sv)},
                               {"OH", std::to_string(layout->oh)}});
-  p.num_buffers = 5;
+  p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
   partial_ = &ctx.pipeline(p);
 
@@ -286,8 +286,7 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
 }
 
 void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                                 BufferSlice partials, BufferSlice olat, std::string_view label,
-                                 const QueryBatch& batch) const {
+                                 BufferSlice partials, std::string_view label, const QueryBatch& batch) const {
   const uint32_t n = batch.checked(label);
   if (q.size < uint64_t(n) * shape_.n_head * shape_.row() * 4)
     runtime_error(label, ": q binding holds ", q.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.row() * 4);
@@ -297,9 +296,7 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
-  if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
-    runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
-  const BufferSlice b[] = {q, cache, step, partials, olat};
+  const BufferSlice b[] = {q, cache, step, partials};
   if (!partial_short_) {
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
     rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
@@ -321,8 +318,7 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 }
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
-                               BufferSlice olat, std::string_view label, const QueryBatch& batch,
-                               bool skip_single) const {
+                               BufferSlice olat, std::string_view label, const QueryBatch& batch) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -330,7 +326,7 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
-  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, batch.word(), skip_single ? 1u : 0u, 0, 0};
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, batch.word(), 0, 0, 0};
   const BufferSlice b[] = {partials, step, olat};
   rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n, label,
                n * merge_bytes(profile_kv_len_));
@@ -338,14 +334,18 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
 
 void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                          BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch) const {
-  record_partial(rec, q, cache, step, pos_word, partials, olat, std::string(label) + " partial", batch);
+  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
   rec.barrier();
-  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch, true);
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
 }
 
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice olat,
                                 std::string_view label) const {
+  if (!partial_short_) {
+    record(rec, q, cache, step, pos_word, partials, olat, label);
+    return;
+  }
   const std::string what = std::string(label) + " partial";
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
   if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
@@ -355,37 +355,28 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(what, ": step binding has no word ", pos_word);
   if (partials.size < partials_bytes())
     runtime_error(what, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
-  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-    runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-  const BufferSlice b[] = {q, cache, step, partials, olat};
+  const BufferSlice b[] = {q, cache, step, partials};
   // The kv bounds stay: a workgroup of the wrong variant (bad counts) still does nothing.
-  const bool short_ctx = partial_short_ && profile_kv_len_ <= short_max_kv_;
-  if (partial_short_) {
-    const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0,
-                                     short_max_kv_};
-    rec.dispatch_indirect(*partial_short_, b, &sargs, sizeof sargs, counts.sub(0, 12), what + " short",
-                          short_ctx ? partial_bytes(profile_kv_len_) : 0);
-  }
+  const bool short_ctx = profile_kv_len_ <= short_max_kv_;
+  const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0,
+                                   short_max_kv_};
   const gpu::AttnPartialArgs largs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT,
-                                   partial_short_ ? short_max_kv_ + 1 : 0, 0};
+                                   short_max_kv_ + 1, 0};
+  rec.dispatch_indirect(*partial_short_, b, &sargs, sizeof sargs, counts.sub(0, 12), what + " short",
+                        short_ctx ? partial_bytes(profile_kv_len_) : 0);
   rec.dispatch_indirect(*partial_, b, &largs, sizeof largs, counts.sub(12, 12), what,
                         short_ctx ? 0 : partial_bytes(profile_kv_len_));
   rec.barrier();
-  const gpu::AttnMergeArgs margs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, TS_ATTN_NO_COUNT, 1, 0, 0};
-  const BufferSlice mb[] = {partials, step, olat};
-  rec.dispatch_indirect(*merge_, mb, &margs, sizeof margs, counts.sub(24, 12), std::string(label) + " merge",
-                        num_chunks(profile_kv_len_) > 1 ? merge_bytes(profile_kv_len_) : 0);
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
 }
 
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
   const bool use_short = partial_short_ && kv_len <= short_max_kv_;
   const uint32_t s[3] = {use_short ? n_groups_ : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
   const uint32_t l[3] = {use_short ? 0u : n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1u};
-  const uint32_t m[3] = {num_chunks(kv_len) > 1 ? ceil_div(shape_.kv_lora, kMergeColumns) : 0u, shape_.n_head, 1u};
   for (int i = 0; i < 3; ++i) {
     words[i] = s[i];
     words[3 + i] = l[i];
-    words[6 + i] = m[i];
   }
 }
 

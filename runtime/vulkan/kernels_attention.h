@@ -157,25 +157,22 @@ class AttentionOp {
   // D5: per-chunk partials. q, cache, step, pos_word, partials as in the header comment.
   // batch: several causal queries (query t at position step[pos_word] + t sees [0, that
   // position]); q, partials (batch.n * partials_bytes()) and olat hold one block per query.
-  // A query whose context is one chunk gets its olat here (and no partial).
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                      BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
-  // D6: olat from the partials of the same step. skip_single: queries whose context is one chunk
-  // are left alone (record_partial wrote them); false for partials of attention_prefill.comp.
+                      BufferSlice partials, std::string_view label, const QueryBatch& batch = {}) const;
+  // D6: olat from the partials of the same step.
   void record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
-                    std::string_view label, const QueryBatch& batch = {}, bool skip_single = false) const;
+                    std::string_view label, const QueryBatch& batch = {}) const;
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
-  // The decode step (one query): as record(), but the partial kernels (the short variant's too)
-  // and the merge are indirect dispatches whose group counts are read from `counts`
-  // (kDecodeCountWords words, written by the host before each submission with decode_counts):
-  // only the variant for the current context length has workgroups, and the merge none when the
-  // context is one chunk.
+  // The decode step (one query): as record(), but with a short variant its two partial kernels
+  // are indirect dispatches whose group counts are read from `counts` (kDecodeCountWords words,
+  // written by the host before each submission with decode_counts): only the variant for the
+  // current context length has workgroups.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice olat, std::string_view label) const;
-  static constexpr uint32_t kDecodeCountWords = 9;
-  // The group counts of record_decode's three dispatches for a context of kv_len positions.
+  static constexpr uint32_t kDecodeCountWords = 6;
+  // The group counts of record_decode's two dispatches for a context of kv_len positions.
   void decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const;
 
   // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).

@@ -52,9 +52,11 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
 // "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
 // work split, for tuning runs.
 void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe) {
-  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, gateup_teams, down_rows", [&](const std::string& k, uint32_t v) {
+  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows", [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
+    else if (k == "pmatvec_teams") mv.batch_teams = v;
+    else if (k == "pmatvec_rows") mv.batch_rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
     else if (k == "down_rows") moe.q8_down_rows = v;
     else return false;
@@ -108,7 +110,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_heads=H2,short_max=N (any subset)");
   sub.add_option("--tune", a->tune,
-                 "Decode kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,gateup_teams=G,down_rows=D (any subset)");
+                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R (decode), pmatvec_teams=T,pmatvec_rows=R "
+                 "(prefill), gateup_teams=G,down_rows=D (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");

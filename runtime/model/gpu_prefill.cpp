@@ -144,6 +144,7 @@ struct PrefillRecorder {
   const ModelConfig& c;
   uint32_t T;
   bool int8_activations;
+  vk::MatvecTuning tuning;
   uint64_t weight_bytes = 0;
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
@@ -165,6 +166,7 @@ struct PrefillRecorder {
       op.norm_weight = norm;
       op.norm_eps = c.eps;
       op.int8_activations = int8_activations;
+      op.tuning = tuning;
       op.label = op.kernel_name(&rec.context()) + " " + name;
       op.record(rec);
       weight_bytes += w.read_bytes();
@@ -182,7 +184,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   {
     auto rec = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = timestamps});
     rec->begin();
-    PrefillRecorder r{*rec, c, p.T, options_.int8_activations};
+    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");

@@ -98,11 +98,17 @@ void MatvecOp::record(CommandRecorder& rec) const {
     // 11520 x 768: 13.6 us vs 14.5 with 16 x 1; the Q6_K LM head 101 vs 133 us).
     // Batched: 8 teams x 4 rows, so that the staged columns serve 32 rows.
     const uint32_t nb = w.cols / 32;
-    if (tuning.teams > 16 || tuning.rows > 4)
-      usage_error("matvec tuning: ", tuning.teams, " teams, ", tuning.rows, " rows per team outside 1..16 / 1..4");
+    if (tuning.teams > 16 || tuning.rows > 4 || tuning.batch_teams > 16 || tuning.batch_rows > 4)
+      usage_error("matvec tuning: ", tuning.teams, " / ", tuning.batch_teams, " teams, ", tuning.rows, " / ",
+                  tuning.batch_rows, " rows per team outside 1..16 / 1..4");
     const bool few = batch == 1 && w.rows <= kFewRows;
-    const uint32_t teams = batch > 1 ? 8u : tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
-    uint32_t nrows = batch > 8 ? 2u : batch > 1 ? 4u : few ? 1u : (nb <= 2 * tpr ? 4u : 2u);
+    const uint32_t teams = batch > 1 ? (tuning.batch_teams ? tuning.batch_teams : 8u)
+                                     : tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
+    uint32_t nrows = batch > 1 && tuning.batch_rows ? tuning.batch_rows
+                     : batch > 8                    ? 2u
+                     : batch > 1                    ? 4u
+                     : few                          ? 1u
+                                                    : (nb <= 2 * tpr ? 4u : 2u);
     if (batch == 1 && tuning.rows) nrows = tuning.rows;
     else if (batch == 1)
       while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;

@@ -33,6 +33,9 @@ struct MatvecTuning {
   uint32_t teams = 0;  // subgroups per workgroup, 1..16; auto: 16 for <= 2048 rows, else 4
   uint32_t rows = 0;   // rows per subgroup, 1..4; auto: 1 for <= 2048 rows, else 4 for rows of <= 2
                        // blocks per lane, else 2, halved until the matrix gives 256 workgroups
+  // Several x vectors (prefill): subgroups per workgroup 1..16 (auto 8), rows per subgroup 1..4
+  // (auto 4; 2 above 8 vectors).
+  uint32_t batch_teams = 0, batch_rows = 0;
 };
 
 struct MatvecOp {

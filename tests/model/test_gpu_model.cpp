@@ -195,6 +195,17 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     }
     std::printf("%s: tuned vs default max |diff| %.3g of max |logit| %.3g\n", type, worst, scale);
     EXPECT_LE(worst, 1e-4f * scale) << type;
+
+    // The batched prefill's matvecs (prefill_chunk 8: one dispatch of 8 columns per matrix).
+    model::GpuModelOptions po{.n_ctx = 32, .prefill_chunk = 8};
+    model::GpuModel pplain(context(), tsr, po);
+    po.matvec = {.batch_teams = 5, .batch_rows = 3};
+    model::GpuModel ptuned(context(), tsr, po);
+    const std::vector<float> pa = ptuned.forward(p, false), pb = pplain.forward(p, false);
+    ASSERT_EQ(pa.size(), pb.size());
+    float pworst = 0;
+    for (size_t i = 0; i < pa.size(); ++i) pworst = std::max(pworst, std::fabs(pa[i] - pb[i]));
+    EXPECT_LE(pworst, 1e-4f * scale) << type << " prefill";
   }
 }
 

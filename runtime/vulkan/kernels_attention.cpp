@@ -285,8 +285,8 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
   return uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
 }
 
-void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                                 BufferSlice partials, std::string_view label, const QueryBatch& batch) const {
+uint32_t AttentionOp::check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                             BufferSlice partials, const QueryBatch& batch, std::string_view label) const {
   const uint32_t n = batch.checked(label);
   if (q.size < uint64_t(n) * shape_.n_head * shape_.row() * 4)
     runtime_error(label, ": q binding holds ", q.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.row() * 4);
@@ -296,6 +296,12 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
+  return n;
+}
+
+void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                 BufferSlice partials, std::string_view label, const QueryBatch& batch) const {
+  const uint32_t n = check_partial_bindings(q, cache, step, pos_word, partials, batch, label);
   const BufferSlice b[] = {q, cache, step, partials};
   if (!partial_short_) {
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
@@ -348,13 +354,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   }
   const std::string what = std::string(label) + " partial";
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
-  if (q.size < uint64_t(shape_.n_head) * shape_.row() * 4)
-    runtime_error(what, ": q binding holds ", q.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.row() * 4);
-  if (cache.size < shape_.cache_bytes())
-    runtime_error(what, ": cache binding holds ", cache.size, " bytes, needs ", shape_.cache_bytes());
-  if (step.size < uint64_t(pos_word + 1) * 4) runtime_error(what, ": step binding has no word ", pos_word);
-  if (partials.size < partials_bytes())
-    runtime_error(what, ": partials binding holds ", partials.size, " bytes, needs ", partials_bytes());
+  check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
   const BufferSlice b[] = {q, cache, step, partials};
   // The kv bounds stay: a workgroup of the wrong variant (bad counts) still does nothing.
   const bool short_ctx = profile_kv_len_ <= short_max_kv_;

@@ -193,6 +193,9 @@ class AttentionOp {
   uint32_t num_chunks(uint32_t kv_len) const;
 
  private:
+  // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
+  uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                  BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
   const Pipeline* partial_ = nullptr;
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* merge_ = nullptr;

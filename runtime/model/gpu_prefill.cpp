@@ -152,11 +152,10 @@ struct PrefillRecorder {
   // W_qk's 768-long rows paying for the larger staging; docs/PERFORMANCE.md.)
   void matvec(const vk::MatrixRef& w, const std::string& name, const vk::Buffer& x, const vk::Buffer& y,
               vk::BufferSlice norm, bool acc) {
-    const uint32_t step = kPrefillColumns;
-    for (uint32_t c0 = 0; c0 < T; c0 += step) {
+    for (uint32_t c0 = 0; c0 < T; c0 += kPrefillColumns) {
       vk::MatvecOp op;
       op.w = w;
-      op.batch = std::min(step, T - c0);
+      op.batch = std::min(kPrefillColumns, T - c0);
       op.x = x.whole();
       op.x_offset = c0 * w.cols;
       op.x_stride = w.cols;

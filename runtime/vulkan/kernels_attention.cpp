@@ -285,6 +285,12 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
   return uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
 }
 
+gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v) const {
+  // The context bounds of a variant: the short one up to short_max_kv_, the long one above.
+  const uint32_t kv_min = v == Variant::Long ? short_max_kv_ + 1 : 0, kv_max = v == Variant::Short ? short_max_kv_ : 0;
+  return {pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, count_word, kv_min, kv_max};
+}
+
 uint32_t AttentionOp::check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                              BufferSlice partials, const QueryBatch& batch, std::string_view label) const {
   const uint32_t n = batch.checked(label);
@@ -304,8 +310,7 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
   const uint32_t n = check_partial_bindings(q, cache, step, pos_word, partials, batch, label);
   const BufferSlice b[] = {q, cache, step, partials};
   if (!partial_short_) {
-    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0, 0};
-    rec.dispatch(*partial_, b, args, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
+    rec.dispatch(*partial_, b, partial_args(pos_word, batch.word(), Variant::Only), n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
                  n * partial_bytes(profile_kv_len_));
     return;
   }
@@ -313,14 +318,11 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
   // workgroups check kv_len against the bounds), both write the same partials layout. The bytes
   // go to the one the profiled context length selects.
   const bool short_ctx = profile_kv_len_ <= short_max_kv_;
-  const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(), 0,
-                                   short_max_kv_};
-  rec.dispatch(*partial_short_, b, sargs, n_groups_, ceil_div(shape_.n_head, short_heads_), n, std::string(label) + " short",
+  rec.dispatch(*partial_short_, b, partial_args(pos_word, batch.word(), Variant::Short), n_groups_,
+               ceil_div(shape_.n_head, short_heads_), n, std::string(label) + " short",
                short_ctx ? n * partial_bytes(profile_kv_len_) : 0);
-  const gpu::AttnPartialArgs largs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, batch.word(),
-                                   short_max_kv_ + 1, 0};
-  rec.dispatch(*partial_, b, largs, n_groups_, ceil_div(shape_.n_head, heads_per_group_), n, label,
-               short_ctx ? 0 : n * partial_bytes(profile_kv_len_));
+  rec.dispatch(*partial_, b, partial_args(pos_word, batch.word(), Variant::Long), n_groups_,
+               ceil_div(shape_.n_head, heads_per_group_), n, label, short_ctx ? 0 : n * partial_bytes(profile_kv_len_));
 }
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
@@ -358,10 +360,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   const BufferSlice b[] = {q, cache, step, partials};
   // The kv bounds stay: a workgroup of the wrong variant (bad counts) still does nothing.
   const bool short_ctx = profile_kv_len_ <= short_max_kv_;
-  const gpu::AttnPartialArgs sargs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0,
-                                   short_max_kv_};
-  const gpu::AttnPartialArgs largs{pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT,
-                                   short_max_kv_ + 1, 0};
+  const gpu::AttnPartialArgs sargs = partial_args(pos_word, TS_ATTN_NO_COUNT, Variant::Short);
+  const gpu::AttnPartialArgs largs = partial_args(pos_word, TS_ATTN_NO_COUNT, Variant::Long);
   rec.dispatch_indirect(*partial_short_, b, &sargs, sizeof sargs, counts.sub(0, 12), what + " short",
                         short_ctx ? partial_bytes(profile_kv_len_) : 0);
   rec.dispatch_indirect(*partial_, b, &largs, sizeof largs, counts.sub(12, 12), what,

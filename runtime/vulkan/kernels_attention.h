@@ -193,6 +193,9 @@ class AttentionOp {
   uint32_t num_chunks(uint32_t kv_len) const;
 
  private:
+  // The partial kernel's arguments: the only kernel, or the short / long variant (its context bounds).
+  enum class Variant { Only, Short, Long };
+  gpu::AttnPartialArgs partial_args(uint32_t pos_word, uint32_t count_word, Variant v) const;
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;

@@ -101,17 +101,17 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (tuning.teams > 16 || tuning.rows > 4 || tuning.batch_teams > 16 || tuning.batch_rows > 4)
       usage_error("matvec tuning: ", tuning.teams, " / ", tuning.batch_teams, " teams, ", tuning.rows, " / ",
                   tuning.batch_rows, " rows per team outside 1..16 / 1..4");
-    const bool few = batch == 1 && w.rows <= kFewRows;
-    const uint32_t teams = batch > 1 ? (tuning.batch_teams ? tuning.batch_teams : 8u)
-                                     : tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
-    uint32_t nrows = batch > 1 && tuning.batch_rows ? tuning.batch_rows
-                     : batch > 8                    ? 2u
-                     : batch > 1                    ? 4u
-                     : few                          ? 1u
-                                                    : (nb <= 2 * tpr ? 4u : 2u);
-    if (batch == 1 && tuning.rows) nrows = tuning.rows;
-    else if (batch == 1)
-      while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+    uint32_t teams = 0, nrows = 0;
+    if (batch > 1) {
+      teams = tuning.batch_teams ? tuning.batch_teams : 8u;
+      nrows = tuning.batch_rows ? tuning.batch_rows : batch > 8 ? 2u : 4u;
+    } else {
+      const bool few = w.rows <= kFewRows;
+      teams = tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
+      nrows = tuning.rows ? tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
+      if (!tuning.rows)
+        while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+    }
     // Blocks per staging pass: a power of two, at most what the columns need and what fits
     // kQ8StageBytes of shared memory (48 bytes per block and column).
     uint32_t kchunk = 1;

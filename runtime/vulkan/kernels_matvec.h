@@ -53,7 +53,7 @@ struct MatvecOp {
   float norm_eps = 1e-6f;      // with norm_weight
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
-  MatvecTuning tuning;             // one x vector on the int8 path only
+  MatvecTuning tuning;             // the int8 path's work split (ignored on the f32 path)
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

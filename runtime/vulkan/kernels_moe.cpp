@@ -26,7 +26,8 @@ constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup 
 constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
 constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
 
-// MoeTuning with the automatic choices filled in.
+// MoeTuning with the automatic choices filled in (except q8_down_rows, which depends on the
+// weight type: q8_down_rows()).
 MoeTuning resolve(const MoeTuning& t) {
   MoeTuning r = t;
   if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)

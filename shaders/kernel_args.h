@@ -60,6 +60,16 @@ struct RmsNormArgs {
   uint pad0;
 };
 
+// prefetch.comp: pulls up to four byte spans (bindings 0..3) into the GPU's L2 cache by reading
+// one 32-bit word per 32-byte sector; workgroups [first_group_i, first_group_{i+1}) read span i.
+// The words read are XOR-folded into sink[0] (atomicXor), so no load can be dropped and a test
+// can check which words were read. A span with sectors_i = 0 is not read.
+#define TS_PREFETCH_SECTOR_BYTES 32u
+struct PrefetchArgs {
+  uint sectors0, sectors1, sectors2, sectors3;  // 32-byte sectors of each span (the last may be partial)
+  uint first1, first2, first3, n_groups;        // first workgroup of spans 1..3, workgroups in all
+};
+
 // embed.comp: for t < n_tokens, with id = ids[id_offset + t]:
 //   out[out_offset + t*out_stride + k] = dequant(W row id)[k], k < cols,
 // done only by the dispatch whose bound rows [row_begin, row_begin + rows) contain id

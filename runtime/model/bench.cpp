@@ -318,6 +318,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.attention = o.attention;
   go.matvec = o.matvec;
   go.moe = o.moe;
+  go.prefetch = o.prefetch;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
   if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0 || o.profile) {

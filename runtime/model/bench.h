@@ -48,6 +48,7 @@ struct BenchOptions {
   vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
   vk::MatvecTuning matvec;                // GpuModelOptions::matvec (--tune)
   vk::MoeTuning moe;                      // GpuModelOptions::moe (--tune)
+  uint32_t prefetch = 0;                  // GpuModelOptions::prefetch (--tune prefetch=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;

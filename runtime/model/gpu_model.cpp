@@ -47,6 +47,7 @@ struct GpuModel::Weights {
   // activations (f32) and state
   vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
+  vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
 
@@ -72,6 +73,11 @@ struct GpuModel::Weights {
     m.cols = uint32_t(t.ne[0]);
     m.validate(t.name.c_str());
     return m;
+  }
+  // Every byte of a tensor (whole 32-bit words): what a prefetch reads.
+  vk::BufferSlice span(std::string_view name) const {
+    const Loc& l = at(name);
+    return l.buffer->slice(l.offset, l.tensor->nbytes / 4 * 4);
   }
   // A plain F32 vector (norm weights, biases).
   vk::BufferSlice vec(std::string_view name, uint64_t n) const {
@@ -186,6 +192,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.logits, "logits", uint64_t(c.n_vocab) * 4},
       {&w.partials, "attention partials", probe.partials_bytes()},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
+      {&w.prefetch_sink, "prefetch sink", 16},
   };
 
   vk::MemoryPlan plan;
@@ -264,6 +271,16 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     weight_bytes += op.w.read_bytes();
   };
 
+  // Weights of a later stage pulled into the L2 beside the kernels just recorded (no barrier).
+  auto prefetch = [&](std::vector<vk::BufferSlice> spans, const std::string& label) {
+    if (spans.empty()) return;
+    vk::PrefetchOp op;
+    op.spans = std::move(spans);
+    op.sink = w.prefetch_sink.whole();
+    op.label = label;
+    op.record(rec);
+  };
+
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
   embed.ids = step.sub(kTokenWord * 4, 4);
@@ -289,6 +306,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (c.q_lora_rank) matvec(L + "attn_q_a.weight", w.x.whole(), w.cq.whole(), attn_norm, false);
     else matvec(qname, w.x.whole(), qdst, attn_norm, false);
     matvec(L + "attn_kv_a_mqa.weight", w.x.whole(), w.kv.whole(), attn_norm, false);
+    if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
     rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
     if (c.q_lora_rank)
@@ -306,6 +324,23 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.olat.whole(), "attention " + L);
+    {
+      std::vector<vk::BufferSlice> spans;
+      if (options_.prefetch & kPrefetchAttnOut) {
+        if (vo) spans.push_back(w.span(L + "attn_vo.weight"));
+        else spans.insert(spans.end(), {w.span(L + "attn_v_b.weight"), w.span(L + "attn_output.weight")});
+      }
+      if ((options_.prefetch & kPrefetchFfnIn) && c.is_moe(l)) {
+        spans.push_back(w.span(L + "ffn_gate_inp.weight"));
+        const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+        const MoeTileGeometry g = tile.tensor->moe_tile();
+        if (g.has_shared()) {
+          const uint64_t from = std::min(g.shared_gateup_offset, g.shared_down_offset);
+          spans.push_back(tile.buffer->slice(tile.offset + from, (g.total_bytes - from) / 4 * 4));
+        }
+      }
+      prefetch(spans, "prefetch attn_out+ffn_in " + L);
+    }
     rec.barrier();
     if (vo) {
       matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true);

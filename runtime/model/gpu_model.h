@@ -37,6 +37,12 @@
 
 namespace tessera::model {
 
+// GpuModelOptions::prefetch bits: which weights are pulled into the L2 ahead of their stage.
+constexpr uint32_t kPrefetchAttnOut = 1;  // W_vo (or v_b and attn_output), beside the attention
+constexpr uint32_t kPrefetchFfnIn = 2;    // the router and the shared expert, beside the attention
+constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
+constexpr uint32_t kPrefetchAll = 7;
+
 struct GpuModelOptions {
   uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)
   vk::SampleParams sampling;      // the GPU sampler's parameters (temperature 0 = greedy)
@@ -49,6 +55,9 @@ struct GpuModelOptions {
   bool int8_activations = true;   // Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts: int8 activations and integer
                                   // dot products where the device has them (q8_activations.glsl)
   uint64_t memory_limit = 0;      // refuse plans above this many bytes (0 = the device's heap)
+  // L2 prefetch of a later stage's weights, recorded beside latency-bound kernels (PrefetchOp,
+  // docs/DECODE.md): kPrefetch* bits; bench --tune prefetch=N.
+  uint32_t prefetch = 0;
   uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
                                   // 0 = prompts run token by token through the decode graph
 };

@@ -1,5 +1,7 @@
 #include "runtime/vulkan/kernels_basic.h"
 
+#include <algorithm>
+
 #include "format/error.h"
 #include "shaders/kernel_args.h"
 
@@ -7,6 +9,8 @@ namespace tessera::vk {
 namespace {
 constexpr uint32_t kNormWorkgroup = 256;
 constexpr uint32_t kEmbedWorkgroup = 64;
+constexpr uint32_t kPrefetchWorkgroup = 256;
+constexpr uint32_t kPrefetchUnroll = 8;  // sectors per invocation: 64 KiB of weights per workgroup
 }  // namespace
 
 uint64_t RmsNormOp::bytes() const { return uint64_t(rows) * n * 8 + uint64_t(n) * 4; }
@@ -89,6 +93,65 @@ void EmbedOp::record(CommandRecorder& rec) const {
     const BufferSlice bufs[4] = {c.q, c.m, ids, out};
     rec.dispatch(pipe, bufs, a, gx, n_tokens, 1, what, c.row_begin == 0 ? bytes() : 0);
   }
+}
+
+uint64_t PrefetchOp::bytes() const {
+  uint64_t n = 0;
+  for (const BufferSlice& s : spans) n += s.size;
+  return n;
+}
+
+uint32_t PrefetchOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  if (sink.size < 4) runtime_error(label, ": sink binding has ", sink.size, " bytes, needs 4");
+  // Pieces start on sector boundaries of their span (both alignments are powers of two).
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, TS_PREFETCH_SECTOR_BYTES);
+  uint64_t range = max_binding_bytes ? max_binding_bytes : ctx.info().max_storage_buffer_range;
+  range -= range % align;  // pieces after the first start aligned
+  if (range < align) runtime_error(label, ": binding range ", range, " below the offset alignment ", align);
+  std::vector<BufferSlice> pieces;
+  for (const BufferSlice& s : spans) {
+    if (s.size % 4) runtime_error(label, ": span of ", s.size, " bytes is not a multiple of 4");
+    for (uint64_t off = 0; off < s.size; off += range) pieces.push_back(s.sub(off, std::min(range, s.size - off)));
+  }
+  PipelineDesc desc;
+  desc.name = "prefetch";
+  desc.file = "prefetch.comp";
+  desc.defines = {{"WG_SIZE", std::to_string(kPrefetchWorkgroup)}, {"UNROLL", std::to_string(kPrefetchUnroll)}};
+  desc.num_buffers = 5;
+  desc.push_bytes = sizeof(gpu::PrefetchArgs);
+  desc.full_subgroups = ctx.pipelines().use_subgroup();
+  const Pipeline& pipe = ctx.pipeline(desc);
+  constexpr uint64_t per_group = uint64_t(kPrefetchWorkgroup) * kPrefetchUnroll;
+  uint32_t dispatches = 0;
+  for (size_t p = 0; p < pieces.size(); p += 4) {
+    BufferSlice bufs[5];
+    uint32_t sectors[4] = {0, 0, 0, 0}, first[5] = {0, 0, 0, 0, 0};
+    uint64_t bytes = 0;
+    for (size_t i = 0; i < 4; ++i) {
+      // Unused span bindings repeat the first piece (bindings must be valid); they get no groups.
+      bufs[i] = p + i < pieces.size() ? pieces[p + i] : pieces[p];
+      const uint64_t words = p + i < pieces.size() ? pieces[p + i].size / 4 : 0;
+      sectors[i] = uint32_t((words + 7) / 8);
+      first[i + 1] = first[i] + uint32_t((sectors[i] + per_group - 1) / per_group);
+      bytes += p + i < pieces.size() ? pieces[p + i].size : 0;
+    }
+    bufs[4] = sink;
+    gpu::PrefetchArgs a{};
+    a.sectors0 = sectors[0];
+    a.sectors1 = sectors[1];
+    a.sectors2 = sectors[2];
+    a.sectors3 = sectors[3];
+    a.first1 = first[1];
+    a.first2 = first[2];
+    a.first3 = first[3];
+    a.n_groups = first[4];
+    if (a.n_groups == 0) continue;
+    const GroupCounts g = split_workgroups(a.n_groups, ctx.info());
+    rec.dispatch(pipe, bufs, a, g.x, g.y, 1, label, bytes);
+    ++dispatches;
+  }
+  return dispatches;
 }
 
 }  // namespace tessera::vk

@@ -1,9 +1,11 @@
-// Small kernels: RmsNormOp (shaders/rmsnorm.comp) and EmbedOp (shaders/embed.comp).
+// Small kernels: RmsNormOp (shaders/rmsnorm.comp), EmbedOp (shaders/embed.comp) and PrefetchOp
+// (shaders/prefetch.comp).
 // Each op is a plain description; record() adds its dispatch(es) to a recording (no barrier),
 // bytes() is what it moves, for the profiler.
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
@@ -43,6 +45,21 @@ struct EmbedOp {
 
   uint64_t bytes() const;  // per token: one table row, the id, the output row
   void record(CommandRecorder& rec) const;
+};
+
+// L2 prefetch of weight spans for a later stage (shaders/prefetch.comp): reads one 32-bit word
+// per 32-byte sector of every span and XOR-folds them into sink[0]. Record it beside a kernel
+// that leaves the memory bandwidth idle (no barrier of its own); it only changes timing. Spans
+// larger than maxStorageBufferRange are bound in pieces; four pieces per dispatch.
+struct PrefetchOp {
+  std::vector<BufferSlice> spans;  // sizes multiples of 4 bytes; empty spans are skipped
+  BufferSlice sink;                // >= 4 bytes, read-write
+  std::string label = "prefetch";
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of the split)
+
+  uint64_t bytes() const;  // the spans' bytes (what the L2 fetches from memory)
+  // Dispatches recorded (0 when every span is empty).
+  uint32_t record(CommandRecorder& rec) const;
 };
 
 }  // namespace tessera::vk

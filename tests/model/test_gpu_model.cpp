@@ -209,6 +209,29 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
   }
 }
 
+// The L2 prefetch only reads weights: the logits are the same bits with and without it, and each
+// layer records one prefetch dispatch beside its attention (plus one beside q_a with a q LoRA).
+TEST(GpuModel, PrefetchChangesNoLogit) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    const Files f = files(preset, "q4_0", std::string(preset) == "tiny" ? "all" : "none");
+    TsrFile tsr = TsrFile::open(f.tsr);
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.attention.short_variant = false;  // the dispatch budget would drop it on one side only
+    model::GpuModel plain(context(), tsr, o);
+    o.prefetch = model::kPrefetchAll;
+    model::GpuModel fetched(context(), tsr, o);
+    const auto p = prompt(plain.n_vocab(), 5);
+    const std::vector<float> a = fetched.forward(p, false), b = plain.forward(p, false);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << preset << " logit " << i;
+    const auto& cfg = plain.config();
+    const uint32_t per_layer = 1 + (cfg.q_lora_rank ? 1 : 0);
+    EXPECT_EQ(fetched.stats().dispatches, plain.stats().dispatches + per_layer * cfg.n_layer) << preset;
+    EXPECT_EQ(fetched.stats().barriers, plain.stats().barriers) << preset;
+  }
+}
+
 TEST(GpuModel, DecodeOfTokenNEqualsPromptOfNTokens) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny-lite", "q4_0", "all");

@@ -1,4 +1,5 @@
-// rmsnorm.comp (RmsNormOp), embed.comp (EmbedOp) and split1_from_gguf against the CPU.
+// rmsnorm.comp (RmsNormOp), embed.comp (EmbedOp), prefetch.comp (PrefetchOp) and split1_from_gguf
+// against the CPU.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -178,6 +179,91 @@ TEST(KernelEmbed, ChunkedTableAndBadIds) {
   // An id past the table gives a zero row instead of reading out of bounds.
   run_embed(g, GgmlType::Q8_0, 7, 96, {3, 7, 1000000, 6}, 0, 92);
   run_embed(g, GgmlType::Q6_K, 67, 256, {67, 12}, 4096, 93);
+}
+
+}  // namespace
+}  // namespace tessera
+
+namespace tessera {
+namespace {
+
+// The prefetch kernel reads word 0 of every 32-byte sector of every span (pieces start on sector
+// boundaries), XOR-folded into sink[0]: the CPU computes the same fold.
+uint32_t prefetch_fold(const std::vector<uint32_t>& words, uint64_t begin_word, uint64_t n_words) {
+  uint32_t f = 0;
+  for (uint64_t i = 0; i < n_words; i += 8) f ^= words[begin_word + i];
+  return f;
+}
+
+void run_prefetch(Gpu& g, bool subgroups_off, uint64_t max_binding) {
+  std::mt19937 rng(subgroups_off ? 91 : 90);
+  const uint64_t n = 300000;  // words: several workgroups' worth (2048 sectors of 8 words each)
+  std::vector<uint32_t> words(n);
+  for (uint32_t& w : words) w = rng();
+  vk::Buffer src = vktest::make_buffer(g, n * 4, "spans");
+  vktest::upload_bytes(g, src, words.data(), n * 4);
+  vk::Buffer sink = vktest::make_buffer(g, 16, "sink", true);
+  // Spans (word offsets aligned to the descriptor alignment on every device): awkward lengths,
+  // an empty one, one of a single word, and more than four so that two dispatches are needed.
+  struct Span {
+    uint64_t begin, words;
+  };
+  const std::vector<Span> spans = {{0, 1}, {64, 77}, {1024, 0}, {2048, 16389}, {32768, 200001}, {262144, 37855}};
+  vk::PrefetchOp op;
+  uint32_t want = 0;
+  for (const Span& s : spans) {
+    op.spans.push_back(src.slice(s.begin * 4, s.words * 4));
+    if (max_binding == 0) want ^= prefetch_fold(words, s.begin, s.words);
+    else  // pieces of max_binding bytes, each folded from its own start
+      for (uint64_t p = 0; p < s.words; p += max_binding / 4)
+        want ^= prefetch_fold(words, s.begin + p, std::min<uint64_t>(max_binding / 4, s.words - p));
+  }
+  op.sink = sink.whole();
+  op.max_binding_bytes = max_binding;
+  const uint32_t zero[4] = {0, 0, 0, 0};
+  sink.write(0, zero, 16);
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  const uint32_t dispatches = op.record(rec);
+  rec.end();
+  rec.run();
+  uint32_t got[4];
+  sink.read(0, got, 16);
+  EXPECT_EQ(got[0], want) << "fold of the sectors' first words, max binding " << max_binding;
+  EXPECT_EQ(got[1], 0u) << "only sink[0] is written";
+  EXPECT_EQ(dispatches, max_binding ? 5u : 2u);  // 5 non-empty spans; in 64 KiB pieces: 20
+  EXPECT_EQ(op.bytes(), (1 + 77 + 16389 + 200001 + 37855) * 4u);
+}
+
+TEST(KernelPrefetch, ReadsTheFirstWordOfEverySector) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  run_prefetch(g, false, 0);
+  run_prefetch(g, false, 64 * 1024);  // spans bound in pieces of 64 KiB
+}
+
+TEST(KernelPrefetch, WithoutSubgroupArithmetic) {
+  Gpu& g = vktest::gpu(/*no_subgroup_ops=*/true);
+  VK_TEST_REQUIRE_GPU(g);
+  run_prefetch(g, true, 0);
+}
+
+TEST(KernelPrefetch, RejectsBadSpans) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  vk::Buffer src = vktest::make_buffer(g, 4096, "spans");
+  vk::Buffer sink = vktest::make_buffer(g, 16, "sink");
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  vk::PrefetchOp op;
+  op.spans = {src.slice(0, 4096)};
+  EXPECT_THROW(op.record(rec), Error);  // no sink
+  op.sink = sink.whole();
+  op.spans = {src.slice(0, 4094)};
+  EXPECT_THROW(op.record(rec), Error);  // not whole words
+  op.spans = {};
+  EXPECT_EQ(op.record(rec), 0u);  // nothing to read: nothing recorded
+  rec.end();
 }
 
 }  // namespace

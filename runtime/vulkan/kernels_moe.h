@@ -168,6 +168,15 @@ struct MoeGateUpOp {
   std::string label;     // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
   MoeTuning tuning;
+  // Router fold (MatvecOp::router_fold wrote the accumulators; docs/ARCHITECTURE.md): set
+  // `fold_acc` and the input is RMSNorm(x; norm_weight) with 1/rms from the accumulators (h2 is
+  // not read), every routed workgroup routes from the accumulated logits (`routing`, `bias`), and
+  // workgroup 0 writes the K (expert, weight) pairs into `route` (out, for MoeDownOp) and the E
+  // logits into `logits` (out). Needs router_fold_supported().
+  BufferSlice fold_acc;     // int64 [router_fold_acc_bytes(E)]
+  BufferSlice x;            // f32 [n_embd] residual stream
+  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
+  float eps = 1e-6f;
 
   // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written.
   uint64_t bytes() const;

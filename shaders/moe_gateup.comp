@@ -77,7 +77,7 @@ void fold_read(bool with_logits) {
   const uint E = args.n_expert;
   for (uint e = with_logits ? gl_LocalInvocationIndex : E + gl_LocalInvocationIndex; e <= E; e += WG_SIZE) {
     int64_t s = 0;
-    for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) s += rf_acc[k * (E + 1u) + e];
+    [[unroll]] for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) s += rf_acc[k * (E + 1u) + e];
     if (e < E) rf_logit[e] = float(s) * (1.0 / float(TS_ROUTER_FOLD_LOGIT_SCALE));
     else rf_ss = float(s) * (1.0 / float(TS_ROUTER_FOLD_SS_SCALE));
   }

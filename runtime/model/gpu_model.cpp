@@ -113,7 +113,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->end();
   // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding and the
   // head. The short-context attention variant costs one dispatch per layer (none when idle, but
-  // counted); where it would break the budget (the factored file of a q-LoRA model), it goes.
+  // counted); where it would break the budget (the factored file of a q-LoRA model with the router
+  // dispatch; with the router fold it fits: 12), it goes.
   if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + 3 && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;

@@ -36,6 +36,11 @@
 //   RouteOp: the routing alone from given logits (one workgroup), e.g. when the logits come
 //   from elsewhere; same route output.
 //
+//   Router fold (docs/ARCHITECTURE.md): no RouterOp; the matvec that writes x carries
+//   MatvecOp::router_fold (partial logits into int64 accumulators), then the gate-up takes
+//   gu.fold_acc / gu.x / gu.norm_weight / gu.routing / gu.bias / gu.logits and writes gu.route,
+//   which the down reads as above.
+//
 //   Without a route buffer (router.route, gu.route, down.route left empty) every gate-up and
 //   down workgroup computes the routing itself from the logits: set gu.routing / gu.logits /
 //   gu.bias (same for down) instead. Same results. On an H200 (GLM shapes, Q4_0) the block's
@@ -158,7 +163,7 @@ struct RouteOp {
 struct MoeGateUpOp {
   MoeTileRef tile;
   uint32_t n_used = 0;   // K (0: routing.n_used)
-  BufferSlice h2;        // f32 [n_embd] (RouterOp::h2)
+  BufferSlice h2;        // f32 [n_embd] (RouterOp::h2; not read with fold_acc)
   BufferSlice route;     // uint32 [2K] (RouterOp::route); empty: the routing below, per workgroup
   MoeRouting routing;    // routing per workgroup only: its parameters,
   BufferSlice logits;    //   f32 [E] router logits,

@@ -40,6 +40,8 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
               yes_no(f.shader_int8));
   std::printf("  integer dot product      %s%s (used when present)\n", yes_no(f.integer_dot_product),
               f.int_dot_4x8_accelerated ? ", 4x8 accelerated" : "");
+  std::printf("  int64 buffer atomics     %s (used when present: router fold)\n",
+              yes_no(f.buffer_int64_atomics && f.shader_int64));
   std::printf("  subgroup size control    %s%s (used when present)\n", yes_no(f.subgroup_size_control),
               f.compute_full_subgroups ? ", full subgroups" : "");
   std::printf("  cooperative matrix       %s (used when present)\n",

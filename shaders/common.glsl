@@ -11,6 +11,12 @@
 #define TESSERA_COMMON_GLSL
 
 #extension GL_EXT_control_flow_attributes : require
+#if defined(ROUTER_FOLD)
+#if ROUTER_FOLD  // the router fold's 64-bit fixed-point accumulators (router_partial.glsl)
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_shader_atomic_int64 : require
+#endif
+#endif
 #if USE_SUBGROUP
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require

@@ -32,6 +32,17 @@ using uint = uint32_t;
 // MatvecArgs.flags bits.
 #define TS_MATVEC_ACCUMULATE 1u  // y += W x instead of y = W x
 
+// The router fold (shaders/router_partial.glsl, docs/ARCHITECTURE.md "Router fold"): the matvec
+// that writes x before a MoE FFN adds partial router logits and sum(x^2) into 64-bit fixed-point
+// accumulators, the MoE gate-up reads them. Accumulator array of one layer: TS_ROUTER_FOLD_SLOTS
+// copies (picked by workgroup id) of n_expert + 1 int64 values: [s * (n_expert + 1) + e] = sum of
+// round(W_router[e][r] * norm_w[r] * x[r] * 2^32) over the rows r added to copy s, e < n_expert;
+// [s * (n_expert + 1) + n_expert] = sum of round(x[r]^2 * 2^20). Integer sums: the same bits in
+// every run whatever the order of the atomics.
+#define TS_ROUTER_FOLD_SLOTS 16u
+#define TS_ROUTER_FOLD_LOGIT_SCALE 4294967296.0  // 2^32
+#define TS_ROUTER_FOLD_SS_SCALE 1048576.0        // 2^20 (x^2 reaches ~1e9 in massive activations)
+
 // matvec.comp: y[c*y_stride + row_begin + r] (+)= sum_k W[r][k] * xn[c*x_stride + k],
 // r < rows (the rows bound in this dispatch), c < NUM_COLS (a define);
 // xn = x, or with NORM_INPUT: x * norm_w * 1/sqrt(mean(x^2) + norm_eps) over k < cols.

@@ -12,7 +12,11 @@
 // walks them together (every x value it loads serves NUM_ROWS rows: pays off in the batched
 // form); rows are reduced with subgroupAdd, or through shared memory.
 //
-// Bindings: 0 = W region Q (plain: W rows), 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
+// ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl: partial router logits and
+// sum of squares of the new y rows; one column, accumulating: y is the residual stream x).
+//
+// Bindings: 0 = W region Q (plain: W rows), 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT),
+// 5..7 = router weight, ffn_norm, fold accumulators (ROUTER_FOLD, router_partial.glsl).
 
 #include "common.glsl"
 
@@ -38,6 +42,14 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 
 #define GROUPS_PER_WG (WG_SIZE / THREADS_PER_ROW)
 #define ROWS_PER_WG (GROUPS_PER_WG * NUM_ROWS)
+
+#if ROUTER_FOLD
+#if NUM_COLS != 1
+#error "matvec.comp: the router fold takes one column"
+#endif
+#define RF_ROWS ROWS_PER_WG
+#include "router_partial.glsl"
+#endif
 
 // x element k of column c, times the norm weight when NORM_INPUT (the 1/rms factor is applied
 // to the finished dot product).
@@ -141,9 +153,14 @@ void rows_dot(uint row, uint nvalid, uint lane, uint nlanes, inout float acc[NUM
 #endif
 }
 
-void store(uint row, uint c, float v) {
+// y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
+void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
-  y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+  const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+  y[i] = r;
+#if ROUTER_FOLD
+  rf_x[row - row0] = r;
+#endif
 }
 
 #if !USE_SUBGROUP
@@ -193,7 +210,7 @@ void main() {
     if (subgroupElect()) {
       [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
         if (r < nvalid) {
-          [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c]);
+          [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c], row0);
         }
       }
     }
@@ -212,7 +229,10 @@ void main() {
     barrier();
   }
   if (lane == 0 && row < row_end) {
-    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row, c, row_partial[c][lid] * scale[c]);
+    [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row, c, row_partial[c][lid] * scale[c], row0);
   }
+#endif
+#if ROUTER_FOLD
+  router_partial(args.row_begin + row0, row_end - row0);
 #endif
 }

@@ -19,7 +19,9 @@
 // pass), Q8_BLOCKS (= NUM_COLS * KCHUNK), EARLY_W (0/1: each lane's first weight blocks loaded
 // before the norm and the staging, see first_blocks). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
-// Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT).
+// ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
+// Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
+// router weight, ffn_norm, fold accumulators (ROUTER_FOLD).
 
 #include "common.glsl"
 
@@ -46,6 +48,14 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 
 #define TEAMS (WG_SIZE / THREADS_PER_ROW)
 #define ROWS_PER_WG (TEAMS * NUM_ROWS)
+
+#if ROUTER_FOLD
+#if NUM_COLS != 1
+#error "matvec_q8.comp: the router fold takes one column"
+#endif
+#define RF_ROWS ROWS_PER_WG
+#include "router_partial.glsl"
+#endif
 
 // x elements k..k+3 of column c (times the norm weight with NORM_INPUT).
 vec4 xin4(uint c, uint k) {
@@ -102,9 +112,14 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
   }
 }
 
-void store(uint row, uint c, float v) {
+// y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
+void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
-  y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+  const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+  y[i] = r;
+#if ROUTER_FOLD
+  rf_x[row - row0] = r;
+#endif
 }
 
 #if !USE_SUBGROUP
@@ -167,7 +182,7 @@ void main() {
   if (subgroupElect()) {
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {
-        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c]);
+        [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c], row0);
       }
     }
   }
@@ -183,8 +198,11 @@ void main() {
         if (lane < s) team_partial[lid] += team_partial[lid + s];
         barrier();
       }
-      if (lane == 0u && r < nvalid) store(row + r, c, team_partial[lid] * scale[c]);
+      if (lane == 0u && r < nvalid) store(row + r, c, team_partial[lid] * scale[c], row0);
     }
   }
+#endif
+#if ROUTER_FOLD
+  router_partial(args.row_begin + row0, row_end - row0);
 #endif
 }

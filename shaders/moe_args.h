@@ -51,6 +51,7 @@ struct RouterArgs {
                                      // shared_offset / shared_up_offset (dense FFN), not interleaved
 #define TS_MOE_ROUTE_RECOMPUTE 128u  // every workgroup computes the routing itself (routing.glsl)
                                      // from logits + bias, instead of reading the route buffer
+#define TS_MOE_ROUTE_WRITE 256u  // gate-up, ROUTER_FOLD: workgroup 0 writes the route buffer and logits
 
 // moe_gateup.comp and moe_down.comp (the weight binding holds a MOE_TILE1 tile, a range of its
 // slots, or a dense FFN's matrices; every offset is in bytes from the binding's first byte).

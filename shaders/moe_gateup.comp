@@ -26,6 +26,14 @@
 // 2 = norm weight (TS_MOE_NORM_INPUT), 3 = route (uint pairs (expert, weight bits)), 4 = h (out),
 // 5 = router logits, 6 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 7 = hq (Q8ACT: int8
 // blocks of h, 3 uvec4 per block (q8_activations.glsl layout), block b of slot s at s*h_stride/32 + b).
+// ROUTER_FOLD (0/1, docs/ARCHITECTURE.md "Router fold"): no router dispatch ran; the matvec that
+// wrote x left 64-bit fixed-point partial logits and sum(x^2) in the layer's accumulators (binding
+// 8, router_partial.glsl). Every workgroup sums the TS_ROUTER_FOLD_SLOTS copies: 1/rms =
+// inversesqrt(ss / n_embd + norm_eps) scales the dot products of in = x * norm weight
+// (TS_MOE_NORM_INPUT: h2 = RMSNorm(x; ffn_norm) on the fly); routed workgroups also take
+// logits[e] = acc[e] / rms and run routing.glsl; with TS_MOE_ROUTE_WRITE workgroup 0 writes the K
+// (expert, weight) pairs to route (binding 3, for the down kernel after the barrier) and the E
+// logits to binding 5.
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -40,8 +48,18 @@ layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
 layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf { float nw[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
+#if ROUTER_FOLD
+layout(std430, binding = 3) writeonly restrict buffer RouteBuf { uint route[]; };
+layout(std430, binding = 5) writeonly restrict buffer LogitBuf { float route_logits[]; };
+layout(std430, binding = 8) readonly restrict buffer RfAccBuf { int64_t rf_acc[]; };
+shared float rf_logit[TS_ROUTE_MAX_E];  // the summed accumulators, before 1/rms
+shared float rf_ss;                     // sum(x^2)
+float rf_inv_rms;                       // 1/rms of x (every invocation, after fold_read)
+#define ROUTE_LOGIT(e) (rf_logit[e] * rf_inv_rms)
+#else
 layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) readonly restrict buffer LogitBuf { float route_logits[]; };
+#endif
 layout(std430, binding = 6) readonly restrict buffer BiasBuf { float route_bias[]; };
 layout(std430, binding = 4) writeonly restrict buffer HBuf { float h[]; };
 
@@ -49,10 +67,29 @@ layout(push_constant) uniform Push { MoeArgs args; };
 
 #include "routing.glsl"
 
+#if ROUTER_FOLD
+bool recompute_route() { return true; }  // from the fold's logits
+uint slot_expert(uint k) { return route_expert(k); }
+
+// Sums the accumulator copies (routed workgroups: the logits too, into rf_logit) and sets
+// rf_inv_rms. Uniform control flow.
+void fold_read(bool with_logits) {
+  const uint E = args.n_expert;
+  for (uint e = with_logits ? gl_LocalInvocationIndex : E + gl_LocalInvocationIndex; e <= E; e += WG_SIZE) {
+    int64_t s = 0;
+    [[unroll]] for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) s += rf_acc[k * (E + 1u) + e];
+    if (e < E) rf_logit[e] = float(s) * (1.0 / float(TS_ROUTER_FOLD_LOGIT_SCALE));
+    else rf_ss = float(s) * (1.0 / float(TS_ROUTER_FOLD_SS_SCALE));
+  }
+  barrier();
+  rf_inv_rms = inversesqrt(rf_ss / float(args.n_embd) + args.norm_eps);
+}
+#else
 bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
 // Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
 uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
 float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }
+#endif
 
 bool norm_input() { return (args.flags & TS_MOE_NORM_INPUT) != 0u; }
 
@@ -168,13 +205,19 @@ shared vec2 row_partial[WG_SIZE];
 #endif
 
 void main() {
-  // 1/rms of the input (dense FFN path); uniform control flow, before any early exit.
+  // 1/rms of the input (dense FFN path; the router fold: from the accumulators); uniform control
+  // flow, before any early exit.
   float scale = 1.0;
+#if ROUTER_FOLD
+  fold_read((args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed);
+  scale = rf_inv_rms;
+#else
   if (norm_input()) {
     float ss = 0.0;
     for (uint k = gl_LocalInvocationIndex; k < args.n_embd / 4u; k += WG_SIZE) ss += dot(in4[k], in4[k]);
     scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
   }
+#endif
 #if Q8ACT
   // The input (h2, or x times the norm weight) as int8 blocks in shared memory.
   for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
@@ -206,6 +249,17 @@ void main() {
   uint gate_mul, up_add;  // gate row = gate_mul * i, up row = gate_mul * i + up_add
   if (routed) {
     if (recompute_route()) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
+#if ROUTER_FOLD
+    // The route for the down kernel, and the logits (for tests and tools), from workgroup 0.
+    if ((args.flags & TS_MOE_ROUTE_WRITE) != 0u && wg == 0u) {
+      const uint tid = gl_LocalInvocationIndex;
+      if (tid < args.n_used) {
+        route[2u * tid] = route_expert(tid);
+        route[2u * tid + 1u] = floatBitsToUint(route_weight(tid));
+      }
+      for (uint e = tid; e < args.n_expert; e += WG_SIZE) route_logits[e] = ROUTE_LOGIT(e);
+    }
+#endif
     const uint e = slot_expert(slot);
     if (e < args.expert_lo || e >= args.expert_hi) return;  // this expert's slot is bound elsewhere
     gmat = mat_at((e - args.expert_lo) * args.slot_stride + args.routed_offset, 2u * width);

@@ -8,6 +8,8 @@
 //     logits (routing.glsl) and writes the K (expert, weight) pairs the expert kernels read.
 //   Without TS_ROUTER_LOGITS: one workgroup, the routing of given logits only.
 // Arguments: RouterArgs (moe_args.h). Wrapper: RouterOp / RouteOp (runtime/vulkan/kernels_moe.h).
+// The decode step uses it only where the router fold is off (router_partial.glsl, moe_gateup.comp
+// ROUTER_FOLD); the batched prefill always.
 //
 // Defines: WTYPE (F32, F16 or BF16: the router is a plain matrix), WG_SIZE, VEC4 (F32 with
 // n_embd % 4 == 0: 16-byte loads).

@@ -16,12 +16,17 @@
 // whole workgroup computes it through shared memory (ranks of every expert).
 //
 // The including kernel defines WG_SIZE and declares the float buffers `route_logits[]` and
-// `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl".
+// `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
+// defines ROUTE_LOGIT(e) to read logit e from elsewhere (the router fold: shared memory).
 // route_compute() must be reached by all invocations (uniform control flow: barriers).
 #ifndef TESSERA_ROUTING_GLSL
 #define TESSERA_ROUTING_GLSL
 
 #include "moe_args.h"
+
+#ifndef ROUTE_LOGIT
+#define ROUTE_LOGIT(e) route_logits[e]
+#endif
 
 shared uint rt_id[TS_ROUTE_MAX_K];  // chosen experts, best first
 shared float rt_w[TS_ROUTE_MAX_K];  // their final weights
@@ -50,7 +55,7 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   float prob[RT_PER_LANE], score[RT_PER_LANE];
   [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
     const uint e = lane + j * step;
-    prob[j] = e < n_expert ? route_logits[e] : ninf;
+    prob[j] = e < n_expert ? ROUTE_LOGIT(e) : ninf;
   }
   if (gating == TS_GATING_SOFTMAX) {
     float mx = ninf;
@@ -109,7 +114,7 @@ shared float rt_score[TS_ROUTE_MAX_E];  // softmax exponentials, then selection 
 // a total order, so ranks 0..n_used-1 are each written exactly once.
 void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
   const uint tid = gl_LocalInvocationIndex;
-  for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = route_logits[e];
+  for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = ROUTE_LOGIT(e);
   barrier();
   if (gating == TS_GATING_SOFTMAX) {
     // Every invocation scans all E values in the same order: identical max and sum everywhere.

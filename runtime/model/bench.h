@@ -49,6 +49,7 @@ struct BenchOptions {
   vk::MatvecTuning matvec;                // GpuModelOptions::matvec (--tune)
   vk::MoeTuning moe;                      // GpuModelOptions::moe (--tune)
   uint32_t prefetch = 0;                  // GpuModelOptions::prefetch (--tune prefetch=)
+  bool fused_router = true;               // GpuModelOptions::fused_router (--tune router=0|1)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;
@@ -67,6 +68,7 @@ struct BenchHeader {
   uint32_t n_ctx = 0;          // KV-cache positions allocated for the grid
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
   std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
+  std::string router;          // "fused" (router fold) or "dispatch" (router kernel) (Vulkan MoE models)
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
   uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
   uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head

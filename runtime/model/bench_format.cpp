@@ -75,6 +75,11 @@ std::string bench_markdown(const BenchReport& r) {
       s += "per token:  " + std::to_string(h.dispatches) + " dispatches, " + std::to_string(h.barriers) + " barriers, " +
            f("%.3f GB of weights read", h.weight_bytes_per_token / 1e9) + "\n";
     if (!h.activations.empty()) s += "activations: " + h.activations + "\n";
+    if (!h.router.empty())
+      s += "router:     " +
+           std::string(h.router == "fused" ? "fused (logits in the W_vo / attn_output epilogue, routing in the gate-up)"
+                                           : "its own dispatch") +
+           "\n";
     if (h.backend == "vulkan" && h.prefill_chunk)
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +
            " dispatches, " + std::to_string(h.prefill_barriers) + " barriers, " +
@@ -105,7 +110,7 @@ std::string bench_json(const BenchReport& r) {
        js(h.types) + ", \"composition\": " + js(h.composition) + ", \"weight_bytes\": " + ju(h.model_bytes) +
        ", \"n_ctx\": " + ju(h.n_ctx) + ", \"dispatches_per_token\": " + ju(h.dispatches) +
        ", \"barriers_per_token\": " + ju(h.barriers) + ", \"weight_bytes_per_token\": " +
-       ju(h.weight_bytes_per_token) + ", \"activations\": " + js(h.activations) + ", \"prefill_chunk\": " + ju(h.prefill_chunk) +
+       ju(h.weight_bytes_per_token) + ", \"activations\": " + js(h.activations) + ", \"router\": " + js(h.router) + ", \"prefill_chunk\": " + ju(h.prefill_chunk) +
        ", \"prefill_dispatches_per_chunk\": " + ju(h.prefill_dispatches) + ", \"prefill_barriers_per_chunk\": " +
        ju(h.prefill_barriers) + ", \"prefill_weight_bytes_per_chunk\": " + ju(h.prefill_weight_bytes) + "},\n";
   s += "  \"results\": [";

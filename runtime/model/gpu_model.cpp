@@ -8,6 +8,7 @@
 #include <map>
 
 #include "format/error.h"
+#include "shaders/moe_args.h"
 #include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_basic.h"
 #include "runtime/vulkan/kernels_matvec.h"
@@ -48,6 +49,8 @@ struct GpuModel::Weights {
   vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
+  vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
+  uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
 
@@ -102,7 +105,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   // Zero the sampler's scratch once (its arrival counter must start at 0).
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
-  rec_->fill(w_->route.whole(), 0);  // the router's arrival counter
+  rec_->fill(w_->route.whole(), 0);  // the router's arrival counter (layers without the fold)
   rec_->end();
   rec_->run();
   rec_->begin();
@@ -110,7 +113,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->end();
   // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding and the
   // head. The short-context attention variant costs one dispatch per layer (none when idle, but
-  // counted); where it would break the budget (the factored file of a q-LoRA model), it goes.
+  // counted); where it would break the budget (the factored file of a q-LoRA model with the router
+  // dispatch; with the router fold it fits: 12), it goes.
   if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + 3 && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;
@@ -168,6 +172,9 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   hq_bytes = std::max<uint64_t>(hq_bytes, vk::dense_hq_bytes(c.n_ff));
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   attn_ = std::make_unique<vk::AttentionOp>(ctx_, ashape, options_.attention);
+  // The router fold's accumulators (one array per layer, at 256-byte aligned offsets).
+  if (options_.fused_router && vk::router_fold_supported(ctx_) && c.n_expert > 0 && c.n_expert <= TS_ROUTE_MAX_E)
+    w_->fold_stride = (vk::router_fold_acc_bytes(c.n_expert) + 255) / 256 * 256;
   const vk::AttentionOp& probe = *attn_;
   struct Act {
     vk::Buffer* buf;
@@ -193,6 +200,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.partials, "attention partials", probe.partials_bytes()},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
       {&w.prefetch_sink, "prefetch sink", 16},
+      {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
   };
 
   vk::MemoryPlan plan;
@@ -249,18 +257,35 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   std::memset(w.step.mapped(), 0, kStepBytes);
 }
 
+bool GpuModel::fold_router(uint32_t layer) const {
+  const ModelConfig& c = config_;
+  if (!options_.fused_router || w_->fold_stride == 0 || !c.is_moe(layer)) return false;
+  if (c.n_expert_used == 0 || c.n_expert_used > std::min(c.n_expert, TS_ROUTE_MAX_K)) return false;
+  if (c.gating != GatingFunc::Softmax && c.gating != GatingFunc::Sigmoid) return false;
+  const std::string name = blk(layer, "ffn_gate_inp.weight");
+  if (!w_->has(name)) return false;
+  const vk::MatrixRef r = w_->matrix(name);
+  const bool plain = r.layout == vk::WeightLayout::Plain &&
+                     (r.type == GgmlType::F32 || r.type == GgmlType::F16 || r.type == GgmlType::BF16);
+  return plain && r.rows == c.n_expert && r.cols == c.n_embd && c.n_embd % 2 == 0 &&
+         r.offset % std::max<uint64_t>(ctx_.info().min_storage_buffer_offset_alignment, 4) == 0;
+}
+
 void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const ModelConfig& c = config_;
   Weights& w = *w_;
   const vk::BufferSlice step = w.step.whole();
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
-  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc) {
+  // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                    const vk::RouterFold& fold = {}) {
     vk::MatvecOp op;
     op.w = w.matrix(name);
     op.x = x;
     op.y = y;
     op.accumulate = acc;
+    op.router_fold = fold;
     op.norm_weight = norm;
     op.norm_eps = c.eps;
     op.int8_activations = options_.int8_activations;
@@ -268,7 +293,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
-    weight_bytes += op.w.read_bytes();
+    weight_bytes += op.w.read_bytes() + (fold.enabled() ? fold.router.read_bytes() : 0);
   };
 
   // Weights of a later stage pulled into the L2 beside the kernels just recorded (no barrier).
@@ -280,6 +305,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.label = label;
     op.record(rec);
   };
+
+  // The router fold's accumulators start at zero in every step (the embedding's barrier orders the
+  // fill before the first matvec that adds into them).
+  bool any_fold = false;
+  for (uint32_t l = 0; l < c.n_layer; ++l) any_fold = any_fold || fold_router(l);
+  stats_.fused_router = any_fold;
+  if (any_fold) rec.fill(w.fold_acc.whole(), 0);
 
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
@@ -342,18 +374,25 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       prefetch(spans, "prefetch attn_out+ffn_in " + L);
     }
     rec.barrier();
+    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
+    const bool fold = fold_router(l);
+    vk::RouterFold rfold;
+    if (fold) {
+      rfold.router = w.matrix(L + "ffn_gate_inp.weight");
+      rfold.norm_weight = ffn_norm;
+      rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
+    }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold);
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
       a.record(rec);
       weight_bytes += a.w.read_bytes();
       rec.barrier();
-      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true);
+      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, rfold);
     }
     rec.barrier();
-    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
     if (!c.is_moe(l)) {
       vk::DenseGateUpOp gu;
       gu.gate = w.matrix(L + "ffn_gate.weight");
@@ -381,20 +420,22 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       continue;
     }
     const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
-    vk::RouterOp router;
-    router.w = w.matrix(L + "ffn_gate_inp.weight");
-    router.x = w.x.whole();
-    router.norm_weight = ffn_norm;
-    router.eps = c.eps;
-    router.routing = routing;
-    router.bias = bias;
-    router.logits = w.router_logits.whole();
-    router.h2 = w.h2.whole();
-    router.route = w.route.whole();
-    router.label = "router " + L;
-    router.record(rec);
-    rec.barrier();
-    weight_bytes += router.w.read_bytes();
+    if (!fold) {
+      vk::RouterOp router;
+      router.w = w.matrix(L + "ffn_gate_inp.weight");
+      router.x = w.x.whole();
+      router.norm_weight = ffn_norm;
+      router.eps = c.eps;
+      router.routing = routing;
+      router.bias = bias;
+      router.logits = w.router_logits.whole();
+      router.h2 = w.h2.whole();
+      router.route = w.route.whole();
+      router.label = "router " + L;
+      router.record(rec);
+      rec.barrier();
+      weight_bytes += router.w.read_bytes();
+    }
     const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
     if (tile.tensor->layout != TsrLayout::MoeTile1)
       bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
@@ -405,12 +446,21 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     gu.h2 = w.h2.whole();
     gu.route = w.route.whole();
     gu.h = w.h.whole();
+    if (fold) {  // routing and h2 from the fold's accumulators; workgroup 0 writes the route
+      gu.fold_acc = rfold.acc;
+      gu.x = w.x.whole();
+      gu.norm_weight = ffn_norm;
+      gu.eps = c.eps;
+      gu.routing = routing;
+      gu.bias = bias;
+      gu.logits = w.router_logits.whole();
+    }
     if (options_.int8_activations && vk::moe_q8_usable(ctx_, tref.geometry, c.n_expert_used)) {
       gu.hq = w.hq.whole();
       stats_.int8_activations = true;
     }
     gu.tuning = options_.moe;
-    gu.label = (gu.hq.buffer ? "moe_gateup.q8act " : "moe_gateup ") + L;
+    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold " : " ") + L;
     gu.record(rec);
     rec.barrier();
     vk::MoeDownOp down;

@@ -39,7 +39,8 @@ namespace tessera::model {
 
 // GpuModelOptions::prefetch bits: which weights are pulled into the L2 ahead of their stage.
 constexpr uint32_t kPrefetchAttnOut = 1;  // W_vo (or v_b and attn_output), beside the attention
-constexpr uint32_t kPrefetchFfnIn = 2;    // the router and the shared expert, beside the attention
+constexpr uint32_t kPrefetchFfnIn = 2;    // the router (read by its dispatch, or by the router fold's
+                                          // epilogue of W_vo) and the shared expert, beside the attention
 constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
 constexpr uint32_t kPrefetchAll = 7;
 
@@ -60,6 +61,12 @@ struct GpuModelOptions {
   uint32_t prefetch = 0;
   uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
                                   // 0 = prompts run token by token through the decode graph
+  // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
+  // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
+  // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer
+  // buffer atomics or a layer's router is not a plain F32/F16/BF16 matrix of <= 256 experts: those
+  // layers record the router dispatch. bench --tune router=0|1.
+  bool fused_router = true;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.
@@ -77,6 +84,7 @@ struct DecodeStats {
   uint32_t layers = 0;
   bool composed_qk = false, composed_vo = false;
   bool int8_activations = false;  // some matvec / expert kernel runs the int8-activation path
+  bool fused_router = false;      // some MoE layer routes through the router fold (no router dispatch)
   uint64_t weight_bytes = 0;      // bytes of weights read per token (declared by the kernels)
   uint64_t device_bytes = 0;      // device memory planned
 };
@@ -151,6 +159,8 @@ class GpuModel : public LanguageModel {
 
   void plan_and_upload(const TsrFile& file);
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
+  // Whether MoE layer `layer` takes the router fold (options, device, router shape).
+  bool fold_router(uint32_t layer) const;
   void run_step(int32_t token, uint32_t pos);
   void run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos);
   // The LM head of one token, shared by the decode step and the prefill's last chunk:

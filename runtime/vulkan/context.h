@@ -35,6 +35,8 @@ struct ContextOptions {
   int validation = -1;              // see Instance
   bool no_subgroup_ops = false;     // behave as if the device lacked subgroup arithmetic
                                     // (USE_SUBGROUP=0 everywhere: tests the shared-memory paths)
+  bool no_int64_atomics = false;    // leave 64-bit integer buffer atomics off (the router fold's
+                                    // requirement: tests its fallback to the router dispatch)
 };
 
 class Context {

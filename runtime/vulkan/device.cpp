@@ -65,7 +65,7 @@ void pick_memory_types(VkPhysicalDevice pd, uint32_t& local, bool& local_mappabl
 
 }  // namespace
 
-Device::Device(const Instance& instance, uint32_t index) {
+Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics) {
   if (index >= instance.devices().size())
     usage_error("Vulkan device ", index, " does not exist (", instance.devices().size(), " device(s))");
   info_ = instance.devices()[index];
@@ -90,6 +90,8 @@ Device::Device(const Instance& instance, uint32_t index) {
   f12.shaderInt8 = have.shader_int8;
   f12.storageBuffer8BitAccess = have.storage_buffer_8bit;
   f12.hostQueryReset = have.host_query_reset;
+  const bool int64_atomics = have.buffer_int64_atomics && have.shader_int64 && !no_int64_atomics;
+  f12.shaderBufferInt64Atomics = int64_atomics;
   auto fsgc = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES);
   fsgc.subgroupSizeControl = have.subgroup_size_control;
   fsgc.computeFullSubgroups = have.compute_full_subgroups;
@@ -126,6 +128,7 @@ Device::Device(const Instance& instance, uint32_t index) {
   vkGetDeviceQueue(device_, queue_family_, 0, &queue_);
 
   enabled_ = have;
+  enabled_.buffer_int64_atomics = int64_atomics;
   enabled_.cooperative_matrix_khr = false;  // not enabled yet: no kernel uses it
   enabled_.cooperative_matrix_nv = false;
 }

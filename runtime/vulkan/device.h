@@ -1,6 +1,7 @@
 // Device: owns the logical VkDevice and its one compute queue. Enables 16-bit storage (required)
 // and, when the physical device has them, fp16 arithmetic, int8 storage/arithmetic, integer dot
-// product and subgroup size control; `enabled()` says which ones shaders may use.
+// product, 64-bit integer buffer atomics and subgroup size control; `enabled()` says which ones
+// shaders may use.
 // Also owns the memory-type choice for the two memory kinds (memory.h).
 #pragma once
 #include <vulkan/vulkan.h>
@@ -20,7 +21,9 @@ class Device {
  public:
   // Creates the logical device for instance.devices()[index]. Throws Error(Runtime) naming the
   // reason when the device is unsupported (DeviceInfo::unsupported_reason) or creation fails.
-  Device(const Instance& instance, uint32_t index);
+  // no_int64_atomics: leave shaderBufferInt64Atomics off even where the device has it (tests of
+  // the fallbacks of the kernels that need it).
+  Device(const Instance& instance, uint32_t index, bool no_int64_atomics = false);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

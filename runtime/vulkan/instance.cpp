@@ -126,6 +126,7 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
     f.shader_int8 = f12.shaderInt8;
     f.storage_buffer_8bit = f12.storageBuffer8BitAccess;
     f.host_query_reset = f12.hostQueryReset;
+    f.buffer_int64_atomics = f12.shaderBufferInt64Atomics;
   }
   if (has_sg_control) {
     f.subgroup_size_control = fsgc.subgroupSizeControl &&

@@ -18,6 +18,7 @@ struct DeviceFeatures {
   bool shader_float16 = false;        // used when present
   bool shader_int16 = false;          // used when present
   bool shader_int64 = false;          // used when present
+  bool buffer_int64_atomics = false;  // shaderBufferInt64Atomics; used when present (router fold)
   bool storage_buffer_8bit = false;   // used when present
   bool shader_int8 = false;           // used when present
   bool integer_dot_product = false;   // shaderIntegerDotProduct; used when present

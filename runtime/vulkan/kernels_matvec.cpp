@@ -2,6 +2,7 @@
 
 #include "format/error.h"
 #include "shaders/kernel_args.h"
+#include "shaders/moe_args.h"
 
 namespace tessera::vk {
 namespace {
@@ -40,6 +41,13 @@ bool q8_activations_usable(Context& ctx, GgmlType t, uint64_t cols) {
 
 uint32_t q8_blocks_define(uint64_t cols) { return uint32_t((cols / 32 + 63) / 64 * 64); }
 
+bool router_fold_supported(Context& ctx) {
+  const DeviceFeatures& f = ctx.device().enabled();
+  return f.buffer_int64_atomics && f.shader_int64;
+}
+
+uint64_t router_fold_acc_bytes(uint32_t n_expert) { return uint64_t(TS_ROUTER_FOLD_SLOTS) * (n_expert + 1) * 8; }
+
 uint32_t MatvecOp::max_batch(Context& ctx) const {
   MatvecOp one = *this;
   one.batch = 1;
@@ -53,6 +61,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.vec8) n += ".v8";
   if (v.norm) n += ".norm";
   if (v.q8) n += ".q8act";
+  if (router_fold.enabled()) n += ".rfold";
   return n;
 }
 
@@ -60,6 +69,7 @@ uint64_t MatvecOp::bytes() const {
   uint64_t b = w.read_bytes() + uint64_t(batch) * w.cols * 4 + uint64_t(batch) * w.rows * 4;
   if (accumulate) b += uint64_t(batch) * w.rows * 4;
   if (norm_weight.buffer != VK_NULL_HANDLE) b += uint64_t(w.cols) * 4;
+  if (router_fold.enabled()) b += router_fold.router.read_bytes() + uint64_t(w.rows) * 4;
   return b;
 }
 
@@ -83,6 +93,24 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
+
+  const bool fold = router_fold.enabled();
+  if (fold) {
+    const MatrixRef& r = router_fold.router;
+    r.validate(cat(what, " router").c_str());
+    if (!router_fold_supported(ctx)) runtime_error(what, ": the router fold needs 64-bit integer buffer atomics");
+    if (batch != 1 || !accumulate) runtime_error(what, ": the router fold takes one accumulating column");
+    if (r.layout != WeightLayout::Plain || (r.type != GgmlType::F32 && r.type != GgmlType::F16 && r.type != GgmlType::BF16))
+      runtime_error(what, ": the router fold reads a plain F32/F16/BF16 router, not ", type_name(r.type));
+    if (r.cols != w.rows || r.rows == 0 || r.rows > TS_ROUTE_MAX_E || r.cols % 2 != 0)
+      runtime_error(what, ": router ", r.rows, "x", r.cols, " does not fit the matvec's ", w.rows,
+                    " rows (E <= ", TS_ROUTE_MAX_E, ", an even row length)");
+    if (router_fold.norm_weight.size < uint64_t(w.rows) * 4)
+      runtime_error(what, ": fold norm weight has ", router_fold.norm_weight.size, " bytes, needs ", uint64_t(w.rows) * 4);
+    if (router_fold.acc.size < router_fold_acc_bytes(r.rows))
+      runtime_error(what, ": fold accumulators have ", router_fold.acc.size, " bytes, need ", router_fold_acc_bytes(r.rows));
+    if (r.bytes() > ctx.info().max_storage_buffer_range) runtime_error(what, ": router exceeds the binding limit");
+  }
 
   PipelineLibrary& lib = ctx.pipelines();
   const bool sg = lib.use_subgroup();
@@ -145,7 +173,13 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"PLAIN_VEC8", v.vec8 ? "1" : "0"},
                     {"UNIT32", unit32 ? "1" : "0"}};
   }
-  desc.num_buffers = v.norm ? 5 : 4;
+  desc.defines["ROUTER_FOLD"] = fold ? "1" : "0";
+  if (fold) {
+    desc.defines["RF_WTYPE"] = std::to_string(static_cast<uint32_t>(router_fold.router.type));
+    desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
+    desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
+  }
+  desc.num_buffers = fold ? 8 : v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -161,7 +195,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
     a.y_stride = ys;
     a.norm_eps = norm_eps;
     a.x_offset = x_offset;
-    const BufferSlice bufs[5] = {c.q, c.m, x, y, v.norm ? norm_weight : x};
+    const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
+                                : BufferSlice{};
+    const BufferSlice bufs[8] = {c.q, c.m, x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

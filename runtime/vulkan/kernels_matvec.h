@@ -10,6 +10,11 @@
 //   op.x = x.whole(); op.y = y.whole();
 //   op.record(rec);            // one dispatch (one per row chunk where bindings must be split)
 //   op.bytes();                // bytes moved, for the profiler
+//
+// Router fold (docs/ARCHITECTURE.md "Router fold"): with `router_fold` set, the matvec that adds
+// into the residual stream x before a MoE FFN also adds partial router logits and sum(x^2) of its
+// new rows into 64-bit fixed-point accumulators (shaders/router_partial.glsl); MoeGateUpOp with
+// `fold_acc` routes from them. Needs 64-bit integer buffer atomics (router_fold_supported).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -41,6 +46,19 @@ struct MatvecTuning {
   bool early_weights = false;
 };
 
+// The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).
+struct RouterFold {
+  MatrixRef router;         // ffn_gate_inp [E][rows of the matvec], plain F32/F16/BF16, E <= 256
+  BufferSlice norm_weight;  // ffn_norm, f32 [rows of the matvec]
+  BufferSlice acc;          // int64 accumulators [router_fold_acc_bytes(E)], zero before the matvec
+  bool enabled() const { return acc.buffer != VK_NULL_HANDLE; }
+};
+// The device runs the fold's kernels: 64-bit integer buffer atomics enabled (shaderInt64 and
+// shaderBufferInt64Atomics; ContextOptions::no_int64_atomics turns them off).
+bool router_fold_supported(Context& ctx);
+// Bytes of one layer's accumulators: TS_ROUTER_FOLD_SLOTS copies of E + 1 int64 values.
+uint64_t router_fold_acc_bytes(uint32_t n_expert);
+
 struct MatvecOp {
   MatrixRef w;                 // W [rows][cols]
   BufferSlice x;               // x vector c, element k at float x_offset + c * x_stride + k
@@ -57,6 +75,8 @@ struct MatvecOp {
   std::string label;           // profile label; empty = pipeline name, e.g. "matvec.q4_0"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
   MatvecTuning tuning;             // the int8 path's work split (ignored on the f32 path)
+  RouterFold router_fold;          // set: the router fold's epilogue (batch 1, accumulate, rows =
+                                   // the router's columns)
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;
@@ -66,7 +86,7 @@ struct MatvecOp {
   // throws Error(Runtime) naming the label and the problem.
   void record(CommandRecorder& rec) const;
   // Pipeline name for this op's variant, e.g. "matvec.q4_k.b4.norm" (with a device: also
-  // ".q8act" when the int8-activation path will run).
+  // ".q8act" when the int8-activation path will run; ".rfold" with the router fold).
   std::string kernel_name(Context* ctx = nullptr) const;
 };
 

@@ -83,19 +83,23 @@ const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* fi
   return ctx.pipelines().get(desc);
 }
 
-const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t) {
-  return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : ""), "moe_gateup.comp", type, vec8,
-                    t.gateup_teams, t.unroll, {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}}, 7);
+// fold: the router fold's variant (ROUTER_FOLD 1, binding 8 = the accumulators).
+const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, bool fold = false) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : "", fold ? ".rfold" : ""), "moe_gateup.comp",
+                    type, vec8, t.gateup_teams, t.unroll,
+                    {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}, {"ROUTER_FOLD", fold ? "1" : "0"}},
+                    fold ? 9 : 7);
 }
 
 // The int8-activation gate-up: kQ8GateUpOutputs outputs per workgroup, int8 copy of h written.
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t) {
-  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act"), "moe_gateup.comp", type, false, t.q8_gateup_teams,
-                    1,
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : ""), "moe_gateup.comp", type,
+                    false, t.q8_gateup_teams, 1,
                     {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
                      {"Q8ACT", "1"},
-                     {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))}},
-                    8);
+                     {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
+                     {"ROUTER_FOLD", fold ? "1" : "0"}},
+                    fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
@@ -413,9 +417,20 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const MoeTileGeometry& g = tile.geometry;
   const std::string name = cat("moe_gateup.", type_name(g.gateup_type));
   const std::string what = label.empty() ? name : label;
-  const RouteSource src = check_moe_common(tile, n_used, route, routing, logits, bias, what);
+  const bool fold = fold_acc.buffer != VK_NULL_HANDLE;
+  // The router fold routes per workgroup like TS_MOE_ROUTE_RECOMPUTE, from the accumulators: the
+  // common checks see no route buffer (routing, logits and bias checked as for recompute).
+  const RouteSource src = check_moe_common(tile, n_used, fold ? BufferSlice{} : route, routing, logits, bias, what);
   const uint32_t n_used = src.n_used;
-  need(h2, g.n_embd * 4, what, "h2");
+  if (fold) {
+    if (!router_fold_supported(ctx)) runtime_error(what, ": the router fold needs 64-bit integer buffer atomics");
+    need(fold_acc, router_fold_acc_bytes(g.n_expert), what, "fold_acc");
+    need(route, uint64_t(n_used) * 8, what, "route");
+    need(x, g.n_embd * 4, what, "x");
+    need(norm_weight, g.n_embd * 4, what, "norm_weight");
+  } else {
+    need(h2, g.n_embd * 4, what, "h2");
+  }
   need(h, moe_h_floats(g, n_used) * 4, what, "h");
 
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
@@ -425,22 +440,36 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
   const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
-  for (const TilePart& p : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t) : gateup_kernel(ctx, p.type, vec8, t);
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold)
+                              : gateup_kernel(ctx, p.type, vec8, t, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
     a.groups_routed = groups_routed;
+    if (fold) {
+      a.flags |= TS_MOE_NORM_INPUT | (i == 0 ? TS_MOE_ROUTE_WRITE : 0u);  // parts[0] is routed
+      a.norm_eps = eps;
+    }
     const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice bufs[8] = {p.w, h2, h2, src.route, h, src.logits, src.bias, q8 ? hq : h};
+    const BufferSlice bufs[9] = {p.w,
+                                 fold ? x : h2,
+                                 fold ? norm_weight : h2,
+                                 fold ? route : src.route,
+                                 h,
+                                 src.logits,
+                                 src.bias,
+                                 q8 ? hq : h,
+                                 fold ? fold_acc : h};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 8 : 7), a, gc.x, gc.y, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y, 1, what, part_bytes);
   }
 }
 

@@ -36,6 +36,11 @@
 //   RouteOp: the routing alone from given logits (one workgroup), e.g. when the logits come
 //   from elsewhere; same route output.
 //
+//   Router fold (docs/ARCHITECTURE.md): no RouterOp; the matvec that writes x carries
+//   MatvecOp::router_fold (partial logits into int64 accumulators), then the gate-up takes
+//   gu.fold_acc / gu.x / gu.norm_weight / gu.routing / gu.bias / gu.logits and writes gu.route,
+//   which the down reads as above.
+//
 //   Without a route buffer (router.route, gu.route, down.route left empty) every gate-up and
 //   down workgroup computes the routing itself from the logits: set gu.routing / gu.logits /
 //   gu.bias (same for down) instead. Same results. On an H200 (GLM shapes, Q4_0) the block's
@@ -158,7 +163,7 @@ struct RouteOp {
 struct MoeGateUpOp {
   MoeTileRef tile;
   uint32_t n_used = 0;   // K (0: routing.n_used)
-  BufferSlice h2;        // f32 [n_embd] (RouterOp::h2)
+  BufferSlice h2;        // f32 [n_embd] (RouterOp::h2; not read with fold_acc)
   BufferSlice route;     // uint32 [2K] (RouterOp::route); empty: the routing below, per workgroup
   MoeRouting routing;    // routing per workgroup only: its parameters,
   BufferSlice logits;    //   f32 [E] router logits,
@@ -168,6 +173,15 @@ struct MoeGateUpOp {
   std::string label;     // empty = "moe_gateup.<type>"
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of slot ranges)
   MoeTuning tuning;
+  // Router fold (MatvecOp::router_fold wrote the accumulators; docs/ARCHITECTURE.md): set
+  // `fold_acc` and the input is RMSNorm(x; norm_weight) with 1/rms from the accumulators (h2 is
+  // not read), every routed workgroup routes from the accumulated logits (`routing`, `bias`), and
+  // workgroup 0 writes the K (expert, weight) pairs into `route` (out, for MoeDownOp) and the E
+  // logits into `logits` (out). Needs router_fold_supported().
+  BufferSlice fold_acc;     // int64 [router_fold_acc_bytes(E)]
+  BufferSlice x;            // f32 [n_embd] residual stream
+  BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
+  float eps = 1e-6f;
 
   // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written.
   uint64_t bytes() const;

@@ -222,6 +222,26 @@ TEST(BenchCli, MarkdownAndCsvShapes) {
   EXPECT_EQ(rows, 2);
 }
 
+// --tune router=0|1: the router's own dispatch or the router fold (where the device has 64-bit
+// integer atomics), named in the JSON header; the fold records one dispatch and one barrier less
+// per MoE layer.
+TEST(BenchCli, TuneRouterChoosesTheRouterPath) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult off = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 -o json --tune router=0");
+  ASSERT_EQ(off.rc, 0) << off.out;
+  const RunResult on = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 -o json --tune router=1");
+  ASSERT_EQ(on.rc, 0) << on.out;
+  const Value a = testjson::parse(off.out), b = testjson::parse(on.out);
+  EXPECT_EQ(a["model"]["router"].str, "dispatch");
+  if (b["model"]["router"].str == "fused") {
+    EXPECT_LT(b["model"]["dispatches_per_token"].num, a["model"]["dispatches_per_token"].num);
+    EXPECT_LT(b["model"]["barriers_per_token"].num, a["model"]["barriers_per_token"].num);
+  } else {
+    EXPECT_EQ(b["model"]["router"].str, "dispatch");  // no 64-bit integer atomics on this device
+  }
+  EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune router=2").rc, 1);
+}
+
 TEST(BenchCli, CpuReferenceRunsTheGguf) {
   const RunResult r = run_tessera("bench '" + tiny_gguf() + "' -p 2 -n 2 -d 0,3 -r 1 --threads 2 -o json");
   ASSERT_EQ(r.rc, 0) << r.out;

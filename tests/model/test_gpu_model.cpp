@@ -15,6 +15,7 @@
 #include "runtime/cpu/weight_source.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_matvec.h"
 #include "tests/model/model_fixture.h"
 
 namespace tessera {
@@ -117,13 +118,19 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
-TEST(GpuModel, GreedyTokensEqualTheReference) {
+// Both router paths: the router fold (default where the device has 64-bit integer atomics) and
+// the router's own dispatch.
+class GreedyTokens : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GreedyTokens, EqualTheReference) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny", "q8_0", "none");
   TsrFile tsr = TsrFile::open(f.tsr);
   model::GpuModelOptions mo{.n_ctx = 64};
   mo.int8_activations = false;  // the f32 kernels (the int8 path rounds: see Int8Activations*)
+  mo.fused_router = GetParam();
   model::GpuModel gpu(context(), tsr, mo);
+  EXPECT_EQ(gpu.stats().fused_router, GetParam() && vk::router_fold_supported(context()));
   GgufWeights src(GgufFile::open(f.gguf));
   CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
   const auto p = prompt(gpu.n_vocab(), 4);
@@ -140,6 +147,84 @@ TEST(GpuModel, GreedyTokensEqualTheReference) {
     lc = cpu.forward(next, true);
   }
   EXPECT_EQ(tg, tc);
+}
+
+INSTANTIATE_TEST_SUITE_P(GpuModel, GreedyTokens, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "FusedRouter" : "RouterDispatch"; });
+
+// Prompt logits (decode graph, token by token) of a model with the router fold and without it.
+std::vector<float> decode_logits(vk::Context& ctx, const TsrFile& tsr, bool fused, bool int8, model::DecodeStats* stats) {
+  model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+  o.fused_router = fused;
+  o.int8_activations = int8;
+  model::GpuModel m(ctx, tsr, o);
+  if (stats) *stats = m.stats();
+  return m.forward(prompt(m.n_vocab(), 6), false);
+}
+
+// The router fold computes the same logits as the router dispatch up to rounding (fixed-point sums
+// of the partial logits and of x^2 instead of f32 reductions), with one dispatch and one barrier
+// less per MoE layer; composed (GLM-like) and factored (V2-Lite-like) files, f32 and int8 kernels.
+TEST(GpuModel, FusedRouterMatchesTheSeparateRouter) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  if (!vk::router_fold_supported(context())) GTEST_SKIP() << "no 64-bit integer buffer atomics";
+  struct M {
+    const char *preset, *type, *compose;
+  };
+  for (const M& m : {M{"tiny", "q4_0", "all"}, M{"tiny-lite", "q8_0", "none"}, M{"tiny", "f16", "qk"}}) {
+    for (bool int8 : {false, true}) {
+      const Files f = files(m.preset, m.type, m.compose);
+      TsrFile tsr = TsrFile::open(f.tsr);
+      model::DecodeStats fs, ps;
+      const std::vector<float> a = decode_logits(context(), tsr, true, int8, &fs);
+      const std::vector<float> b = decode_logits(context(), tsr, false, int8, &ps);
+      ASSERT_EQ(a.size(), b.size());
+      const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
+      uint32_t moe_layers = 0;
+      for (uint32_t l = 0; l < cfg.n_layer; ++l) moe_layers += cfg.is_moe(l) ? 1 : 0;
+      ASSERT_GT(moe_layers, 0u);
+      EXPECT_TRUE(fs.fused_router);
+      EXPECT_FALSE(ps.fused_router);
+      // Where the router dispatch made a factored q-LoRA file drop the short attention variant
+      // (budget), the fold keeps it: one more (indirect) dispatch per layer there.
+      const uint32_t kept_variant = fs.dispatches + moe_layers > ps.dispatches ? cfg.n_layer : 0;
+      EXPECT_EQ(fs.dispatches + moe_layers, ps.dispatches + kept_variant) << m.preset << " " << m.type;
+      EXPECT_EQ(fs.barriers + moe_layers, ps.barriers) << m.preset << " " << m.type;
+      EXPECT_LE(fs.dispatches, 12 * cfg.n_layer + 3);
+      const size_t V = cfg.n_vocab;
+      float scale = 0, worst = 0;
+      size_t top1 = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        scale = std::max(scale, std::fabs(b[i]));
+        worst = std::max(worst, std::fabs(a[i] - b[i]));
+      }
+      for (size_t r = 0; r < a.size() / V; ++r)
+        top1 += std::max_element(a.begin() + r * V, a.begin() + (r + 1) * V) - a.begin() ==
+                std::max_element(b.begin() + r * V, b.begin() + (r + 1) * V) - b.begin();
+      std::printf("%s %s %s %s: fused vs router dispatch max |diff| %.3g of max |logit| %.3g, top-1 %zu / %zu\n",
+                  m.preset, m.type, m.compose, int8 ? "int8" : "f32", worst, scale, top1, a.size() / V);
+      EXPECT_LE(worst, 1e-3f * scale) << m.preset << " " << m.type << (int8 ? " int8" : " f32");
+      EXPECT_EQ(top1, a.size() / V);
+    }
+  }
+}
+
+// Without 64-bit integer buffer atomics the model records the router dispatch (fused_router is
+// ignored): the same recording, the same logits as fused_router = false.
+TEST(GpuModel, FusedRouterFallsBackWithoutInt64Atomics) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  vk::Context plain_ctx({.no_int64_atomics = true});
+  EXPECT_FALSE(vk::router_fold_supported(plain_ctx));
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::DecodeStats fs, ps;
+  const std::vector<float> a = decode_logits(plain_ctx, tsr, true, true, &fs);
+  const std::vector<float> b = decode_logits(context(), tsr, false, true, &ps);
+  EXPECT_FALSE(fs.fused_router);
+  EXPECT_EQ(fs.dispatches, ps.dispatches);
+  EXPECT_EQ(fs.barriers, ps.barriers);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "logit " << i;
 }
 
 // The int8-activation path end to end (every Q4_0 / Q8_0 / Q4_K / Q6_K matvec and expert kernel

@@ -1,0 +1,274 @@
+// The router fold (shaders/router_partial.glsl in matvec.comp / matvec_q8.comp, ROUTER_FOLD in
+// moe_gateup.comp) against the CPU: x_new = x + W in (the matvec that writes x), then the gate-up
+// routes from the fold's accumulators. Checked: x_new; the logits workgroup 0 writes against
+// W_router . RMSNorm(x_new; ffn_norm) in double; the route against cpu::route_token of those
+// logits (ids exactly, weights to rounding); h of every slot against the double gate-up of
+// RMSNorm(x_new). Awkward sizes (E not a multiple of anything, E + 1 > the workgroup), F32 / F16 /
+// BF16 routers, the f32 and int8-activation matvecs and expert kernels, the shared-memory reduction
+// path; route, logits and h poisoned with NaN before each run. Also: the same bits in every run,
+// and a NaN / inf in x neither crashes nor yields an expert id out of range.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "runtime/cpu/ops.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe.h"
+#include "tests/vulkan/test_moe_util.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using moetest::TileTypes;
+using vktest::Gpu;
+
+struct FoldCase {
+  uint32_t n_embd, in_cols, n_expert, n_used, w_routed, w_shared;
+  GgmlType matvec_type, router_type;
+  TileTypes tile;
+  bool glm = true;     // sigmoid + bias + norm + scale 1.8; else softmax
+  bool q8 = false;     // int8-activation matvec and expert kernels
+  bool no_subgroup = false;
+};
+
+std::string describe(const FoldCase& c) {
+  return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
+             " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
+             type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "");
+}
+
+struct FoldResult {
+  std::vector<float> x, logits, h;
+  std::vector<uint32_t> route;  // K (id, weight bits) pairs
+};
+
+// Runs fill | matvec with the fold | barrier | gate-up with the fold, on x0 (NaNs allowed).
+FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<float>* x_override = nullptr,
+                    bool check = true) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(seed);
+  const std::vector<uint8_t> wq = vktest::random_matrix(rng, c.matvec_type, c.n_embd, c.in_cols);
+  auto wm = vktest::upload_matrix(g, c.matvec_type, c.n_embd, c.in_cols, wq);
+  const std::vector<uint8_t> rq = vktest::random_matrix(rng, c.router_type, c.n_expert, c.n_embd);
+  auto rm = vktest::upload_matrix(g, c.router_type, c.n_expert, c.n_embd, rq);
+  const moetest::HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.tile);
+  const std::vector<float> in = vktest::random_values(rng, c.in_cols, 0.3f);
+  std::vector<float> x0 = vktest::random_values(rng, c.n_embd);
+  if (x_override) x0 = *x_override;
+  std::vector<float> nw = vktest::random_values(rng, c.n_embd);
+  for (float& v : nw) v = 0.5f + std::fabs(v);
+  std::vector<float> bias;
+  if (c.glm) {
+    std::uniform_real_distribution<float> u(-0.3f, 0.3f);
+    for (uint32_t e = 0; e < c.n_expert; ++e) bias.push_back(u(rng));
+  }
+  ModelConfig cfg;
+  cfg.n_expert = c.n_expert;
+  cfg.n_expert_used = c.n_used;
+  cfg.gating = c.glm ? GatingFunc::Sigmoid : GatingFunc::Softmax;
+  cfg.expert_weights_norm = c.glm;
+  cfg.expert_weights_scale = c.glm ? 1.8f : 1.0f;
+  cfg.has_exp_probs_b = c.glm;
+  const float eps = 1e-5f;
+
+  vk::Buffer in_b = vktest::make_buffer(g, in.size() * 4, "in");
+  vktest::upload_bytes(g, in_b, in.data(), in.size() * 4);
+  vk::Buffer x_b = vktest::make_buffer(g, x0.size() * 4, "x");
+  vktest::upload_bytes(g, x_b, x0.data(), x0.size() * 4);
+  vk::Buffer nw_b = vktest::make_buffer(g, nw.size() * 4, "ffn_norm");
+  vktest::upload_bytes(g, nw_b, nw.data(), nw.size() * 4);
+  vk::Buffer bias_b = vktest::make_buffer(g, std::max<size_t>(bias.size(), 1) * 4, "bias");
+  if (c.glm) vktest::upload_bytes(g, bias_b, bias.data(), bias.size() * 4);
+  // The accumulators at a non-zero offset, poisoned around (the fill zeroes only the slice).
+  const uint64_t acc_off = 256, acc_bytes = vk::router_fold_acc_bytes(c.n_expert);
+  vk::Buffer acc_b = vktest::make_buffer(g, acc_off + acc_bytes + 256, "fold acc");
+  vktest::poison(g, acc_b);
+  const uint64_t tile_off = 256;
+  vk::Buffer tile_b = vktest::make_buffer(g, tile_off + ht.bytes.size(), "tile");
+  vktest::upload_bytes(g, tile_b, ht.bytes.data(), ht.bytes.size(), tile_off);
+  const uint64_t h_floats = vk::moe_h_floats(ht.g, c.n_used);
+  vk::Buffer h_b = vktest::make_buffer(g, h_floats * 4, "h");
+  vktest::poison(g, h_b);
+  vk::Buffer route_b = vktest::make_buffer(g, vk::moe_route_bytes(c.n_used), "route");
+  vktest::poison(g, route_b);
+  vk::Buffer logit_b = vktest::make_buffer(g, c.n_expert * 4ull, "logits");
+  vktest::poison(g, logit_b);
+  vk::Buffer hq_b = vktest::make_buffer(g, std::max<uint64_t>(vk::moe_hq_bytes(ht.g, c.n_used), 48), "hq");
+
+  vk::MatvecOp mv;
+  mv.w = wm->ref;
+  mv.x = in_b.whole();
+  mv.y = x_b.whole();
+  mv.accumulate = true;
+  mv.int8_activations = c.q8;
+  mv.router_fold = {rm->ref, nw_b.whole(), acc_b.slice(acc_off, acc_bytes)};
+  if (check) EXPECT_NE(mv.kernel_name(g.ctx.get()).find(".rfold"), std::string::npos);
+  vk::MoeGateUpOp gu;
+  gu.tile = {&tile_b, tile_off, ht.g};
+  gu.n_used = c.n_used;
+  gu.h = h_b.whole();
+  gu.route = route_b.whole();
+  gu.fold_acc = mv.router_fold.acc;
+  gu.x = x_b.whole();
+  gu.norm_weight = nw_b.whole();
+  gu.eps = eps;
+  gu.routing = vk::MoeRouting::from_config(cfg);
+  if (c.glm) gu.bias = bias_b.whole();
+  gu.logits = logit_b.whole();
+  if (c.q8) {
+    EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
+    gu.hq = hq_b.whole();
+  }
+
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  rec.fill(mv.router_fold.acc, 0);
+  rec.barrier();
+  mv.record(rec);
+  rec.barrier();
+  gu.record(rec);
+  rec.end();
+  rec.run();
+
+  FoldResult r;
+  r.x = vktest::download_floats(g, x_b, c.n_embd);
+  r.logits = vktest::download_floats(g, logit_b, c.n_expert);
+  r.h = vktest::download_floats(g, h_b, h_floats);
+  const std::vector<float> rw = vktest::download_floats(g, route_b, 2 * c.n_used);
+  r.route.resize(rw.size());
+  std::memcpy(r.route.data(), rw.data(), rw.size() * 4);
+  if (!check) return r;
+
+  // x_new = x0 + W in.
+  std::vector<double> want_x(c.n_embd), tol_x(c.n_embd);
+  std::vector<double> in_d(in.begin(), in.end());
+  if (c.q8) in_d = vktest::q8_round(in_d);
+  for (uint32_t i = 0; i < c.n_embd; ++i) {
+    const std::vector<float> row = vktest::dequant_row(c.matvec_type, wq, c.in_cols, i);
+    double s = 0, a = 0;
+    for (uint32_t k = 0; k < c.in_cols; ++k) {
+      s += double(row[k]) * in_d[k];
+      a += std::fabs(double(row[k]) * in_d[k]);
+    }
+    want_x[i] = x0[i] + s;
+    tol_x[i] = moetest::sum_tol(a + std::fabs(x0[i]), want_x[i], c.q8 ? 1e-4 : 2e-5);
+  }
+  vktest::expect_close(r.x, want_x, tol_x, "x_new");
+
+  // Logits from the GPU's x_new, in double.
+  double ss = 0;
+  for (float v : r.x) ss += double(v) * v;
+  const double inv = 1.0 / std::sqrt(ss / c.n_embd + eps);
+  std::vector<double> want_l(c.n_expert), tol_l(c.n_expert);
+  for (uint32_t e = 0; e < c.n_expert; ++e) {
+    const std::vector<float> row = vktest::dequant_row(c.router_type, rq, c.n_embd, e);
+    double s = 0, a = 0;
+    for (uint32_t k = 0; k < c.n_embd; ++k) {
+      s += double(row[k]) * nw[k] * r.x[k];
+      a += std::fabs(double(row[k]) * nw[k] * r.x[k]);
+    }
+    want_l[e] = s * inv;
+    tol_l[e] = 1e-5 * a * inv + 1e-6;
+  }
+  vktest::expect_close(r.logits, want_l, tol_l, "router logits");
+
+  // The route: the CPU routing of the GPU's logits.
+  const cpu::Route route = cpu::route_token(cfg, r.logits, bias);
+  for (uint32_t k = 0; k < c.n_used; ++k) {
+    EXPECT_EQ(r.route[2 * k], route.experts[k]) << "expert of slot " << k;
+    float wgt;
+    std::memcpy(&wgt, &r.route[2 * k + 1], 4);
+    EXPECT_NEAR(wgt, route.weights[k], 2e-6 * std::fabs(route.weights[k]) + 1e-7) << "weight of slot " << k;
+  }
+
+  // h = gate-up of RMSNorm(x_new; ffn_norm) for the chosen experts and the shared one.
+  std::vector<double> h2(c.n_embd);
+  for (uint32_t k = 0; k < c.n_embd; ++k) h2[k] = double(r.x[k]) * nw[k];
+  if (c.q8) h2 = vktest::q8_round(h2);  // the kernel stages x * norm weight, 1/rms after the dots
+  for (double& v : h2) v *= inv;
+  const uint32_t hs = vk::moe_h_stride(ht.g);
+  const uint32_t n_slots = c.n_used + (ht.g.has_shared() ? 1 : 0);
+  for (uint32_t k = 0; k < n_slots; ++k) {
+    const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
+    const uint32_t w = uint32_t(ht.g.width(slot));
+    std::vector<double> want, tol;
+    moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
+                        [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, h2, want, tol, c.q8 ? 1e-4 : 3e-5);
+    vktest::expect_close(std::vector<float>(r.h.begin() + k * hs, r.h.begin() + k * hs + w), want, tol,
+                         cat("h slot ", k, " (expert ", slot, ")"));
+  }
+  return r;
+}
+
+#define REQUIRE_FOLD(g)                                                                           \
+  VK_TEST_REQUIRE_GPU(g);                                                                         \
+  if (!vk::router_fold_supported(*(g).ctx)) GTEST_SKIP() << "no 64-bit integer buffer atomics"
+
+constexpr TileTypes kQ8Tile = {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0};
+constexpr TileTypes kQ4Tile = {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0};
+
+TEST(RouterFold, F32MatvecF32RouterGlmStyle) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  run_fold(g, {160, 96, 37, 3, 64, 96, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, false}, 1);
+}
+
+TEST(RouterFold, SoftmaxWithManyExpertsAndF16Router) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  // E + 1 = 201 accumulators: more than one per invocation on the smaller workgroups.
+  run_fold(g, {96, 64, 200, 6, 32, 64, GgmlType::Q5_0, GgmlType::F16, kQ8Tile, false, false}, 2);
+}
+
+TEST(RouterFold, PlainMatvecBf16RouterNoSharedExpert) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  run_fold(g, {36, 20, 7, 2, 20, 0, GgmlType::F32, GgmlType::BF16, {GgmlType::F32, GgmlType::F32, GgmlType::F32, GgmlType::F32},
+               true, false},
+           3);
+}
+
+TEST(RouterFold, Int8ActivationKernels) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product";
+  run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true}, 4);
+  run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true}, 5);
+}
+
+TEST(RouterFold, SharedMemoryReductionPath) {
+  Gpu& g = vktest::gpu(true);
+  REQUIRE_FOLD(g);
+  run_fold(g, {160, 96, 37, 3, 64, 96, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, false, true}, 6);
+  if (vk::q8_activations_type(*g.ctx, GgmlType::Q4_0))
+    run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, false, true, true}, 7);
+}
+
+TEST(RouterFold, SameBitsEveryRun) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  const FoldCase c{160, 96, 64, 4, 64, 96, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, false};
+  const FoldResult a = run_fold(g, c, 8, nullptr, false), b = run_fold(g, c, 8, nullptr, false);
+  ASSERT_EQ(a.logits.size(), b.logits.size());
+  EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0);
+  EXPECT_EQ(a.route, b.route);
+}
+
+TEST(RouterFold, NanAndInfInXStayInRange) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  const FoldCase c{160, 96, 37, 3, 64, 96, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, false};
+  std::mt19937 rng(9);
+  for (float bad : {std::nanf(""), INFINITY, -INFINITY, 3e38f}) {
+    std::vector<float> x = vktest::random_values(rng, c.n_embd);
+    x[17] = bad;
+    const FoldResult r = run_fold(g, c, 9, &x, false);
+    for (uint32_t k = 0; k < c.n_used; ++k) EXPECT_LT(r.route[2 * k], c.n_expert) << "x[17] = " << bad;
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -53,11 +53,10 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
 // "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
 // work split, for tuning runs.
 void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe, uint32_t& prefetch, bool& router) {
-  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, matvec_early, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router",
+  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
-    else if (k == "matvec_early" && v <= 1) mv.early_weights = v != 0;
     else if (k == "pmatvec_teams") mv.batch_teams = v;
     else if (k == "pmatvec_rows") mv.batch_rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
@@ -117,7 +116,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_heads=H2,short_max=N (any subset)");
   sub.add_option("--tune", a->tune,
-                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_early=0|1 (decode), pmatvec_teams=T,pmatvec_rows=R "
+                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
                  "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");

@@ -16,8 +16,7 @@
 //
 // Defines: WTYPE (Q4_0, Q8_0, Q4_K or Q6_K), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when
 // USE_SUBGROUP), NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per
-// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK), EARLY_W (0/1: each lane's first weight blocks loaded
-// before the norm and the staging, see first_blocks). With USE_SUBGROUP the workgroup must run as WG_SIZE /
+// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
@@ -76,32 +75,16 @@ void stage_pass(uint kb, uint kn) {
   }
 }
 
-// The weight blocks of row `row + r` that this lane uses in the first iteration of the first
-// pass (blocks lane and lane + nlanes, clamped to the pass; rows past nvalid read row `row`).
-// With EARLY_W they are loaded before the norm and the staging, which they do not depend on, so
-// their memory latency overlaps the staging's instead of following it.
-void first_blocks(uint row, uint nvalid, uint nb, uint kn, uint lane, uint nlanes, out Q8W w0[NUM_ROWS], out Q8W w1[NUM_ROWS]) {
-  const uint b0 = min(lane, kn - 1u), b1 = min(lane + nlanes, kn - 1u);
-  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-    const uint rr = r < nvalid ? row + r : row;
-    w0[r] = q8_load_block(0u, 0u, rr * nb + b0);
-    w1[r] = q8_load_block(0u, 0u, rr * nb + b1);
-  }
-}
-
 // acc[r][c] += (weight row `row + r`, blocks kb + b for this lane's b < kn) . staged column c.
-// Two blocks per iteration: more independent weight loads in flight. `early` (EARLY_W, first
-// pass): the first iteration's blocks, already loaded by first_blocks.
-void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint nlanes, bool use_early,
-              Q8W early0[NUM_ROWS], Q8W early1[NUM_ROWS], inout float acc[NUM_ROWS][NUM_COLS]) {
+// Two blocks per iteration: more independent weight loads in flight.
+void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
   for (uint b = lane; b < kn; b += 2u * nlanes) {
     const bool two = b + nlanes < kn;
     const uint b1 = two ? b + nlanes : b;
-    const bool first = use_early && b == lane;
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {
-        const Q8W w0 = first ? early0[r] : q8_load_block(0u, 0u, (row + r) * nb + kb + b);
-        const Q8W w1 = first ? early1[r] : q8_load_block(0u, 0u, (row + r) * nb + kb + b1);
+        const Q8W w0 = q8_load_block(0u, 0u, (row + r) * nb + kb + b);
+        const Q8W w1 = q8_load_block(0u, 0u, (row + r) * nb + kb + b1);
         [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
           const uint i0 = c * KCHUNK + b, i1 = c * KCHUNK + b1;
           acc[r][c] += q8_dot_loaded(w0, q8_lo[i0], q8_hi[i0], q8_ds[i0]);
@@ -141,11 +124,6 @@ void main() {
   const uint nvalid = row < row_end ? min(NUM_ROWS, row_end - row) : 0u;
   const uint nb = args.cols / 32u;
 
-  Q8W early0[NUM_ROWS], early1[NUM_ROWS];
-#if EARLY_W
-  first_blocks(min(row, args.rows - 1u), nvalid, nb, min(uint(KCHUNK), nb), lane, nlanes, early0, early1);
-#endif
-
   // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
   float scale[NUM_COLS];
 #if NORM_INPUT
@@ -172,7 +150,7 @@ void main() {
     barrier();  // the previous pass is done with the staged blocks
     stage_pass(kb, kn);
     barrier();
-    pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, EARLY_W != 0 && kb == 0u, early0, early1, acc);
+    pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, acc);
   }
 
 #if USE_SUBGROUP

@@ -41,9 +41,6 @@ struct MatvecTuning {
   // Several x vectors (prefill): subgroups per workgroup 1..16 (auto 8), rows per subgroup 1..4
   // (auto 4; 2 above 8 vectors).
   uint32_t batch_teams = 0, batch_rows = 0;
-  // One vector: each lane's first weight blocks loaded before the norm and the input staging
-  // (matvec_q8.comp EARLY_W), so that their latency overlaps the staging's.
-  bool early_weights = false;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

@@ -21,13 +21,11 @@ struct Case {
   uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
   uint64_t max_binding_bytes = 0;
   bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
-  bool early = false;  // MatvecTuning::early_weights
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
-             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
-             c.early ? " early" : "");
+             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -63,7 +61,6 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
   op.int8_activations = c.q8;
-  op.tuning.early_weights = c.early;
   if (c.q8) {
     ASSERT_TRUE(vk::q8_activations_type(*g.ctx, c.type)) << describe(c);
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".q8act"), std::string::npos) << describe(c);
@@ -194,31 +191,6 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
   run_case(gs, {GgmlType::Q4_K, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 67, 768, 1, true, false, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 7, 512, 3, false, true, 4, 2, 0, true}, seed++);
-}
-
-// The first weight blocks loaded before the staging (EARLY_W): rows shorter than a subgroup's
-// lanes (the clamped loads), 4 and 2 rows per subgroup with a partial last workgroup, two staging
-// passes, K-quants, and the shared-memory reduction path.
-TEST(KernelMatvec, Int8ActivationsEarlyWeightLoads) {
-  Gpu& g = vktest::gpu();
-  VK_TEST_REQUIRE_GPU(g);
-  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product on this device";
-  uint32_t seed = 1900;
-  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0}) {
-    run_case(g, {t, 67, 96, 1, false, true, 0, 0, 0, true, true}, seed++);
-    run_case(g, {t, 4100, 96, 1, true, false, 0, 0, 0, true, true}, seed++);
-    run_case(g, {t, 2051, 2080, 1, false, true, 0, 0, 0, true, true}, seed++);
-    run_case(g, {t, 9, 10240, 1, true, false, 0, 0, 0, true, true}, seed++);
-    run_case(g, {t, 5, 16416, 1, false, true, 0, 0, 0, true, true}, seed++);
-    run_case(g, {t, 37, 2080, 8, false, true, 0, 0, 0, true, true}, seed++);  // batched: EARLY_W off
-  }
-  for (GgmlType k : {GgmlType::Q4_K, GgmlType::Q6_K}) {
-    run_case(g, {k, 67, 256, 1, true, false, 0, 0, 0, true, true}, seed++);
-    run_case(g, {k, 5, 16640, 1, false, true, 0, 0, 0, true, true}, seed++);
-  }
-  Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
-  run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true, true}, seed++);
-  run_case(gs, {GgmlType::Q6_K, 67, 768, 1, true, false, 0, 0, 0, true, true}, seed++);
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

@@ -20,6 +20,8 @@ constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared
 constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
 constexpr uint32_t kDefaultShortMaxKv = 1024;  // contexts up to this run the short variant
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
+constexpr uint32_t kRowsSubgroups = 4;    // attention_rows.comp: subgroups per workgroup ...
+constexpr uint32_t kRowsPerRound = 4;     // ... and rows each loads per round (16 = one min chunk)
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
@@ -239,11 +241,27 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   // Automatic: a quarter of the heads, at least 4 (H200, GLM 20 heads, tg128 at depth 0: 5 heads
   // 202.1 tok/s, 10 heads 199.8, one kernel of 20 heads 192.4).
   const uint32_t quarter = std::max(4u, ceil_div(heads_per_group_, 4));
+  if (tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group && ctx.pipelines().use_subgroup()) {
+    // One head per workgroup, the chunk's rows over its subgroups (attention_rows.comp).
+    short_heads_ = 1;
+    short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultShortMaxKv;
+    PipelineDesc pr;
+    pr.name = "attention_rows";
+    pr.file = "attention_rows.comp";
+    const uint32_t nsg = tuning.rows_subgroups ? tuning.rows_subgroups : kRowsSubgroups;
+    const uint32_t rb = tuning.rows_round ? tuning.rows_round : kRowsPerRound;
+    if (nsg > 16 || rb > 8) usage_error("attention rows kernel: ", nsg, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
+    pr.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}});
+    pr.num_buffers = 4;
+    pr.push_bytes = sizeof(gpu::AttnPartialArgs);
+    pr.full_subgroups = true;
+    partial_short_ = &ctx.pipeline(pr);
+  }
   const uint32_t short_heads = !tuning.short_variant         ? 0
                                : tuning.short_heads_per_group ? std::min(tuning.short_heads_per_group, heads_per_group_)
                                : quarter < heads_per_group_   ? quarter
                                                               : 0;
-  if (short_heads > 0 && short_heads < heads_per_group_) {
+  if (!partial_short_ && short_heads > 0 && short_heads < heads_per_group_) {
     uint32_t short_tile = 0;
     const std::optional<PartialLayout> sl = choose_layout(shape, short_heads, tile_, tuning.score_slice, info, &short_tile);
     if (sl) {

@@ -239,6 +239,18 @@ vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads) {
   return t;
 }
 
+// The short variant as attention_rows.comp (one head per workgroup, rows over its subgroups) up
+// to `max_kv`, on a given chunking.
+vk::AttentionTuning rows_variant(uint32_t max_kv, uint32_t n_groups = 0, uint32_t min_chunk = 0, uint32_t tile = 0,
+                                 uint32_t subgroups = 0, uint32_t round = 0) {
+  vk::AttentionTuning t = tuning(n_groups, min_chunk, 0, tile);
+  t.short_max_kv = max_kv;
+  t.short_rows = true;
+  t.rows_subgroups = subgroups;
+  t.rows_round = round;
+  return t;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionTest,
     ::testing::Values(
@@ -258,7 +270,17 @@ INSTANTIATE_TEST_SUITE_P(
         // both variants and the switch between them, one recording
         AttnCase{20, 512, 64, kGlmRope, {1, 7, 64, 65, 100, 1000}, short_variant(64, 10), 3.f},
         // 7 heads per workgroup up to 100 positions (7 + 7 + 6)
-        AttnCase{20, 512, 64, kYarnRope, {5, 100, 101, 700}, short_variant(100, 7), 1.f}),
+        AttnCase{20, 512, 64, kYarnRope, {5, 100, 101, 700}, short_variant(100, 7), 1.f},
+        // attention_rows.comp (where the device has subgroup arithmetic): chunks of 24 rows (tile
+        // 8; not a multiple of the 16 rows a workgroup's subgroups load per round), the switch at
+        // 300 positions; a single chunk of up to 1000 rows (many rounds per subgroup); rows of 80
+        // values (most lanes past the row) with 3 and 33 heads; a sharp softmax
+        AttnCase{20, 512, 64, kGlmRope, {1, 2, 17, 24, 25, 299, 300, 301, 1000}, rows_variant(300, 7, 24, 8), 3.f},
+        AttnCase{16, 512, 64, kYarnRope, {1, 5, 999, 1000}, rows_variant(1000, 1, 16), 1.f},
+        AttnCase{3, 64, 16, kGlmRope, {1, 7, 100, 1000}, rows_variant(1000, 5, 16, 4), 2.f},
+        AttnCase{33, 64, 16, kYarnRope, {1, 33, 200}, rows_variant(4096), 8.f},
+        // 3 subgroups loading 3 rows per round: 9 rows per round against chunks of 16
+        AttnCase{20, 512, 64, kGlmRope, {1, 9, 10, 16, 17, 500}, rows_variant(500, 0, 0, 0, 3, 3), 2.f}),
     [](const auto& info) {
       return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
@@ -269,17 +291,21 @@ INSTANTIATE_TEST_SUITE_P(
 // sides of short_max_kv matches the reference, and writes no workgroups for the idle variant.
 TEST(AttentionDecode, VariantPickedPerTokenByIndirectCounts) {
   REQUIRE_GPU();
+  for (bool rows : {false, true}) {
+  SCOPED_TRACE(rows ? "attention_rows.comp" : "attention_partial.comp, 5 heads");
   const uint32_t n_head = 20, kv_lora = 512, n_rot = 64, n_ctx = 300, row = kv_lora + n_rot;
   const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
   const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
   vk::AttentionTuning t;
-  t.short_max_kv = 40;  // 20 heads per workgroup above, 5 (automatic: a quarter) up to 40 positions
+  t.short_max_kv = 40;  // 20 heads per workgroup above, up to 40 positions 5 (automatic: a quarter)
+  t.short_rows = rows;  // or 1 (attention_rows.comp)
   vk::AttentionOp op(*gpu().ctx, shape, t);
-  ASSERT_EQ(op.short_heads_per_group(), 5u);
+  if (rows && op.short_heads_per_group() != 1u) continue;  // no subgroup arithmetic: the 5-head kernel
+  ASSERT_EQ(op.short_heads_per_group(), rows ? 1u : 5u);
   uint32_t words[vk::AttentionOp::kDecodeCountWords];
   op.decode_counts(40, words);
   EXPECT_EQ(words[0], op.n_groups());
-  EXPECT_EQ(words[1], 4u);
+  EXPECT_EQ(words[1], rows ? 20u : 4u);
   EXPECT_EQ(words[3], 0u) << "long variant idle";
   op.decode_counts(41, words);
   EXPECT_EQ(words[0], 0u) << "short variant idle";
@@ -319,6 +345,7 @@ TEST(AttentionDecode, VariantPickedPerTokenByIndirectCounts) {
       max_ref = std::max(max_ref, double(std::abs(want[i])));
     }
     EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+  }
   }
 }
 

@@ -18,10 +18,17 @@ constexpr uint32_t kMergeLanes = 4;     // threads per column (each sums every 4
 constexpr uint32_t kMaxHeadsPerGroup = 32;  // attention_partial: one head per lane of a 32-thread group
 constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared weights array)
 constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
-constexpr uint32_t kDefaultShortMaxKv = 1024;  // contexts up to this run the short variant
+// Contexts up to this run the short variant. attention_partial.comp with a quarter of the heads:
+// 1024 (it loses past that); attention_rows.comp (H100, GLM, tg128 at depth 4096: 170.0 tok/s vs
+// 161.6 with the 20-head kernel there) 4096, the deepest context measured.
+constexpr uint32_t kDefaultShortMaxKv = 1024;
+constexpr uint32_t kDefaultRowsMaxKv = 4096;
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
-constexpr uint32_t kRowsSubgroups = 4;    // attention_rows.comp: subgroups per workgroup ...
-constexpr uint32_t kRowsPerRound = 4;     // ... and rows each loads per round (16 = one min chunk)
+// attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
+// depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
+// 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
+constexpr uint32_t kRowsSubgroups = 4;
+constexpr uint32_t kRowsPerRound = 2;
 
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 
@@ -244,7 +251,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   if (tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group && ctx.pipelines().use_subgroup()) {
     // One head per workgroup, the chunk's rows over its subgroups (attention_rows.comp).
     short_heads_ = 1;
-    short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultShortMaxKv;
+    short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultRowsMaxKv;
     PipelineDesc pr;
     pr.name = "attention_rows";
     pr.file = "attention_rows.comp";

@@ -9,7 +9,8 @@
 # COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file),
 # BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
-# "default;--tune matvec_rows=1").
+# "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
+# COMPOSE must then make).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -55,7 +56,7 @@ if [ -n "${BENCH_VARIANTS:-}" ]; then
   for v in "${variants[@]}"; do
     extra=()
     [ "$v" != default ] && read -ra extra <<<"$v"
-    run "variant-$i" "$WORK/m-all.tsr" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 2 --profile "${extra[@]}"
+    run "variant-$i" "$WORK/m-${VARIANT_COMPOSE:-all}.tsr" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 2 --profile "${extra[@]}"
     i=$((i + 1))
   done
   tail -n 3 "$LOG"

@@ -21,7 +21,8 @@ namespace {
 
 constexpr uint32_t kTokenWord = 0;  // step buffer: [token, position]
 constexpr uint32_t kPosWord = 1;
-constexpr uint32_t kMaxDispatchesPerLayer = 12;  // decode step budget (issue 5)
+constexpr uint32_t kMaxDispatchesPerLayer = 12;  // decode step budget (issue 5) ...
+constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: embedding, output norm, LM head, sampler
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kStepBytes = (kAttnCountsWord + vk::AttentionOp::kDecodeCountWords) * 4;
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
@@ -111,11 +112,11 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->begin();
   record_step(*rec_, n_ctx_);
   rec_->end();
-  // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding and the
-  // head. The short-context attention variant costs one dispatch per layer (none when idle, but
-  // counted); where it would break the budget (the factored file of a q-LoRA model with the router
-  // dispatch; with the router fold it fits: 12), it goes.
-  if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + 3 && attn_->short_max_kv()) {
+  // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding, the output
+  // norm, the head and the sampler. The short-context attention variant costs one dispatch per
+  // layer (none when idle, but counted); where it would break the budget (the factored file of a
+  // q-LoRA model with the router dispatch; with the router fold it fits: 12), it goes.
+  if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + kStepDispatches && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);

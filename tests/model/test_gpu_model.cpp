@@ -100,8 +100,8 @@ TEST_P(GpuVsCpu, PromptLogitsMatchTheReference) {
                                      std::string(k.composed_type) != "f16";
   if (quantized_composition) EXPECT_GE(2 * c.top1_same, c.rows) << "top-1 differs in most positions";
   else EXPECT_GE(c.top1_same + 1, c.rows) << "top-1 differs in more than one position";
-  // The recording meets the dispatch budget: <= 12 per layer plus embed, head and sampler.
-  EXPECT_LE(gpu.stats().dispatches, 12 * gpu.config().n_layer + 3);
+  // The recording meets the dispatch budget: <= 12 per layer plus embed, output norm, head and sampler.
+  EXPECT_LE(gpu.stats().dispatches, 12 * gpu.config().n_layer + 4);
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -190,7 +190,7 @@ TEST(GpuModel, FusedRouterMatchesTheSeparateRouter) {
       const uint32_t kept_variant = fs.dispatches + moe_layers > ps.dispatches ? cfg.n_layer : 0;
       EXPECT_EQ(fs.dispatches + moe_layers, ps.dispatches + kept_variant) << m.preset << " " << m.type;
       EXPECT_EQ(fs.barriers + moe_layers, ps.barriers) << m.preset << " " << m.type;
-      EXPECT_LE(fs.dispatches, 12 * cfg.n_layer + 3);
+      EXPECT_LE(fs.dispatches, 12 * cfg.n_layer + 4);
       const size_t V = cfg.n_vocab;
       float scale = 0, worst = 0;
       size_t top1 = 0;

@@ -53,15 +53,13 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
 // "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
 // work split, for tuning runs.
 void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe, uint32_t& prefetch, bool& router) {
-  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, matvec_norm1, pmatvec_teams, pmatvec_rows, gateup_teams, gateup_x1, down_rows, prefetch, router",
+  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
-    else if (k == "matvec_norm1" && v <= 1) mv.one_pass_norm = v != 0;
     else if (k == "pmatvec_teams") mv.batch_teams = v;
     else if (k == "pmatvec_rows") mv.batch_rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
-    else if (k == "gateup_x1" && v <= 1) moe.early_input = v != 0;
     else if (k == "down_rows") moe.q8_down_rows = v;
     else if (k == "prefetch" && v <= model::kPrefetchAll) prefetch = v;
     else if (k == "router" && v <= 1) router = v != 0;
@@ -121,8 +119,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,short_heads=H2,short_max=N (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
-                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_norm1=0|1 (decode), pmatvec_teams=T,pmatvec_rows=R "
-                 "(prefill), gateup_teams=G,gateup_x1=0|1,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
+                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R (decode), pmatvec_teams=T,pmatvec_rows=R "
+                 "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
                  "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

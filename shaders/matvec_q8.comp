@@ -16,8 +16,7 @@
 //
 // Defines: WTYPE (Q4_0, Q8_0, Q4_K or Q6_K), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when
 // USE_SUBGROUP), NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per
-// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK), ONE_PASS_NORM (with NORM_INPUT, only where KCHUNK >= the
-// row's blocks: the staging loads also give the norm's sums of squares). With USE_SUBGROUP the workgroup must run as WG_SIZE /
+// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
@@ -76,24 +75,6 @@ void stage_pass(uint kb, uint kn) {
   }
 }
 
-#if NORM_INPUT && ONE_PASS_NORM
-// stage_pass of the whole input (one pass) that also adds each column's sum of squares of x to ss:
-// the norm's reduction then follows the staging's loads instead of a read of its own.
-void stage_all_with_squares(uint nb, inout float ss[NUM_COLS]) {
-  for (uint i = gl_LocalInvocationIndex; i < NUM_COLS * nb; i += WG_SIZE) {
-    const uint c = i / nb, b = i % nb;
-    vec4 v[8];
-    [[unroll]] for (uint k = 0; k < 8; ++k) {
-      const uint e = 32u * b + 4u * k;
-      v[k] = x4[(args.x_offset + c * args.x_stride + e) >> 2];
-      ss[c] += dot(v[k], v[k]);
-      v[k] *= nw4[e >> 2];
-    }
-    q8_stage_block(c * KCHUNK + b, v);
-  }
-}
-#endif
-
 // acc[r][c] += (weight row `row + r`, blocks kb + b for this lane's b < kn) . staged column c.
 // Two blocks per iteration: more independent weight loads in flight.
 void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
@@ -145,14 +126,7 @@ void main() {
 
   // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
   float scale[NUM_COLS];
-#if NORM_INPUT && ONE_PASS_NORM
-  // The whole input fits one staging pass: stage it and sum the squares from the same loads; the
-  // reduction's barriers also publish the staged blocks.
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 0.0;
-  stage_all_with_squares(nb, scale);
-  workgroup_sum_cols(scale);
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
-#elif NORM_INPUT
+#if NORM_INPUT
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
     float ss = 0.0;
     for (uint k = gl_LocalInvocationIndex; k < args.cols / 4u; k += WG_SIZE) {
@@ -173,11 +147,9 @@ void main() {
   }
   for (uint kb = 0; kb < nb; kb += KCHUNK) {  // uniform
     const uint kn = min(uint(KCHUNK), nb - kb);
-#if !(NORM_INPUT && ONE_PASS_NORM)
     barrier();  // the previous pass is done with the staged blocks
     stage_pass(kb, kn);
     barrier();
-#endif
     pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, acc);
   }
 

@@ -12,8 +12,7 @@
 // Arguments: MoeArgs (moe_args.h). Wrappers: MoeGateUpOp, DenseGateUpOp (runtime/vulkan/kernels_moe.h).
 //
 // Defines: WTYPE (gate/up type), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP),
-// OUT_PER_WG (outputs i per workgroup), EARLY_INPUT (Q8ACT: each invocation's first input block
-// loaded before the 1/rms work), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
+// OUT_PER_WG (outputs i per workgroup), PLAIN_VEC8 (plain types with n_embd % 8 == 0), UNROLL
 // (1 or 2 units per loop iteration), Q8ACT (Q4_0 / Q8_0 / Q4_K / Q6_K: the input quantized to
 // int8 per workgroup, integer dot products, q8_activations.glsl; Q8_BLOCKS >= n_embd / 32;
 // OUT_PER_WG a multiple of 32 and the widths multiples of 32: each workgroup also writes its
@@ -209,14 +208,6 @@ void main() {
   // 1/rms of the input (dense FFN path; the router fold: from the accumulators); uniform control
   // flow, before any early exit.
   float scale = 1.0;
-#if Q8ACT && EARLY_INPUT
-  // This invocation's first input block, loaded before the 1/rms work (the accumulator sums or the
-  // norm's reduction) so that both sets of loads are in flight together.
-  vec4 first[8];
-  if (gl_LocalInvocationIndex < args.n_embd / 32u) {
-    [[unroll]] for (uint i = 0; i < 8; ++i) first[i] = in_vec4(32u * gl_LocalInvocationIndex + 4u * i);
-  }
-#endif
 #if ROUTER_FOLD
   fold_read((args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed);
   scale = rf_inv_rms;
@@ -231,15 +222,7 @@ void main() {
   // The input (h2, or x times the norm weight) as int8 blocks in shared memory.
   for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
     vec4 v[8];
-#if EARLY_INPUT
-    if (b == gl_LocalInvocationIndex) {
-      v = first;
-    } else {
-      [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
-    }
-#else
     [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
-#endif
     q8_stage_block(b, v);
   }
   barrier();

@@ -153,8 +153,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"NUM_COLS", std::to_string(batch)},
                     {"NORM_INPUT", v.norm ? "1" : "0"},
                     {"KCHUNK", std::to_string(kchunk)},
-                    {"Q8_BLOCKS", std::to_string(kchunk * batch)},
-                    {"ONE_PASS_NORM", v.norm && tuning.one_pass_norm && kchunk >= nb ? "1" : "0"}};
+                    {"Q8_BLOCKS", std::to_string(kchunk * batch)}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55

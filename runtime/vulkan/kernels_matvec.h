@@ -41,9 +41,6 @@ struct MatvecTuning {
   // Several x vectors (prefill): subgroups per workgroup 1..16 (auto 8), rows per subgroup 1..4
   // (auto 4; 2 above 8 vectors).
   uint32_t batch_teams = 0, batch_rows = 0;
-  // Norm-fused matvecs whose input fits one staging pass: the staging's loads also give the sum
-  // of squares (one read of x and one barrier less; matvec_q8.comp ONE_PASS_NORM).
-  bool one_pass_norm = true;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

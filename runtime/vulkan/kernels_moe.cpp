@@ -98,8 +98,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                     {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
-                     {"ROUTER_FOLD", fold ? "1" : "0"},
-                     {"EARLY_INPUT", t.early_input ? "1" : "0"}},
+                     {"ROUTER_FOLD", fold ? "1" : "0"}},
                     fold ? 9 : 8);
 }
 

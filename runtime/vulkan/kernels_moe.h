@@ -107,8 +107,6 @@ struct MoeTuning {
   // The int8-activation kernels (decode):
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
   uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4)
-  bool early_input = true;       // gate-up: each invocation's first input block loaded before the
-                                 // 1/rms work (router-fold sums or norm), both reads in flight at once
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -268,8 +268,6 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.matvec = {.teams = 6, .rows = 3};
     o.moe.q8_gateup_teams = 12;
-    o.moe.early_input = false;        // the gate-up's input read after the 1/rms work
-    o.matvec.one_pass_norm = false;   // norm-fused matvecs read x for the norm, then to stage it
     o.moe.q8_down_rows = 3;
     model::GpuModel tuned(context(), tsr, o);
     const auto p = prompt(plain.n_vocab(), 5);

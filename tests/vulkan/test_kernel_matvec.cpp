@@ -21,13 +21,11 @@ struct Case {
   uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
   uint64_t max_binding_bytes = 0;
   bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
-  bool norm_separate_read = false;  // MatvecTuning::one_pass_norm off
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
-             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
-             c.norm_separate_read ? " norm-read" : "");
+             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -63,7 +61,6 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
   op.int8_activations = c.q8;
-  op.tuning.one_pass_norm = !c.norm_separate_read;
   if (c.q8) {
     ASSERT_TRUE(vk::q8_activations_type(*g.ctx, c.type)) << describe(c);
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".q8act"), std::string::npos) << describe(c);
@@ -194,25 +191,6 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
   run_case(gs, {GgmlType::Q4_K, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 67, 768, 1, true, false, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 7, 512, 3, false, true, 4, 2, 0, true}, seed++);
-}
-
-// The norm-fused int8 matvec reads x once (the staging's loads give the sum of squares) where
-// the row fits one staging pass, twice otherwise or when told to: both against the CPU.
-TEST(KernelMatvec, Int8NormOneReadOrTwo) {
-  Gpu& g = vktest::gpu();
-  VK_TEST_REQUIRE_GPU(g);
-  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product on this device";
-  uint32_t seed = 2900;
-  for (bool separate : {false, true}) {
-    run_case(g, {GgmlType::Q4_0, 67, 96, 1, false, true, 0, 0, 0, true, separate}, seed++);
-    run_case(g, {GgmlType::Q8_0, 2051, 2080, 1, true, true, 0, 0, 0, true, separate}, seed++);
-    run_case(g, {GgmlType::Q4_0, 5, 16416, 1, false, true, 0, 0, 0, true, separate}, seed++);  // two passes
-    run_case(g, {GgmlType::Q6_K, 37, 768, 1, false, true, 0, 0, 0, true, separate}, seed++);
-    run_case(g, {GgmlType::Q4_0, 130, 288, 3, true, true, 4, 5, 0, true, separate}, seed++);  // batched
-  }
-  Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
-  run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true, false}, seed++);
-  run_case(gs, {GgmlType::Q4_K, 9, 512, 2, true, true, 0, 0, 0, true, false}, seed++);
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

@@ -52,8 +52,11 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
 
 // "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
 // work split, for tuning runs.
-void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& moe, uint32_t& prefetch, bool& router) {
-  parse_knobs(text, "--tune", "matvec_teams, matvec_rows, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router",
+void parse_tune(const std::string& text, model::BenchOptions& o) {
+  vk::MatvecTuning& mv = o.matvec;
+  vk::MoeTuning& moe = o.moe;
+  parse_knobs(text, "--tune",
+              "matvec_teams, matvec_rows, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -61,9 +64,11 @@ void parse_tune(const std::string& text, vk::MatvecTuning& mv, vk::MoeTuning& mo
     else if (k == "pmatvec_rows") mv.batch_rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
     else if (k == "down_rows") moe.q8_down_rows = v;
-    else if (k == "prefetch" && v <= model::kPrefetchAll) prefetch = v;
-    else if (k == "router" && v <= 1) router = v != 0;
+    else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
+    else if (k == "router" && v <= 1) o.fused_router = v != 0;
+    else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
     else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
+    else if (k == "barrier") usage_error("--tune: barrier=", v, " is not 0 (full), 1 (compute) or 2 (compute only)");
     else if (k == "prefetch") usage_error("--tune: prefetch=", v, " is not a set of bits 1 (W_vo), 2 (router and shared expert), 4 (W_qk)");
     else return false;
     return true;
@@ -121,7 +126,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold) (any subset)");
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), barrier=0|1|2 (the decode step's "
+                 "barrier scope: full, compute, compute only) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -135,7 +141,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
     if (!a->attention.empty()) o.attention = parse_attention(a->attention);
-    if (!a->tune.empty()) parse_tune(a->tune, o.matvec, o.moe, o.prefetch, o.fused_router);
+    if (!a->tune.empty()) parse_tune(a->tune, o);
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

@@ -320,6 +320,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.moe = o.moe;
   go.prefetch = o.prefetch;
   go.fused_router = o.fused_router;
+  go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
   if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0 || o.profile) {
@@ -331,6 +332,8 @@ BenchReport run_bench(const BenchOptions& o) {
     h.weight_bytes_per_token = model.stats().weight_bytes;
     h.activations = model.stats().int8_activations ? "int8 (Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts)" : "f32";
     if (model.config().n_expert > 0) h.router = model.stats().fused_router ? "fused" : "dispatch";
+    if (o.barrier_scope != vk::BarrierScope::Full)
+      h.barrier_scope = o.barrier_scope == vk::BarrierScope::Compute ? "compute (--tune barrier=1)" : "compute only (--tune barrier=2)";
     h.prefill_chunk = model.prefill_stats().chunk;
     h.prefill_dispatches = model.prefill_stats().dispatches;
     h.prefill_barriers = model.prefill_stats().barriers;

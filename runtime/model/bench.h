@@ -50,6 +50,7 @@ struct BenchOptions {
   vk::MoeTuning moe;                      // GpuModelOptions::moe (--tune)
   uint32_t prefetch = 0;                  // GpuModelOptions::prefetch (--tune prefetch=)
   bool fused_router = true;               // GpuModelOptions::fused_router (--tune router=0|1)
+  vk::BarrierScope barrier_scope = vk::BarrierScope::Full;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
   std::function<void(const std::string&)> log;
@@ -69,6 +70,7 @@ struct BenchHeader {
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
   std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
   std::string router;          // "fused" (router fold) or "dispatch" (router kernel) (Vulkan MoE models)
+  std::string barrier_scope;   // the decode step's barrier scope where not the default ("compute", "compute only")
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
   uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
   uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head

@@ -80,6 +80,7 @@ std::string bench_markdown(const BenchReport& r) {
            std::string(h.router == "fused" ? "fused (logits in the W_vo / attn_output epilogue, routing in the gate-up)"
                                            : "its own dispatch") +
            "\n";
+    if (!h.barrier_scope.empty()) s += "barriers:   " + h.barrier_scope + "\n";
     if (h.backend == "vulkan" && h.prefill_chunk)
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +
            " dispatches, " + std::to_string(h.prefill_barriers) + " barriers, " +
@@ -152,6 +153,8 @@ std::string bench_json(const BenchReport& r) {
     s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
          ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
+         ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +
+         ", \"dispatch_barrier_compute_only_us\": " + jn(q.dispatch_barrier_compute_only_us) +
          ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";
   }
   s += "\n}\n";

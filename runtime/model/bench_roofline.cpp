@@ -134,21 +134,28 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   const uint32_t n = std::max<uint32_t>(options.dispatches, 1);
   r.dispatches = n;
   RooflineArgs tiny_args;
-  vk::CommandRecorder empty(ctx), with_barriers(ctx), without(ctx);
+  vk::CommandRecorder empty(ctx), without(ctx);
   empty.begin();
   empty.end();
-  with_barriers.begin();
   without.begin();
-  for (uint32_t i = 0; i < n; ++i) {
-    with_barriers.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
-    with_barriers.barrier();
-    without.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
-  }
-  with_barriers.end();
+  for (uint32_t i = 0; i < n; ++i) without.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
   without.end();
   r.submit_us = median_run_us(empty, runs);
-  r.dispatch_barrier_us = std::max(0.0, (median_run_us(with_barriers, runs) - r.submit_us) / n);
   r.dispatch_us = std::max(0.0, (median_run_us(without, runs) - r.submit_us) / n);
+  // The same with a barrier after each dispatch, per barrier scope.
+  const auto with_barriers_us = [&](vk::BarrierScope scope) {
+    vk::CommandRecorder rec(ctx, vk::RecorderOptions{.barrier_scope = scope});
+    rec.begin();
+    for (uint32_t i = 0; i < n; ++i) {
+      rec.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
+      rec.barrier();
+    }
+    rec.end();
+    return std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
+  };
+  r.dispatch_barrier_us = with_barriers_us(vk::BarrierScope::Full);
+  r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute);
+  r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly);
   return r;
 }
 
@@ -162,6 +169,9 @@ std::string roofline_markdown(const RooflineResult& r) {
   if (r.dispatches) {
     std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_barrier_us);
+    s += line;
+    std::snprintf(line, sizeof line, "| the same, compute-scoped barriers (--tune barrier=1 / 2) | %.3f / %.3f µs each |\n",
+                  r.dispatch_barrier_compute_us, r.dispatch_barrier_compute_only_us);
     s += line;
     std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_us);

@@ -1,8 +1,8 @@
 // The device's ceilings, measured with small kernels of tessera's own (shaders/roofline.comp):
 //  - read bandwidth: one pass over a large buffer with coalesced 16-byte loads (GPU timestamps
 //    when the queue has them, else the host clock minus an empty submission);
-//  - the cost of one dispatch with a compute->compute barrier after it, and without barriers
-//    (N tiny dispatches in one submission, host clock, minus the empty submission);
+//  - the cost of one dispatch with a barrier after it (each vk::BarrierScope), and without
+//    barriers (N tiny dispatches in one submission, host clock, minus the empty submission);
 //  - the round trip of an empty submit + wait.
 // `tessera bench --roofline` prints these; the profiler's floor divides bytes by the bandwidth.
 #pragma once
@@ -27,7 +27,9 @@ struct RooflineResult {
   double read_us = 0;               // median time of one pass
   bool gpu_timestamps = false;      // the read test was timed with GPU timestamps
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
-  double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier
+  double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
+  double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...
+  double dispatch_barrier_compute_only_us = 0;  // ... and BarrierScope::ComputeOnly
   double dispatch_us = 0;           // per dispatch, no barriers
   double submit_us = 0;             // an empty submit + wait round trip (median)
 };

@@ -102,7 +102,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
       config_.has_exp_probs_b = false;  // a softmax-routed file without selection bias
   plan_and_upload(file);
-  rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = false});
+  rec_ = std::make_unique<vk::CommandRecorder>(
+      ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
   // Zero the sampler's scratch once (its arrival counter must start at 0).
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
@@ -580,7 +581,9 @@ std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* 
   if (kv_len == 0 || kv_len > n_ctx_) usage_error("profile_step: context length ", kv_len, " outside 1..", n_ctx_);
   // A second recording of the step with timestamps after every dispatch and the byte counts of
   // this context length (the decode recording stays as it is), run once at position kv_len - 1.
-  if (!prof_rec_) prof_rec_ = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = true});
+  if (!prof_rec_)
+    prof_rec_ = std::make_unique<vk::CommandRecorder>(
+        ctx_, vk::RecorderOptions{.timestamps = true, .barrier_scope = options_.barrier_scope});
   if (prof_kv_len_ != kv_len) {
     const DecodeStats keep = stats_;
     prof_rec_->begin();

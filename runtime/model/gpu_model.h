@@ -28,6 +28,7 @@
 #include "runtime/cpu/generate.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_sample.h"
@@ -67,6 +68,9 @@ struct GpuModelOptions {
   // buffer atomics or a layer's router is not a plain F32/F16/BF16 matrix of <= 256 experts: those
   // layers record the router dispatch. bench --tune router=0|1.
   bool fused_router = true;
+  // What the decode step's barriers order (vk::BarrierScope; the step fits all three): bench
+  // --tune barrier=0|1|2, to measure what the driver makes of each (bench --roofline times them).
+  vk::BarrierScope barrier_scope = vk::BarrierScope::Full;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

@@ -68,6 +68,7 @@ void CommandRecorder::begin() {
   desc_pool_cur_ = 0;
   dispatches_.clear();
   barriers_ = 0;
+  transfer_since_barrier_ = false;
   timed_ = 0;
   auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
   check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
@@ -174,10 +175,19 @@ void CommandRecorder::dispatch_indirect(const Pipeline& pipeline, std::span<cons
 void CommandRecorder::barrier() {
   require_recording("barrier");
   auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  VkPipelineStageFlags src = kWorkStages, dst = kWorkStages | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT;
   mb.srcAccessMask = kWrites;
   mb.dstAccessMask = kReadsWrites;
-  vkCmdPipelineBarrier(cmd_, kWorkStages, kWorkStages | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0, 1, &mb, 0, nullptr, 0,
-                       nullptr);
+  if (options_.barrier_scope != BarrierScope::Full) {
+    src = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | (transfer_since_barrier_ ? VK_PIPELINE_STAGE_TRANSFER_BIT : 0);
+    mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | (transfer_since_barrier_ ? VK_ACCESS_TRANSFER_WRITE_BIT : 0);
+  }
+  if (options_.barrier_scope == BarrierScope::ComputeOnly) {
+    dst = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
+    mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
+  }
+  vkCmdPipelineBarrier(cmd_, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  transfer_since_barrier_ = false;
   ++barriers_;
 }
 
@@ -185,6 +195,7 @@ void CommandRecorder::fill(BufferSlice dst, uint32_t value) {
   require_recording("fill");
   if (dst.size % 4 != 0 || dst.offset % 4 != 0) runtime_error("fill: offset and size must be multiples of 4");
   vkCmdFillBuffer(cmd_, dst.buffer, dst.offset, dst.size, value);
+  transfer_since_barrier_ = true;
 }
 
 void CommandRecorder::copy(BufferSlice src, BufferSlice dst) {
@@ -192,6 +203,7 @@ void CommandRecorder::copy(BufferSlice src, BufferSlice dst) {
   if (src.size != dst.size) runtime_error("copy: source has ", src.size, " bytes, destination ", dst.size);
   VkBufferCopy region{src.offset, dst.offset, src.size};
   vkCmdCopyBuffer(cmd_, src.buffer, dst.buffer, 1, &region);
+  transfer_since_barrier_ = true;
 }
 
 void CommandRecorder::end() {

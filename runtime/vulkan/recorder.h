@@ -18,8 +18,20 @@
 
 namespace tessera::vk {
 
+// What barrier() orders (a choice for measuring what the driver makes of each; the results are the
+// same where the recording fits the narrower scopes):
+//   Full:        compute and transfer writes before -> compute, transfer and indirect-argument
+//                reads and writes after (any recording).
+//   Compute:     compute writes before (and transfer writes, where a fill or copy was recorded
+//                since the last barrier) -> the same readers as Full.
+//   ComputeOnly: as Compute before, compute shaders only after: for recordings whose transfers
+//                and GPU-written indirect arguments never follow a compute write they depend on
+//                (the decode step: its only fill opens it, its indirect counts are host-written).
+enum class BarrierScope { Full, Compute, ComputeOnly };
+
 struct RecorderOptions {
   bool timestamps = false;       // time each dispatch (ignored where the queue has no timestamps)
+  BarrierScope barrier_scope = BarrierScope::Full;
   uint32_t max_timed = 4096;     // dispatches timed per recording (later ones are not timed)
   double fence_timeout_s = 300;  // wait() gives up with Error(Runtime) after this long
 };
@@ -69,7 +81,7 @@ class CommandRecorder {
   void dispatch_indirect(const Pipeline& pipeline, std::span<const BufferSlice> buffers, const void* push,
                          uint32_t push_size, BufferSlice counts, std::string_view label, uint64_t bytes);
   // Memory barrier: all earlier compute/transfer writes are visible to all later compute/transfer
-  // reads and writes. Counted by barrier_count().
+  // reads and writes (narrower with RecorderOptions::barrier_scope). Counted by barrier_count().
   void barrier();
   // dst = value repeated (dst.size multiple of 4), dst = src (equal sizes). Follow with barrier()
   // before a dispatch reads the result.
@@ -113,6 +125,7 @@ class CommandRecorder {
   size_t desc_pool_cur_ = 0;
   std::vector<DispatchInfo> dispatches_;
   uint32_t barriers_ = 0;
+  bool transfer_since_barrier_ = false;  // a fill or copy recorded since the last barrier
   uint32_t timed_ = 0;  // dispatches with a timestamp in this recording
   bool recording_ = false, recorded_ = false, pending_ = false;
 };

@@ -242,6 +242,18 @@ TEST(BenchCli, TuneRouterChoosesTheRouterPath) {
   EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune router=2").rc, 1);
 }
 
+// --tune barrier=N narrows the decode step's barriers (said in the header).
+TEST(BenchCli, TuneBarrierScope) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("barriers:   compute only"), std::string::npos) << r.out;
+  const RunResult d = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1");
+  ASSERT_EQ(d.rc, 0) << d.out;
+  EXPECT_EQ(d.out.find("barriers:   "), std::string::npos) << d.out;
+  EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=3").rc, 1);
+}
+
 TEST(BenchCli, CpuReferenceRunsTheGguf) {
   const RunResult r = run_tessera("bench '" + tiny_gguf() + "' -p 2 -n 2 -d 0,3 -r 1 --threads 2 -o json");
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -271,6 +283,8 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GT(q["read_gbps"].num, 0);
   EXPECT_GT(q["dispatches"].num, 0);
   EXPECT_GE(q["dispatch_barrier_us"].num, 0);
+  EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
+  EXPECT_GE(q["dispatch_barrier_compute_only_us"].num, 0);
   EXPECT_GE(q["dispatch_us"].num, 0);
   EXPECT_GT(q["submit_us"].num, 0);
   EXPECT_TRUE(j["results"].arr.empty());
@@ -278,6 +292,7 @@ TEST(BenchCli, RooflineRuns) {
   ASSERT_EQ(md.rc, 0);
   EXPECT_NE(md.out.find("read bandwidth, 16-byte loads"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("compute-scoped barriers"), std::string::npos) << md.out;
 }
 
 // The profiler's per-kernel times add up to the measured token time (within 10 %), every

@@ -227,6 +227,33 @@ TEST(GpuModel, FusedRouterFallsBackWithoutInt64Atomics) {
   for (size_t i = 0; i < a.size(); ++i) ASSERT_EQ(a[i], b[i]) << "logit " << i;
 }
 
+// The barrier scopes (vk::BarrierScope) change what the driver is told to order, not what runs:
+// the decode step and the batched prefill give the same logits, bit for bit, with each; the
+// counts stay the same.
+TEST(GpuModel, BarrierScopesGiveTheSameLogits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    const Files f = files(preset, "q4_0", "all");
+    TsrFile tsr = TsrFile::open(f.tsr);
+    std::vector<float> base;
+    uint32_t dispatches = 0;
+    for (vk::BarrierScope scope : {vk::BarrierScope::Full, vk::BarrierScope::Compute, vk::BarrierScope::ComputeOnly}) {
+      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+      o.barrier_scope = scope;
+      model::GpuModel m(context(), tsr, o);
+      const std::vector<float> logits = m.forward(prompt(m.n_vocab(), 6), false);
+      if (base.empty()) {
+        base = logits;
+        dispatches = m.stats().dispatches;
+        continue;
+      }
+      EXPECT_EQ(m.stats().dispatches, dispatches) << preset;
+      ASSERT_EQ(logits.size(), base.size());
+      for (size_t i = 0; i < logits.size(); ++i) ASSERT_EQ(logits[i], base[i]) << preset << " logit " << i;
+    }
+  }
+}
+
 // The int8-activation path end to end (every Q4_0 / Q8_0 / Q4_K / Q6_K matvec and expert kernel
 // takes int8 inputs, the q4_k_m files' Q6_K LM head included; its kernels are checked exactly
 // against the same rounding in tests/vulkan): the logits stay close to the f32 reference and pick

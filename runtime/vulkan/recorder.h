@@ -26,7 +26,9 @@ namespace tessera::vk {
 //                since the last barrier) -> the same readers as Full.
 //   ComputeOnly: as Compute before, compute shaders only after: for recordings whose transfers
 //                and GPU-written indirect arguments never follow a compute write they depend on
-//                (the decode step: its only fill opens it, its indirect counts are host-written).
+//                (the decode step: its only fill opens it, its indirect counts are host-written,
+//                and submit() waits for the recording's previous submission, so a fill never
+//                overtakes the previous token's compute work).
 enum class BarrierScope { Full, Compute, ComputeOnly };
 
 struct RecorderOptions {

@@ -10,7 +10,7 @@
 # BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
 # "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
-# COMPOSE must then make).
+# COMPOSE must then make); ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -25,6 +25,10 @@ LOG="$OUT/ab-log.txt"
 . "$HERE/vulkan_env.sh"
 vulkan_env "$HERE" "$T" "$LOG"
 "$T" devices 2>>"$LOG" | head -20
+if [ -n "${ROOFLINE:-}" ]; then  # the device's read bandwidth and dispatch / barrier costs first
+  "$T" bench --roofline >"$OUT/roofline.md" 2>>"$LOG"
+  grep -E "^\| (read|dispatch|the same|empty)" "$OUT/roofline.md"
+fi
 G="$WORK/m.gguf"
 /usr/bin/time -f "synth %e s" "$T" --threads "$(nproc)" synth --preset "$PRESET" --type "$TYPE" -o "$G" 2>>"$LOG" >/dev/null
 COMPOSE="${COMPOSE:-all none}"

@@ -6,14 +6,26 @@
 //   are folded into one value that is written only when it equals a value the host never stores,
 //   so no load can be dropped and almost nothing is written: the time is the read of n_vec4*16 B.
 // MODE 1 (tiny): one workgroup writes one word: the cost of a dispatch with no work in it.
-// Bindings: 0 = src (uvec4[n_vec4]), 1 = dst (uint[]).
+// MODE 2 (chained): dispatch i (push n_vec4 = i) waits, in invocation 0 of each workgroup, until
+//   counter i - 1 reaches `never` (the workgroups of dispatch i - 1; nothing to wait for when
+//   i = 0), then each workgroup adds 1 to counter i: dependent dispatches ordered by a counter in
+//   memory instead of a pipeline barrier. A wait that spins kSpinLimit polls (or finds dst[0] set
+//   by one that did) gives up and sets dst[0] = 1: a driver that does not run the dispatches in
+//   order ends the test with an error flag instead of a hang.
+// Bindings: 0 = src (uvec4[n_vec4]; MODE 2: the counters, uint), 1 = dst (uint[]).
 
 #include "common.glsl"
 
 layout(local_size_x = WG_SIZE) in;
 
+#if MODE == 2
+layout(std430, binding = 0) coherent restrict buffer CounterBuf { uint counters[]; };
+layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
+const uint kSpinLimit = 1u << 20;
+#else
 layout(std430, binding = 0) readonly restrict buffer SrcBuf { uvec4 src[]; };
 layout(std430, binding = 1) restrict buffer DstBuf { uint dst[]; };
+#endif
 
 layout(push_constant) uniform Push {
   uint n_vec4;   // 16-byte words in src
@@ -31,7 +43,24 @@ void main() {
   }
   const uint folded = acc.x ^ acc.y ^ acc.z ^ acc.w;
   if (folded == args.never) dst[gl_LocalInvocationIndex] = folded;
-#else
+#elif MODE == 1
   if (gl_LocalInvocationIndex == 0) dst[0] = args.never + gl_WorkGroupID.x;
+#else
+  const uint i = args.n_vec4;
+  if (i > 0u) {
+    if (gl_LocalInvocationIndex == 0u) {
+      uint spins = 0u;
+      while (atomicAdd(counters[i - 1u], 0u) < args.never) {
+        if (++spins >= kSpinLimit || atomicAdd(dst[0], 0u) != 0u) {
+          atomicOr(dst[0], 1u);
+          break;
+        }
+      }
+    }
+    barrier();
+  }
+  memoryBarrierBuffer();
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(counters[i], 1u);
 #endif
 }

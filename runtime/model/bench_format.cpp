@@ -155,6 +155,10 @@ std::string bench_json(const BenchReport& r) {
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +
          ", \"dispatch_barrier_compute_only_us\": " + jn(q.dispatch_barrier_compute_only_us) +
+         ", \"wide_groups\": " + ju(q.wide_groups) + ", \"dispatch_barrier_wide_us\": " + jn(q.dispatch_barrier_wide_us) +
+         ", \"dispatch_chained_us\": " + jn(q.dispatch_chained_us) +
+         ", \"dispatch_chained_wide_us\": " + jn(q.dispatch_chained_wide_us) +
+         ", \"chained_timed_out\": " + (q.chained_timed_out ? "true" : "false") +
          ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";
   }
   s += "\n}\n";

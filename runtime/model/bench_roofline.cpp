@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "format/error.h"
@@ -17,6 +18,7 @@ namespace {
 constexpr uint32_t kReadWorkgroup = 256;
 constexpr uint32_t kReadUnroll = 8;
 constexpr uint32_t kTinyWorkgroup = 64;
+constexpr uint32_t kWideGroups = 256;  // workgroups per dispatch in the "wide" dependency tests
 constexpr uint32_t kFillWord = 0x3f800001u;  // what the read buffer holds (never zeros)
 constexpr uint32_t kNever = 0xdeadbeefu;      // no fold of kFillWord words equals this
 
@@ -41,7 +43,7 @@ double now_us() {
 
 const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
   vk::PipelineDesc desc;
-  desc.name = mode == 0 ? "roofline.read" : "roofline.tiny";
+  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : "roofline.chained";
   desc.file = "roofline.comp";
   desc.defines = {{"MODE", std::to_string(mode)},
                   {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
@@ -156,6 +158,45 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.dispatch_barrier_us = with_barriers_us(vk::BarrierScope::Full);
   r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute);
   r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly);
+
+  // Dependent dispatches of kWideGroups workgroups: through barriers, then through counters.
+  r.wide_groups = std::min<uint32_t>(kWideGroups, info.max_workgroup_count[0]);
+  {
+    vk::CommandRecorder rec(ctx);
+    rec.begin();
+    for (uint32_t i = 0; i < n; ++i) {
+      rec.dispatch(tiny, bufs, tiny_args, r.wide_groups, 1, 1, "roofline.tiny", 4);
+      rec.barrier();
+    }
+    rec.end();
+    r.dispatch_barrier_wide_us = std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
+  }
+  vk::Buffer counters = pool.create_buffer(uint64_t(n + 1) * 4, "roofline counters");
+  vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
+  vk::Buffer flag = host_pool.create_buffer(16, "roofline chain flag");
+  const vk::Pipeline& chained = roofline_pipeline(ctx, 2);
+  const vk::BufferSlice cbufs[2] = {counters.whole(), flag.whole()};
+  const auto chained_us = [&](uint32_t groups) {
+    vk::CommandRecorder rec(ctx);
+    rec.begin();
+    rec.fill(counters.whole(), 0);
+    rec.fill(flag.whole(), 0);
+    rec.barrier();
+    for (uint32_t i = 0; i < n; ++i) {
+      RooflineArgs a;
+      a.n_vec4 = i;                   // this dispatch's counter
+      a.never = i > 0 ? groups : 0u;  // what the one before adds up to
+      rec.dispatch(chained, cbufs, a, groups, 1, 1, "roofline.chained", 4);
+    }
+    rec.end();
+    const double us = std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
+    uint32_t word = 0;
+    std::memcpy(&word, flag.mapped(), 4);
+    r.chained_timed_out = r.chained_timed_out || word != 0;
+    return us;
+  };
+  r.dispatch_chained_us = chained_us(1);
+  r.dispatch_chained_wide_us = chained_us(r.wide_groups);
   return r;
 }
 
@@ -172,6 +213,14 @@ std::string roofline_markdown(const RooflineResult& r) {
     s += line;
     std::snprintf(line, sizeof line, "| the same, compute-scoped barriers (--tune barrier=1 / 2) | %.3f / %.3f µs each |\n",
                   r.dispatch_barrier_compute_us, r.dispatch_barrier_compute_only_us);
+    s += line;
+    std::snprintf(line, sizeof line, "| the same, %u workgroups per dispatch | %.3f µs each |\n", r.wide_groups,
+                  r.dispatch_barrier_wide_us);
+    s += line;
+    std::snprintf(line, sizeof line,
+                  "| dependent dispatches chained by a counter, no barrier (1 / %u workgroups) | %.3f / %.3f µs each%s |\n",
+                  r.wide_groups, r.dispatch_chained_us, r.dispatch_chained_wide_us,
+                  r.chained_timed_out ? " (a wait timed out: not run in order)" : "");
     s += line;
     std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_us);

@@ -3,6 +3,8 @@
 //    when the queue has them, else the host clock minus an empty submission);
 //  - the cost of one dispatch with a barrier after it (each vk::BarrierScope), and without
 //    barriers (N tiny dispatches in one submission, host clock, minus the empty submission);
+//  - the same dependency through a counter in memory instead of a barrier (no pipeline barrier:
+//    what chaining the decode step's stages in the shaders would cost);
 //  - the round trip of an empty submit + wait.
 // `tessera bench --roofline` prints these; the profiler's floor divides bytes by the bandwidth.
 #pragma once
@@ -31,6 +33,14 @@ struct RooflineResult {
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...
   double dispatch_barrier_compute_only_us = 0;  // ... and BarrierScope::ComputeOnly
   double dispatch_us = 0;           // per dispatch, no barriers
+  // Wider dispatches (wide_groups workgroups each), dependent on the one before: through a
+  // barrier (BarrierScope::Full), or through a counter in memory that each workgroup waits for
+  // and adds to (roofline.comp MODE 2; chained_us also for one workgroup per dispatch).
+  uint32_t wide_groups = 0;
+  double dispatch_barrier_wide_us = 0;
+  double dispatch_chained_us = 0;
+  double dispatch_chained_wide_us = 0;
+  bool chained_timed_out = false;   // a counter wait gave up (the driver did not run them in order)
   double submit_us = 0;             // an empty submit + wait round trip (median)
 };
 

@@ -285,6 +285,12 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_barrier_us"].num, 0);
   EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
   EXPECT_GE(q["dispatch_barrier_compute_only_us"].num, 0);
+  EXPECT_GT(q["wide_groups"].num, 1);
+  EXPECT_GE(q["dispatch_barrier_wide_us"].num, 0);
+  EXPECT_GE(q["dispatch_chained_us"].num, 0);  // dispatches ordered by counters in memory ...
+  EXPECT_GE(q["dispatch_chained_wide_us"].num, 0);
+  EXPECT_EQ(q["chained_timed_out"].kind, Value::Bool);
+  EXPECT_FALSE(q["chained_timed_out"].b) << "a counter wait gave up";  // ... every wait was met
   EXPECT_GE(q["dispatch_us"].num, 0);
   EXPECT_GT(q["submit_us"].num, 0);
   EXPECT_TRUE(j["results"].arr.empty());
@@ -293,6 +299,7 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("read bandwidth, 16-byte loads"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("compute-scoped barriers"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("chained by a counter"), std::string::npos) << md.out;
 }
 
 // The profiler's per-kernel times add up to the measured token time (within 10 %), every

@@ -258,6 +258,11 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     const uint32_t nsg = tuning.rows_subgroups ? tuning.rows_subgroups : kRowsSubgroups;
     const uint32_t rb = tuning.rows_round ? tuning.rows_round : kRowsPerRound;
     if (nsg > 16 || rb > 8) usage_error("attention rows kernel: ", nsg, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
+    const uint64_t shared_bytes = uint64_t(nsg) * (shape.kv_lora + 2) * 4;  // the subgroups' (m, l, o)
+    if (shared_bytes > info.max_compute_shared_memory || nsg * info.subgroup_size > info.max_compute_workgroup_invocations)
+      usage_error("attention rows kernel: ", nsg, " subgroups need ", shared_bytes, " bytes of shared memory and ",
+                  nsg * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
+                  info.max_compute_workgroup_invocations);
     pr.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}});
     pr.num_buffers = 4;
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);

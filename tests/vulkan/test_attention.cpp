@@ -408,6 +408,29 @@ TEST(AttentionShapeTest, RefusesUnusableSizes) {
   EXPECT_NO_THROW(s.validate());
 }
 
+// The rows kernel's tuning: out-of-range knobs and subgroup counts whose (m, l, o) would not fit
+// the device's shared memory are refused with a message, not handed to the driver.
+TEST(AttentionShapeTest, RowsKernelRefusesWhatTheDeviceCannotHold) {
+  REQUIRE_GPU();
+  if (!gpu().ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroup arithmetic: no rows kernel";
+  const vk::AttentionShape shape = make_shape(20, 512, 64, 100, kGlmRope);
+  vk::AttentionTuning t;
+  t.rows_subgroups = 17;
+  EXPECT_THROW(vk::AttentionOp(*gpu().ctx, shape, t), Error);
+  t.rows_subgroups = 4;
+  t.rows_round = 9;
+  EXPECT_THROW(vk::AttentionOp(*gpu().ctx, shape, t), Error);
+  t.rows_round = 0;
+  t.rows_subgroups = 16;
+  const vk::DeviceInfo& info = gpu().ctx->info();
+  const bool fits = 16ull * (512 + 2) * 4 <= info.max_compute_shared_memory &&
+                    16ull * info.subgroup_size <= info.max_compute_workgroup_invocations;
+  if (fits)
+    EXPECT_NO_THROW(vk::AttentionOp(*gpu().ctx, shape, t));
+  else
+    EXPECT_THROW(vk::AttentionOp(*gpu().ctx, shape, t), Error);
+}
+
 TEST(AttentionChunks, ChunkRuleCoversContextWithinGroupBudget) {
   for (uint32_t groups : {1u, 7u, 256u})
     for (uint32_t min_chunk : {8u, 64u})

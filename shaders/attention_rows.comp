@@ -1,8 +1,8 @@
 #version 450
 // D5 of the decode step for short contexts (docs/DECODE.md): the same split-K partials as
 // attention_partial.comp (same arguments, chunking and partials layout, so the same merge), with
-// another work split: workgroup (x = chunk c, y = head h, z = query) handles head h alone, and its
-// NSG subgroups take the chunk's rows RB at a time (subgroup g: rows begin + g*RB .. +RB-1, then
+// another work split: workgroup (x = chunk c, y = head group, z = query) handles RH heads (by
+// default one), and its NSG subgroups take the chunk's rows RB at a time (subgroup g: rows begin + g*RB .. +RB-1, then
 // begin + (NSG + g)*RB ...). A lane holds DPL consecutive values of a row — the query's in
 // registers for the whole chunk, the cache row's as it is loaded — so a score is one subgroup
 // sum, and the lane's latent values of the rows it loaded are the ones it accumulates into o:
@@ -15,7 +15,8 @@
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
-// round); SUBGROUP_SIZE (the pipeline asks for full subgroups of this size).
+// round), RH (heads per workgroup: each loaded row serves RH heads); SUBGROUP_SIZE (the pipeline
+// asks for full subgroups of this size).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (runtime/vulkan/kernels_attention.h).
@@ -41,11 +42,11 @@ const uint kDpl = 2u * ((kRow + 2u * SUBGROUP_SIZE - 1u) / (2u * SUBGROUP_SIZE))
 const uint kWpl = kDpl / 2u;                                              // words per lane
 const float kNegHuge = -3.0e38;                                           // "no score yet"
 
-shared float sg_m[NSG], sg_l[NSG];
-shared float sg_o[NSG * KV_LORA];
+shared float sg_m[NSG * RH], sg_l[NSG * RH];  // [subgroup][head]
+shared float sg_o[NSG * RH * KV_LORA];         // [subgroup][head][latent]
 
 void main() {
-  const uint chunk = gl_WorkGroupID.x, h = gl_WorkGroupID.y, qt = gl_WorkGroupID.z;
+  const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
   const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
   if (qt >= n_q) return;  // uniform
   const uint pos = step_words[args.pos_word] + qt;
@@ -53,87 +54,102 @@ void main() {
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max)) return;  // the other variant's
   const uint chunk_len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint begin = chunk * chunk_len;
-  if (begin >= kv_len || h >= N_HEAD) return;  // uniform
+  if (begin >= kv_len || head0 >= N_HEAD) return;  // uniform
   const uint end = min(kv_len, begin + chunk_len);
+  const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);  // heads past the last repeat it, unwritten
 
   const uint lane = gl_SubgroupInvocationID, g = gl_SubgroupID;
   const uint d0 = lane * kDpl;  // this lane's first value of a row
 
-  // The query's values d0 .. d0 + kDpl - 1, roped (pairs (R + 2k, R + 2k + 1); d0 is even) and
-  // scaled by kq_scale; zero past the row.
-  const uint q_base = (qt * N_HEAD + h) * kRow;
-  float qv[kDpl];
-  [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[i] = d0 + i < kRow ? q[q_base + d0 + i] * args.kq_scale : 0.0;
-  [[unroll]] for (uint i = 0; i < kDpl; i += 2u) {
-    const uint d = d0 + i;
-    if (d >= KV_LORA && d < kRow) {
-      const vec2 r = rope_rotate(vec2(qv[i], qv[i + 1u]), rope_cos_sin(pos, (d - KV_LORA) / 2u));
-      qv[i] = r.x;
-      qv[i + 1u] = r.y;
+  // Each head's query values d0 .. d0 + kDpl - 1, roped (pairs (R + 2k, R + 2k + 1); d0 is even)
+  // and scaled by kq_scale; zero past the row.
+  float qv[RH][kDpl];
+  [[unroll]] for (uint a = 0; a < RH; ++a) {
+    const uint q_base = (qt * N_HEAD + head0 + min(a, n_heads - 1u)) * kRow;
+    [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[a][i] = d0 + i < kRow ? q[q_base + d0 + i] * args.kq_scale : 0.0;
+    [[unroll]] for (uint i = 0; i < kDpl; i += 2u) {
+      const uint d = d0 + i;
+      if (d >= KV_LORA && d < kRow) {
+        const vec2 r = rope_rotate(vec2(qv[a][i], qv[a][i + 1u]), rope_cos_sin(pos, (d - KV_LORA) / 2u));
+        qv[a][i] = r.x;
+        qv[a][i + 1u] = r.y;
+      }
     }
   }
 
-  float m = kNegHuge, l = 0.0;
-  float o[kDpl];
-  [[unroll]] for (uint i = 0; i < kDpl; ++i) o[i] = 0.0;
+  float m[RH], l[RH];
+  float o[RH][kDpl];
+  [[unroll]] for (uint a = 0; a < RH; ++a) {
+    m[a] = kNegHuge;
+    l[a] = 0.0;
+    [[unroll]] for (uint i = 0; i < kDpl; ++i) o[a][i] = 0.0;
+  }
   for (uint j0 = begin + g * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
     // RB rows' words for this lane, all loads issued before any is used (rows past the chunk
-    // repeat its last row and are masked below).
+    // repeat its last row and are masked below); each row serves the RH heads.
     uint w[RB][kWpl];
     [[unroll]] for (uint b = 0; b < RB; ++b) {
       const uint row = min(j0 + b, end - 1u);
       [[unroll]] for (uint t = 0; t < kWpl; ++t)
         w[b][t] = d0 + 2u * t < kRow ? cache_w[row * kRowW + d0 / 2u + t] : 0u;
     }
-    float s[RB];
-    float m_new = m;
-    [[unroll]] for (uint b = 0; b < RB; ++b) {
-      float acc = 0.0;
-      [[unroll]] for (uint t = 0; t < kWpl; ++t) acc += dot(unpackHalf2x16(w[b][t]), vec2(qv[2u * t], qv[2u * t + 1u]));
-      s[b] = j0 + b < end ? subgroupAdd(acc) : kNegHuge;
-      m_new = max(m_new, s[b]);
-    }
-    const float alpha = exp(m - m_new);
-    float p[RB];
-    float psum = 0.0;
-    [[unroll]] for (uint b = 0; b < RB; ++b) {
-      p[b] = j0 + b < end ? exp(s[b] - m_new) : 0.0;
-      psum += p[b];
-    }
-    l = l * alpha + psum;
-    m = m_new;
-    [[unroll]] for (uint t = 0; t < kWpl; ++t) {
-      vec2 v = vec2(o[2u * t], o[2u * t + 1u]) * alpha;
-      [[unroll]] for (uint b = 0; b < RB; ++b) v += p[b] * unpackHalf2x16(w[b][t]);
-      o[2u * t] = v.x;
-      o[2u * t + 1u] = v.y;
+    [[unroll]] for (uint a = 0; a < RH; ++a) {
+      float s[RB];
+      float m_new = m[a];
+      [[unroll]] for (uint b = 0; b < RB; ++b) {
+        float acc = 0.0;
+        [[unroll]] for (uint t = 0; t < kWpl; ++t)
+          acc += dot(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]));
+        s[b] = j0 + b < end ? subgroupAdd(acc) : kNegHuge;
+        m_new = max(m_new, s[b]);
+      }
+      const float alpha = exp(m[a] - m_new);
+      float p[RB];
+      float psum = 0.0;
+      [[unroll]] for (uint b = 0; b < RB; ++b) {
+        p[b] = j0 + b < end ? exp(s[b] - m_new) : 0.0;
+        psum += p[b];
+      }
+      l[a] = l[a] * alpha + psum;
+      m[a] = m_new;
+      [[unroll]] for (uint t = 0; t < kWpl; ++t) {
+        vec2 v = vec2(o[a][2u * t], o[a][2u * t + 1u]) * alpha;
+        [[unroll]] for (uint b = 0; b < RB; ++b) v += p[b] * unpackHalf2x16(w[b][t]);
+        o[a][2u * t] = v.x;
+        o[a][2u * t + 1u] = v.y;
+      }
     }
   }
 
   // Combine the subgroups (a subgroup without rows has m = kNegHuge, l = 0, o = 0).
-  if (subgroupElect()) {
-    sg_m[g] = m;
-    sg_l[g] = l;
+  [[unroll]] for (uint a = 0; a < RH; ++a) {
+    if (subgroupElect()) {
+      sg_m[g * RH + a] = m[a];
+      sg_l[g * RH + a] = l[a];
+    }
+    [[unroll]] for (uint i = 0; i < kDpl; ++i)
+      if (d0 + i < KV_LORA) sg_o[(g * RH + a) * KV_LORA + d0 + i] = o[a][i];
   }
-  [[unroll]] for (uint i = 0; i < kDpl; ++i)
-    if (d0 + i < KV_LORA) sg_o[g * KV_LORA + d0 + i] = o[i];
   barrier();
-  float big = kNegHuge;
-  [[unroll]] for (uint k = 0; k < NSG; ++k) big = max(big, sg_m[k]);
-  float f[NSG];
-  [[unroll]] for (uint k = 0; k < NSG; ++k) f[k] = exp(sg_m[k] - big);
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
-  const uint o_base = p_base + (chunk * N_HEAD + h) * KV_LORA;
-  for (uint d = gl_LocalInvocationIndex; d < KV_LORA; d += NSG * SUBGROUP_SIZE) {
-    float acc = 0.0;
-    [[unroll]] for (uint k = 0; k < NSG; ++k) acc += f[k] * sg_o[k * KV_LORA + d];
-    partials[o_base + d] = acc;
-  }
-  if (gl_LocalInvocationIndex == 0u) {
-    float lsum = 0.0;
-    [[unroll]] for (uint k = 0; k < NSG; ++k) lsum += f[k] * sg_l[k];
-    const uint ml = p_base + args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + h) * 2u;
-    partials[ml] = big;
-    partials[ml + 1u] = lsum;
+  for (uint a = 0; a < n_heads; ++a) {  // uniform
+    float big = kNegHuge;
+    [[unroll]] for (uint k = 0; k < NSG; ++k) big = max(big, sg_m[k * RH + a]);
+    float f[NSG];
+    [[unroll]] for (uint k = 0; k < NSG; ++k) f[k] = exp(sg_m[k * RH + a] - big);
+    const uint h = head0 + a;
+    const uint o_base = p_base + (chunk * N_HEAD + h) * KV_LORA;
+    for (uint d = gl_LocalInvocationIndex; d < KV_LORA; d += NSG * SUBGROUP_SIZE) {
+      float acc = 0.0;
+      [[unroll]] for (uint k = 0; k < NSG; ++k) acc += f[k] * sg_o[(k * RH + a) * KV_LORA + d];
+      partials[o_base + d] = acc;
+    }
+    if (gl_LocalInvocationIndex == 0u) {
+      float lsum = 0.0;
+      [[unroll]] for (uint k = 0; k < NSG; ++k) lsum += f[k] * sg_l[k * RH + a];
+      const uint ml = p_base + args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + h) * 2u;
+      partials[ml] = big;
+      partials[ml + 1u] = lsum;
+    }
   }
 }

@@ -249,8 +249,10 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   // 202.1 tok/s, 10 heads 199.8, one kernel of 20 heads 192.4).
   const uint32_t quarter = std::max(4u, ceil_div(heads_per_group_, 4));
   if (tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group && ctx.pipelines().use_subgroup()) {
-    // One head per workgroup, the chunk's rows over its subgroups (attention_rows.comp).
-    short_heads_ = 1;
+    // Few heads per workgroup (default one), the chunk's rows over its subgroups (attention_rows.comp).
+    const uint32_t rh = tuning.rows_heads ? std::min(tuning.rows_heads, shape.n_head) : 1u;
+    if (rh > 4) usage_error("attention rows kernel: ", rh, " heads per workgroup outside 1..4");
+    short_heads_ = rh;
     short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultRowsMaxKv;
     PipelineDesc pr;
     pr.name = "attention_rows";
@@ -258,12 +260,12 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     const uint32_t nsg = tuning.rows_subgroups ? tuning.rows_subgroups : kRowsSubgroups;
     const uint32_t rb = tuning.rows_round ? tuning.rows_round : kRowsPerRound;
     if (nsg > 16 || rb > 8) usage_error("attention rows kernel: ", nsg, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
-    const uint64_t shared_bytes = uint64_t(nsg) * (shape.kv_lora + 2) * 4;  // the subgroups' (m, l, o)
+    const uint64_t shared_bytes = uint64_t(nsg) * rh * (shape.kv_lora + 2) * 4;  // the subgroups' (m, l, o)
     if (shared_bytes > info.max_compute_shared_memory || nsg * info.subgroup_size > info.max_compute_workgroup_invocations)
       usage_error("attention rows kernel: ", nsg, " subgroups need ", shared_bytes, " bytes of shared memory and ",
                   nsg * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
                   info.max_compute_workgroup_invocations);
-    pr.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}});
+    pr.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", std::to_string(rh)}});
     pr.num_buffers = 4;
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);
     pr.full_subgroups = true;

@@ -242,12 +242,13 @@ vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads) {
 // The short variant as attention_rows.comp (one head per workgroup, rows over its subgroups) up
 // to `max_kv`, on a given chunking.
 vk::AttentionTuning rows_variant(uint32_t max_kv, uint32_t n_groups = 0, uint32_t min_chunk = 0, uint32_t tile = 0,
-                                 uint32_t subgroups = 0, uint32_t round = 0) {
+                                 uint32_t subgroups = 0, uint32_t round = 0, uint32_t heads = 0) {
   vk::AttentionTuning t = tuning(n_groups, min_chunk, 0, tile);
   t.short_max_kv = max_kv;
   t.short_rows = true;
   t.rows_subgroups = subgroups;
   t.rows_round = round;
+  t.rows_heads = heads;
   return t;
 }
 
@@ -280,7 +281,10 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{3, 64, 16, kGlmRope, {1, 7, 100, 1000}, rows_variant(1000, 5, 16, 4), 2.f},
         AttnCase{33, 64, 16, kYarnRope, {1, 33, 200}, rows_variant(4096), 8.f},
         // 3 subgroups loading 3 rows per round: 9 rows per round against chunks of 16
-        AttnCase{20, 512, 64, kGlmRope, {1, 9, 10, 16, 17, 500}, rows_variant(500, 0, 0, 0, 3, 3), 2.f}),
+        AttnCase{20, 512, 64, kGlmRope, {1, 9, 10, 16, 17, 500}, rows_variant(500, 0, 0, 0, 3, 3), 2.f},
+        // 3 heads per workgroup (20 = 6 x 3 + 2: the last group short) and 2 of 16 heads
+        AttnCase{20, 512, 64, kYarnRope, {1, 17, 100, 700}, rows_variant(700, 0, 0, 0, 0, 0, 3), 2.f},
+        AttnCase{16, 512, 64, kGlmRope, {2, 64, 300}, rows_variant(4096, 5, 16, 0, 2, 4, 2), 3.f}),
     [](const auto& info) {
       return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
@@ -420,6 +424,10 @@ TEST(AttentionShapeTest, RowsKernelRefusesWhatTheDeviceCannotHold) {
   t.rows_subgroups = 4;
   t.rows_round = 9;
   EXPECT_THROW(vk::AttentionOp(*gpu().ctx, shape, t), Error);
+  t.rows_round = 0;
+  t.rows_heads = 5;
+  EXPECT_THROW(vk::AttentionOp(*gpu().ctx, shape, t), Error);
+  t.rows_heads = 0;
   t.rows_round = 0;
   t.rows_subgroups = 16;
   const vk::DeviceInfo& info = gpu().ctx->info();

@@ -7,10 +7,19 @@
 // recomputes M and the weights of its head (n_groups <= MAX_GROUPS values); thread (column,
 // lane) sums the chunks lane, lane + LANES, ... of its column, and the LANES sums are added.
 //
+// MERGE_SG (subgroup arithmetic): every thread folds its chunks' (m, l) into a running (max, sum),
+// the subgroups combine theirs through shared memory (one barrier), and each (column, lane) thread
+// weighs its chunks' o by exp(m_c - M) read beside them: two barriers in all, and the first
+// chunk's loads are issued before the reduction. Without it: shared-memory tree reductions.
+//
 // Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), COLS, LANES (COLS*LANES
-// a power of two), MAX_GROUPS (>= n_groups).
+// a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full subgroups).
 #extension GL_GOOGLE_include_directive : require
 #include "attention_args.h"
+#if MERGE_SG
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
 
 #define WG (COLS * LANES)
 layout(local_size_x = WG) in;
@@ -22,8 +31,12 @@ layout(std430, binding = 2) writeonly restrict buffer Out { float olat[]; };  //
 
 layout(push_constant) uniform Push { AttnMergeArgs args; };
 
-shared float weights[MAX_GROUPS];
 shared float reduce_buf[WG];
+#if MERGE_SG
+shared float sg_max[WG / SUBGROUP_SIZE], sg_sum[WG / SUBGROUP_SIZE];
+#else
+shared float weights[MAX_GROUPS];
+#endif
 
 void main() {
   const uint tid = gl_LocalInvocationID.x;
@@ -36,7 +49,42 @@ void main() {
   const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
   const uint ml_base = p_base + args.n_groups * N_HEAD * KV_LORA;
+  const uint col = tid % COLS, lane = tid / COLS;
+  const uint r = gl_WorkGroupID.x * COLS + col;
 
+#if MERGE_SG
+  // This (column, lane)'s first chunk, loaded before the reduction (it does not depend on it).
+  const bool has_first = r < KV_LORA && lane < n_chunks;
+  const float o_first = has_first ? partials[p_base + (lane * N_HEAD + head) * KV_LORA + r] : 0.0;
+  const float m_first = has_first ? partials[ml_base + (lane * N_HEAD + head) * 2] : 0.0;
+  // (max, sum of l scaled to it) over this thread's chunks, then the subgroup's, then all.
+  float mx = -3.0e38, lsum = 0.0;
+  for (uint c = tid; c < n_chunks; c += WG) {
+    const uint ml = ml_base + (c * N_HEAD + head) * 2;
+    const float m_c = partials[ml], l_c = partials[ml + 1];
+    const float m_new = max(mx, m_c);
+    lsum = lsum * exp(mx - m_new) + l_c * exp(m_c - m_new);
+    mx = m_new;
+  }
+  const float sg_m = subgroupMax(mx);
+  const float sg_l = subgroupAdd(lsum * exp(mx - sg_m));
+  if (subgroupElect()) {
+    sg_max[gl_SubgroupID] = sg_m;
+    sg_sum[gl_SubgroupID] = sg_l;
+  }
+  barrier();
+  float m_all = -3.0e38;
+  for (uint s = 0; s < WG / SUBGROUP_SIZE; ++s) m_all = max(m_all, sg_max[s]);
+  float l_all = 0.0;
+  for (uint s = 0; s < WG / SUBGROUP_SIZE; ++s) l_all += sg_sum[s] * exp(sg_max[s] - m_all);
+  const float inv_l = 1.0 / l_all;
+
+  float o = has_first ? exp(m_first - m_all) * o_first : 0.0;
+  if (r < KV_LORA) {
+    for (uint c = lane + LANES; c < n_chunks; c += LANES)
+      o += exp(partials[ml_base + (c * N_HEAD + head) * 2] - m_all) * partials[p_base + (c * N_HEAD + head) * KV_LORA + r];
+  }
+#else
   float mx = -3.0e38;
   for (uint c = tid; c < n_chunks; c += WG) mx = max(mx, partials[ml_base + (c * N_HEAD + head) * 2]);
   reduce_buf[tid] = mx;
@@ -64,12 +112,11 @@ void main() {
   const float inv_l = 1.0 / reduce_buf[0];
   barrier();
 
-  const uint col = tid % COLS, lane = tid / COLS;
-  const uint r = gl_WorkGroupID.x * COLS + col;
   float o = 0.0;
   if (r < KV_LORA) {
     for (uint c = lane; c < n_chunks; c += LANES) o += weights[c] * partials[p_base + (c * N_HEAD + head) * KV_LORA + r];
   }
+#endif
   reduce_buf[tid] = o;
   barrier();
   if (lane == 0 && r < KV_LORA) {

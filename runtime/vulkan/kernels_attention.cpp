@@ -293,8 +293,12 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   PipelineDesc m;
   m.name = "attention_merge";
   m.file = "attention_merge.comp";
+  const bool merge_sg = tuning.merge_subgroup && ctx.pipelines().use_subgroup() &&
+                        (kMergeColumns * kMergeLanes) % info.subgroup_size == 0;
+  m.full_subgroups = merge_sg;
   m.defines = merged(common, {{"COLS", std::to_string(kMergeColumns)},
                               {"LANES", std::to_string(kMergeLanes)},
+                              {"MERGE_SG", merge_sg ? "1" : "0"},
                               {"MAX_GROUPS", std::to_string(kMaxGroups)}});
   m.num_buffers = 3;
   m.push_bytes = sizeof(gpu::AttnMergeArgs);

@@ -152,6 +152,9 @@ struct AttentionTuning {
   uint32_t rows_subgroups = 0;  // attention_rows.comp: subgroups per workgroup, 1..16; auto 4
   uint32_t rows_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   uint32_t rows_heads = 0;      // heads per workgroup (each loaded row serves them all), 1..4; auto 1
+  // The merge with subgroup reductions (attention_merge.comp MERGE_SG: 2 barriers instead of ~18)
+  // where the device has subgroup arithmetic.
+  bool merge_subgroup = true;
 };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).

@@ -231,6 +231,13 @@ vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads
   return t;
 }
 
+// The merge with shared-memory tree reductions (the path of devices without subgroup arithmetic).
+vk::AttentionTuning tree_merge(uint32_t n_groups, uint32_t min_chunk) {
+  vk::AttentionTuning t = tuning(n_groups, min_chunk);
+  t.merge_subgroup = false;
+  return t;
+}
+
 // The short-context variant (fewer heads per workgroup) up to kv_len `max_kv`, then the long one.
 vk::AttentionTuning short_variant(uint32_t max_kv, uint32_t heads) {
   vk::AttentionTuning t;
@@ -284,7 +291,9 @@ INSTANTIATE_TEST_SUITE_P(
         AttnCase{20, 512, 64, kGlmRope, {1, 9, 10, 16, 17, 500}, rows_variant(500, 0, 0, 0, 3, 3), 2.f},
         // 3 heads per workgroup (20 = 6 x 3 + 2: the last group short) and 2 of 16 heads
         AttnCase{20, 512, 64, kYarnRope, {1, 17, 100, 700}, rows_variant(700, 0, 0, 0, 0, 0, 3), 2.f},
-        AttnCase{16, 512, 64, kGlmRope, {2, 64, 300}, rows_variant(4096, 5, 16, 0, 2, 4, 2), 3.f}),
+        AttnCase{16, 512, 64, kGlmRope, {2, 64, 300}, rows_variant(4096, 5, 16, 0, 2, 4, 2), 3.f},
+        // the tree-reduction merge, many chunks (37 groups) and few
+        AttnCase{20, 512, 64, kGlmRope, {1, 7, 100, 1000, 5000}, tree_merge(37, 16), 2.f}),
     [](const auto& info) {
       return "H" + std::to_string(info.param.n_head) + "_R" + std::to_string(info.param.kv_lora) + "_Dr" +
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);

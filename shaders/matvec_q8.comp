@@ -110,20 +110,6 @@ shared float team_partial[WG_SIZE];
 #endif
 
 void main() {
-  const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
-  if (row0 >= args.rows) return;  // uniform per workgroup
-  const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
-
-#if USE_SUBGROUP
-  const uint team = gl_SubgroupID, lane = gl_SubgroupInvocationID, nlanes = gl_SubgroupSize;
-#else
-  const uint team = gl_LocalInvocationIndex / THREADS_PER_ROW, lane = gl_LocalInvocationIndex % THREADS_PER_ROW;
-  const uint nlanes = THREADS_PER_ROW;
-#endif
-  const uint row = row0 + team * NUM_ROWS;
-  const uint nvalid = row < row_end ? min(NUM_ROWS, row_end - row) : 0u;
-  const uint nb = args.cols / 32u;
-
   // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
   float scale[NUM_COLS];
 #if NORM_INPUT
@@ -140,6 +126,19 @@ void main() {
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif
+  const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
+  if (row0 >= args.rows) return;  // uniform per workgroup
+  const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
+
+#if USE_SUBGROUP
+  const uint team = gl_SubgroupID, lane = gl_SubgroupInvocationID, nlanes = gl_SubgroupSize;
+#else
+  const uint team = gl_LocalInvocationIndex / THREADS_PER_ROW, lane = gl_LocalInvocationIndex % THREADS_PER_ROW;
+  const uint nlanes = THREADS_PER_ROW;
+#endif
+  const uint row = row0 + team * NUM_ROWS;
+  const uint nvalid = row < row_end ? min(NUM_ROWS, row_end - row) : 0u;
+  const uint nb = args.cols / 32u;
 
   float acc[NUM_ROWS][NUM_COLS];
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {

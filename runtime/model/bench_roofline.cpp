@@ -144,33 +144,24 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   without.end();
   r.submit_us = median_run_us(empty, runs);
   r.dispatch_us = std::max(0.0, (median_run_us(without, runs) - r.submit_us) / n);
-  // The same with a barrier after each dispatch, per barrier scope.
-  const auto with_barriers_us = [&](vk::BarrierScope scope) {
+  // The same with a barrier after each dispatch of `groups` workgroups, per barrier scope.
+  const auto with_barriers_us = [&](vk::BarrierScope scope, uint32_t groups) {
     vk::CommandRecorder rec(ctx, vk::RecorderOptions{.barrier_scope = scope});
     rec.begin();
     for (uint32_t i = 0; i < n; ++i) {
-      rec.dispatch(tiny, bufs, tiny_args, 1, 1, 1, "roofline.tiny", 4);
+      rec.dispatch(tiny, bufs, tiny_args, groups, 1, 1, "roofline.tiny", 4);
       rec.barrier();
     }
     rec.end();
     return std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
   };
-  r.dispatch_barrier_us = with_barriers_us(vk::BarrierScope::Full);
-  r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute);
-  r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly);
+  r.dispatch_barrier_us = with_barriers_us(vk::BarrierScope::Full, 1);
+  r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute, 1);
+  r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly, 1);
 
   // Dependent dispatches of kWideGroups workgroups: through barriers, then through counters.
   r.wide_groups = std::min<uint32_t>(kWideGroups, info.max_workgroup_count[0]);
-  {
-    vk::CommandRecorder rec(ctx);
-    rec.begin();
-    for (uint32_t i = 0; i < n; ++i) {
-      rec.dispatch(tiny, bufs, tiny_args, r.wide_groups, 1, 1, "roofline.tiny", 4);
-      rec.barrier();
-    }
-    rec.end();
-    r.dispatch_barrier_wide_us = std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
-  }
+  r.dispatch_barrier_wide_us = with_barriers_us(vk::BarrierScope::Full, r.wide_groups);
   vk::Buffer counters = pool.create_buffer(uint64_t(n + 1) * 4, "roofline counters");
   vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
   vk::Buffer flag = host_pool.create_buffer(16, "roofline chain flag");

@@ -128,8 +128,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), barrier=0|1|2 (the decode step's "
-                 "barrier scope: full, compute, compute only) (any subset)");
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), barrier=0|1|2 (the barrier "
+                 "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");

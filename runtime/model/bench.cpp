@@ -332,8 +332,8 @@ BenchReport run_bench(const BenchOptions& o) {
     h.weight_bytes_per_token = model.stats().weight_bytes;
     h.activations = model.stats().int8_activations ? "int8 (Q4_0/Q8_0/Q4_K/Q6_K matvecs and experts)" : "f32";
     if (model.config().n_expert > 0) h.router = model.stats().fused_router ? "fused" : "dispatch";
-    if (o.barrier_scope != vk::BarrierScope::Full)
-      h.barrier_scope = o.barrier_scope == vk::BarrierScope::Compute ? "compute (--tune barrier=1)" : "compute only (--tune barrier=2)";
+    if (o.barrier_scope != vk::BarrierScope::ComputeOnly)  // said where it is not the default
+      h.barrier_scope = o.barrier_scope == vk::BarrierScope::Compute ? "compute (--tune barrier=1)" : "full (--tune barrier=0)";
     h.prefill_chunk = model.prefill_stats().chunk;
     h.prefill_dispatches = model.prefill_stats().dispatches;
     h.prefill_barriers = model.prefill_stats().barriers;

@@ -20,9 +20,10 @@ constexpr uint32_t kMaxGroups = 1024;   // MAX_GROUPS of attention_merge (shared
 constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (measured best of 132/264/528)
 // Contexts up to this run the short variant. attention_partial.comp with a quarter of the heads:
 // 1024 (it loses past that); attention_rows.comp (H100, GLM, tg128 at depth 4096: 170.0 tok/s vs
-// 161.6 with the 20-head kernel there) 4096, the deepest context measured.
+// 161.6 with the 20-head kernel there); at depth 8192 too (149.7 vs 139.4 tok/s with the 20-head
+// kernel): 16384.
 constexpr uint32_t kDefaultShortMaxKv = 1024;
-constexpr uint32_t kDefaultRowsMaxKv = 4096;
+constexpr uint32_t kDefaultRowsMaxKv = 16384;
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8

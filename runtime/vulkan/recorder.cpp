@@ -191,15 +191,23 @@ void CommandRecorder::barrier() {
   ++barriers_;
 }
 
+void CommandRecorder::require_transfer_allowed(const char* what) const {
+  require_recording(what);
+  if (options_.barrier_scope == BarrierScope::ComputeOnly && !dispatches_.empty())
+    runtime_error(what, " after a dispatch in a recording with compute-only barriers (BarrierScope::ComputeOnly): "
+                  "those barriers do not order transfers after compute work; record transfers first or use "
+                  "BarrierScope::Compute");
+}
+
 void CommandRecorder::fill(BufferSlice dst, uint32_t value) {
-  require_recording("fill");
+  require_transfer_allowed("fill");
   if (dst.size % 4 != 0 || dst.offset % 4 != 0) runtime_error("fill: offset and size must be multiples of 4");
   vkCmdFillBuffer(cmd_, dst.buffer, dst.offset, dst.size, value);
   transfer_since_barrier_ = true;
 }
 
 void CommandRecorder::copy(BufferSlice src, BufferSlice dst) {
-  require_recording("copy");
+  require_transfer_allowed("copy");
   if (src.size != dst.size) runtime_error("copy: source has ", src.size, " bytes, destination ", dst.size);
   VkBufferCopy region{src.offset, dst.offset, src.size};
   vkCmdCopyBuffer(cmd_, src.buffer, dst.buffer, 1, &region);

@@ -242,12 +242,15 @@ TEST(BenchCli, TuneRouterChoosesTheRouterPath) {
   EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune router=2").rc, 1);
 }
 
-// --tune barrier=N narrows the decode step's barriers (said in the header).
+// --tune barrier=N widens the barriers from the default compute-only scope (said in the header).
 TEST(BenchCli, TuneBarrierScope) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=2");
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 4 -n 2 -r 1 --tune barrier=0");
   ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("barriers:   compute only"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("barriers:   full"), std::string::npos) << r.out;
+  const RunResult c = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=1");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  EXPECT_NE(c.out.find("barriers:   compute ("), std::string::npos) << c.out;
   const RunResult d = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1");
   ASSERT_EQ(d.rc, 0) << d.out;
   EXPECT_EQ(d.out.find("barriers:   "), std::string::npos) << d.out;

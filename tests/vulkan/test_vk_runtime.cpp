@@ -335,5 +335,46 @@ TEST(VkRecorder, FillCopyAndBindingChecks) {
   EXPECT_THROW(rec.end(), Error);  // not recording
 }
 
+// Compute-only barriers (the model's default) cannot order a transfer after compute work: the
+// recorder accepts fills and copies before the first dispatch and refuses them after it.
+TEST(VkRecorder, ComputeOnlyScopeRefusesTransfersAfterDispatches) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  vk::Buffer a = vktest::make_buffer(g, 1024, "a");
+  vk::Buffer b = vktest::make_buffer(g, 1024, "b", /*host_visible=*/true);
+  vk::CommandRecorder rec(*g.ctx, {.barrier_scope = vk::BarrierScope::ComputeOnly});
+  rec.begin();
+  rec.fill(a.whole(), 0x40000000u);  // 2.0f
+  rec.fill(b.whole(), 0);
+  rec.barrier();
+  vk::RmsNormOp n;  // b[0:16] = rmsnorm(a[0:16]) * a[0:16] = 1 * 2
+  n.x = a.slice(0, 64);
+  n.weight = a.slice(0, 64);
+  n.y = b.slice(0, 64);
+  n.n = 16;
+  n.record(rec);
+  rec.barrier();
+  try {
+    rec.fill(b.whole(), 0);
+    ADD_FAILURE() << "fill after a dispatch was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("compute-only barriers"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(rec.copy(a.slice(0, 512), b.slice(512, 512)), Error);
+  rec.end();
+  rec.run();
+  std::vector<float> got(32);
+  b.read(0, got.data(), got.size() * 4);
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], i < 16 ? 2.f : 0.f, 1e-5) << i;
+
+  // The other scopes take transfers anywhere.
+  vk::CommandRecorder full(*g.ctx, {.barrier_scope = vk::BarrierScope::Compute});
+  full.begin();
+  n.record(full);
+  full.barrier();
+  full.fill(b.whole(), 0);
+  full.end();
+}
+
 }  // namespace
 }  // namespace tessera

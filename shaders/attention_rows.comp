@@ -13,12 +13,24 @@
 // Where attention_partial.comp loads a tile into shared memory and passes six barriers per tile,
 // this one waits for one round of loads per RB rows and subgroup.
 //
+// MERGE_TAIL (the decode step's variant): the merge of attention_merge.comp folded in, so the
+// step needs no merge dispatch and no barrier before it. After writing its partials, each
+// workgroup makes them visible device-wide and counts itself in its head group's arrival counter;
+// the one that arrives last (the n_chunks-th) resets the counter to zero for the next dispatch and
+// merges every chunk's partials of its heads into olat:
+//   M = max_c m_c,  L = sum_c exp(m_c - M) l_c,  olat[h*R + d] = sum_c exp(m_c - M) o_c[h][d] / L
+// The counters start at zero (the owner fills them once) and every dispatch leaves them at zero.
+// One query only (the decode step).
+//
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
 // round), RH (heads per workgroup: each loaded row serves RH heads); SUBGROUP_SIZE (the pipeline
 // asks for full subgroups of this size).
+// asks for full subgroups of this size); MERGE_TAIL (0/1; 1 needs NSG*RH*R >= n_groups floats of
+// shared memory for the chunk weights).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
-// words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
+// words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
+// MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (runtime/vulkan/kernels_attention.h).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -26,13 +38,23 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "attention_args.h"
 #include "rope.glsl"
+#ifndef MERGE_TAIL
+#define MERGE_TAIL 0
+#endif
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
 layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
+#if MERGE_TAIL
+// Written by every workgroup, read back by the last one: coherent (no stale L1 lines).
+layout(std430, binding = 3) coherent restrict buffer Partials { float partials[]; };
+layout(std430, binding = 4) coherent restrict buffer Arrivals { uint arrivals[]; };
+layout(std430, binding = 5) writeonly restrict buffer Out { float olat[]; };
+#else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
+#endif
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
@@ -43,7 +65,45 @@ const uint kWpl = kDpl / 2u;                                              // wor
 const float kNegHuge = -3.0e38;                                           // "no score yet"
 
 shared float sg_m[NSG * RH], sg_l[NSG * RH];  // [subgroup][head]
-shared float sg_o[NSG * RH * KV_LORA];         // [subgroup][head][latent]
+shared float sg_o[NSG * RH * KV_LORA];         // [subgroup][head][latent]; MERGE_TAIL: then chunk weights
+#if MERGE_TAIL
+shared bool tail_last;  // this workgroup arrived last for its head group
+
+// The merge of every chunk's partials of head h into olat (the last workgroup of the head group):
+// the (m, l) pairs folded per thread, per subgroup and over the subgroups; the chunk weights
+// exp(m_c - M) in shared memory; each thread sums whole columns over the chunks.
+void merge_head(uint h, uint n_chunks) {
+  const uint tid = gl_LocalInvocationIndex, g = gl_SubgroupID;
+  const uint o_all = args.n_groups * N_HEAD * KV_LORA;  // where the (m, l) pairs begin
+  float mx = kNegHuge, ls = 0.0;
+  for (uint c = tid; c < n_chunks; c += NSG * SUBGROUP_SIZE) {
+    const float m_c = partials[o_all + (c * N_HEAD + h) * 2u], l_c = partials[o_all + (c * N_HEAD + h) * 2u + 1u];
+    const float m_new = max(mx, m_c);
+    ls = ls * exp(mx - m_new) + l_c * exp(m_c - m_new);
+    mx = m_new;
+  }
+  const float sm = subgroupMax(mx);
+  const float sl = subgroupAdd(ls * exp(mx - sm));
+  if (subgroupElect()) {
+    sg_m[g] = sm;
+    sg_l[g] = sl;
+  }
+  barrier();
+  float big = kNegHuge;
+  [[unroll]] for (uint k = 0; k < NSG; ++k) big = max(big, sg_m[k]);
+  float lsum = 0.0;
+  [[unroll]] for (uint k = 0; k < NSG; ++k) lsum += sg_l[k] * exp(sg_m[k] - big);
+  for (uint c = tid; c < n_chunks; c += NSG * SUBGROUP_SIZE) sg_o[c] = exp(partials[o_all + (c * N_HEAD + h) * 2u] - big);
+  barrier();
+  const float inv_l = 1.0 / lsum;
+  for (uint d = tid; d < KV_LORA; d += NSG * SUBGROUP_SIZE) {
+    float acc = 0.0;
+    for (uint c = 0; c < n_chunks; ++c) acc += sg_o[c] * partials[(c * N_HEAD + h) * KV_LORA + d];
+    olat[h * KV_LORA + d] = acc * inv_l;
+  }
+  barrier();  // sg_m, sg_l, sg_o are reused by the next head
+}
+#endif
 
 void main() {
   const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
@@ -152,4 +212,18 @@ void main() {
       partials[ml + 1u] = lsum;
     }
   }
+#if MERGE_TAIL
+  memoryBarrierBuffer();  // this invocation's partials visible device-wide before the arrival
+  barrier();
+  const uint n_chunks = ts_attn_num_chunks(kv_len, args.n_groups, args.min_chunk, TILE);
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint before = atomicAdd(arrivals[gl_WorkGroupID.y], 1u);
+    tail_last = before + 1u == n_chunks;
+    if (tail_last) atomicExchange(arrivals[gl_WorkGroupID.y], 0u);  // every chunk has arrived
+  }
+  barrier();
+  if (!tail_last) return;  // uniform
+  memoryBarrierBuffer();
+  for (uint a = 0; a < n_heads; ++a) merge_head(head0 + a, n_chunks);  // uniform
+#endif
 }

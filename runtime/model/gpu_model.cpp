@@ -50,6 +50,7 @@ struct GpuModel::Weights {
   vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
+  vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
@@ -104,26 +105,25 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   plan_and_upload(file);
   rec_ = std::make_unique<vk::CommandRecorder>(
       ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
-  // Zero the sampler's scratch once (its arrival counter must start at 0).
+  // Zero the sampler's scratch once (its arrival counter must start at 0), the router's arrival
+  // counter (layers without the fold) and the attention's merge-tail counters.
   rec_->begin();
   rec_->fill(w_->sample_scratch.whole(), 0);
-  rec_->fill(w_->route.whole(), 0);  // the router's arrival counter (layers without the fold)
+  rec_->fill(w_->route.whole(), 0);
+  rec_->fill(w_->attn_arrivals.whole(), 0);
   rec_->end();
   rec_->run();
-  rec_->begin();
-  record_step(*rec_, n_ctx_);
-  rec_->end();
+  record_steps();
   // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding, the output
-  // norm, the head and the sampler. The short-context attention variant costs one dispatch per
-  // layer (none when idle, but counted); where it would break the budget (the factored file of a
-  // q-LoRA model with the router dispatch; with the router fold it fits: 12), it goes.
-  if (rec_->dispatch_count() > kMaxDispatchesPerLayer * config_.n_layer + kStepDispatches && attn_->short_max_kv()) {
+  // norm, the head and the sampler. Where a recording would break it with the short-context
+  // attention variant (whose merge is folded in, so it should not), that variant goes.
+  const uint32_t budget = kMaxDispatchesPerLayer * config_.n_layer + kStepDispatches;
+  const uint32_t most = std::max(rec_->dispatch_count(), rec_long_ ? rec_long_->dispatch_count() : 0u);
+  if (most > budget && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
-    rec_->begin();
-    record_step(*rec_, n_ctx_);
-    rec_->end();
+    record_steps();
   }
   stats_.dispatches = rec_->dispatch_count();
   stats_.barriers = rec_->barrier_count();
@@ -131,9 +131,29 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   if (options_.prefill_chunk) create_prefill();
 }
 
+void GpuModel::record_steps() {
+  // One recording per attention range (AttentionOp::decode_range): the short one up to
+  // short_max_kv positions, the long one above where the context reaches that far.
+  const uint32_t short_max = attn_->short_max_kv();
+  rec_->begin();
+  record_step(*rec_, short_max ? std::min(n_ctx_, short_max) : n_ctx_);
+  rec_->end();
+  rec_long_.reset();
+  if (short_max && n_ctx_ > short_max) {
+    rec_long_ = std::make_unique<vk::CommandRecorder>(
+        ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
+    const DecodeStats keep = stats_;
+    rec_long_->begin();
+    record_step(*rec_long_, n_ctx_);
+    rec_long_->end();
+    stats_ = keep;  // the stats describe the short-context recording
+  }
+}
+
 GpuModel::~GpuModel() {
   prefill_.reset();
   prof_rec_.reset();
+  rec_long_.reset();
   rec_.reset();
   xfer_.reset();
   w_.reset();
@@ -202,6 +222,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.partials, "attention partials", probe.partials_bytes()},
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
       {&w.prefetch_sink, "prefetch sink", 16},
+      {&w.attn_arrivals, "attention arrival counters", std::max<uint64_t>(probe.arrivals_bytes(), 16)},
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
   };
 
@@ -357,7 +378,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     rec.barrier();
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
-                       w.olat.whole(), "attention " + L);
+                       w.attn_arrivals.whole(), w.olat.whole(), attn.decode_range(profile_kv_len), "attention " + L);
     {
       std::vector<vk::BufferSlice> spans;
       if (options_.prefetch & kPrefetchAttnOut) {
@@ -522,7 +543,10 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
   return lm.w.read_bytes();
 }
 
-void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(*rec_, token, pos); }
+void GpuModel::run_step(int32_t token, uint32_t pos) {
+  const bool long_range = rec_long_ && attn_->decode_range(pos + 1) == vk::DecodeRange::Long;
+  run_step(long_range ? *rec_long_ : *rec_, token, pos);
+}
 
 void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   if (pos >= n_ctx_)

@@ -163,7 +163,10 @@ class GpuModel : public LanguageModel {
   vk::BufferSlice kv_cache(uint32_t layer) const;
 
   void plan_and_upload(const TsrFile& file);
+  // The decode step for contexts of profile_kv_len's attention range (AttentionOp::decode_range),
+  // its declared bytes for that length; record_steps: rec_ (and rec_long_) from attn_.
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
+  void record_steps();
   // Whether MoE layer `layer` takes the router fold (options, device, router shape).
   bool fold_router(uint32_t layer) const;
   void run_step(int32_t token, uint32_t pos);
@@ -183,7 +186,8 @@ class GpuModel : public LanguageModel {
   std::unique_ptr<vk::MemoryPool> local_, host_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<vk::AttentionOp> attn_;           // the decode attention (its variant counts: write_step)
-  std::unique_ptr<vk::CommandRecorder> rec_;
+  std::unique_ptr<vk::CommandRecorder> rec_;       // the step for the short attention range (or every context)
+  std::unique_ptr<vk::CommandRecorder> rec_long_;  // the step for contexts past short_max_kv (or null)
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
   std::unique_ptr<Prefill, PrefillDeleter> prefill_;

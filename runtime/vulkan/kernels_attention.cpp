@@ -271,6 +271,15 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);
     pr.full_subgroups = true;
     partial_short_ = &ctx.pipeline(pr);
+    // The decode step's variant with the merge folded in: its chunk weights live in the
+    // subgroups' o arrays, which must hold one per workgroup along the context.
+    if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= n_groups_) {
+      PipelineDesc pt = pr;
+      pt.name = "attention_rows.merge";
+      pt.defines = merged(pr.defines, {{"MERGE_TAIL", "1"}});
+      pt.num_buffers = 6;
+      partial_short_tail_ = &ctx.pipeline(pt);
+    }
   }
   const uint32_t short_heads = !tuning.short_variant         ? 0
                                : tuning.short_heads_per_group ? std::min(tuning.short_heads_per_group, heads_per_group_)
@@ -385,36 +394,51 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
 }
 
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
-                                uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice olat,
-                                std::string_view label) const {
-  if (!partial_short_) {
-    record(rec, q, cache, step, pos_word, partials, olat, label);
-    return;
-  }
+                                uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
+                                BufferSlice olat, DecodeRange range, std::string_view label) const {
   const std::string what = std::string(label) + " partial";
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
   check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
+  const bool short_range = range == DecodeRange::Short;
+  if (short_range && !partial_short_) runtime_error(what, ": no short-context variant to record");
+  const uint64_t bytes = partial_bytes(profile_kv_len_);
+  // The kv bounds stay: a workgroup run for the wrong range (bad counts) still does nothing.
+  const gpu::AttnPartialArgs args = partial_args(pos_word, TS_ATTN_NO_COUNT,
+                                                 !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long);
+  const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
+  if (merge_folded(range)) {
+    if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
+    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+      runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
+    rec.dispatch_indirect(*partial_short_tail_, b, &args, sizeof args, slot, what + " short+merge",
+                          bytes + merge_bytes(profile_kv_len_));
+    return;
+  }
   const BufferSlice b[] = {q, cache, step, partials};
-  // The kv bounds stay: a workgroup of the wrong variant (bad counts) still does nothing.
-  const bool short_ctx = profile_kv_len_ <= short_max_kv_;
-  const gpu::AttnPartialArgs sargs = partial_args(pos_word, TS_ATTN_NO_COUNT, Variant::Short);
-  const gpu::AttnPartialArgs largs = partial_args(pos_word, TS_ATTN_NO_COUNT, Variant::Long);
-  rec.dispatch_indirect(*partial_short_, b, &sargs, sizeof sargs, counts.sub(0, 12), what + " short",
-                        short_ctx ? partial_bytes(profile_kv_len_) : 0);
-  rec.dispatch_indirect(*partial_, b, &largs, sizeof largs, counts.sub(12, 12), what,
-                        short_ctx ? 0 : partial_bytes(profile_kv_len_));
+  rec.dispatch_indirect(short_range ? *partial_short_ : *partial_, b, &args, sizeof args, slot,
+                        short_range ? what + " short" : what, bytes);
   rec.barrier();
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
 }
 
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
-  const bool use_short = partial_short_ && kv_len <= short_max_kv_;
-  const uint32_t s[3] = {use_short ? n_groups_ : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
-  const uint32_t l[3] = {use_short ? 0u : n_groups_, ceil_div(shape_.n_head, heads_per_group_), 1u};
+  const bool short_range = decode_range(kv_len) == DecodeRange::Short;
+  const uint32_t chunks = std::max(1u, num_chunks(kv_len));
+  const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
+  const uint32_t l[3] = {short_range ? 0u : chunks, ceil_div(shape_.n_head, heads_per_group_), 1u};
   for (int i = 0; i < 3; ++i) {
     words[i] = s[i];
     words[3 + i] = l[i];
   }
+}
+
+DecodeRange AttentionOp::decode_range(uint32_t kv_len) const {
+  return partial_short_ && kv_len <= short_max_kv_ ? DecodeRange::Short : DecodeRange::Long;
+}
+
+uint64_t AttentionOp::arrivals_bytes() const {
+  return uint64_t(short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u) * 4;
 }
 
 uint32_t QueryBatch::word() const { return n > 1 ? count_word : TS_ATTN_NO_COUNT; }

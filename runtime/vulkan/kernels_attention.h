@@ -155,7 +155,14 @@ struct AttentionTuning {
   // The merge with subgroup reductions (attention_merge.comp MERGE_SG: 2 barriers instead of ~18)
   // where the device has subgroup arithmetic.
   bool merge_subgroup = true;
+  // The decode step's rows kernel merges in its last workgroup per head (attention_rows.comp
+  // MERGE_TAIL): no merge dispatch and one barrier less per layer where the short variant runs.
+  bool merge_tail = true;
 };
+
+// Which contexts a decode recording serves (AttentionOp::record_decode): the short variant's
+// (kv_len <= short_max_kv) or the long one's. The decode step keeps one recording per range.
+enum class DecodeRange { Short, Long };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
 class AttentionOp {
@@ -175,15 +182,25 @@ class AttentionOp {
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
-  // The decode step (one query): as record(), but with a short variant its two partial kernels
-  // are indirect dispatches whose group counts are read from `counts` (kDecodeCountWords words,
-  // written by the host before each submission with decode_counts): only the variant for the
-  // current context length has workgroups.
+  // The decode step (one query) for the contexts of `range`: the partial kernel of that range as an
+  // indirect dispatch whose group counts are read from `counts` (kDecodeCountWords words, written
+  // by the host before each submission with decode_counts: as many workgroups as the context has
+  // chunks), then the merge: folded into the rows kernel where merge_folded(range) (its arrival
+  // counters in `arrivals`, arrivals_bytes(), zero before the first submission and left zero by
+  // every dispatch), else a barrier and the merge dispatch. Run it only for contexts in `range`.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-                     BufferSlice counts, BufferSlice partials, BufferSlice olat, std::string_view label) const;
+                     BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
+                     DecodeRange range, std::string_view label) const;
   static constexpr uint32_t kDecodeCountWords = 6;
-  // The group counts of record_decode's two dispatches for a context of kv_len positions.
+  // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
+  // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none).
   void decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const;
+  // The range a context of kv_len positions falls in (Long where there is no short variant).
+  DecodeRange decode_range(uint32_t kv_len) const;
+  // Whether record_decode for `range` merges in the partial kernel (no merge dispatch).
+  bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }
+  // Bytes of the arrival counters record_decode needs (at least 4).
+  uint64_t arrivals_bytes() const;
 
   // Bytes moved at a context of kv_len positions (record() declares them for profile_kv_len).
   uint64_t partial_bytes(uint32_t kv_len) const;
@@ -211,6 +228,7 @@ class AttentionOp {
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
   const Pipeline* partial_ = nullptr;
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
+  const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   const Pipeline* merge_ = nullptr;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;

@@ -118,6 +118,33 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
+// The decode step's two recordings (GpuModel::record_steps): up to short_max_kv positions the rows
+// attention with its merge folded in, past it the 20-head kernel and the merge dispatch. Token by
+// token over both ranges (and with the merge kept separate), the logits match the CPU reference.
+TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    const Files f = files(preset, "q8_0", "all");
+    TsrFile tsr = TsrFile::open(f.tsr);
+    TsrWeights packed(f.tsr);
+    CpuModel cpu(packed, 64, 2, AttentionPath::Absorbed);
+    std::vector<float> want;
+    for (bool tail : {true, false}) {
+      model::GpuModelOptions o{.n_ctx = 64, .prefill_chunk = 0};  // every token through the decode step
+      o.int8_activations = false;
+      o.attention.short_max_kv = 5;
+      o.attention.merge_tail = tail;
+      model::GpuModel gpu(context(), tsr, o);
+      const auto toks = prompt(gpu.n_vocab(), 9);
+      if (want.empty()) want = cpu.forward(toks, false);
+      const Compare c = compare(gpu.forward(toks, false), want, gpu.n_vocab());
+      EXPECT_LT(c.max_rel, 2e-3) << preset << (tail ? " merge folded" : " merge dispatch");
+      EXPECT_EQ(c.top1_same, c.rows) << preset;
+      EXPECT_LE(gpu.stats().dispatches, 12 * gpu.config().n_layer + 4);
+    }
+  }
+}
+
 // Both router paths: the router fold (default where the device has 64-bit integer atomics) and
 // the router's own dispatch.
 class GreedyTokens : public ::testing::TestWithParam<bool> {};

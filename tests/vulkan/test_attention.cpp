@@ -299,66 +299,105 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
     });
 
-// The decode step's attention (record_decode): both partial variants are indirect dispatches, the
-// host writes their group counts per token (decode_counts); one recording over contexts on both
-// sides of short_max_kv matches the reference, and writes no workgroups for the idle variant.
-TEST(AttentionDecode, VariantPickedPerTokenByIndirectCounts) {
-  REQUIRE_GPU();
-  for (bool rows : {false, true}) {
-  SCOPED_TRACE(rows ? "attention_rows.comp" : "attention_partial.comp, 5 heads");
-  const uint32_t n_head = 20, kv_lora = 512, n_rot = 64, n_ctx = 300, row = kv_lora + n_rot;
-  const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
-  const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
-  vk::AttentionTuning t;
-  t.short_max_kv = 40;  // 20 heads per workgroup above, up to 40 positions 5 (automatic: a quarter)
-  t.short_rows = rows;  // or 1 (attention_rows.comp)
-  vk::AttentionOp op(*gpu().ctx, shape, t);
-  if (rows && op.short_heads_per_group() != 1u) continue;  // no subgroup arithmetic: the 5-head kernel
-  ASSERT_EQ(op.short_heads_per_group(), rows ? 1u : 5u);
-  uint32_t words[vk::AttentionOp::kDecodeCountWords];
-  op.decode_counts(40, words);
-  EXPECT_EQ(words[0], op.n_groups());
-  EXPECT_EQ(words[1], rows ? 20u : 4u);
-  EXPECT_EQ(words[3], 0u) << "long variant idle";
-  op.decode_counts(41, words);
-  EXPECT_EQ(words[0], 0u) << "short variant idle";
-  EXPECT_EQ(words[3], op.n_groups());
-  EXPECT_EQ(words[4], 1u);
+// The decode step's attention (record_decode): one recording per context range, the partial
+// kernel an indirect dispatch whose group counts the host writes per token (decode_counts: the
+// context's chunks for its range, none for the other). With the rows kernel the short range's
+// merge is folded into it (the last workgroup per head group merges; its arrival counters are
+// left at zero by every dispatch). Each configuration over contexts on both sides of
+// short_max_kv, repeated, against the reference.
+struct DecodeCase {
+  const char* name;
+  uint32_t n_head, kv_lora, n_rot, n_ctx, short_max;
+  bool rows, merge_tail;
+  uint32_t n_groups, min_chunk, rows_heads;
+  std::vector<uint32_t> kv_lens;
+};
 
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 21);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  const std::vector<float> q_h = test::random_values(size_t(n_head) * row, 2.f, 22);
-  vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer olat = make_buffer(size_t(n_head) * kv_lora * 4, "olat");
-  upload(q, q_h);
-  upload(cache, cache_h);
-  vk::CommandRecorder rec(*gpu().ctx);
-  rec.begin();
-  op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                   olat.whole(), "attn");
-  rec.end();
-  EXPECT_EQ(rec.dispatch_count(), 3u);  // short, long, merge
-  EXPECT_EQ(rec.barrier_count(), 1u);
-  for (uint32_t kv_len : {1u, 17u, 40u, 41u, 299u}) {
-    poison(olat);
-    op.decode_counts(kv_len, words);
-    std::vector<uint32_t> sw = {0, kv_len - 1, 0, 0};
-    sw.insert(sw.end(), words, words + vk::AttentionOp::kDecodeCountWords);
-    upload(step, sw);
-    rec.run();
-    const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
-    const std::vector<float> want =
-        test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
-      max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
-      max_ref = std::max(max_ref, double(std::abs(want[i])));
+TEST(AttentionDecode, EachRangeMatchesTheReference) {
+  REQUIRE_GPU();
+  const std::vector<DecodeCase> cases = {
+      // GLM shape, the 5-head short kernel (attention_partial.comp), default chunking
+      {"partial kernel, 5 heads", 20, 512, 64, 300, 40, false, false, 0, 0, 0, {1, 17, 40, 41, 299, 40}},
+      // the rows kernel with its merge separate, then folded in (default chunking: up to 37 chunks)
+      {"rows kernel, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299, 17}},
+      {"rows kernel, merge folded", 20, 512, 64, 300, 299, true, true, 0, 0, 0, {1, 2, 9, 17, 299, 300, 298, 1, 9}},
+      // many chunks of the folded merge (128 groups, chunks of 8: 125 chunks at 1000 positions)
+      {"folded, 125 chunks", 16, 512, 64, 1001, 1000, true, true, 128, 8, 0, {1000, 999, 8, 9, 1000, 1001}},
+      // 3 heads per workgroup (20 = 6 x 3 + 2): one counter per head group, the last one short
+      {"folded, 3 heads per workgroup", 20, 512, 64, 200, 150, true, true, 7, 8, 3, {1, 8, 9, 57, 150, 151, 56}},
+      // rows of 80 values with 3 heads; 300 groups need more chunk weights than the kernel's
+      // shared o arrays hold (4 x 64 floats): the merge stays a dispatch
+      {"too many groups to fold", 3, 64, 16, 700, 600, true, true, 300, 0, 0, {1, 3, 599, 600, 601, 700}},
+  };
+  for (const DecodeCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    const uint32_t row = c.kv_lora + c.n_rot;
+    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
+    const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
+    vk::AttentionTuning t = tuning(c.n_groups, c.min_chunk);
+    t.short_max_kv = c.short_max;
+    t.short_rows = c.rows;
+    t.merge_tail = c.merge_tail;
+    t.rows_heads = c.rows_heads;
+    vk::AttentionOp op(*gpu().ctx, shape, t);
+    if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
+    const bool folded = c.merge_tail && uint64_t(4) * std::max(1u, c.rows_heads) * c.kv_lora >= op.n_groups();
+    EXPECT_EQ(op.merge_folded(vk::DecodeRange::Short), folded);
+    EXPECT_FALSE(op.merge_folded(vk::DecodeRange::Long));
+    EXPECT_EQ(op.decode_range(c.short_max), vk::DecodeRange::Short);
+    EXPECT_EQ(op.decode_range(c.short_max + 1), vk::DecodeRange::Long);
+    uint32_t words[vk::AttentionOp::kDecodeCountWords];
+    op.decode_counts(c.short_max, words);
+    EXPECT_EQ(words[0], op.num_chunks(c.short_max));
+    EXPECT_EQ(words[1], (c.n_head + op.short_heads_per_group() - 1) / op.short_heads_per_group());
+    EXPECT_EQ(words[3], 0u) << "long range idle";
+    op.decode_counts(c.short_max + 1, words);
+    EXPECT_EQ(words[0], 0u) << "short range idle";
+    EXPECT_EQ(words[3], op.num_chunks(c.short_max + 1));
+
+    std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 21);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 22);
+    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+    vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+    vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
+    upload(q, q_h);
+    upload(cache, cache_h);
+    upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+    vk::CommandRecorder rec_short(*gpu().ctx), rec_long(*gpu().ctx);
+    for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
+      vk::CommandRecorder& rec = range == vk::DecodeRange::Short ? rec_short : rec_long;
+      rec.begin();
+      op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                       partials.whole(), arrivals.whole(), olat.whole(), range, "attn");
+      rec.end();
+      const bool f = op.merge_folded(range);
+      EXPECT_EQ(rec.dispatch_count(), f ? 1u : 2u);  // partial (+ merge)
+      EXPECT_EQ(rec.barrier_count(), f ? 0u : 1u);
     }
-    EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
-  }
+    for (uint32_t kv_len : c.kv_lens) {
+      poison(olat);
+      poison(partials);
+      op.decode_counts(kv_len, words);
+      std::vector<uint32_t> sw = {0, kv_len - 1, 0, 0};
+      sw.insert(sw.end(), words, words + vk::AttentionOp::kDecodeCountWords);
+      upload(step, sw);
+      (op.decode_range(kv_len) == vk::DecodeRange::Short ? rec_short : rec_long).run();
+      const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+      const std::vector<float> want =
+          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
+      double max_err = 0, max_ref = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
+        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+        max_ref = std::max(max_ref, double(std::abs(want[i])));
+      }
+      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len << " (" << op.num_chunks(kv_len) << " chunks)";
+      for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
+        ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
+    }
   }
 }
 

@@ -6,11 +6,13 @@
 # Environment: OUT (results, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work),
 # PRESET (default glm47flash), TYPE (default q4_0), DEPTH2 (default 4096; empty: none),
 # ATTN_VARIANTS (set: decode tg128 at depth 0 and 4096 per `--attention` variant, "default" = none),
-# COMPOSE (default "all none"), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file),
+# COMPOSE (default "all none"; a word "all:q4_0" also converts with --composed-type q4_0, into
+# m-all-q4_0.tsr), ONLY_PREFILL (set: only `bench -p 512 -n 128 -d 0 -r 2 --profile` per file),
 # BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
 # "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
-# COMPOSE must then make); ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
+# COMPOSE must then make; a variant beginning "@NAME " runs on m-NAME.tsr, e.g. "@all-q4_0 default");
+# ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 T="$HERE/tessera"
@@ -33,7 +35,10 @@ G="$WORK/m.gguf"
 /usr/bin/time -f "synth %e s" "$T" --threads "$(nproc)" synth --preset "$PRESET" --type "$TYPE" -o "$G" 2>>"$LOG" >/dev/null
 COMPOSE="${COMPOSE:-all none}"
 for c in $COMPOSE; do
-  /usr/bin/time -f "convert $c %e s" "$T" convert "$G" -o "$WORK/m-$c.tsr" --compose "$c" --threads "$(nproc)" >/dev/null 2>>"$LOG"
+  kind="${c%%:*}"
+  ctype=()
+  [ "$kind" != "$c" ] && ctype=(--composed-type "${c#*:}")
+  /usr/bin/time -f "convert $c %e s" "$T" convert "$G" -o "$WORK/m-${c/:/-}.tsr" --compose "$kind" "${ctype[@]}" --threads "$(nproc)" >/dev/null 2>>"$LOG"
 done
 rm -f "$G"
 grep -E "^(synth|convert)" "$LOG"
@@ -58,9 +63,15 @@ if [ -n "${BENCH_VARIANTS:-}" ]; then
   IFS=';' read -ra variants <<<"$BENCH_VARIANTS"
   i=0
   for v in "${variants[@]}"; do
+    file="m-${VARIANT_COMPOSE:-all}.tsr"
+    if [[ "$v" == @* ]]; then  # "@NAME rest": the variant's own file
+      file="m-${v%% *}.tsr"
+      file="${file/@/}"
+      v="${v#* }"
+    fi
     extra=()
     [ "$v" != default ] && read -ra extra <<<"$v"
-    run "variant-$i" "$WORK/m-${VARIANT_COMPOSE:-all}.tsr" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 2 --profile "${extra[@]}"
+    run "variant-$i" "$WORK/$file" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 2 --profile "${extra[@]}"
     i=$((i + 1))
   done
   tail -n 3 "$LOG"

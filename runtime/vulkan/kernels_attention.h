@@ -156,8 +156,10 @@ struct AttentionTuning {
   // where the device has subgroup arithmetic.
   bool merge_subgroup = true;
   // The decode step's rows kernel merges in its last workgroup per head (attention_rows.comp
-  // MERGE_TAIL): no merge dispatch and one barrier less per layer where the short variant runs.
-  bool merge_tail = true;
+  // MERGE_TAIL): no merge dispatch and one barrier less per layer where the short variant runs,
+  // but the merge then runs on one workgroup per head after the slowest chunk. Off: it lost on
+  // the H100 (GLM tg128 279.0 -> 274.0 tok/s at depth 0, 198.4 -> 162.0 at 4096; PERFORMANCE.md).
+  bool merge_tail = false;
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the short variant's

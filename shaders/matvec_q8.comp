@@ -16,7 +16,8 @@
 //
 // Defines: WTYPE (Q4_0, Q8_0, Q4_K or Q6_K), WG_SIZE, THREADS_PER_ROW (= SUBGROUP_SIZE when
 // USE_SUBGROUP), NUM_ROWS (rows per team), NUM_COLS (1..8), NORM_INPUT (0/1), KCHUNK (blocks per
-// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK). With USE_SUBGROUP the workgroup must run as WG_SIZE /
+// pass), Q8_BLOCKS (= NUM_COLS * KCHUNK), BLOCKS_PER_ITER (2 or 4: weight blocks per lane and
+// loop iteration). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
@@ -76,19 +77,21 @@ void stage_pass(uint kb, uint kn) {
 }
 
 // acc[r][c] += (weight row `row + r`, blocks kb + b for this lane's b < kn) . staged column c.
-// Two blocks per iteration: more independent weight loads in flight.
+// BLOCKS_PER_ITER (2 or 4) blocks per lane and iteration: that many independent weight loads in
+// flight (blocks past the pass repeat the lane's first one and are not added).
 void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
-  for (uint b = lane; b < kn; b += 2u * nlanes) {
-    const bool two = b + nlanes < kn;
-    const uint b1 = two ? b + nlanes : b;
+  for (uint b = lane; b < kn; b += BLOCKS_PER_ITER * nlanes) {
+    uint bi[BLOCKS_PER_ITER];
+    [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) bi[u] = b + u * nlanes < kn ? b + u * nlanes : b;
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {
-        const Q8W w0 = q8_load_block(0u, 0u, (row + r) * nb + kb + b);
-        const Q8W w1 = q8_load_block(0u, 0u, (row + r) * nb + kb + b1);
+        Q8W w[BLOCKS_PER_ITER];
+        [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) w[u] = q8_load_block(0u, 0u, (row + r) * nb + kb + bi[u]);
         [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-          const uint i0 = c * KCHUNK + b, i1 = c * KCHUNK + b1;
-          acc[r][c] += q8_dot_loaded(w0, q8_lo[i0], q8_hi[i0], q8_ds[i0]);
-          if (two) acc[r][c] += q8_dot_loaded(w1, q8_lo[i1], q8_hi[i1], q8_ds[i1]);
+          [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) {
+            const uint i = c * KCHUNK + bi[u];
+            if (u == 0u || b + u * nlanes < kn) acc[r][c] += q8_dot_loaded(w[u], q8_lo[i], q8_hi[i], q8_ds[i]);
+          }
         }
       }
     }

@@ -129,6 +129,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (tuning.teams > 16 || tuning.rows > 4 || tuning.batch_teams > 16 || tuning.batch_rows > 4)
       usage_error("matvec tuning: ", tuning.teams, " / ", tuning.batch_teams, " teams, ", tuning.rows, " / ",
                   tuning.batch_rows, " rows per team outside 1..16 / 1..4");
+    if (tuning.blocks_per_iter != 0 && tuning.blocks_per_iter != 2 && tuning.blocks_per_iter != 4)
+      usage_error("matvec tuning: ", tuning.blocks_per_iter, " blocks per iteration, expected 2 or 4");
     uint32_t teams = 0, nrows = 0;
     if (batch > 1) {
       teams = tuning.batch_teams ? tuning.batch_teams : 8u;
@@ -153,7 +155,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"NUM_COLS", std::to_string(batch)},
                     {"NORM_INPUT", v.norm ? "1" : "0"},
                     {"KCHUNK", std::to_string(kchunk)},
-                    {"Q8_BLOCKS", std::to_string(kchunk * batch)}};
+                    {"Q8_BLOCKS", std::to_string(kchunk * batch)},
+                    {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55

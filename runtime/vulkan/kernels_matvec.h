@@ -41,6 +41,8 @@ struct MatvecTuning {
   // Several x vectors (prefill): subgroups per workgroup 1..16 (auto 8), rows per subgroup 1..4
   // (auto 4; 2 above 8 vectors).
   uint32_t batch_teams = 0, batch_rows = 0;
+  // The int8-activation kernel's weight blocks per lane and loop iteration (2 or 4; auto 2).
+  uint32_t blocks_per_iter = 0;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

@@ -324,7 +324,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     model::GpuModel plain(context(), tsr, {.n_ctx = 32, .prefill_chunk = 0});
     if (!plain.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-    o.matvec = {.teams = 6, .rows = 3};
+    o.matvec = {.teams = 6, .rows = 3, .blocks_per_iter = 4};
     o.moe.q8_gateup_teams = 12;
     o.moe.q8_down_rows = 3;
     model::GpuModel tuned(context(), tsr, o);

@@ -21,11 +21,13 @@ struct Case {
   uint32_t x_pad = 0, y_pad = 0;  // stride - length (batched form)
   uint64_t max_binding_bytes = 0;
   bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
+  uint32_t blocks_per_iter = 0;  // MatvecTuning::blocks_per_iter (0: auto)
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
-             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "");
+             c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
+             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -57,6 +59,7 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   op.x_stride = xs;
   op.y_stride = ys;
   op.accumulate = c.accumulate;
+  op.tuning.blocks_per_iter = c.blocks_per_iter;
   if (c.norm) op.norm_weight = nb.whole();
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
@@ -170,6 +173,13 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     // The int8 path takes up to 16 columns.
     run_case(g, {t, 67, 288, 16, false, false, 4, 1, 0, true}, seed++);
     run_case(g, {t, 37, 2080, 13, true, true, 0, 0, 0, true}, seed++);
+    // Four blocks per lane and iteration: rows of 1, 3 (65 blocks: a partial last iteration) and
+    // 320 blocks, one and two staging passes, batched.
+    run_case(g, {t, 67, 32, 1, false, false, 0, 0, 0, true, 4}, seed++);
+    run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true, 4}, seed++);
+    run_case(g, {t, 9, 10240, 1, false, true, 0, 0, 0, true, 4}, seed++);
+    run_case(g, {t, 5, 16416, 1, true, false, 0, 0, 0, true, 4}, seed++);
+    run_case(g, {t, 37, 2080, 8, false, true, 0, 0, 0, true, 4}, seed++);
   }
   // K-quants, 32 elements per int8 block: Q4_K (sub-blocks with their own 6-bit scales and mins),
   // Q6_K (two 16-element sub-blocks with int8 scales per block, 6-bit values split over ql / qh).
@@ -185,6 +195,7 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {k, 37, 512, 16, false, false, 4, 1, 0, true}, seed++);
     run_case(g, {k, 5, 16640, 1, false, false, 0, 0, 0, true}, seed++);
     run_case(g, {k, 67, 256, 1, false, false, 0, 0, 4096, true}, seed++);  // row chunks of a few KiB
+    run_case(g, {k, 5, 16640, 1, false, true, 0, 0, 0, true, 4}, seed++);   // four blocks per iteration
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

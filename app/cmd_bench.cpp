@@ -56,7 +56,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier",
+              "matvec_teams, matvec_rows, matvec_unroll, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier, olat_q8",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -67,6 +67,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "down_rows") moe.q8_down_rows = v;
     else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
     else if (k == "router" && v <= 1) o.fused_router = v != 0;
+    else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
     else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
     else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
     else if (k == "barrier") usage_error("--tune: barrier=", v, " is not 0 (full), 1 (compute) or 2 (compute only)");
@@ -130,7 +131,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4 (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), barrier=0|1|2 (the barrier "
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

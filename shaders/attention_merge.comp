@@ -12,10 +12,19 @@
 // weighs its chunks' o by exp(m_c - M) read beside them: two barriers in all, and the first
 // chunk's loads are issued before the reduction. Without it: shared-memory tree reductions.
 //
+// Q8_OUT: olat is also written as int8 blocks of 32 (q8_quantize.glsl; block b = columns
+// 32b..32b+31 of the flat [N_HEAD][R] output, 3 uvec4 each), the input format of the int8 matvec
+// that reads olat (W_vo: matvec_q8.comp X_Q8), which then stages nothing.
+//
 // Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), COLS, LANES (COLS*LANES
-// a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full subgroups).
+// a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full
+// subgroups), Q8_OUT (0/1; 1 needs COLS and R multiples of 32).
 #extension GL_GOOGLE_include_directive : require
+#extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
+#ifndef Q8_OUT
+#define Q8_OUT 0
+#endif
 #if MERGE_SG
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
@@ -28,6 +37,11 @@ layout(local_size_x = WG) in;
 layout(std430, binding = 0) readonly restrict buffer Partials { float partials[]; };
 layout(std430, binding = 1) readonly restrict buffer Step { uint step_words[]; };
 layout(std430, binding = 2) writeonly restrict buffer Out { float olat[]; };  // N_HEAD x R
+#if Q8_OUT
+#include "q8_quantize.glsl"
+layout(std430, binding = 3) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+shared float q8_src[COLS];
+#endif
 
 layout(push_constant) uniform Push { AttnMergeArgs args; };
 
@@ -122,5 +136,26 @@ void main() {
   if (lane == 0 && r < KV_LORA) {
     for (uint l = 1; l < LANES; ++l) o += reduce_buf[l * COLS + col];
     olat[qt * N_HEAD * KV_LORA + head * KV_LORA + r] = o * inv_l;
+#if Q8_OUT
+    q8_src[col] = o * inv_l;
+#endif
   }
+#if Q8_OUT
+  barrier();
+  const uint c0 = gl_WorkGroupID.x * COLS;  // this workgroup's first column (KV_LORA % 32 == 0)
+  if (tid < COLS / 32u && c0 + 32u * tid < KV_LORA) {
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint i = 32u * tid + 4u * k;
+      v[k] = vec4(q8_src[i], q8_src[i + 1u], q8_src[i + 2u], q8_src[i + 3u]);
+    }
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    const uint blk = (qt * N_HEAD * KV_LORA + head * KV_LORA + c0) / 32u + tid;
+    olat_q8[3u * blk] = lo;
+    olat_q8[3u * blk + 1u] = hi;
+    olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
+  }
+#endif
 }

@@ -20,10 +20,16 @@
 // loop iteration). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
+// X_Q8 (0/1; one column, no NORM_INPUT): x comes already quantized (binding 2 = int8 blocks, 3
+// uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's olat_q8): nothing is staged,
+// no barrier precedes the weight loads, each lane reads its input blocks beside its weight blocks.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD).
 
 #include "common.glsl"
+#ifndef X_Q8
+#define X_Q8 0
+#endif
 
 #define W_Q_BINDING 0
 #define W_M_BINDING 1
@@ -35,8 +41,15 @@
 
 layout(local_size_x = WG_SIZE) in;
 
+#if X_Q8
+#if NUM_COLS != 1 || NORM_INPUT
+#error "matvec_q8.comp: X_Q8 takes one column and no input norm"
+#endif
+layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
+#else
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
 layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
+#endif
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 #if NORM_INPUT
 layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
@@ -57,6 +70,29 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #include "router_partial.glsl"
 #endif
 
+#if X_Q8
+// acc[r][0] += (weight row `row + r`, this lane's blocks) . x, x's blocks read from binding 2.
+void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
+  const uint b0 = args.x_offset / 32u;
+  for (uint b = lane; b < nb; b += BLOCKS_PER_ITER * nlanes) {
+    uint bi[BLOCKS_PER_ITER];
+    [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) bi[u] = b + u * nlanes < nb ? b + u * nlanes : b;
+    uvec4 xl[BLOCKS_PER_ITER], xh[BLOCKS_PER_ITER];
+    vec4 xd[BLOCKS_PER_ITER];
+    [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) {
+      xl[u] = xq[3u * (b0 + bi[u])];
+      xh[u] = xq[3u * (b0 + bi[u]) + 1u];
+      xd[u] = uintBitsToFloat(xq[3u * (b0 + bi[u]) + 2u]);
+    }
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      if (r < nvalid) {
+        [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u)
+          if (u == 0u || b + u * nlanes < nb) acc[r][0] += q8_block_dot_x(0u, 0u, (row + r) * nb + bi[u], xl[u], xh[u], xd[u]);
+      }
+    }
+  }
+}
+#else
 // x elements k..k+3 of column c (times the norm weight with NORM_INPUT).
 vec4 xin4(uint c, uint k) {
   vec4 v = x4[(args.x_offset + c * args.x_stride + k) >> 2];
@@ -97,6 +133,7 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
     }
   }
 }
+#endif  // X_Q8
 
 // y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
 void store(uint row, uint c, float v, uint row0) {
@@ -147,6 +184,9 @@ void main() {
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
   }
+#if X_Q8
+  global_dot(row, nvalid, nb, lane, nlanes, acc);
+#else
   for (uint kb = 0; kb < nb; kb += KCHUNK) {  // uniform
     const uint kn = min(uint(KCHUNK), nb - kb);
     barrier();  // the previous pass is done with the staged blocks
@@ -154,6 +194,7 @@ void main() {
     barrier();
     pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, acc);
   }
+#endif
 
 #if USE_SUBGROUP
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {

@@ -43,33 +43,11 @@ int ts_sdot4x8(uint a, uint b, spirv_literal int packed_format);
 #define Q8ACT_SUPPORTED 0
 #endif
 
+#include "q8_quantize.glsl"
+
 shared uvec4 q8_lo[Q8_BLOCKS];
 shared uvec4 q8_hi[Q8_BLOCKS];
 shared vec4 q8_ds[Q8_BLOCKS];
-
-// Four int8 values (round(v / d), |v / d| <= 127) in one word, and their sum.
-uint q8_pack(vec4 v, float inv_d, inout int sum) {
-  const ivec4 q = ivec4(roundEven(v * inv_d));
-  sum += q.x + q.y + q.z + q.w;
-  return uint(q.x & 0xFF) | (uint(q.y & 0xFF) << 8) | (uint(q.z & 0xFF) << 16) | (uint(q.w & 0xFF) << 24);
-}
-
-// One block of 32 values -> (lo, hi, ds) as laid out above.
-void q8_quantize32(vec4 v[8], out uvec4 lo, out uvec4 hi, out vec4 ds) {
-  float amax = 0.0;
-  [[unroll]] for (uint i = 0; i < 8; ++i) {
-    const vec4 a = abs(v[i]);
-    amax = max(amax, max(max(a.x, a.y), max(a.z, a.w)));
-  }
-  const float d = amax / 127.0;
-  const float inv_d = amax > 0.0 ? 127.0 / amax : 0.0;
-  int s_lo = 0, s_hi = 0;
-  [[unroll]] for (uint i = 0; i < 4; ++i) {
-    lo[i] = q8_pack(v[i], inv_d, s_lo);
-    hi[i] = q8_pack(v[i + 4], inv_d, s_hi);
-  }
-  ds = vec4(d, d * float(s_lo), d * float(s_hi), 0.0);
-}
 
 // Quantizes one block of 32 input values into slot i (< Q8_BLOCKS) of the shared copy. Each
 // kernel's staging loop reads its own input (its layout, its norm weight) and calls this.

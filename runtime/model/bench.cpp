@@ -320,6 +320,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.moe = o.moe;
   go.prefetch = o.prefetch;
   go.fused_router = o.fused_router;
+  go.olat_q8 = o.olat_q8;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

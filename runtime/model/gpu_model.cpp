@@ -51,6 +51,7 @@ struct GpuModel::Weights {
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
+  vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's int8 kernel)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
@@ -223,6 +224,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.sample_scratch, "sampler scratch", vk::SampleOp::scratch_bytes(c.n_vocab)},
       {&w.prefetch_sink, "prefetch sink", 16},
       {&w.attn_arrivals, "attention arrival counters", std::max<uint64_t>(probe.arrivals_bytes(), 16)},
+      {&w.olat_q8, "int8 olat", std::max<uint64_t>(probe.olat_q8_bytes(), 48)},
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
   };
 
@@ -302,10 +304,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
   auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterFold& fold = {}) {
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
     vk::MatvecOp op;
     op.w = w.matrix(name);
     op.x = x;
+    op.x_q8 = x_q8;
     op.y = y;
     op.accumulate = acc;
     op.router_fold = fold;
@@ -376,9 +379,15 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += a.w.read_bytes();
     }
     rec.barrier();
+    // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
+    const vk::DecodeRange range = attn.decode_range(profile_kv_len);
+    vk::BufferSlice olat_q8;
+    if (vo && options_.int8_activations && options_.olat_q8 && attn.writes_olat_q8() && !attn.merge_folded(range) &&
+        vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
+      olat_q8 = w.olat_q8.whole();
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
-                       w.attn_arrivals.whole(), w.olat.whole(), attn.decode_range(profile_kv_len), "attention " + L);
+                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8);
     {
       std::vector<vk::BufferSlice> spans;
       if (options_.prefetch & kPrefetchAttnOut) {
@@ -406,7 +415,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";

@@ -72,6 +72,9 @@ struct GpuModelOptions {
   // all three; ComputeOnly is the cheapest, 2.2 against 4.8 us per barrier on an H100): bench
   // --tune barrier=0|1|2 (bench --roofline times each).
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;
+  // The attention merge also writes olat as int8 blocks, which W_vo's int8 kernel reads instead of
+  // quantizing olat in every workgroup (composed files, int8 activations). bench --tune olat_q8=0|1.
+  bool olat_q8 = true;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

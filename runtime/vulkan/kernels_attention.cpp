@@ -313,6 +313,13 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   m.num_buffers = 3;
   m.push_bytes = sizeof(gpu::AttnMergeArgs);
   merge_ = &ctx.pipeline(m);
+  if (shape.kv_lora % 32 == 0 && kMergeColumns % 32 == 0) {
+    PipelineDesc mq = m;
+    mq.name = "attention_merge.q8out";
+    mq.defines["Q8_OUT"] = "1";
+    mq.num_buffers = 4;
+    merge_q8_ = &ctx.pipeline(mq);
+  }
 }
 
 uint64_t AttentionOp::partials_bytes() const { return uint64_t(n_groups_) * shape_.n_head * (shape_.kv_lora + 2) * 4; }
@@ -372,7 +379,8 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 }
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
-                               BufferSlice olat, std::string_view label, const QueryBatch& batch) const {
+                               BufferSlice olat, std::string_view label, const QueryBatch& batch,
+                               BufferSlice olat_q8) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -381,6 +389,15 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
   if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
   const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, batch.word(), 0, 0, 0};
+  if (olat_q8.buffer != VK_NULL_HANDLE) {
+    if (!merge_q8_) runtime_error(label, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
+    if (olat_q8.size < n * olat_q8_bytes())
+      runtime_error(label, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", n * olat_q8_bytes());
+    const BufferSlice b[] = {partials, step, olat, olat_q8};
+    rec.dispatch(*merge_q8_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n,
+                 std::string(label) + ".q8out", n * (merge_bytes(profile_kv_len_) + olat_q8_bytes()));
+    return;
+  }
   const BufferSlice b[] = {partials, step, olat};
   rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n, label,
                n * merge_bytes(profile_kv_len_));
@@ -395,7 +412,8 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
 
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
-                                BufferSlice olat, DecodeRange range, std::string_view label) const {
+                                BufferSlice olat, DecodeRange range, std::string_view label,
+                                BufferSlice olat_q8) const {
   const std::string what = std::string(label) + " partial";
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
   check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
@@ -419,7 +437,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   rec.dispatch_indirect(short_range ? *partial_short_ : *partial_, b, &args, sizeof args, slot,
                         short_range ? what + " short" : what, bytes);
   rec.barrier();
-  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge");
+  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8);
 }
 
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {

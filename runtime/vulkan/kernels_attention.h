@@ -178,9 +178,13 @@ class AttentionOp {
   // position]); q, partials (batch.n * partials_bytes()) and olat hold one block per query.
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                       BufferSlice partials, std::string_view label, const QueryBatch& batch = {}) const;
-  // D6: olat from the partials of the same step.
+  // D6: olat from the partials of the same step. olat_q8 (set, where writes_olat_q8()): olat also
+  // as int8 blocks of 32 (3 uvec4 each, q8_quantize.glsl), for MatvecOp::x_q8 of W_vo.
   void record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
-                    std::string_view label, const QueryBatch& batch = {}) const;
+                    std::string_view label, const QueryBatch& batch = {}, BufferSlice olat_q8 = {}) const;
+  bool writes_olat_q8() const { return merge_q8_ != nullptr; }
+  // Bytes of olat_q8 per query (n_head * kv_lora / 32 blocks of 48 bytes).
+  uint64_t olat_q8_bytes() const { return uint64_t(shape_.n_head) * shape_.kv_lora / 32 * 48; }
   // record_partial, barrier, record_merge.
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch = {}) const;
@@ -189,10 +193,11 @@ class AttentionOp {
   // by the host before each submission with decode_counts: as many workgroups as the context has
   // chunks), then the merge: folded into the rows kernel where merge_folded(range) (its arrival
   // counters in `arrivals`, arrivals_bytes(), zero before the first submission and left zero by
-  // every dispatch), else a barrier and the merge dispatch. Run it only for contexts in `range`.
+  // every dispatch), else a barrier and the merge dispatch (which also writes olat_q8 where set).
+  // Run it only for contexts in `range`.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
-                     DecodeRange range, std::string_view label) const;
+                     DecodeRange range, std::string_view label, BufferSlice olat_q8 = {}) const;
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
   // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none).
@@ -232,6 +237,7 @@ class AttentionOp {
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   const Pipeline* merge_ = nullptr;
+  const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
   uint32_t short_heads_ = 0, short_max_kv_ = 0;

@@ -14,7 +14,7 @@ constexpr uint32_t kFewRows = 2048;            // int8 path, one vector: at most
 constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for the staged columns
 
 struct Variant {
-  bool plain, vec8, norm, q8;
+  bool plain, vec8, norm, q8, xq8;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -24,7 +24,9 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   // matvec_q8 stages rows of any length in passes: only the type and the device matter.
   const bool q8 = ctx && op.int8_activations && !plain && x_aligned && op.w.cols % 32 == 0 &&
                   q8_activations_type(*ctx, op.w.type);
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, op.norm_weight.buffer != VK_NULL_HANDLE, q8};
+  const bool norm = op.norm_weight.buffer != VK_NULL_HANDLE;
+  const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8};
 }
 
 }  // namespace
@@ -61,6 +63,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.vec8) n += ".v8";
   if (v.norm) n += ".norm";
   if (v.q8) n += ".q8act";
+  if (v.xq8) n += ".xq8";
   if (router_fold.enabled()) n += ".rfold";
   return n;
 }
@@ -91,6 +94,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
   const uint64_t y_need = (uint64_t(batch - 1) * ys + w.rows) * 4;
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
+  const uint64_t xq8_need = (uint64_t(x_offset) + w.cols) / 32 * 48;
+  if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
 
@@ -145,7 +150,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     // Blocks per staging pass: a power of two, at most what the columns need and what fits
     // kQ8StageBytes of shared memory (48 bytes per block and column).
     uint32_t kchunk = 1;
-    while (kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
+    while (!v.xq8 && kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
     rows_per_wg = teams * nrows;
     desc.file = "matvec_q8.comp";
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
@@ -156,7 +161,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"NORM_INPUT", v.norm ? "1" : "0"},
                     {"KCHUNK", std::to_string(kchunk)},
                     {"Q8_BLOCKS", std::to_string(kchunk * batch)},
-                    {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)}};
+                    {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
+                    {"X_Q8", v.xq8 ? "1" : "0"}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
@@ -199,7 +205,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     a.x_offset = x_offset;
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
-    const BufferSlice bufs[8] = {c.q, c.m, x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
+    const BufferSlice bufs[8] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

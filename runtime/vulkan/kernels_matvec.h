@@ -76,6 +76,11 @@ struct MatvecOp {
   MatvecTuning tuning;             // the int8 path's work split (ignored on the f32 path)
   RouterFold router_fold;          // set: the router fold's epilogue (batch 1, accumulate, rows =
                                    // the router's columns)
+  // Set: the same x already quantized (int8 blocks of 32, 3 uvec4 each, q8_quantize.glsl; block
+  // x_offset / 32 + b = elements 32b..), read instead of x where the int8 kernel runs one column
+  // without norm_weight: nothing is staged (matvec_q8.comp X_Q8). x stays bound-checked and is the
+  // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
+  BufferSlice x_q8;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

@@ -145,6 +145,31 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8) instead of quantizing olat in
+// each workgroup: the same int8 values, so the same logits (up to the order of the sums).
+TEST(GpuModel, Int8OlatFromTheMergeGivesTheSameLogits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    const Files f = files(preset, "q4_0", "all");
+    TsrFile tsr = TsrFile::open(f.tsr);
+    std::vector<float> logits[2];
+    for (bool q8 : {false, true}) {
+      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+      o.olat_q8 = q8;
+      model::GpuModel m(context(), tsr, o);
+      if (!m.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
+      logits[q8] = m.forward(prompt(m.n_vocab(), 6), false);
+    }
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      scale = std::max(scale, std::fabs(logits[0][i]));
+      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    EXPECT_LE(worst, 1e-4f * scale) << preset;
+  }
+}
+
 // Both router paths: the router fold (default where the device has 64-bit integer atomics) and
 // the router's own dispatch.
 class GreedyTokens : public ::testing::TestWithParam<bool> {};

@@ -401,6 +401,59 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
   }
 }
 
+// The merge's int8 copy of olat (record_merge with olat_q8, the input of W_vo's int8 kernel):
+// every block equals the CPU quantization of the f32 olat it wrote (a byte may be one step off
+// where x / d lands on a half: the GPU's division), over GLM and tiny shapes and several chunkings.
+TEST(AttentionMerge, WritesOlatAsInt8Blocks) {
+  REQUIRE_GPU();
+  struct MergeCase {
+    uint32_t n_head, kv_lora, n_rot, kv_len;
+  };
+  for (const MergeCase& c : {MergeCase{20, 512, 64, 1}, MergeCase{20, 512, 64, 1000}, MergeCase{3, 64, 16, 77},
+                             MergeCase{16, 512, 64, 300}}) {
+    SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " kv_len ", c.kv_len));
+    const uint32_t row = c.kv_lora + c.n_rot, n_ctx = c.kv_len + 2;
+    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, n_ctx, kGlmRope);
+    vk::AttentionOp op(*gpu().ctx, shape, {});
+    ASSERT_TRUE(op.writes_olat_q8());
+    std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 31);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 32);
+    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+    vk::Buffer step = make_buffer(16, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
+    vk::Buffer olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+    upload(q, q_h);
+    upload(cache, cache_h);
+    upload(step, std::vector<uint32_t>{0, c.kv_len - 1, 0, 0});
+    poison(olat_q8);
+    vk::CommandRecorder rec(*gpu().ctx);
+    rec.begin();
+    op.record_partial(rec, q.whole(), cache.whole(), step.whole(), kPosWord, partials.whole(), "partial");
+    rec.barrier();
+    op.record_merge(rec, partials.whole(), step.whole(), kPosWord, olat.whole(), "merge", {}, olat_q8.whole());
+    rec.end();
+    rec.run();
+    const std::vector<float> o = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+    const std::vector<uint32_t> got = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
+    const std::vector<uint32_t> want = vktest::q8_blocks(o);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t b = 0; b < want.size() / 12; ++b) {
+      for (size_t w = 0; w < 8; ++w)
+        for (uint32_t k = 0; k < 4; ++k) {
+          const int gq = int8_t(got[12 * b + w] >> (8 * k)), wq = int8_t(want[12 * b + w] >> (8 * k));
+          ASSERT_LE(std::abs(gq - wq), 1) << "block " << b << " element " << 4 * w + k;
+        }
+      float gd[4], wd[4];
+      std::memcpy(gd, &got[12 * b + 8], 16);
+      std::memcpy(wd, &want[12 * b + 8], 16);
+      ASSERT_NEAR(gd[0], wd[0], 1e-6f * std::fabs(wd[0])) << "block " << b << " scale";
+      for (int k = 1; k < 3; ++k) ASSERT_NEAR(gd[k], wd[k], 2.f * gd[0] + 1e-6f * std::fabs(wd[k])) << "block " << b;
+    }
+  }
+}
+
 // The decode loop as the model records it: kv_write, barrier, attention; one recording reused for
 // every token, the position advanced by the host between submissions.
 TEST(AttentionDecode, KvWriteThenAttentionOverGrowingContext) {

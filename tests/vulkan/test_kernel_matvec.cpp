@@ -22,12 +22,13 @@ struct Case {
   uint64_t max_binding_bytes = 0;
   bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
   uint32_t blocks_per_iter = 0;  // MatvecTuning::blocks_per_iter (0: auto)
+  bool xq8 = false;              // x also given pre-quantized (MatvecOp::x_q8)
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
              c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
-             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "");
+             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "", c.xq8 ? " xq8" : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -64,6 +65,15 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
   op.int8_activations = c.q8;
+  vk::Buffer xq8b;
+  if (c.xq8) {  // the same x as int8 blocks; x itself poisoned: the kernel must not read it
+    const std::vector<uint32_t> blocks = vktest::q8_blocks(x);
+    xq8b = vktest::make_buffer(g, blocks.size() * 4, "x q8");
+    vktest::upload_bytes(g, xq8b, blocks.data(), blocks.size() * 4);
+    vktest::poison(g, xb);
+    op.x_q8 = xq8b.whole();
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".xq8"), std::string::npos) << describe(c);
+  }
   if (c.q8) {
     ASSERT_TRUE(vk::q8_activations_type(*g.ctx, c.type)) << describe(c);
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".q8act"), std::string::npos) << describe(c);
@@ -180,6 +190,12 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {t, 9, 10240, 1, false, true, 0, 0, 0, true, 4}, seed++);
     run_case(g, {t, 5, 16416, 1, true, false, 0, 0, 0, true, 4}, seed++);
     run_case(g, {t, 37, 2080, 8, false, true, 0, 0, 0, true, 4}, seed++);
+    // Pre-quantized x (no staging): one block, rows of 65 and 320 blocks, 2 and 4 blocks per
+    // iteration, many rows with accumulation.
+    run_case(g, {t, 67, 32, 1, false, false, 0, 0, 0, true, 0, true}, seed++);
+    run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true, 0, true}, seed++);
+    run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true, 4, true}, seed++);
+    run_case(g, {t, 130, 16416, 1, true, false, 0, 0, 0, true, 0, true}, seed++);
   }
   // K-quants, 32 elements per int8 block: Q4_K (sub-blocks with their own 6-bit scales and mins),
   // Q6_K (two 16-element sub-blocks with int8 scales per block, 6-bit values split over ql / qh).
@@ -196,6 +212,7 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {k, 5, 16640, 1, false, false, 0, 0, 0, true}, seed++);
     run_case(g, {k, 67, 256, 1, false, false, 0, 0, 4096, true}, seed++);  // row chunks of a few KiB
     run_case(g, {k, 5, 16640, 1, false, true, 0, 0, 0, true, 4}, seed++);   // four blocks per iteration
+    run_case(g, {k, 67, 2304, 1, true, false, 0, 0, 0, true, 0, true}, seed++);  // pre-quantized x
   }
   Gpu& gs = vktest::gpu(/*no_subgroup_ops=*/true);
   run_case(gs, {GgmlType::Q4_0, 67, 288, 1, false, true, 0, 0, 0, true}, seed++);

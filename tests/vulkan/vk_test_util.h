@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <cstring>
 #include <vector>
 
 #include "format/error.h"
@@ -70,6 +71,27 @@ inline std::vector<double> q8_round(const std::vector<double>& x) {
     for (size_t k = b; k < b + 32 && k < x.size(); ++k) amax = std::max(amax, std::fabs(float(x[k])));
     const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
     for (size_t k = b; k < b + 32 && k < x.size(); ++k) out[k] = double(d) * std::nearbyint(float(x[k]) * inv);
+  }
+  return out;
+}
+
+// The same blocks in the buffer format of shaders/q8_quantize.glsl (MatvecOp::x_q8, the merge's
+// olat_q8): per block of 32, 12 words = lo (int8 of elements 0..15, 4 per word), hi (16..31),
+// floatBits(d, d * sum(q lo), d * sum(q hi), 0). x.size() a multiple of 32.
+inline std::vector<uint32_t> q8_blocks(const std::vector<float>& x) {
+  std::vector<uint32_t> out(x.size() / 32 * 12, 0);
+  for (size_t b = 0; b < x.size() / 32; ++b) {
+    float amax = 0;
+    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[32 * b + k]));
+    const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    int sums[2] = {0, 0};
+    for (size_t k = 0; k < 32; ++k) {
+      const int q = int(std::nearbyint(x[32 * b + k] * inv));
+      sums[k / 16] += q;
+      out[12 * b + k / 4] |= uint32_t(q & 0xFF) << (8 * (k % 4));
+    }
+    const float ds[4] = {d, d * float(sums[0]), d * float(sums[1]), 0.0f};
+    std::memcpy(&out[12 * b + 8], ds, sizeof ds);
   }
   return out;
 }

@@ -159,11 +159,28 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute, 1);
   r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly, 1);
 
+  // Indirect dispatches (the decode attention's kind), counts written by the host.
+  vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
+  vk::Buffer indirect = host_pool.create_buffer(16, "roofline indirect counts");
+  const uint32_t ones[4] = {1, 1, 1, 0};
+  indirect.write(0, ones, sizeof ones);
+  const auto indirect_us = [&](bool barriers) {
+    vk::CommandRecorder rec(ctx, vk::RecorderOptions{.barrier_scope = vk::BarrierScope::ComputeOnly});
+    rec.begin();
+    for (uint32_t i = 0; i < n; ++i) {
+      rec.dispatch_indirect(tiny, bufs, &tiny_args, sizeof tiny_args, indirect.slice(0, 12), "roofline.tiny", 4);
+      if (barriers) rec.barrier();
+    }
+    rec.end();
+    return std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
+  };
+  r.dispatch_indirect_us = indirect_us(false);
+  r.dispatch_indirect_barrier_us = indirect_us(true);
+
   // Dependent dispatches of kWideGroups workgroups: through barriers, then through counters.
   r.wide_groups = std::min<uint32_t>(kWideGroups, info.max_workgroup_count[0]);
   r.dispatch_barrier_wide_us = with_barriers_us(vk::BarrierScope::Full, r.wide_groups);
   vk::Buffer counters = pool.create_buffer(uint64_t(n + 1) * 4, "roofline counters");
-  vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
   vk::Buffer flag = host_pool.create_buffer(16, "roofline chain flag");
   const vk::Pipeline& chained = roofline_pipeline(ctx, 2);
   const vk::BufferSlice cbufs[2] = {counters.whole(), flag.whole()};
@@ -215,6 +232,10 @@ std::string roofline_markdown(const RooflineResult& r) {
     s += line;
     std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_us);
+    s += line;
+    std::snprintf(line, sizeof line,
+                  "| indirect dispatches (host-written counts), no barrier / compute-only barriers | %.3f / %.3f µs each |\n",
+                  r.dispatch_indirect_us, r.dispatch_indirect_barrier_us);
     s += line;
     std::snprintf(line, sizeof line, "| empty submit + wait round trip | %.1f µs |\n", r.submit_us);
     s += line;

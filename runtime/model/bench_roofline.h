@@ -33,6 +33,10 @@ struct RooflineResult {
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...
   double dispatch_barrier_compute_only_us = 0;  // ... and BarrierScope::ComputeOnly
   double dispatch_us = 0;           // per dispatch, no barriers
+  // Indirect dispatches (group counts {1,1,1} written by the host), no barriers / a compute-only
+  // barrier after each.
+  double dispatch_indirect_us = 0;
+  double dispatch_indirect_barrier_us = 0;
   // Wider dispatches (wide_groups workgroups each), dependent on the one before: through a
   // barrier (BarrierScope::Full), or through a counter in memory that each workgroup waits for
   // and adds to (roofline.comp MODE 2; chained_us also for one workgroup per dispatch).

@@ -74,7 +74,9 @@ struct GpuModelOptions {
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;
   // The attention merge also writes olat as int8 blocks, which W_vo's int8 kernel reads instead of
   // quantizing olat in every workgroup (composed files, int8 activations). bench --tune olat_q8=0|1.
-  bool olat_q8 = true;
+  // Off: on the H100 W_vo got 2.1 us faster and the merge 0.8 us slower in the profile, and the
+  // token not faster (277.2 -> 276.9 / 278.0 tok/s; composed q4_0 286.0 -> 283.3; PERFORMANCE.md).
+  bool olat_q8 = false;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

@@ -229,6 +229,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   if (uint64_t(n_groups_) * shape.n_head * (shape.kv_lora + 2) >= (1ull << 32))
     runtime_error("attention: partials of ", n_groups_, " groups exceed 2^32 floats");
   profile_kv_len_ = shape.n_ctx;
+  direct_partial_ = tuning.direct_partial;
 
   const ShaderDefines common = merged({{"N_HEAD", std::to_string(shape.n_head)}, {"KV_LORA", std::to_string(shape.kv_lora)},
                                        {"TILE", std::to_string(tile_)}},
@@ -424,18 +425,26 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   const gpu::AttnPartialArgs args = partial_args(pos_word, TS_ATTN_NO_COUNT,
                                                  !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long);
   const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
+  const uint32_t head_groups = ceil_div(shape_.n_head, short_range ? short_heads_ : heads_per_group_);
   if (merge_folded(range)) {
     if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
     if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
       runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
     const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
-    rec.dispatch_indirect(*partial_short_tail_, b, &args, sizeof args, slot, what + " short+merge",
-                          bytes + merge_bytes(profile_kv_len_));
+    if (direct_partial_)
+      rec.dispatch(*partial_short_tail_, b, &args, sizeof args, n_groups_, head_groups, 1, what + " short+merge",
+                   bytes + merge_bytes(profile_kv_len_));
+    else
+      rec.dispatch_indirect(*partial_short_tail_, b, &args, sizeof args, slot, what + " short+merge",
+                            bytes + merge_bytes(profile_kv_len_));
     return;
   }
   const BufferSlice b[] = {q, cache, step, partials};
-  rec.dispatch_indirect(short_range ? *partial_short_ : *partial_, b, &args, sizeof args, slot,
-                        short_range ? what + " short" : what, bytes);
+  const Pipeline& pipe = short_range ? *partial_short_ : *partial_;
+  if (direct_partial_)
+    rec.dispatch(pipe, b, &args, sizeof args, n_groups_, head_groups, 1, short_range ? what + " short" : what, bytes);
+  else
+    rec.dispatch_indirect(pipe, b, &args, sizeof args, slot, short_range ? what + " short" : what, bytes);
   rec.barrier();
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8);
 }

@@ -160,6 +160,10 @@ struct AttentionTuning {
   // but the merge then runs on one workgroup per head after the slowest chunk. Off: it lost on
   // the H100 (GLM tg128 279.0 -> 274.0 tok/s at depth 0, 198.4 -> 162.0 at 4096; PERFORMANCE.md).
   bool merge_tail = false;
+  // The decode step's partial kernel as a direct dispatch of all n_groups context workgroups (the
+  // ones past the context exit at once) instead of an indirect dispatch of exactly the context's
+  // chunks: indirect dispatches cost the NVIDIA driver ~2 us each (bench --roofline).
+  bool direct_partial = false;
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the short variant's
@@ -241,6 +245,7 @@ class AttentionOp {
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
   uint32_t short_heads_ = 0, short_max_kv_ = 0;
+  bool direct_partial_ = false;
   uint32_t profile_kv_len_ = 0;
 };
 

@@ -288,6 +288,8 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_barrier_us"].num, 0);
   EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
   EXPECT_GE(q["dispatch_barrier_compute_only_us"].num, 0);
+  EXPECT_GE(q["dispatch_indirect_us"].num, 0);
+  EXPECT_GE(q["dispatch_indirect_barrier_us"].num, 0);
   EXPECT_GT(q["wide_groups"].num, 1);
   EXPECT_GE(q["dispatch_barrier_wide_us"].num, 0);
   EXPECT_GE(q["dispatch_chained_us"].num, 0);  // dispatches ordered by counters in memory ...
@@ -302,6 +304,7 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("read bandwidth, 16-byte loads"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("compute-scoped barriers"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("indirect dispatches"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("chained by a counter"), std::string::npos) << md.out;
 }
 

@@ -145,8 +145,9 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
-// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8) instead of quantizing olat in
-// each workgroup: the same int8 values, so the same logits (up to the order of the sums).
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, off by default) instead of
+// quantizing olat in each workgroup: the same int8 values, so the same logits (up to the order of
+// the sums).
 TEST(GpuModel, Int8OlatFromTheMergeGivesTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* preset : {"tiny", "tiny-lite"}) {

@@ -311,6 +311,7 @@ struct DecodeCase {
   bool rows, merge_tail;
   uint32_t n_groups, min_chunk, rows_heads;
   std::vector<uint32_t> kv_lens;
+  bool direct = false;  // AttentionTuning::direct_partial: all n_groups workgroups, no indirect counts
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -328,6 +329,9 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // rows of 80 values with 3 heads; 300 groups need more chunk weights than the kernel's
       // shared o arrays hold (4 x 64 floats): the merge stays a dispatch
       {"too many groups to fold", 3, 64, 16, 700, 600, true, true, 300, 0, 0, {1, 3, 599, 600, 601, 700}},
+      // direct dispatches of every context workgroup (the surplus exit), merge separate and folded
+      {"direct, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299}, true},
+      {"direct, merge folded", 16, 512, 64, 400, 399, true, true, 37, 8, 0, {1, 9, 300, 399, 400, 5}, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -339,6 +343,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.short_rows = c.rows;
     t.merge_tail = c.merge_tail;
     t.rows_heads = c.rows_heads;
+    t.direct_partial = c.direct;
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
     const bool folded = c.merge_tail && uint64_t(4) * std::max(1u, c.rows_heads) * c.kv_lora >= op.n_groups();
@@ -381,6 +386,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       poison(olat);
       poison(partials);
       op.decode_counts(kv_len, words);
+      if (c.direct) std::fill(words, words + vk::AttentionOp::kDecodeCountWords, 0u);  // unread
       std::vector<uint32_t> sw = {0, kv_len - 1, 0, 0};
       sw.insert(sw.end(), words, words + vk::AttentionOp::kDecodeCountWords);
       upload(step, sw);

@@ -81,7 +81,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
 // -> AttentionTuning.
 vk::AttentionTuning parse_attention(const std::string& text) {
   vk::AttentionTuning t;
-  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_heads, short_max",
+  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max",
               [&](const std::string& k, uint32_t v) {
                 if (k == "heads") t.heads_per_group = v;
                 else if (k == "tile") t.tile = v;
@@ -96,6 +96,7 @@ vk::AttentionTuning parse_attention(const std::string& text) {
                 else if (k == "merge_sg") t.merge_subgroup = v != 0;
                 else if (k == "merge_tail") t.merge_tail = v != 0;
                 else if (k == "direct") t.direct_partial = v != 0;
+                else if (k == "short_groups") t.short_groups = v;
                 else if (k == "short_heads") t.short_heads_per_group = v;
                 else if (k == "short_max") t.short_max_kv = v;
                 else return false;
@@ -128,7 +129,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
-                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_heads=H2,short_max=N (any subset; short_heads implies short_rows=0)");
+                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4 (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "

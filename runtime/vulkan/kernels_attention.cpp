@@ -25,6 +25,9 @@ constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (m
 constexpr uint32_t kDefaultShortMaxKv = 1024;
 constexpr uint32_t kDefaultRowsMaxKv = 16384;
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
+// Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
+// 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
+constexpr uint32_t kDefaultShortGroups = 32;
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
@@ -272,9 +275,13 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);
     pr.full_subgroups = true;
     partial_short_ = &ctx.pipeline(pr);
+    short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultShortGroups);
+    if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
+      usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
+                  std::min(kMaxGroups, info.max_workgroup_count[0]));
     // The decode step's variant with the merge folded in: its chunk weights live in the
     // subgroups' o arrays, which must hold one per workgroup along the context.
-    if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= n_groups_) {
+    if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= short_groups_) {
       PipelineDesc pt = pr;
       pt.name = "attention_rows.merge";
       pt.defines = merged(pr.defines, {{"MERGE_TAIL", "1"}});
@@ -292,6 +299,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     if (sl) {
       short_heads_ = short_heads;
       short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultShortMaxKv;
+      short_groups_ = n_groups_;
       PipelineDesc ps = p;
       ps.defines = merged(common, {{"WG", std::to_string(sl->wg)},
                                    {"HW", std::to_string(short_heads)},
@@ -323,26 +331,31 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   }
 }
 
-uint64_t AttentionOp::partials_bytes() const { return uint64_t(n_groups_) * shape_.n_head * (shape_.kv_lora + 2) * 4; }
+uint64_t AttentionOp::partials_bytes() const {
+  return uint64_t(std::max(n_groups_, short_groups_)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+}
 
 uint32_t AttentionOp::num_chunks(uint32_t kv_len) const {
   return gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), n_groups_, min_chunk_, tile_);
 }
 
-uint64_t AttentionOp::partial_bytes(uint32_t kv_len) const {
+uint64_t AttentionOp::partial_bytes(uint32_t kv_len, uint32_t groups) const {
   const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  const uint32_t chunks = gpu::ts_attn_num_chunks(uint32_t(len), groups ? groups : n_groups_, min_chunk_, tile_);
   return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 +
-         uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+         uint64_t(chunks) * shape_.n_head * (shape_.kv_lora + 2) * 4;
 }
 
-uint64_t AttentionOp::merge_bytes(uint32_t kv_len) const {
-  return uint64_t(num_chunks(kv_len)) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
+uint64_t AttentionOp::merge_bytes(uint32_t kv_len, uint32_t groups) const {
+  const uint32_t chunks =
+      gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), groups ? groups : n_groups_, min_chunk_, tile_);
+  return uint64_t(chunks) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
 }
 
-gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v) const {
+gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups) const {
   // The context bounds of a variant: the short one up to short_max_kv_, the long one above.
   const uint32_t kv_min = v == Variant::Long ? short_max_kv_ + 1 : 0, kv_max = v == Variant::Short ? short_max_kv_ : 0;
-  return {pos_word, shape_.n_ctx, n_groups_, min_chunk_, shape_.kq_scale, count_word, kv_min, kv_max};
+  return {pos_word, shape_.n_ctx, groups ? groups : n_groups_, min_chunk_, shape_.kq_scale, count_word, kv_min, kv_max};
 }
 
 uint32_t AttentionOp::check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
@@ -382,6 +395,12 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch,
                                BufferSlice olat_q8) const {
+  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_);
+}
+
+void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
+                               BufferSlice olat, std::string_view label, const QueryBatch& batch, BufferSlice olat_q8,
+                               uint32_t groups) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -389,19 +408,19 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
-  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, n_groups_, min_chunk_, batch.word(), 0, 0, 0};
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, groups, min_chunk_, batch.word(), 0, 0, 0};
   if (olat_q8.buffer != VK_NULL_HANDLE) {
     if (!merge_q8_) runtime_error(label, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
     if (olat_q8.size < n * olat_q8_bytes())
       runtime_error(label, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", n * olat_q8_bytes());
     const BufferSlice b[] = {partials, step, olat, olat_q8};
     rec.dispatch(*merge_q8_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n,
-                 std::string(label) + ".q8out", n * (merge_bytes(profile_kv_len_) + olat_q8_bytes()));
+                 std::string(label) + ".q8out", n * (merge_bytes(profile_kv_len_, groups) + olat_q8_bytes()));
     return;
   }
   const BufferSlice b[] = {partials, step, olat};
   rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n, label,
-               n * merge_bytes(profile_kv_len_));
+               n * merge_bytes(profile_kv_len_, groups));
 }
 
 void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
@@ -420,10 +439,11 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
   const bool short_range = range == DecodeRange::Short;
   if (short_range && !partial_short_) runtime_error(what, ": no short-context variant to record");
-  const uint64_t bytes = partial_bytes(profile_kv_len_);
+  const uint32_t groups = decode_groups(range);
+  const uint64_t bytes = partial_bytes(profile_kv_len_, groups);
   // The kv bounds stay: a workgroup run for the wrong range (bad counts) still does nothing.
-  const gpu::AttnPartialArgs args = partial_args(pos_word, TS_ATTN_NO_COUNT,
-                                                 !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long);
+  const gpu::AttnPartialArgs args = partial_args(
+      pos_word, TS_ATTN_NO_COUNT, !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long, groups);
   const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
   const uint32_t head_groups = ceil_div(shape_.n_head, short_range ? short_heads_ : heads_per_group_);
   if (merge_folded(range)) {
@@ -432,26 +452,28 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
       runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
     const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
     if (direct_partial_)
-      rec.dispatch(*partial_short_tail_, b, &args, sizeof args, n_groups_, head_groups, 1, what + " short+merge",
-                   bytes + merge_bytes(profile_kv_len_));
+      rec.dispatch(*partial_short_tail_, b, &args, sizeof args, groups, head_groups, 1, what + " short+merge",
+                   bytes + merge_bytes(profile_kv_len_, groups));
     else
       rec.dispatch_indirect(*partial_short_tail_, b, &args, sizeof args, slot, what + " short+merge",
-                            bytes + merge_bytes(profile_kv_len_));
+                            bytes + merge_bytes(profile_kv_len_, groups));
     return;
   }
   const BufferSlice b[] = {q, cache, step, partials};
   const Pipeline& pipe = short_range ? *partial_short_ : *partial_;
   if (direct_partial_)
-    rec.dispatch(pipe, b, &args, sizeof args, n_groups_, head_groups, 1, short_range ? what + " short" : what, bytes);
+    rec.dispatch(pipe, b, &args, sizeof args, groups, head_groups, 1, short_range ? what + " short" : what, bytes);
   else
     rec.dispatch_indirect(pipe, b, &args, sizeof args, slot, short_range ? what + " short" : what, bytes);
   rec.barrier();
-  record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8);
+  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups);
 }
 
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
-  const bool short_range = decode_range(kv_len) == DecodeRange::Short;
-  const uint32_t chunks = std::max(1u, num_chunks(kv_len));
+  const DecodeRange range = decode_range(kv_len);
+  const bool short_range = range == DecodeRange::Short;
+  const uint32_t chunks =
+      std::max(1u, gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), decode_groups(range), min_chunk_, tile_));
   const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
   const uint32_t l[3] = {short_range ? 0u : chunks, ceil_div(shape_.n_head, heads_per_group_), 1u};
   for (int i = 0; i < 3; ++i) {

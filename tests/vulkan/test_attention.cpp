@@ -311,7 +311,8 @@ struct DecodeCase {
   bool rows, merge_tail;
   uint32_t n_groups, min_chunk, rows_heads;
   std::vector<uint32_t> kv_lens;
-  bool direct = false;  // AttentionTuning::direct_partial: all n_groups workgroups, no indirect counts
+  bool direct = false;  // AttentionTuning::direct_partial: every context workgroup, no indirect counts
+  uint32_t short_groups = 0;  // AttentionTuning::short_groups (0: auto)
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -320,15 +321,17 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // GLM shape, the 5-head short kernel (attention_partial.comp), default chunking
       {"partial kernel, 5 heads", 20, 512, 64, 300, 40, false, false, 0, 0, 0, {1, 17, 40, 41, 299, 40}},
       // the rows kernel with its merge separate, then folded in (default chunking: up to 37 chunks)
-      {"rows kernel, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299, 17}},
+      {"rows kernel, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299, 17}, false},
+      // the short range on 7 groups, the long one on the default 128 (37 chunks at 299)
+      {"rows kernel, 7 short-range groups", 20, 512, 64, 300, 100, true, false, 0, 0, 0, {1, 60, 100, 101, 299}, true, 7},
       {"rows kernel, merge folded", 20, 512, 64, 300, 299, true, true, 0, 0, 0, {1, 2, 9, 17, 299, 300, 298, 1, 9}},
       // many chunks of the folded merge (128 groups, chunks of 8: 125 chunks at 1000 positions)
-      {"folded, 125 chunks", 16, 512, 64, 1001, 1000, true, true, 128, 8, 0, {1000, 999, 8, 9, 1000, 1001}},
+      {"folded, 125 chunks", 16, 512, 64, 1001, 1000, true, true, 128, 8, 0, {1000, 999, 8, 9, 1000, 1001}, false, 128},
       // 3 heads per workgroup (20 = 6 x 3 + 2): one counter per head group, the last one short
-      {"folded, 3 heads per workgroup", 20, 512, 64, 200, 150, true, true, 7, 8, 3, {1, 8, 9, 57, 150, 151, 56}},
+      {"folded, 3 heads per workgroup", 20, 512, 64, 200, 150, true, true, 7, 8, 3, {1, 8, 9, 57, 150, 151, 56}, false, 7},
       // rows of 80 values with 3 heads; 300 groups need more chunk weights than the kernel's
       // shared o arrays hold (4 x 64 floats): the merge stays a dispatch
-      {"too many groups to fold", 3, 64, 16, 700, 600, true, true, 300, 0, 0, {1, 3, 599, 600, 601, 700}},
+      {"too many groups to fold", 3, 64, 16, 700, 600, true, true, 300, 0, 0, {1, 3, 599, 600, 601, 700}, false, 300},
       // direct dispatches of every context workgroup (the surplus exit), merge separate and folded
       {"direct, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299}, true},
       {"direct, merge folded", 16, 512, 64, 400, 399, true, true, 37, 8, 0, {1, 9, 300, 399, 400, 5}, true},
@@ -344,16 +347,19 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.merge_tail = c.merge_tail;
     t.rows_heads = c.rows_heads;
     t.direct_partial = c.direct;
+    t.short_groups = c.short_groups;
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
-    const bool folded = c.merge_tail && uint64_t(4) * std::max(1u, c.rows_heads) * c.kv_lora >= op.n_groups();
+    const uint32_t sgroups = op.decode_groups(vk::DecodeRange::Short);
+    if (c.rows) EXPECT_EQ(sgroups, c.short_groups ? c.short_groups : std::min(op.n_groups(), 32u));
+    const bool folded = c.merge_tail && uint64_t(4) * std::max(1u, c.rows_heads) * c.kv_lora >= sgroups;
     EXPECT_EQ(op.merge_folded(vk::DecodeRange::Short), folded);
     EXPECT_FALSE(op.merge_folded(vk::DecodeRange::Long));
     EXPECT_EQ(op.decode_range(c.short_max), vk::DecodeRange::Short);
     EXPECT_EQ(op.decode_range(c.short_max + 1), vk::DecodeRange::Long);
     uint32_t words[vk::AttentionOp::kDecodeCountWords];
     op.decode_counts(c.short_max, words);
-    EXPECT_EQ(words[0], op.num_chunks(c.short_max));
+    EXPECT_EQ(words[0], gpu::ts_attn_num_chunks(c.short_max, sgroups, op.min_chunk(), op.tile()));
     EXPECT_EQ(words[1], (c.n_head + op.short_heads_per_group() - 1) / op.short_heads_per_group());
     EXPECT_EQ(words[3], 0u) << "long range idle";
     op.decode_counts(c.short_max + 1, words);
@@ -400,7 +406,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
         max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
         max_ref = std::max(max_ref, double(std::abs(want[i])));
       }
-      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len << " (" << op.num_chunks(kv_len) << " chunks)";
+      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
     }

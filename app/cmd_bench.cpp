@@ -70,6 +70,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
     else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
     else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
+    else if (k == "olat_q8") usage_error("--tune: olat_q8=", v, " is not 0 (W_vo quantizes olat) or 1 (the merge's int8 olat)");
     else if (k == "barrier") usage_error("--tune: barrier=", v, " is not 0 (full), 1 (compute) or 2 (compute only)");
     else if (k == "prefetch") usage_error("--tune: prefetch=", v, " is not a set of bits 1 (W_vo), 2 (router and shared expert), 4 (W_qk)");
     else return false;

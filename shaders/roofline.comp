@@ -12,13 +12,19 @@
 //   memory instead of a pipeline barrier. A wait that spins kSpinLimit polls (or finds dst[0] set
 //   by one that did) gives up and sets dst[0] = 1: a driver that does not run the dispatches in
 //   order ends the test with an error flag instead of a hang.
-// Bindings: 0 = src (uvec4[n_vec4]; MODE 2: the counters, uint), 1 = dst (uint[]).
+// MODE 3 (grid barrier): one dispatch of `never` workgroups, all meant to be resident at once,
+//   passes n_vec4 rounds of a grid-wide barrier: invocation 0 of each workgroup adds 1 to
+//   counter 0 and spins until it reaches (round + 1) * workgroups, then a workgroup barrier. What
+//   a persistent kernel would pay per stage instead of a dispatch and a pipeline barrier. The
+//   same bounded wait and error flag as MODE 2 (a device that cannot hold every workgroup at once,
+//   such as lavapipe, ends the test with the flag set instead of a hang).
+// Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3: the counters, uint), 1 = dst (uint[]).
 
 #include "common.glsl"
 
 layout(local_size_x = WG_SIZE) in;
 
-#if MODE == 2
+#if MODE >= 2
 layout(std430, binding = 0) coherent restrict buffer CounterBuf { uint counters[]; };
 layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
 const uint kSpinLimit = 1u << 20;
@@ -45,6 +51,21 @@ void main() {
   if (folded == args.never) dst[gl_LocalInvocationIndex] = folded;
 #elif MODE == 1
   if (gl_LocalInvocationIndex == 0) dst[0] = args.never + gl_WorkGroupID.x;
+#elif MODE == 3
+  for (uint r = 0u; r < args.n_vec4; ++r) {
+    if (gl_LocalInvocationIndex == 0u) {
+      atomicAdd(counters[0], 1u);
+      const uint target = (r + 1u) * args.never;
+      uint spins = 0u;
+      while (atomicAdd(counters[0], 0u) < target) {
+        if (++spins >= kSpinLimit || atomicAdd(dst[0], 0u) != 0u) {
+          atomicOr(dst[0], 1u);
+          break;
+        }
+      }
+    }
+    barrier();
+  }
 #else
   const uint i = args.n_vec4;
   if (i > 0u) {

@@ -29,7 +29,7 @@ vulkan_env "$HERE" "$T" "$LOG"
 "$T" devices 2>>"$LOG" | head -20
 if [ -n "${ROOFLINE:-}" ]; then  # the device's read bandwidth and dispatch / barrier costs first
   "$T" bench --roofline >"$OUT/roofline.md" 2>>"$LOG"
-  grep -E "^\| (read|dispatch|the same|empty|indirect|dependent)" "$OUT/roofline.md"
+  grep -E "^\| (read|dispatch|the same|empty|indirect|dependent|grid)" "$OUT/roofline.md"
 fi
 G="$WORK/m.gguf"
 /usr/bin/time -f "synth %e s" "$T" --threads "$(nproc)" synth --preset "$PRESET" --type "$TYPE" -o "$G" 2>>"$LOG" >/dev/null

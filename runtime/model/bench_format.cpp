@@ -159,6 +159,8 @@ std::string bench_json(const BenchReport& r) {
          ", \"dispatch_chained_us\": " + jn(q.dispatch_chained_us) +
          ", \"dispatch_chained_wide_us\": " + jn(q.dispatch_chained_wide_us) +
          ", \"chained_timed_out\": " + (q.chained_timed_out ? "true" : "false") +
+         ", \"grid_groups\": " + ju(q.grid_groups) + ", \"grid_barrier_us\": " + jn(q.grid_barrier_us) +
+         ", \"grid_timed_out\": " + (q.grid_timed_out ? "true" : "false") +
          ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"dispatch_indirect_us\": " + jn(q.dispatch_indirect_us) +
          ", \"dispatch_indirect_barrier_us\": " + jn(q.dispatch_indirect_barrier_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";
   }

@@ -19,6 +19,8 @@ constexpr uint32_t kReadWorkgroup = 256;
 constexpr uint32_t kReadUnroll = 8;
 constexpr uint32_t kTinyWorkgroup = 64;
 constexpr uint32_t kWideGroups = 256;  // workgroups per dispatch in the "wide" dependency tests
+constexpr uint32_t kGridGroups = 128;  // the grid barrier test: fewer than the 132 SMs of an H100
+constexpr uint32_t kGridRounds = 256;  // grid barriers timed per dispatch
 constexpr uint32_t kFillWord = 0x3f800001u;  // what the read buffer holds (never zeros)
 constexpr uint32_t kNever = 0xdeadbeefu;      // no fold of kFillWord words equals this
 
@@ -43,7 +45,7 @@ double now_us() {
 
 const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
   vk::PipelineDesc desc;
-  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : "roofline.chained";
+  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : mode == 2 ? "roofline.chained" : "roofline.grid";
   desc.file = "roofline.comp";
   desc.defines = {{"MODE", std::to_string(mode)},
                   {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
@@ -205,6 +207,31 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   };
   r.dispatch_chained_us = chained_us(1);
   r.dispatch_chained_wide_us = chained_us(r.wide_groups);
+
+  // A grid-wide barrier among resident workgroups (one per SM on an H100: 128 < 132): rounds of
+  // it inside one dispatch, less the same dispatch with no rounds, per round.
+  r.grid_groups = std::min<uint32_t>(kGridGroups, info.max_workgroup_count[0]);
+  const vk::Pipeline& grid = roofline_pipeline(ctx, 3);
+  const auto grid_run_us = [&](uint32_t rounds) {
+    vk::CommandRecorder rec(ctx);
+    rec.begin();
+    rec.fill(counters.whole(), 0);
+    rec.fill(flag.whole(), 0);
+    rec.barrier();
+    RooflineArgs a;
+    a.n_vec4 = rounds;
+    a.never = r.grid_groups;
+    rec.dispatch(grid, cbufs, a, r.grid_groups, 1, 1, "roofline.grid", 4);
+    rec.end();
+    const double us = median_run_us(rec, runs);
+    uint32_t word = 0;
+    std::memcpy(&word, flag.mapped(), 4);
+    r.grid_timed_out = r.grid_timed_out || word != 0;
+    return us;
+  };
+  const uint32_t rounds = std::min<uint32_t>(n, kGridRounds);
+  const double base_us = grid_run_us(0);
+  r.grid_barrier_us = std::max(0.0, (grid_run_us(rounds) - base_us) / rounds);
   return r;
 }
 
@@ -229,6 +256,9 @@ std::string roofline_markdown(const RooflineResult& r) {
                   "| dependent dispatches chained by a counter, no barrier (1 / %u workgroups) | %.3f / %.3f µs each%s |\n",
                   r.wide_groups, r.dispatch_chained_us, r.dispatch_chained_wide_us,
                   r.chained_timed_out ? " (a wait timed out: not run in order)" : "");
+    s += line;
+    std::snprintf(line, sizeof line, "| grid-wide barrier among %u resident workgroups, inside one dispatch | %.3f µs each%s |\n",
+                  r.grid_groups, r.grid_barrier_us, r.grid_timed_out ? " (a wait timed out: not all resident)" : "");
     s += line;
     std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_us);

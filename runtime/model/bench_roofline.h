@@ -45,6 +45,11 @@ struct RooflineResult {
   double dispatch_chained_us = 0;
   double dispatch_chained_wide_us = 0;
   bool chained_timed_out = false;   // a counter wait gave up (the driver did not run them in order)
+  // A grid-wide barrier among grid_groups workgroups of one dispatch (roofline.comp MODE 3), per
+  // barrier: what a persistent kernel would pay per stage.
+  uint32_t grid_groups = 0;
+  double grid_barrier_us = 0;
+  bool grid_timed_out = false;      // a wait gave up (not every workgroup was resident)
   double submit_us = 0;             // an empty submit + wait round trip (median)
 };
 

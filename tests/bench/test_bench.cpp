@@ -257,6 +257,20 @@ TEST(BenchCli, TuneBarrierScope) {
   EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=3").rc, 1);
 }
 
+// The session-6 knobs: accepted in range, refused out of range as usage errors (exit code 1).
+TEST(BenchCli, AttentionAndMatvecKnobsAreChecked) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult ok = run_tessera("bench '" + tiny_tsr() +
+                                   "' -p 0 -n 2 -r 1 --tune olat_q8=1,matvec_unroll=4 --attention direct=0,short_groups=5,merge_tail=1");
+  EXPECT_EQ(ok.rc, 0) << ok.out;
+  const RunResult q8 = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune olat_q8=2");
+  EXPECT_EQ(q8.rc, 1);
+  const RunResult un = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune matvec_unroll=3");
+  EXPECT_EQ(un.rc, 1);
+  const RunResult sg = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --attention short_groups=5000");
+  EXPECT_EQ(sg.rc, 1);
+}
+
 TEST(BenchCli, CpuReferenceRunsTheGguf) {
   const RunResult r = run_tessera("bench '" + tiny_gguf() + "' -p 2 -n 2 -d 0,3 -r 1 --threads 2 -o json");
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -289,6 +303,8 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
   EXPECT_GE(q["dispatch_barrier_compute_only_us"].num, 0);
   EXPECT_GE(q["dispatch_indirect_us"].num, 0);
+  EXPECT_GE(q["grid_barrier_us"].num, 0);
+  EXPECT_GT(q["grid_groups"].num, 0);
   EXPECT_GE(q["dispatch_indirect_barrier_us"].num, 0);
   EXPECT_GT(q["wide_groups"].num, 1);
   EXPECT_GE(q["dispatch_barrier_wide_us"].num, 0);
@@ -305,6 +321,7 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("compute-scoped barriers"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("indirect dispatches"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("grid-wide barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("chained by a counter"), std::string::npos) << md.out;
 }
 

@@ -116,15 +116,26 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   rec_->run();
   record_steps();
   // The dispatch budget of the decode step (issue 5): 12 per layer, plus the embedding, the output
-  // norm, the head and the sampler. Where a recording would break it with the short-context
-  // attention variant (whose merge is folded in, so it should not), that variant goes.
+  // norm, the head and the sampler. Where a recording breaks it, the short-context attention
+  // variant goes if that lowers the count. With one recording per range it usually does not (the
+  // short range's recording has at most the long one's dispatches): then dropping it would only
+  // lose the short variant's speed, and it stays.
   const uint32_t budget = kMaxDispatchesPerLayer * config_.n_layer + kStepDispatches;
   const uint32_t most = std::max(rec_->dispatch_count(), rec_long_ ? rec_long_->dispatch_count() : 0u);
   if (most > budget && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;
+    std::unique_ptr<vk::AttentionOp> with_short = std::move(attn_);
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
-    record_steps();
+    // Without the short variant there is one recording, for every context: count it first.
+    const DecodeStats keep = stats_;
+    vk::CommandRecorder probe(ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
+    probe.begin();
+    record_step(probe, n_ctx_);
+    probe.end();
+    stats_ = keep;
+    if (probe.dispatch_count() < most) record_steps();
+    else attn_ = std::move(with_short);  // rec_ and rec_long_ stay as recorded with it
   }
   stats_.dispatches = rec_->dispatch_count();
   stats_.barriers = rec_->barrier_count();

@@ -447,6 +447,9 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
   const uint32_t head_groups = ceil_div(shape_.n_head, short_range ? short_heads_ : heads_per_group_);
   if (merge_folded(range)) {
+    if (olat_q8.buffer != VK_NULL_HANDLE)
+      runtime_error(what, ": no int8 olat where the merge is folded into the rows kernel (only the merge dispatch "
+                    "writes it; leave olat_q8 unset for this range)");
     if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
     if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
       runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);

@@ -201,7 +201,8 @@ class AttentionOp {
   // by the host before each submission with decode_counts: as many workgroups as the context has
   // chunks), then the merge: folded into the rows kernel where merge_folded(range) (its arrival
   // counters in `arrivals`, arrivals_bytes(), zero before the first submission and left zero by
-  // every dispatch), else a barrier and the merge dispatch (which also writes olat_q8 where set).
+  // every dispatch; olat_q8 must then be unset: Error(Runtime)), else a barrier and the merge
+  // dispatch (which also writes olat_q8 where set).
   // Run it only for contexts in `range`.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,

@@ -401,6 +401,32 @@ TEST(GpuModel, PrefetchChangesNoLogit) {
   }
 }
 
+// With per-range recordings (GpuModel::record_steps) the short-context attention variant adds no
+// dispatch to any recording: the short range's recording has at most the long one's dispatches.
+// So where a recording breaks the dispatch budget (here: the L2 prefetch and the router dispatch
+// on a factored q-LoRA file), dropping the short variant would not bring it back within the budget;
+// the variant stays (its partial kernel runs at short contexts).
+TEST(GpuModel, BudgetKeepsTheShortVariantWhereDroppingItSavesNothing) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  if (!context().device().has_timestamps()) GTEST_SKIP() << "no timestamp queries";
+  const Files f = files("tiny", "q4_0", "none");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+  o.fused_router = false;
+  o.prefetch = model::kPrefetchAll;
+  model::GpuModel m(context(), tsr, o);
+  ASSERT_GT(m.stats().dispatches, 12 * m.config().n_layer + 4) << "the case must break the budget";
+  const std::vector<vk::DispatchTiming> t = m.profile_step(1);
+  const bool short_kernel = std::any_of(t.begin(), t.end(), [](const vk::DispatchTiming& d) {
+    return d.label.find("attention blk.0. partial short") != std::string::npos;
+  });
+  EXPECT_TRUE(short_kernel) << "the short attention variant was dropped";
+  // The same model without the short variant records as many dispatches: nothing was saved.
+  o.attention.short_variant = false;
+  model::GpuModel without(context(), tsr, o);
+  EXPECT_EQ(without.stats().dispatches, m.stats().dispatches);
+}
+
 TEST(GpuModel, DecodeOfTokenNEqualsPromptOfNTokens) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny-lite", "q4_0", "all");

@@ -466,6 +466,34 @@ TEST(AttentionMerge, WritesOlatAsInt8Blocks) {
   }
 }
 
+// The int8 olat is written by the merge dispatch only: where the short range's merge is folded
+// into the rows kernel there is none, so record_decode refuses an olat_q8 binding there (W_vo
+// would read stale blocks) instead of ignoring it; the long range's merge writes it.
+TEST(AttentionDecode, FoldedMergeRefusesInt8Olat) {
+  REQUIRE_GPU();
+  const vk::AttentionShape shape = make_shape(4, 64, 16, 64, kGlmRope);
+  vk::AttentionTuning t;
+  t.short_max_kv = 32;
+  t.merge_tail = true;
+  vk::AttentionOp op(*gpu().ctx, shape, t);
+  if (!op.merge_folded(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel (subgroup arithmetic)";
+  ASSERT_TRUE(op.writes_olat_q8());
+  vk::Buffer q = make_buffer(4 * shape.row() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals"), olat = make_buffer(4 * 64 * 4, "olat");
+  vk::Buffer olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  EXPECT_THROW(op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                                partials.whole(), arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn",
+                                olat_q8.whole()),
+               Error);
+  op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                   arrivals.whole(), olat.whole(), vk::DecodeRange::Long, "attn", olat_q8.whole());
+  rec.end();
+  EXPECT_NE(rec.dispatches().back().label.find(".q8out"), std::string::npos);
+}
+
 // The decode loop as the model records it: kv_write, barrier, attention; one recording reused for
 // every token, the position advanced by the host between submissions.
 TEST(AttentionDecode, KvWriteThenAttentionOverGrowingContext) {

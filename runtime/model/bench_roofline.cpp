@@ -186,24 +186,34 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   vk::Buffer flag = host_pool.create_buffer(16, "roofline chain flag");
   const vk::Pipeline& chained = roofline_pipeline(ctx, 2);
   const vk::BufferSlice cbufs[2] = {counters.whole(), flag.whole()};
-  const auto chained_us = [&](uint32_t groups) {
+  // Median wall time of a recording that zeroes the counters and the flag, then `record`s its
+  // dispatches; *timed_out |= the flag a bounded wait sets.
+  const auto counted_run_us = [&](const auto& record, bool* timed_out) {
     vk::CommandRecorder rec(ctx);
     rec.begin();
     rec.fill(counters.whole(), 0);
     rec.fill(flag.whole(), 0);
     rec.barrier();
-    for (uint32_t i = 0; i < n; ++i) {
-      RooflineArgs a;
-      a.n_vec4 = i;                   // this dispatch's counter
-      a.never = i > 0 ? groups : 0u;  // what the one before adds up to
-      rec.dispatch(chained, cbufs, a, groups, 1, 1, "roofline.chained", 4);
-    }
+    record(rec);
     rec.end();
-    const double us = std::max(0.0, (median_run_us(rec, runs) - r.submit_us) / n);
+    const double us = median_run_us(rec, runs);
     uint32_t word = 0;
     std::memcpy(&word, flag.mapped(), 4);
-    r.chained_timed_out = r.chained_timed_out || word != 0;
+    *timed_out = *timed_out || word != 0;
     return us;
+  };
+  const auto chained_us = [&](uint32_t groups) {
+    const double us = counted_run_us(
+        [&](vk::CommandRecorder& rec) {
+          for (uint32_t i = 0; i < n; ++i) {
+            RooflineArgs a;
+            a.n_vec4 = i;                   // this dispatch's counter
+            a.never = i > 0 ? groups : 0u;  // what the one before adds up to
+            rec.dispatch(chained, cbufs, a, groups, 1, 1, "roofline.chained", 4);
+          }
+        },
+        &r.chained_timed_out);
+    return std::max(0.0, (us - r.submit_us) / n);
   };
   r.dispatch_chained_us = chained_us(1);
   r.dispatch_chained_wide_us = chained_us(r.wide_groups);
@@ -213,21 +223,14 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.grid_groups = std::min<uint32_t>(kGridGroups, info.max_workgroup_count[0]);
   const vk::Pipeline& grid = roofline_pipeline(ctx, 3);
   const auto grid_run_us = [&](uint32_t rounds) {
-    vk::CommandRecorder rec(ctx);
-    rec.begin();
-    rec.fill(counters.whole(), 0);
-    rec.fill(flag.whole(), 0);
-    rec.barrier();
-    RooflineArgs a;
-    a.n_vec4 = rounds;
-    a.never = r.grid_groups;
-    rec.dispatch(grid, cbufs, a, r.grid_groups, 1, 1, "roofline.grid", 4);
-    rec.end();
-    const double us = median_run_us(rec, runs);
-    uint32_t word = 0;
-    std::memcpy(&word, flag.mapped(), 4);
-    r.grid_timed_out = r.grid_timed_out || word != 0;
-    return us;
+    return counted_run_us(
+        [&](vk::CommandRecorder& rec) {
+          RooflineArgs a;
+          a.n_vec4 = rounds;
+          a.never = r.grid_groups;
+          rec.dispatch(grid, cbufs, a, r.grid_groups, 1, 1, "roofline.grid", 4);
+        },
+        &r.grid_timed_out);
   };
   // (A CPU device runs it as a software emulation, milliseconds a round: a few rounds say enough.)
   const uint32_t rounds = std::min<uint32_t>(n, info.type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 4u : kGridRounds);

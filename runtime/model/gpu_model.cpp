@@ -104,8 +104,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
       config_.has_exp_probs_b = false;  // a softmax-routed file without selection bias
   plan_and_upload(file);
-  rec_ = std::make_unique<vk::CommandRecorder>(
-      ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
+  rec_ = step_recorder(false);
   // Zero the sampler's scratch once (its arrival counter must start at 0), the router's arrival
   // counter (layers without the fold) and the attention's merge-tail counters.
   rec_->begin();
@@ -128,13 +127,9 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
     std::unique_ptr<vk::AttentionOp> with_short = std::move(attn_);
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
     // Without the short variant there is one recording, for every context: count it first.
-    const DecodeStats keep = stats_;
-    vk::CommandRecorder probe(ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
-    probe.begin();
-    record_step(probe, n_ctx_);
-    probe.end();
-    stats_ = keep;
-    if (probe.dispatch_count() < most) record_steps();
+    const std::unique_ptr<vk::CommandRecorder> probe = step_recorder(false);
+    record_aside(*probe, n_ctx_);
+    if (probe->dispatch_count() < most) record_steps();
     else attn_ = std::move(with_short);  // rec_ and rec_long_ stay as recorded with it
   }
   stats_.dispatches = rec_->dispatch_count();
@@ -152,14 +147,22 @@ void GpuModel::record_steps() {
   rec_->end();
   rec_long_.reset();
   if (short_max && n_ctx_ > short_max) {
-    rec_long_ = std::make_unique<vk::CommandRecorder>(
-        ctx_, vk::RecorderOptions{.timestamps = false, .barrier_scope = options_.barrier_scope});
-    const DecodeStats keep = stats_;
-    rec_long_->begin();
-    record_step(*rec_long_, n_ctx_);
-    rec_long_->end();
-    stats_ = keep;  // the stats describe the short-context recording
+    rec_long_ = step_recorder(false);
+    record_aside(*rec_long_, n_ctx_);  // the stats describe the short-context recording
   }
+}
+
+std::unique_ptr<vk::CommandRecorder> GpuModel::step_recorder(bool timestamps) const {
+  return std::make_unique<vk::CommandRecorder>(
+      ctx_, vk::RecorderOptions{.timestamps = timestamps, .barrier_scope = options_.barrier_scope});
+}
+
+void GpuModel::record_aside(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
+  const DecodeStats keep = stats_;
+  rec.begin();
+  record_step(rec, profile_kv_len);
+  rec.end();
+  stats_ = keep;
 }
 
 GpuModel::~GpuModel() {
@@ -626,14 +629,9 @@ std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* 
   // A second recording of the step with timestamps after every dispatch and the byte counts of
   // this context length (the decode recording stays as it is), run once at position kv_len - 1.
   if (!prof_rec_)
-    prof_rec_ = std::make_unique<vk::CommandRecorder>(
-        ctx_, vk::RecorderOptions{.timestamps = true, .barrier_scope = options_.barrier_scope});
+    prof_rec_ = step_recorder(true);
   if (prof_kv_len_ != kv_len) {
-    const DecodeStats keep = stats_;
-    prof_rec_->begin();
-    record_step(*prof_rec_, kv_len);
-    prof_rec_->end();
-    stats_ = keep;
+    record_aside(*prof_rec_, kv_len);
     prof_kv_len_ = kv_len;
   }
   const int32_t token = sampled_token();

@@ -172,6 +172,10 @@ class GpuModel : public LanguageModel {
   // its declared bytes for that length; record_steps: rec_ (and rec_long_) from attn_.
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   void record_steps();
+  // A recorder with the step's (and prefill's) barrier scope; record_aside: rec = the step for profile_kv_len,
+  // stats_ left as they were (the stats describe rec_).
+  std::unique_ptr<vk::CommandRecorder> step_recorder(bool timestamps) const;
+  void record_aside(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   // Whether MoE layer `layer` takes the router fold (options, device, router shape).
   bool fold_router(uint32_t layer) const;
   void run_step(int32_t token, uint32_t pos);

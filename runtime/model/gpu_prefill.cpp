@@ -181,7 +181,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   const Head head = Head(head_index);
   const vk::BufferSlice chunk = p.chunk.whole();
   {
-    auto rec = std::make_unique<vk::CommandRecorder>(ctx_, vk::RecorderOptions{.timestamps = timestamps, .barrier_scope = options_.barrier_scope});
+    auto rec = step_recorder(timestamps);
     rec->begin();
     PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;

@@ -335,21 +335,18 @@ uint64_t AttentionOp::partials_bytes() const {
   return uint64_t(std::max(n_groups_, short_groups_)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
 }
 
-uint32_t AttentionOp::num_chunks(uint32_t kv_len) const {
-  return gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), n_groups_, min_chunk_, tile_);
+uint32_t AttentionOp::num_chunks(uint32_t kv_len, uint32_t groups) const {
+  return gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), groups ? groups : n_groups_, min_chunk_, tile_);
 }
 
 uint64_t AttentionOp::partial_bytes(uint32_t kv_len, uint32_t groups) const {
   const uint64_t len = std::min(kv_len, shape_.n_ctx);
-  const uint32_t chunks = gpu::ts_attn_num_chunks(uint32_t(len), groups ? groups : n_groups_, min_chunk_, tile_);
   return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 +
-         uint64_t(chunks) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+         uint64_t(num_chunks(kv_len, groups)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
 }
 
 uint64_t AttentionOp::merge_bytes(uint32_t kv_len, uint32_t groups) const {
-  const uint32_t chunks =
-      gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), groups ? groups : n_groups_, min_chunk_, tile_);
-  return uint64_t(chunks) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
+  return uint64_t(num_chunks(kv_len, groups)) * shape_.n_head * (shape_.kv_lora + 2) * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
 }
 
 gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups) const {
@@ -446,28 +443,23 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
       pos_word, TS_ATTN_NO_COUNT, !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long, groups);
   const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
   const uint32_t head_groups = ceil_div(shape_.n_head, short_range ? short_heads_ : heads_per_group_);
-  if (merge_folded(range)) {
+  const bool folded = merge_folded(range);  // the kernel takes arrivals and olat as bindings 4, 5
+  if (folded) {
     if (olat_q8.buffer != VK_NULL_HANDLE)
       runtime_error(what, ": no int8 olat where the merge is folded into the rows kernel (only the merge dispatch "
                     "writes it; leave olat_q8 unset for this range)");
     if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
     if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
       runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
-    if (direct_partial_)
-      rec.dispatch(*partial_short_tail_, b, &args, sizeof args, groups, head_groups, 1, what + " short+merge",
-                   bytes + merge_bytes(profile_kv_len_, groups));
-    else
-      rec.dispatch_indirect(*partial_short_tail_, b, &args, sizeof args, slot, what + " short+merge",
-                            bytes + merge_bytes(profile_kv_len_, groups));
-    return;
   }
-  const BufferSlice b[] = {q, cache, step, partials};
-  const Pipeline& pipe = short_range ? *partial_short_ : *partial_;
-  if (direct_partial_)
-    rec.dispatch(pipe, b, &args, sizeof args, groups, head_groups, 1, short_range ? what + " short" : what, bytes);
-  else
-    rec.dispatch_indirect(pipe, b, &args, sizeof args, slot, short_range ? what + " short" : what, bytes);
+  const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
+  const std::span<const BufferSlice> bufs(b, folded ? 6 : 4);
+  const Pipeline& pipe = folded ? *partial_short_tail_ : short_range ? *partial_short_ : *partial_;
+  const std::string name = folded ? what + " short+merge" : short_range ? what + " short" : what;
+  const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups) : bytes;
+  if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, head_groups, 1, name, moved);
+  else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
+  if (folded) return;
   rec.barrier();
   merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups);
 }
@@ -475,8 +467,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
   const DecodeRange range = decode_range(kv_len);
   const bool short_range = range == DecodeRange::Short;
-  const uint32_t chunks =
-      std::max(1u, gpu::ts_attn_num_chunks(std::min(kv_len, shape_.n_ctx), decode_groups(range), min_chunk_, tile_));
+  const uint32_t chunks = std::max(1u, num_chunks(kv_len, decode_groups(range)));
   const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
   const uint32_t l[3] = {short_range ? 0u : chunks, ceil_div(shape_.n_head, heads_per_group_), 1u};
   for (int i = 0; i < 3; ++i) {

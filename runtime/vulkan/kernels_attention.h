@@ -235,8 +235,9 @@ class AttentionOp {
   // The short-context variant's heads per workgroup and its context bound (0, 0: none).
   uint32_t short_heads_per_group() const { return short_heads_; }
   uint32_t short_max_kv() const { return short_max_kv_; }
-  // Chunks used at a context of kv_len positions (same rule as the kernels).
-  uint32_t num_chunks(uint32_t kv_len) const;
+  // Chunks used at a context of kv_len positions over `groups` context workgroups (0: n_groups;
+  // same rule as the kernels).
+  uint32_t num_chunks(uint32_t kv_len, uint32_t groups = 0) const;
 
  private:
   // The partial kernel's arguments: the only kernel, or the short / long variant (its context bounds).

@@ -56,7 +56,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier, olat_q8",
+              "matvec_teams, matvec_rows, matvec_unroll, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier, olat_q8, moe_fused",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -68,6 +68,8 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
     else if (k == "router" && v <= 1) o.fused_router = v != 0;
     else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
+    else if (k == "moe_fused" && v <= 1) o.fused_down = v != 0;
+    else if (k == "moe_fused") usage_error("--tune: moe_fused=", v, " is not 0 (the down's own dispatch) or 1 (the down fused into the gate-up)");
     else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
     else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
     else if (k == "olat_q8") usage_error("--tune: olat_q8=", v, " is not 0 (W_vo quantizes olat) or 1 (the merge's int8 olat)");
@@ -134,7 +136,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4 (decode), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself), barrier=0|1|2 (the barrier "
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself), moe_fused=0|1 (1: the MoE down fused into the gate-up), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

@@ -28,6 +28,19 @@
 // that when a count exceeds maxComputeWorkGroupCount[0]).
 uint linear_workgroup_id() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
+#if defined(ROUTER_FOLD)
+#if ROUTER_FOLD
+// v * scale rounded to int64 (the 64-bit fixed-point accumulators of the router fold and the fused
+// MoE down): NaN -> 0, clamped to +-2^53 (no out-of-range conversion; 1024 workgroups' clamped
+// adds still do not wrap).
+int64_t rf_fixed(float v, float scale) {
+  float f = v * scale;
+  f = isnan(f) ? 0.0 : clamp(f, -9007199254740992.0, 9007199254740992.0);
+  return int64_t(roundEven(f));
+}
+#endif
+#endif
+
 #ifdef WG_SIZE
 shared float ts_wg_sum[WG_SIZE];
 

@@ -80,8 +80,17 @@ struct MoeArgs {
   uint gating;            //   (TS_ROUTER_EXPERT_BIAS, TS_ROUTER_NORM_WEIGHTS) and weights scale
   uint route_flags;
   float weights_scale;
-  uint pad0, pad1;
+  uint down_routed_offset;  // FUSED_DOWN gate-up: bytes from a routed slot's start to its down matrix
+  uint down_shared_offset;  // FUSED_DOWN gate-up: the shared down matrix (from the binding start)
 };
+
+// The MoE down fused into the int8 gate-up (moe_gateup.comp FUSED_DOWN, MoeGateUpOp::down_acc):
+// each workgroup multiplies its 32 outputs (one int8 block of h) by the matching 32 columns of its
+// slot's down matrix, weighted, and adds the n_embd products into 64-bit fixed-point accumulators
+// (round(v * TS_MOE_DOWN_ACC_SCALE)); the last workgroup to arrive adds them to x and zeroes them.
+// Accumulator buffer: int64 [n_embd], then the arrival counter (uint32 word 2 * n_embd); all zero
+// between dispatches. Integer sums: the same bits in every run whatever the order of the atomics.
+#define TS_MOE_DOWN_ACC_SCALE 4294967296.0  // 2^32
 
 // sample.comp flags.
 #define TS_SAMPLE_ADVANCE_POS 1u  // step[pos_word] += 1 after writing the token

@@ -34,6 +34,13 @@
 // logits[e] = acc[e] / rms and run routing.glsl; with TS_MOE_ROUTE_WRITE workgroup 0 writes the K
 // (expert, weight) pairs to route (binding 3, for the down kernel after the barrier) and the E
 // logits to binding 5.
+// FUSED_DOWN (0/1; needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD; the down matrices of the same type
+// in the same binding): no down dispatch follows. Each workgroup quantizes its outputs (one int8
+// block per 32) into shared memory, multiplies them by the matching columns of its slot's down
+// matrix (routed: times the slot's routing weight) for all n_embd rows, and adds the products into
+// the 64-bit fixed-point accumulators (binding 9, TS_MOE_DOWN_ACC_SCALE); every workgroup then
+// counts itself in the arrival counter after them, and the last one adds the sums to x (binding
+// 10, the buffer of binding 1) and zeroes the accumulators and the counter. hq is not written.
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -44,8 +51,19 @@
 
 layout(local_size_x = WG_SIZE) in;
 
-layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
-layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
+#ifndef FUSED_DOWN
+#define FUSED_DOWN 0
+#endif
+#if FUSED_DOWN
+#if !Q8ACT || !USE_SUBGROUP || !ROUTER_FOLD
+#error "moe_gateup.comp: FUSED_DOWN needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD"
+#endif
+#define IN_QUALIFIERS readonly  // x is also written (binding 10), by the last workgroup
+#else
+#define IN_QUALIFIERS readonly restrict
+#endif
+layout(std430, binding = 1) IN_QUALIFIERS buffer InBuf { float in_v[]; };
+layout(std430, binding = 1) IN_QUALIFIERS buffer InBuf4 { vec4 in4[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf { float nw[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 #if ROUTER_FOLD
@@ -102,6 +120,62 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 #include "q8_activations.glsl"
 layout(std430, binding = 7) writeonly restrict buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
+#endif
+
+#if FUSED_DOWN
+layout(std430, binding = 9) coherent restrict buffer DownAccBuf { int64_t down_acc[]; };
+layout(std430, binding = 9) coherent restrict buffer DownCountBuf { uint down_count[]; };
+layout(std430, binding = 10) coherent buffer XOutBuf { float x_out[]; };
+shared uvec4 fd_lo[OUT_PER_WG / 32], fd_hi[OUT_PER_WG / 32];  // this workgroup's outputs, int8 blocks
+shared vec4 fd_ds[OUT_PER_WG / 32];
+shared bool fd_last;
+
+// The down matrix of n_embd rows x `cols` at byte `base` of the weight binding: its region Q (in
+// 16-byte units) and region M (in words).
+uvec2 down_mat(uint base, uint cols) {
+  const uint nb = cols / W_BLOCK;
+  return uvec2(base >> 4, (base + ((args.n_embd * nb * (16u * W_QVEC) + 255u) & ~255u)) >> 2);
+}
+
+// Adds (weight x the down matrix's columns [i0, i0 + 32 n_blocks) . this workgroup's outputs) for
+// every row into the accumulators. The down matrix: n_embd rows x `cols`, at byte `base` of the
+// weight binding. Uniform control flow.
+void fused_down_add(uint base, uint cols, uint i0, uint n_blocks, float weight) {
+  if (gl_LocalInvocationIndex < n_blocks) {
+    const uint t = gl_LocalInvocationIndex;
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k)
+      v[k] = vec4(h_out[32u * t + 4u * k], h_out[32u * t + 4u * k + 1u], h_out[32u * t + 4u * k + 2u], h_out[32u * t + 4u * k + 3u]);
+    q8_quantize32(v, fd_lo[t], fd_hi[t], fd_ds[t]);
+  }
+  barrier();
+  const uvec2 m = down_mat(base, cols);
+  const uint qbase = m.x, mbase = m.y;
+  const uint units = cols / 32u, u0 = i0 / 32u;
+  for (uint r = gl_LocalInvocationIndex; r < args.n_embd; r += WG_SIZE) {
+    float d = 0.0;
+    for (uint t = 0; t < n_blocks; ++t) d += q8_block_dot_x(qbase, mbase, r * units + u0 + t, fd_lo[t], fd_hi[t], fd_ds[t]);
+    atomicAdd(down_acc[r], rf_fixed(weight * d, float(TS_MOE_DOWN_ACC_SCALE)));
+  }
+}
+
+// Every workgroup of the dispatch, after its work (or none): counts itself; the last one adds the
+// accumulated down products to x and leaves the accumulators and the counter at zero.
+void fused_down_finish() {
+  memoryBarrierBuffer();
+  barrier();
+  const uint counter = 2u * args.n_embd;
+  if (gl_LocalInvocationIndex == 0u)
+    fd_last = atomicAdd(down_count[counter], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+  barrier();
+  if (!fd_last) return;
+  memoryBarrierBuffer();
+  for (uint r = gl_LocalInvocationIndex; r < args.n_embd; r += WG_SIZE) {
+    const int64_t v = atomicExchange(down_acc[r], int64_t(0));
+    x_out[r] += float(v) * (1.0 / float(TS_MOE_DOWN_ACC_SCALE));
+  }
+  if (gl_LocalInvocationIndex == 0u) atomicExchange(down_count[counter], 0u);
+}
 #endif
 
 // A matrix of `rows` x n_embd starting at byte `base` of the weight binding.
@@ -204,7 +278,7 @@ float silu(float z) { return z / (1.0 + exp(-z)); }
 shared vec2 row_partial[WG_SIZE];
 #endif
 
-void main() {
+void gateup_main() {
   // 1/rms of the input (dense FFN path; the router fold: from the accumulators); uniform control
   // flow, before any early exit.
   float scale = 1.0;
@@ -282,6 +356,10 @@ void main() {
   if (i0 >= width) return;
   const uint i_end = min(i0 + OUT_PER_WG, width);
   const uint hbase = slot * args.h_stride;
+#if FUSED_DOWN
+  const uint fd_base = routed ? (slot_expert(slot) - args.expert_lo) * args.slot_stride + args.down_routed_offset
+                              : args.down_shared_offset;
+#endif
 
 #if USE_SUBGROUP && Q8ACT
   // Two outputs per iteration (the second clamped to the range, stored only when valid): four
@@ -332,7 +410,10 @@ void main() {
     barrier();
   }
 #endif
-#if Q8ACT
+#if FUSED_DOWN
+  barrier();  // h_out complete
+  fused_down_add(fd_base, width, i0, (i_end - i0) / 32u, routed ? route_weight(slot) : 1.0);
+#elif Q8ACT
   // The int8 copy of this workgroup's outputs (i0 and the widths are multiples of 32).
   barrier();
   const uint n_out_blocks = (i_end - i0) / 32u;
@@ -349,5 +430,12 @@ void main() {
     hq[3u * blk + 1u] = hi;
     hq[3u * blk + 2u] = floatBitsToUint(ds);
   }
+#endif
+}
+
+void main() {
+  gateup_main();
+#if FUSED_DOWN
+  fused_down_finish();
 #endif
 }

@@ -18,14 +18,22 @@
 //   a persistent kernel would pay per stage instead of a dispatch and a pipeline barrier. The
 //   same bounded wait and error flag as MODE 2 (a device that cannot hold every workgroup at once,
 //   such as lavapipe, ends the test with the flag set instead of a hang).
+// MODE 4 (fenced grid barrier): MODE 3 as a persistent kernel needs it: each workgroup's writes
+//   are released before it arrives (memoryBarrierBuffer) and acquired after the wait, which polls
+//   with a volatile load instead of an atomic add of zero.
 // Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3: the counters, uint), 1 = dst (uint[]).
 
 #include "common.glsl"
 
 layout(local_size_x = WG_SIZE) in;
 
-#if MODE >= 2
+#if MODE == 4
+layout(std430, binding = 0) coherent volatile restrict buffer CounterBuf { uint counters[]; };
+#endif
+#if MODE == 2 || MODE == 3
 layout(std430, binding = 0) coherent restrict buffer CounterBuf { uint counters[]; };
+#endif
+#if MODE >= 2
 layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
 const uint kSpinLimit = 1u << 20;
 #else
@@ -65,6 +73,24 @@ void main() {
       }
     }
     barrier();
+  }
+#elif MODE == 4
+  for (uint r = 0u; r < args.n_vec4; ++r) {
+    memoryBarrierBuffer();
+    barrier();
+    if (gl_LocalInvocationIndex == 0u) {
+      atomicAdd(counters[0], 1u);
+      const uint target = (r + 1u) * args.never;
+      uint spins = 0u;
+      while (counters[0] < target) {
+        if (++spins >= kSpinLimit || dst[0] != 0u) {
+          atomicOr(dst[0], 1u);
+          break;
+        }
+      }
+    }
+    barrier();
+    memoryBarrierBuffer();
   }
 #else
   const uint i = args.n_vec4;

@@ -41,14 +41,6 @@ float rf_weight(uint idx) {
 #endif
 }
 
-// v * scale rounded to int64: NaN -> 0, clamped to +-2^53 (no out-of-range conversion; 1024
-// workgroups' clamped adds still do not wrap).
-int64_t rf_fixed(float v, float scale) {
-  float f = v * scale;
-  f = isnan(f) ? 0.0 : clamp(f, -9007199254740992.0, 9007199254740992.0);
-  return int64_t(roundEven(f));
-}
-
 // Adds the partial logits and sum of squares of rows [row0, row0 + n) (indices into x and into the
 // router's columns), whose x_new values are rf_x[0 .. n). Every invocation of the workgroup must
 // call it (uniform control flow) after writing its rf_x entries.

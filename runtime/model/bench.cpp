@@ -107,7 +107,8 @@ class Target {
   // Makes the cache hold exactly `depth` positions (filling it untimed when it holds fewer).
   virtual void set_depth(uint32_t depth) = 0;
   virtual void prefill(std::span<const int32_t> tokens) = 0;
-  virtual void decode(uint32_t n) = 0;
+  // Decodes n tokens, each fed the one before; returns them.
+  virtual std::vector<int32_t> decode(uint32_t n) = 0;
 };
 
 constexpr uint32_t kFillChunk = 256;
@@ -123,8 +124,10 @@ class GpuTarget : public Target {
     }
   }
   void prefill(std::span<const int32_t> tokens) override { m_.forward(tokens, true); }
-  void decode(uint32_t n) override {
-    for (uint32_t i = 0; i < n; ++i) m_.decode_step();
+  std::vector<int32_t> decode(uint32_t n) override {
+    std::vector<int32_t> ids(n);
+    for (uint32_t i = 0; i < n; ++i) ids[i] = m_.decode_step();
+    return ids;
   }
 
  private:
@@ -142,12 +145,15 @@ class CpuTarget : public Target {
     }
   }
   void prefill(std::span<const int32_t> tokens) override { last_ = m_.forward(tokens, true); }
-  void decode(uint32_t n) override {
+  std::vector<int32_t> decode(uint32_t n) override {
+    std::vector<int32_t> ids(n);
     for (uint32_t i = 0; i < n; ++i) {
       int32_t next = 0;
       if (!last_.empty()) next = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
       last_ = m_.forward(std::span<const int32_t>(&next, 1), true);
+      ids[i] = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
     }
+    return ids;
   }
 
  private:
@@ -175,14 +181,20 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
       r.depth = d;
       say(o, cat("running ", r.name(), " (1 warm-up + ", o.repetitions, " runs)"));
       const std::vector<int32_t> prompt = bench_tokens(n, 7 * d + 1, n_vocab);
+      uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the timed runs' token ids
       for (int rep = -1; rep < o.repetitions; ++rep) {
         t.set_depth(d);
         const double t0 = now_s();
+        std::vector<int32_t> ids;
         if (r.kind == "pp") t.prefill(prompt);
-        else t.decode(n);
+        else ids = t.decode(n);
         const double dt = now_s() - t0;
-        if (rep >= 0) r.seconds.push_back(dt);
+        if (rep < 0) continue;
+        r.seconds.push_back(dt);
+        for (int32_t id : ids)
+          for (int b = 0; b < 4; ++b) digest = (digest ^ ((uint32_t(id) >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
       }
+      if (r.kind == "tg") r.ids_digest = digest;
       std::vector<double> tps;
       for (double s : r.seconds) tps.push_back(s > 0 ? n / s : 0);
       double sum = 0, sq = 0;
@@ -321,6 +333,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.prefetch = o.prefetch;
   go.fused_router = o.fused_router;
   go.olat_q8 = o.olat_q8;
+  go.fused_down = o.fused_down;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

@@ -51,6 +51,7 @@ struct BenchOptions {
   uint32_t prefetch = 0;                  // GpuModelOptions::prefetch (--tune prefetch=)
   bool fused_router = true;               // GpuModelOptions::fused_router (--tune router=0|1)
   bool olat_q8 = false;                   // GpuModelOptions::olat_q8 (--tune olat_q8=0|1)
+  bool fused_down = false;                // GpuModelOptions::fused_down (--tune moe_fused=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
@@ -84,6 +85,9 @@ struct BenchResult {
   uint32_t depth = 0;
   std::vector<double> seconds; // per timed repetition
   double tps_mean = 0, tps_stddev = 0, tps_median = 0;  // tokens per second
+  // tg: FNV-1a of every token id the timed runs decoded (each fed the one before, greedy), so
+  // that two variants of the same model and kernels can be seen to decode the same tokens.
+  uint64_t ids_digest = 0;
   std::string name() const;    // "pp512", "tg128 @ d4096"
 };
 

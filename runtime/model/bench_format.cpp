@@ -9,6 +9,12 @@
 namespace tessera::model {
 namespace {
 
+std::string hex64(uint64_t v) {
+  char buf[24];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
 std::string f(const char* fmt, double v) {
   char b[64];
   std::snprintf(b, sizeof b, fmt, v);
@@ -88,12 +94,13 @@ std::string bench_markdown(const BenchReport& r) {
     else if (h.backend == "vulkan") s += "prefill:    the decode graph token by token\n";
   }
   if (!r.results.empty()) {
-    s += "\n| test | depth | reps | tok/s (mean ± sd) | tok/s (median) | ms/token (median) |\n";
-    s += "|---|---:|---:|---:|---:|---:|\n";
+    s += "\n| test | depth | reps | tok/s (mean ± sd) | tok/s (median) | ms/token (median) | token ids (FNV-1a) |\n";
+    s += "|---|---:|---:|---:|---:|---:|---|\n";
     for (const BenchResult& b : r.results) {
       s += "| " + b.kind + std::to_string(b.n_tokens) + " | " + std::to_string(b.depth) + " | " +
            std::to_string(b.seconds.size()) + " | " + f("%.2f", b.tps_mean) + f(" ± %.2f", b.tps_stddev) + " | " +
-           f("%.2f", b.tps_median) + " | " + f("%.3f", b.tps_median > 0 ? 1e3 / b.tps_median : 0.0) + " |\n";
+           f("%.2f", b.tps_median) + " | " + f("%.3f", b.tps_median > 0 ? 1e3 / b.tps_median : 0.0) + " | " +
+           (b.kind == "tg" ? hex64(b.ids_digest) : std::string("-")) + " |\n";
     }
   }
   for (const TokenProfile& p : r.profiles) s += "\n" + profile_markdown(p);
@@ -122,7 +129,7 @@ std::string bench_json(const BenchReport& r) {
          js(b.kind == "pp" ? "prefill" : "decode") + ", \"n_tokens\": " + ju(b.n_tokens) + ", \"depth\": " +
          ju(b.depth) + ", \"repetitions\": " + ju(b.seconds.size()) + ", \"tok_per_s_mean\": " + jn(b.tps_mean) +
          ", \"tok_per_s_stddev\": " + jn(b.tps_stddev) + ", \"tok_per_s_median\": " + jn(b.tps_median) +
-         ", \"seconds\": [";
+         (b.kind == "tg" ? ", \"ids_digest\": " + js(hex64(b.ids_digest)) : std::string()) + ", \"seconds\": [";
     for (size_t k = 0; k < b.seconds.size(); ++k) s += (k ? ", " : "") + jn(b.seconds[k]);
     s += "]}";
   }
@@ -155,11 +162,13 @@ std::string bench_json(const BenchReport& r) {
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +
          ", \"dispatch_barrier_compute_only_us\": " + jn(q.dispatch_barrier_compute_only_us) +
+         ", \"dispatch_barrier_execution_only_us\": " + jn(q.dispatch_barrier_execution_only_us) +
          ", \"wide_groups\": " + ju(q.wide_groups) + ", \"dispatch_barrier_wide_us\": " + jn(q.dispatch_barrier_wide_us) +
          ", \"dispatch_chained_us\": " + jn(q.dispatch_chained_us) +
          ", \"dispatch_chained_wide_us\": " + jn(q.dispatch_chained_wide_us) +
          ", \"chained_timed_out\": " + (q.chained_timed_out ? "true" : "false") +
          ", \"grid_groups\": " + ju(q.grid_groups) + ", \"grid_barrier_us\": " + jn(q.grid_barrier_us) +
+         ", \"grid_barrier_fenced_us\": " + jn(q.grid_barrier_fenced_us) +
          ", \"grid_timed_out\": " + (q.grid_timed_out ? "true" : "false") +
          ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"dispatch_indirect_us\": " + jn(q.dispatch_indirect_us) +
          ", \"dispatch_indirect_barrier_us\": " + jn(q.dispatch_indirect_barrier_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";

@@ -45,7 +45,8 @@ double now_us() {
 
 const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
   vk::PipelineDesc desc;
-  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : mode == 2 ? "roofline.chained" : "roofline.grid";
+  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : mode == 2 ? "roofline.chained"
+                                                             : mode == 3 ? "roofline.grid" : "roofline.grid_fenced";
   desc.file = "roofline.comp";
   desc.defines = {{"MODE", std::to_string(mode)},
                   {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
@@ -160,6 +161,7 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.dispatch_barrier_us = with_barriers_us(vk::BarrierScope::Full, 1);
   r.dispatch_barrier_compute_us = with_barriers_us(vk::BarrierScope::Compute, 1);
   r.dispatch_barrier_compute_only_us = with_barriers_us(vk::BarrierScope::ComputeOnly, 1);
+  r.dispatch_barrier_execution_only_us = with_barriers_us(vk::BarrierScope::ExecutionOnly, 1);
 
   // Indirect dispatches (the decode attention's kind), counts written by the host.
   vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
@@ -221,8 +223,8 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   // A grid-wide barrier among resident workgroups (one per SM on an H100: 128 < 132): rounds of
   // it inside one dispatch, less the same dispatch with no rounds, per round.
   r.grid_groups = std::min<uint32_t>(kGridGroups, info.max_workgroup_count[0]);
-  const vk::Pipeline& grid = roofline_pipeline(ctx, 3);
-  const auto grid_run_us = [&](uint32_t rounds) {
+  const auto grid_run_us = [&](int mode, uint32_t rounds) {
+    const vk::Pipeline& grid = roofline_pipeline(ctx, mode);
     return counted_run_us(
         [&](vk::CommandRecorder& rec) {
           RooflineArgs a;
@@ -234,8 +236,9 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   };
   // (A CPU device runs it as a software emulation, milliseconds a round: a few rounds say enough.)
   const uint32_t rounds = std::min<uint32_t>(n, info.type == VK_PHYSICAL_DEVICE_TYPE_CPU ? 4u : kGridRounds);
-  const double base_us = grid_run_us(0);
-  r.grid_barrier_us = std::max(0.0, (grid_run_us(rounds) - base_us) / rounds);
+  const double base_us = grid_run_us(3, 0);
+  r.grid_barrier_us = std::max(0.0, (grid_run_us(3, rounds) - base_us) / rounds);
+  r.grid_barrier_fenced_us = std::max(0.0, (grid_run_us(4, rounds) - base_us) / rounds);
   return r;
 }
 
@@ -250,8 +253,8 @@ std::string roofline_markdown(const RooflineResult& r) {
     std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_barrier_us);
     s += line;
-    std::snprintf(line, sizeof line, "| the same, compute-scoped barriers (--tune barrier=1 / 2) | %.3f / %.3f µs each |\n",
-                  r.dispatch_barrier_compute_us, r.dispatch_barrier_compute_only_us);
+    std::snprintf(line, sizeof line, "| the same, compute-scoped barriers (--tune barrier=1 / 2 / 3) | %.3f / %.3f / %.3f µs each |\n",
+                  r.dispatch_barrier_compute_us, r.dispatch_barrier_compute_only_us, r.dispatch_barrier_execution_only_us);
     s += line;
     std::snprintf(line, sizeof line, "| the same, %u workgroups per dispatch | %.3f µs each |\n", r.wide_groups,
                   r.dispatch_barrier_wide_us);
@@ -261,8 +264,9 @@ std::string roofline_markdown(const RooflineResult& r) {
                   r.wide_groups, r.dispatch_chained_us, r.dispatch_chained_wide_us,
                   r.chained_timed_out ? " (a wait timed out: not run in order)" : "");
     s += line;
-    std::snprintf(line, sizeof line, "| grid-wide barrier among %u resident workgroups, inside one dispatch | %.3f µs each%s |\n",
-                  r.grid_groups, r.grid_barrier_us, r.grid_timed_out ? " (a wait timed out: not all resident)" : "");
+    std::snprintf(line, sizeof line,
+                  "| grid-wide barrier among %u resident workgroups, inside one dispatch (atomic poll / fenced, load poll) | %.3f / %.3f µs each%s |\n",
+                  r.grid_groups, r.grid_barrier_us, r.grid_barrier_fenced_us, r.grid_timed_out ? " (a wait timed out: not all resident)" : "");
     s += line;
     std::snprintf(line, sizeof line, "| dispatch cost without barriers (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_us);

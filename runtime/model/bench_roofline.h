@@ -32,6 +32,7 @@ struct RooflineResult {
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...
   double dispatch_barrier_compute_only_us = 0;  // ... and BarrierScope::ComputeOnly
+  double dispatch_barrier_execution_only_us = 0;  // ... and BarrierScope::ExecutionOnly (no memory barrier)
   double dispatch_us = 0;           // per dispatch, no barriers
   // Indirect dispatches (group counts {1,1,1} written by the host), no barriers / a compute-only
   // barrier after each.
@@ -49,6 +50,7 @@ struct RooflineResult {
   // barrier: what a persistent kernel would pay per stage.
   uint32_t grid_groups = 0;
   double grid_barrier_us = 0;
+  double grid_barrier_fenced_us = 0;  // the same with release / acquire fences, polling by a volatile load (MODE 4)
   bool grid_timed_out = false;      // a wait gave up (not every workgroup was resident)
   double submit_us = 0;             // an empty submit + wait round trip (median)
 };

@@ -52,6 +52,7 @@ struct GpuModel::Weights {
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
   vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's int8 kernel)
+  vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
@@ -240,6 +241,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.attn_arrivals, "attention arrival counters", std::max<uint64_t>(probe.arrivals_bytes(), 16)},
       {&w.olat_q8, "int8 olat", std::max<uint64_t>(probe.olat_q8_bytes(), 48)},
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
+      {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
   };
 
   vk::MemoryPlan plan;
@@ -352,6 +354,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   for (uint32_t l = 0; l < c.n_layer; ++l) any_fold = any_fold || fold_router(l);
   stats_.fused_router = any_fold;
   if (any_fold) rec.fill(w.fold_acc.whole(), 0);
+  // The fused down's accumulators are left at zero by each use; the fill makes a step that was cut
+  // short (a lost device, a timeout) not poison the next one.
+  if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
 
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
@@ -506,9 +511,17 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       stats_.int8_activations = true;
     }
     gu.tuning = options_.moe;
-    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold " : " ") + L;
+    const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
+                           vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
+    if (fuse_down) gu.down_acc = w.down_acc.whole();
+    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
+               (fuse_down ? ".fdown " : " ") + L;
     gu.record(rec);
     rec.barrier();
+    if (fuse_down) {
+      weight_bytes += gu.bytes();
+      continue;
+    }
     vk::MoeDownOp down;
     down.tile = tref;
     down.n_used = c.n_expert_used;

@@ -77,6 +77,14 @@ struct GpuModelOptions {
   // Off: on the H100 W_vo got 2.1 us faster and the merge 0.8 us slower in the profile, and the
   // token not faster (277.2 -> 276.9 / 278.0 tok/s; composed q4_0 286.0 -> 283.3; PERFORMANCE.md).
   bool olat_q8 = false;
+  // The MoE down fused into the gate-up (moe_gateup.comp FUSED_DOWN, MoeGateUpOp::down_acc): one
+  // dispatch and one barrier less per MoE layer, where the router fold, int8 activations and
+  // subgroups serve the layer and its tile is one weight type in one binding
+  // (vk::moe_fused_down_supported); other layers keep the down dispatch. bench --tune
+  // moe_fused=0|1. Off: neutral on the H100 (GLM tg128 277.1 / 274.5 -> 278.5 tok/s, inside the
+  // spread; the fused kernel takes as long as the two: its strided down reads, 2048 atomics per
+  // workgroup and the last workgroup's tail cost what the barrier saved; PERFORMANCE.md).
+  bool fused_down = false;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

@@ -92,14 +92,17 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 }
 
 // The int8-activation gate-up: kQ8GateUpOutputs outputs per workgroup, int8 copy of h written.
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false) {
-  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : ""), "moe_gateup.comp", type,
-                    false, t.q8_gateup_teams, 1,
+// fused_down: the down fused in (FUSED_DOWN, 11 bindings).
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
+                                 bool fused_down = false) {
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", fused_down ? ".fdown" : ""),
+                    "moe_gateup.comp", type, false, t.q8_gateup_teams, 1,
                     {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
-                     {"ROUTER_FOLD", fold ? "1" : "0"}},
-                    fold ? 9 : 8);
+                     {"ROUTER_FOLD", fold ? "1" : "0"},
+                     {"FUSED_DOWN", fused_down ? "1" : "0"}},
+                    fused_down ? 11 : fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
@@ -409,8 +412,21 @@ uint64_t MoeGateUpOp::bytes() const {
   if (g.has_shared()) b += read_bytes(g.gateup(g.n_expert));
   b += g.n_embd * 4 + uint64_t(n_used) * 8;
   b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
+  if (down_acc.buffer != VK_NULL_HANDLE) {
+    b += uint64_t(n_used) * read_bytes(g.down(0)) + g.n_embd * 8;
+    if (g.has_shared()) b += read_bytes(g.down(g.n_expert));
+  }
   return b;
 }
+
+bool moe_fused_down_supported(Context& ctx, const MoeTileGeometry& g, uint32_t n_used, uint64_t max_binding_bytes) {
+  const GgmlType t = g.gateup_type;
+  const bool one_type = g.down_type == t && (!g.has_shared() || (g.shared_gateup_type == t && g.shared_down_type == t));
+  return one_type && team_shape(ctx).subgroup && router_fold_supported(ctx) && moe_q8_usable(ctx, g, n_used) &&
+         g.total_bytes <= binding_limit(ctx, max_binding_bytes) && g.total_bytes < (uint64_t(1) << 32);
+}
+
+uint64_t moe_down_acc_bytes(uint64_t n_embd) { return (n_embd * 8 + 4 + 15) / 16 * 16; }
 
 void MoeGateUpOp::record(CommandRecorder& rec) const {
   Context& ctx = rec.context();
@@ -433,6 +449,14 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   }
   need(h, moe_h_floats(g, n_used) * 4, what, "h");
 
+  const bool fused = down_acc.buffer != VK_NULL_HANDLE;
+  if (fused) {
+    if (!fold || hq.buffer == VK_NULL_HANDLE) runtime_error(what, ": the fused down needs the router fold and hq");
+    if (!moe_fused_down_supported(ctx, g, n_used, max_binding_bytes))
+      runtime_error(what, ": the fused down does not serve this tile or device (moe_fused_down_supported)");
+    need(down_acc, moe_down_acc_bytes(g.n_embd), what, "down_acc");
+  }
+
   const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
   const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
@@ -443,7 +467,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused)
                               : gateup_kernel(ctx, p.type, vec8, t, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -453,8 +477,12 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.flags |= TS_MOE_NORM_INPUT | (i == 0 ? TS_MOE_ROUTE_WRITE : 0u);  // parts[0] is routed
       a.norm_eps = eps;
     }
+    if (fused) {  // one part: the whole tile (moe_fused_down_supported)
+      a.down_routed_offset = uint32_t(g.down_offset);
+      a.down_shared_offset = uint32_t(g.shared_down_offset);
+    }
     const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice bufs[9] = {p.w,
+    const BufferSlice bufs[11] = {p.w,
                                  fold ? x : h2,
                                  fold ? norm_weight : h2,
                                  fold ? route : src.route,
@@ -462,14 +490,17 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
                                  src.logits,
                                  src.bias,
                                  q8 ? hq : h,
-                                 fold ? fold_acc : h};
+                                 fold ? fold_acc : h,
+                                 down_acc,
+                                 x};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, fused ? 11 : fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y, 1, what,
+                 part_bytes);
   }
 }
 

@@ -182,12 +182,22 @@ struct MoeGateUpOp {
   BufferSlice x;            // f32 [n_embd] residual stream
   BufferSlice norm_weight;  // f32 [n_embd] ffn_norm
   float eps = 1e-6f;
+  // The down projection fused in (no MoeDownOp after it; moe_fused_down_supported() says where):
+  // each workgroup adds its outputs' share of the down products into `down_acc` (zero before and
+  // after the dispatch), the last one adds the sums to x. Needs the router fold and hq.
+  BufferSlice down_acc;     // int64 [n_embd] + arrival counter [moe_down_acc_bytes(n_embd)]
 
-  // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written.
+  // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written (with
+  // down_acc: + the down matrices and x).
   uint64_t bytes() const;
   // Records the dispatch(es), no barrier at the end. Validates first (Error(Runtime)).
   void record(CommandRecorder& rec) const;
 };
+
+// Where MoeGateUpOp::down_acc may be set: the int8 path with subgroups and 64-bit atomics, the
+// whole tile in one binding (max_binding_bytes as MoeGateUpOp's), every part of one weight type.
+bool moe_fused_down_supported(Context& ctx, const MoeTileGeometry& g, uint32_t n_used, uint64_t max_binding_bytes = 0);
+uint64_t moe_down_acc_bytes(uint64_t n_embd);  // int64 [n_embd] + the counter, rounded to 16
 
 // D10: x[r] += sum_k w_k (down_{e_k} row r . h[k]) + (down_shared row r . h[K]).
 struct MoeDownOp {

@@ -182,19 +182,23 @@ void CommandRecorder::barrier() {
     src = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | (transfer_since_barrier_ ? VK_PIPELINE_STAGE_TRANSFER_BIT : 0);
     mb.srcAccessMask = VK_ACCESS_SHADER_WRITE_BIT | (transfer_since_barrier_ ? VK_ACCESS_TRANSFER_WRITE_BIT : 0);
   }
-  if (options_.barrier_scope == BarrierScope::ComputeOnly) {
+  if (options_.barrier_scope == BarrierScope::ComputeOnly || options_.barrier_scope == BarrierScope::ExecutionOnly) {
     dst = VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT;
     mb.dstAccessMask = VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT;
   }
-  vkCmdPipelineBarrier(cmd_, src, dst, 0, 1, &mb, 0, nullptr, 0, nullptr);
+  // ExecutionOnly: compute after compute with no memory barrier (the shaders' coherent accesses
+  // make the writes visible); a transfer since the last barrier still gets its memory barrier.
+  const bool memory = options_.barrier_scope != BarrierScope::ExecutionOnly || transfer_since_barrier_;
+  vkCmdPipelineBarrier(cmd_, src, dst, 0, memory ? 1u : 0u, memory ? &mb : nullptr, 0, nullptr, 0, nullptr);
   transfer_since_barrier_ = false;
   ++barriers_;
 }
 
 void CommandRecorder::require_transfer_allowed(const char* what) const {
   require_recording(what);
-  if (options_.barrier_scope == BarrierScope::ComputeOnly && !dispatches_.empty())
-    runtime_error(what, " after a dispatch in a recording with compute-only barriers (BarrierScope::ComputeOnly): "
+  if ((options_.barrier_scope == BarrierScope::ComputeOnly || options_.barrier_scope == BarrierScope::ExecutionOnly) &&
+      !dispatches_.empty())
+    runtime_error(what, " after a dispatch in a recording with compute-only barriers (BarrierScope::ComputeOnly or ExecutionOnly): "
                   "those barriers do not order transfers after compute work; record transfers first or use "
                   "BarrierScope::Compute");
 }

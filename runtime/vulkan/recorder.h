@@ -27,10 +27,16 @@ namespace tessera::vk {
 //                all come before the first dispatch (fill / copy refuse otherwise) and whose
 //                indirect arguments are host-written (the decode step and the prefill chunks; run()
 //                waits for each submission, so an opening fill never overtakes earlier compute work).
+//   ExecutionOnly: as ComputeOnly, but a barrier with no transfer since the last one is an
+//                execution dependency between compute shaders only, with no memory barrier: only
+//                for recordings whose shaders make their own writes visible (every buffer one
+//                dispatch writes and a later one reads declared `coherent`). The model's kernels do
+//                not, so it serves bench --roofline only: on the H100 it costs 2.24 us (ComputeOnly
+//                2.27), and the decode step run under it decoded other tokens from run to run.
 // Measured on an H100 (driver 580, bench --roofline): a dispatch + barrier costs 4.8 us with Full
 // and Compute, 2.2 us with ComputeOnly, 0.18 us without a barrier; the indirect-argument stage in
 // the destination is what costs. GLM-4.7-Flash decode: 216.6 -> 271.6 tok/s with ComputeOnly.
-enum class BarrierScope { Full, Compute, ComputeOnly };
+enum class BarrierScope { Full, Compute, ComputeOnly, ExecutionOnly };
 
 struct RecorderOptions {
   bool timestamps = false;       // time each dispatch (ignored where the queue has no timestamps)

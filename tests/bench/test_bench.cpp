@@ -194,6 +194,8 @@ TEST(BenchCli, JsonHasTheSchemaFields) {
     const double n = t["n_tokens"].num, s0 = t["seconds"].arr[0].num, s1 = t["seconds"].arr[1].num;
     EXPECT_NEAR(t["tok_per_s_median"].num, 0.5 * (n / s0 + n / s1), 1e-6 * t["tok_per_s_median"].num);
     EXPECT_NEAR(t["tok_per_s_mean"].num, 0.5 * (n / s0 + n / s1), 1e-6 * t["tok_per_s_mean"].num);
+    if (i % 2) EXPECT_EQ(t["ids_digest"].str.size(), 16u);  // decode: the token ids' digest
+    else EXPECT_FALSE(t.has("ids_digest"));
   }
   EXPECT_FALSE(j.has("profiles"));
   EXPECT_FALSE(j.has("roofline"));
@@ -254,6 +256,7 @@ TEST(BenchCli, TuneBarrierScope) {
   const RunResult d = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1");
   ASSERT_EQ(d.rc, 0) << d.out;
   EXPECT_EQ(d.out.find("barriers:   "), std::string::npos) << d.out;
+  // Execution-only barriers (roofline only): the kernels' buffers are not declared coherent.
   EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune barrier=3").rc, 1);
 }
 
@@ -269,6 +272,24 @@ TEST(BenchCli, AttentionAndMatvecKnobsAreChecked) {
   EXPECT_EQ(un.rc, 1);
   const RunResult sg = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --attention short_groups=5000");
   EXPECT_EQ(sg.rc, 1);
+}
+
+// The decoded tokens' digest: the same for knobs that keep the kernels (barrier scopes), so an A/B
+// run on the GPU machine shows a variant decoding the same tokens; a barrier scope out of range is
+// a usage error.
+TEST(BenchCli, BarrierScopesDecodeTheSameTokens) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  std::string digest[3];
+  for (int scope = 0; scope < 3; ++scope) {
+    const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 12 -d 0,7 -r 2 -o json --tune barrier=" +
+                                    std::to_string(scope));
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const Value j = testjson::parse(r.out);
+    ASSERT_EQ(j["results"].arr.size(), 2u);
+    digest[scope] = j["results"].arr[0]["ids_digest"].str + j["results"].arr[1]["ids_digest"].str;
+    EXPECT_EQ(digest[scope].size(), 32u);
+    if (scope > 0) EXPECT_EQ(digest[scope], digest[0]) << "barrier=" << scope;
+  }
 }
 
 TEST(BenchCli, CpuReferenceRunsTheGguf) {
@@ -302,8 +323,10 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_barrier_us"].num, 0);
   EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
   EXPECT_GE(q["dispatch_barrier_compute_only_us"].num, 0);
+  EXPECT_GE(q["dispatch_barrier_execution_only_us"].num, 0);
   EXPECT_GE(q["dispatch_indirect_us"].num, 0);
   EXPECT_GE(q["grid_barrier_us"].num, 0);
+  EXPECT_GE(q["grid_barrier_fenced_us"].num, 0);
   EXPECT_GT(q["grid_groups"].num, 0);
   EXPECT_GE(q["dispatch_indirect_barrier_us"].num, 0);
   EXPECT_GT(q["wide_groups"].num, 1);

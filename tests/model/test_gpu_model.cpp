@@ -171,6 +171,49 @@ TEST(GpuModel, Int8OlatFromTheMergeGivesTheSameLogits) {
   }
 }
 
+// The MoE down fused into the gate-up (GpuModelOptions::fused_down): the same logits as the down
+// dispatch up to rounding (64-bit fixed-point sums of the down products instead of f32 sums per
+// row), one dispatch and one barrier less per MoE layer; greedy tokens of the decode graph equal
+// the unfused model's. Composed and factored files, GLM-like and V2-Lite-like, Q4_0; Q4_K_M's
+// tiles mix types, so there the down keeps its dispatch and nothing changes.
+TEST(GpuModel, FusedDownMatchesTheDownDispatch) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  struct K { const char *preset, *type, *compose; };
+  for (const K& k : {K{"tiny", "q4_0", "all"}, K{"tiny-lite", "q4_0", "none"}, K{"tiny", "q4_k_m", "none"}}) {
+    SCOPED_TRACE(cat(k.preset, " ", k.type, " ", k.compose));
+    const Files f = files(k.preset, k.type, k.compose);
+    TsrFile tsr = TsrFile::open(f.tsr);
+    std::vector<float> logits[2];
+    std::vector<int32_t> tokens[2];
+    model::DecodeStats stats[2];
+    for (bool fused : {false, true}) {
+      model::GpuModelOptions o{.n_ctx = 48, .prefill_chunk = 0};
+      o.fused_down = fused;
+      model::GpuModel m(context(), tsr, o);
+      if (!m.stats().int8_activations || !m.stats().fused_router) GTEST_SKIP() << "no int8 path or router fold here";
+      stats[fused] = m.stats();
+      logits[fused] = m.forward(prompt(m.n_vocab(), 6), true);
+      for (int i = 0; i < 16; ++i) tokens[fused].push_back(m.decode_step());
+    }
+    const uint32_t moe_layers = stats[0].layers - 1;  // the tiny presets: one dense layer first
+    if (std::string(k.type) == "q4_k_m") {  // its down matrices are Q6_K (gate-up Q4_K): the down keeps its dispatch
+      EXPECT_EQ(stats[1].dispatches, stats[0].dispatches);
+      EXPECT_EQ(logits[0], logits[1]);
+      continue;
+    }
+    EXPECT_EQ(stats[1].dispatches + moe_layers, stats[0].dispatches);
+    EXPECT_EQ(stats[1].barriers + moe_layers, stats[0].barriers);
+    ASSERT_EQ(logits[0].size(), logits[1].size());
+    float scale = 0, worst = 0;
+    for (size_t i = 0; i < logits[0].size(); ++i) {
+      scale = std::max(scale, std::fabs(logits[0][i]));
+      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    EXPECT_LE(worst, 1e-3f * scale);
+    EXPECT_EQ(tokens[0], tokens[1]);
+  }
+}
+
 // Both router paths: the router fold (default where the device has 64-bit integer atomics) and
 // the router's own dispatch.
 class GreedyTokens : public ::testing::TestWithParam<bool> {};

@@ -7,6 +7,10 @@
 // BF16 routers, the f32 and int8-activation matvecs and expert kernels, the shared-memory reduction
 // path; route, logits and h poisoned with NaN before each run. Also: the same bits in every run,
 // and a NaN / inf in x neither crashes nor yields an expert id out of range.
+// The MoE down fused into the gate-up (MoeGateUpOp::down_acc, FUSED_DOWN): x after the dispatch
+// against x_new + sum_k w_k down_{e_k} . q8(h_k) + down_shared . q8(h_shared) in double, from the
+// GPU's h and route; the accumulators and the arrival counter left at zero; the same bits in
+// every run; refused where it does not apply.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -32,16 +36,20 @@ struct FoldCase {
   bool glm = true;     // sigmoid + bias + norm + scale 1.8; else softmax
   bool q8 = false;     // int8-activation matvec and expert kernels
   bool no_subgroup = false;
+  bool fused_down = false;  // the down projection fused into the gate-up
 };
 
 std::string describe(const FoldCase& c) {
   return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
-             type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "");
+             type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
+             c.fused_down ? " fused-down" : "");
 }
 
 struct FoldResult {
-  std::vector<float> x, logits, h;
+  std::vector<float> x, logits, h;  // x: after the matvec (x_new)
+  std::vector<float> x_final;       // fused_down: x after the gate-up
+  std::vector<uint8_t> down_acc;    // fused_down: the accumulator slice after the run
   std::vector<uint32_t> route;  // K (id, weight bits) pairs
 };
 
@@ -97,6 +105,10 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   vk::Buffer logit_b = vktest::make_buffer(g, c.n_expert * 4ull, "logits");
   vktest::poison(g, logit_b);
   vk::Buffer hq_b = vktest::make_buffer(g, std::max<uint64_t>(vk::moe_hq_bytes(ht.g, c.n_used), 48), "hq");
+  vk::Buffer x_mid_b = vktest::make_buffer(g, x0.size() * 4, "x after the matvec");
+  const uint64_t dacc_off = 256, dacc_bytes = vk::moe_down_acc_bytes(c.n_embd);
+  vk::Buffer dacc_b = vktest::make_buffer(g, dacc_off + dacc_bytes + 256, "down acc");
+  vktest::poison(g, dacc_b);
 
   vk::MatvecOp mv;
   mv.w = wm->ref;
@@ -122,19 +134,33 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
     gu.hq = hq_b.whole();
   }
+  if (c.fused_down) {
+    EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
+    gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
+  }
 
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   rec.fill(mv.router_fold.acc, 0);
+  if (c.fused_down) rec.fill(gu.down_acc, 0);
   rec.barrier();
   mv.record(rec);
   rec.barrier();
+  if (c.fused_down) {  // keep x_new for the checks below: the fused gate-up adds the down to x
+    rec.copy(x_b.whole(), x_mid_b.whole());
+    rec.barrier();
+  }
   gu.record(rec);
   rec.end();
   rec.run();
 
   FoldResult r;
-  r.x = vktest::download_floats(g, x_b, c.n_embd);
+  r.x = vktest::download_floats(g, c.fused_down ? x_mid_b : x_b, c.n_embd);
+  if (c.fused_down) {
+    r.x_final = vktest::download_floats(g, x_b, c.n_embd);
+    r.down_acc.resize(dacc_bytes);
+    dacc_b.read(dacc_off, r.down_acc.data(), dacc_bytes);
+  }
   r.logits = vktest::download_floats(g, logit_b, c.n_expert);
   r.h = vktest::download_floats(g, h_b, h_floats);
   const std::vector<float> rw = vktest::download_floats(g, route_b, 2 * c.n_used);
@@ -200,6 +226,26 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     vktest::expect_close(std::vector<float>(r.h.begin() + k * hs, r.h.begin() + k * hs + w), want, tol,
                          cat("h slot ", k, " (expert ", slot, ")"));
   }
+  if (!c.fused_down) return r;
+
+  // The fused down: x_new + the weighted down products of the int8 h blocks, from the GPU's h.
+  std::vector<double> want_f(r.x.begin(), r.x.end()), abs_f(c.n_embd);
+  for (uint32_t i = 0; i < c.n_embd; ++i) abs_f[i] = std::fabs(r.x[i]);
+  for (uint32_t k = 0; k < n_slots; ++k) {
+    const uint32_t slot = k < c.n_used ? route.experts[k] : c.n_expert;
+    const uint32_t w = uint32_t(ht.g.width(slot));
+    const std::vector<double> hk = vktest::q8_round(std::vector<double>(r.h.begin() + k * hs, r.h.begin() + k * hs + w));
+    float wgt = 1.0f;
+    if (k < c.n_used) std::memcpy(&wgt, &r.route[2 * k + 1], 4);
+    moetest::ref_down_add([&](uint32_t i) { return ht.row(slot, MoePart::Down, i); }, c.n_embd, wgt, hk.data(), want_f,
+                          abs_f);
+  }
+  std::vector<double> tol_f(c.n_embd);
+  for (uint32_t i = 0; i < c.n_embd; ++i) tol_f[i] = moetest::sum_tol(abs_f[i], want_f[i], 1e-4);
+  vktest::expect_close(r.x_final, want_f, tol_f, "x after the fused down");
+  size_t nonzero = 0;
+  for (uint8_t b : r.down_acc) nonzero += b != 0;
+  EXPECT_EQ(nonzero, 0u) << "accumulator / counter bytes not reset";
   return r;
 }
 
@@ -268,6 +314,78 @@ TEST(RouterFold, NanAndInfInXStayInRange) {
     const FoldResult r = run_fold(g, c, 9, &x, false);
     for (uint32_t k = 0; k < c.n_used; ++k) EXPECT_LT(r.route[2 * k], c.n_expert) << "x[17] = " << bad;
   }
+}
+
+constexpr TileTypes kQ4KTile = {GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q4_K};
+
+#define REQUIRE_FUSED_DOWN(g)                                                                          \
+  REQUIRE_FOLD(g);                                                                                     \
+  if (!vk::q8_activations_type(*(g).ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product"; \
+  if (!(g).ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroup arithmetic"
+
+TEST(MoeFusedDown, MatchesTheReference) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FUSED_DOWN(g);
+  // GLM-like Q4_0; softmax Q8_0 with six experts; no shared expert; n_embd not a multiple of the
+  // workgroup (rows left over in the down loop); two blocks of 32 outputs in the last workgroup
+  // of a slot (w 96); K-quant blocks of 256.
+  run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, true}, 11);
+  run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true, false, true}, 5);
+  run_fold(g, {160, 96, 37, 3, 64, 0, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, true}, 13);
+  run_fold(g, {544, 64, 20, 2, 96, 32, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, true}, 14);
+  if (vk::q8_activations_type(*g.ctx, GgmlType::Q4_K))
+    run_fold(g, {256, 64, 16, 2, 256, 256, GgmlType::Q8_0, GgmlType::F32, kQ4KTile, true, true, false, true}, 15);
+}
+
+TEST(MoeFusedDown, SameBitsEveryRun) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FUSED_DOWN(g);
+  const FoldCase c{224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, true};
+  const FoldResult a = run_fold(g, c, 16, nullptr, false), b = run_fold(g, c, 16, nullptr, false);
+  ASSERT_EQ(a.x_final.size(), b.x_final.size());
+  EXPECT_EQ(std::memcmp(a.x_final.data(), b.x_final.data(), a.x_final.size() * 4), 0);
+}
+
+TEST(MoeFusedDown, RefusedWhereItDoesNotApply) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FUSED_DOWN(g);
+  // Mixed tile types (the down of another type than the gate-up), a tile wider than the binding.
+  std::mt19937 rng(17);
+  const moetest::HostTile mixed =
+      moetest::build_tile(rng, 8, 64, 64, 64, {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q8_0});
+  EXPECT_FALSE(vk::moe_fused_down_supported(*g.ctx, mixed.g, 2));
+  const moetest::HostTile same = moetest::build_tile(rng, 8, 64, 64, 64, kQ4Tile);
+  EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, same.g, 2));
+  EXPECT_FALSE(vk::moe_fused_down_supported(*g.ctx, same.g, 2, same.g.total_bytes / 2));
+  // Set without the router fold: an error naming the problem, before anything is recorded.
+  vk::Buffer tile_b = vktest::make_buffer(g, same.bytes.size(), "tile");
+  vk::Buffer any = vktest::make_buffer(g, 1 << 16, "any");
+  vk::MoeGateUpOp gu;
+  gu.tile = {&tile_b, 0, same.g};
+  gu.n_used = 2;
+  gu.routing.n_used = 2;
+  gu.h = any.whole();
+  gu.h2 = any.whole();
+  gu.route = any.whole();
+  gu.hq = any.whole();
+  gu.down_acc = any.whole();
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  try {
+    gu.record(rec);
+    ADD_FAILURE() << "a fused down without the router fold was recorded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("router fold"), std::string::npos) << e.what();
+  }
+  rec.end();
+}
+
+TEST(MoeFusedDown, NotOnTheSharedMemoryPath) {
+  Gpu& g = vktest::gpu(true);
+  VK_TEST_REQUIRE_GPU(g);
+  std::mt19937 rng(18);
+  const moetest::HostTile t = moetest::build_tile(rng, 8, 64, 64, 64, kQ4Tile);
+  EXPECT_FALSE(vk::moe_fused_down_supported(*g.ctx, t.g, 2));
 }
 
 }  // namespace

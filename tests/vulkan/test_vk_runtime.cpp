@@ -337,12 +337,15 @@ TEST(VkRecorder, FillCopyAndBindingChecks) {
 
 // Compute-only barriers (the model's default) cannot order a transfer after compute work: the
 // recorder accepts fills and copies before the first dispatch and refuses them after it.
+// The execution-only scope (no memory barrier between compute dispatches) refuses them the same way.
 TEST(VkRecorder, ComputeOnlyScopeRefusesTransfersAfterDispatches) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
+  for (vk::BarrierScope scope : {vk::BarrierScope::ComputeOnly, vk::BarrierScope::ExecutionOnly}) {
+  SCOPED_TRACE(int(scope));
   vk::Buffer a = vktest::make_buffer(g, 1024, "a");
   vk::Buffer b = vktest::make_buffer(g, 1024, "b", /*host_visible=*/true);
-  vk::CommandRecorder rec(*g.ctx, {.barrier_scope = vk::BarrierScope::ComputeOnly});
+  vk::CommandRecorder rec(*g.ctx, {.barrier_scope = scope});
   rec.begin();
   rec.fill(a.whole(), 0x40000000u);  // 2.0f
   rec.fill(b.whole(), 0);
@@ -366,7 +369,15 @@ TEST(VkRecorder, ComputeOnlyScopeRefusesTransfersAfterDispatches) {
   std::vector<float> got(32);
   b.read(0, got.data(), got.size() * 4);
   for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], i < 16 ? 2.f : 0.f, 1e-5) << i;
+  }
 
+  vk::Buffer a = vktest::make_buffer(g, 1024, "a");
+  vk::Buffer b = vktest::make_buffer(g, 1024, "b", /*host_visible=*/true);
+  vk::RmsNormOp n;
+  n.x = a.slice(0, 64);
+  n.weight = a.slice(0, 64);
+  n.y = b.slice(0, 64);
+  n.n = 16;
   // The other scopes take transfers anywhere.
   vk::CommandRecorder full(*g.ctx, {.barrier_scope = vk::BarrierScope::Compute});
   full.begin();

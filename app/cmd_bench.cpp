@@ -56,11 +56,12 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier, olat_q8, moe_fused",
+              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, prefetch, router, barrier, olat_q8, moe_fused",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
     else if (k == "matvec_unroll") mv.blocks_per_iter = v;
+    else if (k == "matvec_ksplit") mv.ksplit = v;
     else if (k == "pmatvec_teams") mv.batch_teams = v;
     else if (k == "pmatvec_rows") mv.batch_rows = v;
     else if (k == "gateup_teams") moe.q8_gateup_teams = v;
@@ -134,9 +135,9 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
-                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4 (decode), pmatvec_teams=T,pmatvec_rows=R "
+                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D, prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself), moe_fused=0|1 (1: the MoE down fused into the gate-up), barrier=0|1|2 (the barrier "
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

@@ -19,6 +19,10 @@
 // pass), Q8_BLOCKS (= NUM_COLS * KCHUNK), BLOCKS_PER_ITER (2 or 4: weight blocks per lane and
 // loop iteration). With USE_SUBGROUP the workgroup must run as WG_SIZE /
 // SUBGROUP_SIZE full subgroups (the host asks for full subgroups).
+// KSPLIT (1, 2 or 4; USE_SUBGROUP, one column): KSPLIT subgroups share each row, subgroup p of a
+// team taking the blocks of lanes p * SUBGROUP_SIZE .. (the team's invocations act as one wide
+// lane set), their sums combined in shared memory in order: long rows (W_vo's 10240 values) take
+// fewer dependent load rounds per lane. A team is then KSPLIT subgroups.
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
 // X_Q8 (0/1; one column, no NORM_INPUT): x comes already quantized (binding 2 = int8 blocks, 3
 // uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's olat_q8): nothing is staged,
@@ -59,7 +63,13 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 
 #include "q8_activations.glsl"
 
-#define TEAMS (WG_SIZE / THREADS_PER_ROW)
+#ifndef KSPLIT
+#define KSPLIT 1
+#endif
+#if KSPLIT > 1 && (!USE_SUBGROUP || NUM_COLS != 1)
+#error "matvec_q8.comp: KSPLIT > 1 needs subgroups and one column"
+#endif
+#define TEAMS (WG_SIZE / THREADS_PER_ROW / KSPLIT)
 #define ROWS_PER_WG (TEAMS * NUM_ROWS)
 
 #if ROUTER_FOLD
@@ -148,6 +158,9 @@ void store(uint row, uint c, float v, uint row0) {
 #if !USE_SUBGROUP
 shared float team_partial[WG_SIZE];
 #endif
+#if KSPLIT > 1
+shared float ks_partial[TEAMS * KSPLIT][NUM_ROWS];  // each subgroup's row sums
+#endif
 
 void main() {
   // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
@@ -171,7 +184,8 @@ void main() {
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
 
 #if USE_SUBGROUP
-  const uint team = gl_SubgroupID, lane = gl_SubgroupInvocationID, nlanes = gl_SubgroupSize;
+  const uint team = gl_SubgroupID / KSPLIT;
+  const uint lane = (gl_SubgroupID % KSPLIT) * gl_SubgroupSize + gl_SubgroupInvocationID, nlanes = KSPLIT * gl_SubgroupSize;
 #else
   const uint team = gl_LocalInvocationIndex / THREADS_PER_ROW, lane = gl_LocalInvocationIndex % THREADS_PER_ROW;
   const uint nlanes = THREADS_PER_ROW;
@@ -200,7 +214,23 @@ void main() {
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = subgroupAdd(acc[r][c]);
   }
+#if KSPLIT > 1
+  // The team's KSPLIT sums, added in order by its first subgroup.
   if (subgroupElect()) {
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) ks_partial[gl_SubgroupID][r] = acc[r][0];
+  }
+  barrier();
+  if (gl_SubgroupID % KSPLIT == 0u) {
+    [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+      float s = ks_partial[gl_SubgroupID][r];
+      for (uint p = 1; p < KSPLIT; ++p) s += ks_partial[gl_SubgroupID + p][r];
+      acc[r][0] = s;
+    }
+  }
+  if (gl_SubgroupID % KSPLIT == 0u && subgroupElect()) {
+#else
+  if (subgroupElect()) {
+#endif
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {
         [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) store(row + r, c, acc[r][c] * scale[c], row0);

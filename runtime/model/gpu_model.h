@@ -74,9 +74,10 @@ struct GpuModelOptions {
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;
   // The attention merge also writes olat as int8 blocks, which W_vo's int8 kernel reads instead of
   // quantizing olat in every workgroup (composed files, int8 activations). bench --tune olat_q8=0|1.
-  // Off: on the H100 W_vo got 2.1 us faster and the merge 0.8 us slower in the profile, and the
-  // token not faster (277.2 -> 276.9 / 278.0 tok/s; composed q4_0 286.0 -> 283.3; PERFORMANCE.md).
-  bool olat_q8 = false;
+  // With nothing staged, W_vo's rows are split over two subgroups each (MatvecTuning::ksplit auto):
+  // on the H100 GLM tg128 280.5 -> 290.0 tok/s (W_vo 17.7 -> 13.7 us); olat_q8 alone, with one
+  // subgroup per row, was neutral (279.5). PERFORMANCE.md.
+  bool olat_q8 = true;
   // The MoE down fused into the gate-up (moe_gateup.comp FUSED_DOWN, MoeGateUpOp::down_acc): one
   // dispatch and one barrier less per MoE layer, where the router fold, int8 activations and
   // subgroups serve the layer and its tile is one weight type in one binding

@@ -29,6 +29,25 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8};
 }
 
+// Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
+// `teams` subgroups per workgroup, rows of more than two loop iterations per lane. Auto: 2 where
+// x comes pre-quantized (nothing staged per workgroup, so twice the workgroups cost nothing: H100,
+// GLM W_vo with the merge's int8 olat 15.8 -> 13.7 us), else 1 (each workgroup stages the whole
+// input: W_vo 17.8 -> 20.7 us with 2; PERFORMANCE.md).
+uint32_t ksplit_of(const MatvecOp& op, Context& ctx, uint32_t teams) {
+  const Variant v = variant_of(op, &ctx);
+  const uint32_t k = op.tuning.ksplit ? op.tuning.ksplit : v.xq8 ? 2u : 1u;
+  const uint32_t bpi = op.tuning.blocks_per_iter ? op.tuning.blocks_per_iter : 2u;
+  if (k <= 1 || op.batch != 1 || !ctx.pipelines().use_subgroup() || !v.q8 || teams % k != 0) return 1;
+  return op.w.cols / 32 > 2 * bpi * ctx.info().subgroup_size ? k : 1u;
+}
+
+// Subgroups per workgroup of the int8 decode kernel: 16 for matrices of at most kFewRows rows
+// (each workgroup stages the input once for 16 rows), else kGroupsPerWorkgroup.
+uint32_t q8_decode_teams(const MatvecOp& op) {
+  return op.tuning.teams ? op.tuning.teams : op.w.rows <= kFewRows ? 16u : kGroupsPerWorkgroup;
+}
+
 }  // namespace
 
 bool q8_activations_type(Context& ctx, GgmlType t) {
@@ -65,6 +84,10 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.q8) n += ".q8act";
   if (v.xq8) n += ".xq8";
   if (router_fold.enabled()) n += ".rfold";
+  if (ctx && batch == 1) {
+    const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
+    if (k > 1) n += cat(".ks", k);
+  }
   return n;
 }
 
@@ -136,22 +159,25 @@ void MatvecOp::record(CommandRecorder& rec) const {
                   tuning.batch_rows, " rows per team outside 1..16 / 1..4");
     if (tuning.blocks_per_iter != 0 && tuning.blocks_per_iter != 2 && tuning.blocks_per_iter != 4)
       usage_error("matvec tuning: ", tuning.blocks_per_iter, " blocks per iteration, expected 2 or 4");
-    uint32_t teams = 0, nrows = 0;
+    if (tuning.ksplit > 1 && tuning.ksplit != 2 && tuning.ksplit != 4)
+      usage_error("matvec tuning: ", tuning.ksplit, " subgroups per row, expected 1, 2 or 4");
+    uint32_t teams = 0, nrows = 0, ksplit = 1;
     if (batch > 1) {
       teams = tuning.batch_teams ? tuning.batch_teams : 8u;
       nrows = tuning.batch_rows ? tuning.batch_rows : batch > 8 ? 2u : 4u;
     } else {
       const bool few = w.rows <= kFewRows;
-      teams = tuning.teams ? tuning.teams : few ? 16u : kGroupsPerWorkgroup;
+      teams = q8_decode_teams(*this);
       nrows = tuning.rows ? tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
       if (!tuning.rows)
         while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+      ksplit = ksplit_of(*this, ctx, teams);
     }
     // Blocks per staging pass: a power of two, at most what the columns need and what fits
     // kQ8StageBytes of shared memory (48 bytes per block and column).
     uint32_t kchunk = 1;
     while (!v.xq8 && kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
-    rows_per_wg = teams * nrows;
+    rows_per_wg = teams / ksplit * nrows;
     desc.file = "matvec_q8.comp";
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
                     {"WG_SIZE", std::to_string(tpr * teams)},
@@ -162,7 +188,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"KCHUNK", std::to_string(kchunk)},
                     {"Q8_BLOCKS", std::to_string(kchunk * batch)},
                     {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
-                    {"X_Q8", v.xq8 ? "1" : "0"}};
+                    {"X_Q8", v.xq8 ? "1" : "0"},
+                    {"KSPLIT", std::to_string(ksplit)}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55

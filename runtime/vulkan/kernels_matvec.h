@@ -43,6 +43,10 @@ struct MatvecTuning {
   uint32_t batch_teams = 0, batch_rows = 0;
   // The int8-activation kernel's weight blocks per lane and loop iteration (2 or 4; auto 2).
   uint32_t blocks_per_iter = 0;
+  // Decode, int8 kernel with subgroups: subgroups per row (1, 2 or 4; auto: 2 where x comes
+  // pre-quantized (MatvecOp::x_q8), else 1) for rows that take a lane more than two loop
+  // iterations (W_vo: 10240 values); a workgroup then holds teams / ksplit rows (x nrows).
+  uint32_t ksplit = 0;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

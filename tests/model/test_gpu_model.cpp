@@ -145,7 +145,7 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
-// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, off by default) instead of
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default) instead of
 // quantizing olat in each workgroup: the same int8 values, so the same logits (up to the order of
 // the sums).
 TEST(GpuModel, Int8OlatFromTheMergeGivesTheSameLogits) {
@@ -384,7 +384,7 @@ TEST(GpuModel, Int8ActivationsTrackTheReference) {
 // The decode kernels' work splits (bench --tune) move rows between workgroups, never the order of
 // a row's dot product; only the fused norms' sums of squares are reduced over a workgroup of
 // another size. So the logits agree to f32 rounding. Awkward splits: 3 rows per subgroup, 6
-// teams, 3 down rows per workgroup, 12 gate-up subgroups.
+// teams, 3 down rows per workgroup, 12 gate-up subgroups, 2 subgroups per long row.
 TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* type : {"q4_0", "q4_k_m"}) {
@@ -393,7 +393,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     model::GpuModel plain(context(), tsr, {.n_ctx = 32, .prefill_chunk = 0});
     if (!plain.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-    o.matvec = {.teams = 6, .rows = 3, .blocks_per_iter = 4};
+    o.matvec = {.teams = 6, .rows = 3, .blocks_per_iter = 4, .ksplit = 2};  // ksplit: where rows are long
     o.moe.q8_gateup_teams = 12;
     o.moe.q8_down_rows = 3;
     model::GpuModel tuned(context(), tsr, o);

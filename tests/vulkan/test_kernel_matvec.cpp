@@ -23,12 +23,13 @@ struct Case {
   bool q8 = false;  // the int8-activation path (Q4_0 / Q8_0 / Q4_K / Q6_K)
   uint32_t blocks_per_iter = 0;  // MatvecTuning::blocks_per_iter (0: auto)
   bool xq8 = false;              // x also given pre-quantized (MatvecOp::x_q8)
+  uint32_t ksplit = 0;           // MatvecTuning::ksplit (subgroups per long row)
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
              c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
-             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "", c.xq8 ? " xq8" : "");
+             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "", c.xq8 ? " xq8" : "", c.ksplit ? cat(" ksplit ", c.ksplit) : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -61,6 +62,7 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
   op.y_stride = ys;
   op.accumulate = c.accumulate;
   op.tuning.blocks_per_iter = c.blocks_per_iter;
+  op.tuning.ksplit = c.ksplit;
   if (c.norm) op.norm_weight = nb.whole();
   op.norm_eps = eps;
   op.max_binding_bytes = c.max_binding_bytes;
@@ -219,6 +221,49 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
   run_case(gs, {GgmlType::Q4_K, 9, 512, 1, false, true, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 67, 768, 1, true, false, 0, 0, 0, true}, seed++);
   run_case(gs, {GgmlType::Q6_K, 7, 512, 3, false, true, 4, 2, 0, true}, seed++);
+}
+
+// Long rows shared by 2 or 4 subgroups (MatvecTuning::ksplit): rows of 130 (just past two loop
+// iterations), 320 (W_vo) and 513 blocks (two staging passes), 9 to 2051 rows (partial last
+// workgroup), with the input norm, accumulation, four blocks per iteration and pre-quantized x;
+// the kernel's name says where the split applies (not for rows of two iterations or fewer).
+TEST(KernelMatvec, Int8LongRowsSplitOverSubgroups) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product on this device";
+  if (!g.ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroup arithmetic";
+  uint32_t seed = 1300;
+  for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q6_K}) {
+    const bool k256 = t == GgmlType::Q6_K;  // rows of 136 / 520 blocks for a 256-element block type
+    const uint32_t past_two = k256 ? 4352 : 4160, two_passes = k256 ? 16640 : 16416;
+    for (uint32_t k : {2u, 4u}) {
+      run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true, 0, false, k}, seed++);
+      run_case(g, {t, 2051, past_two, 1, true, true, 0, 0, 0, true, 0, false, k}, seed++);
+      run_case(g, {t, 37, two_passes, 1, true, false, 0, 0, 0, true, 0, false, k}, seed++);
+      run_case(g, {t, 67, 10240, 1, true, false, 0, 0, 0, true, 4, false, k}, seed++);
+      if (!k256) run_case(g, {t, 130, 10240, 1, true, false, 0, 0, 0, true, 0, true, k}, seed++);
+    }
+  }
+  // Where it applies: the name carries it; 3 subgroups per row is refused.
+  std::mt19937 rng(1399);
+  auto dm = vktest::upload_matrix(g, GgmlType::Q8_0, 64, 10240, vktest::random_matrix(rng, GgmlType::Q8_0, 64, 10240));
+  vk::Buffer xb = vktest::make_buffer(g, 10240 * 4, "x");
+  vk::Buffer yb = vktest::make_buffer(g, 64 * 4, "y");
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = xb.whole();
+  op.y = yb.whole();
+  op.int8_activations = true;
+  op.tuning.ksplit = 2;
+  EXPECT_NE(op.kernel_name(g.ctx.get()).find(".ks2"), std::string::npos);
+  vk::MatvecOp short_rows = op;
+  short_rows.w.cols = 32 * 2 * 2 * g.ctx->info().subgroup_size;  // two iterations of 2 blocks per lane
+  EXPECT_EQ(short_rows.kernel_name(g.ctx.get()).find(".ks"), std::string::npos);
+  op.tuning.ksplit = 3;
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(op.record(rec), Error);
+  rec.end();
 }
 
 TEST(KernelMatvec, AccumulateAddsToY) {

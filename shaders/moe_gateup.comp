@@ -34,6 +34,9 @@
 // logits[e] = acc[e] / rms and run routing.glsl; with TS_MOE_ROUTE_WRITE workgroup 0 writes the K
 // (expert, weight) pairs to route (binding 3, for the down kernel after the barrier) and the E
 // logits to binding 5.
+// FOLD_OVERLAP (0/1; ROUTER_FOLD with Q8ACT): the input staging, the accumulator sums and the
+// expert bias (into shared memory, for the routing) are read by different invocations in one
+// phase with one barrier, instead of the sums, a barrier, then the staging and another barrier.
 // FUSED_DOWN (0/1; needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD; the down matrices of the same type
 // in the same binding): no down dispatch follows. Each workgroup quantizes its outputs (one int8
 // block per 32) into shared memory, multiplies them by the matching columns of its slot's down
@@ -74,6 +77,16 @@ shared float rf_logit[TS_ROUTE_MAX_E];  // the summed accumulators, before 1/rms
 shared float rf_ss;                     // sum(x^2)
 float rf_inv_rms;                       // 1/rms of x (every invocation, after fold_read)
 #define ROUTE_LOGIT(e) (rf_logit[e] * rf_inv_rms)
+#ifndef FOLD_OVERLAP
+#define FOLD_OVERLAP 0
+#endif
+#if FOLD_OVERLAP
+#if !Q8ACT
+#error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT"
+#endif
+shared float rf_bias[TS_ROUTE_MAX_E];  // the expert bias, read beside the sums
+#define ROUTE_BIAS(e) rf_bias[e]
+#endif
 #else
 layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) readonly restrict buffer LogitBuf { float route_logits[]; };
@@ -89,16 +102,21 @@ layout(push_constant) uniform Push { MoeArgs args; };
 bool recompute_route() { return true; }  // from the fold's logits
 uint slot_expert(uint k) { return route_expert(k); }
 
-// Sums the accumulator copies (routed workgroups: the logits too, into rf_logit) and sets
-// rf_inv_rms. Uniform control flow.
-void fold_read(bool with_logits) {
+// Sums the accumulator copies (routed workgroups: the logits too, into rf_logit), on the
+// invocations from `first` (modulo the workgroup) on; no barrier.
+void fold_sum(bool with_logits, uint first) {
   const uint E = args.n_expert;
-  for (uint e = with_logits ? gl_LocalInvocationIndex : E + gl_LocalInvocationIndex; e <= E; e += WG_SIZE) {
+  const uint t = (gl_LocalInvocationIndex + WG_SIZE - first % WG_SIZE) % WG_SIZE;
+  for (uint e = with_logits ? t : E + t; e <= E; e += WG_SIZE) {
     int64_t s = 0;
     [[unroll]] for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) s += rf_acc[k * (E + 1u) + e];
     if (e < E) rf_logit[e] = float(s) * (1.0 / float(TS_ROUTER_FOLD_LOGIT_SCALE));
     else rf_ss = float(s) * (1.0 / float(TS_ROUTER_FOLD_SS_SCALE));
   }
+}
+
+// After fold_sum (and whatever else shares its barrier): rf_inv_rms. Uniform control flow.
+void fold_finish() {
   barrier();
   rf_inv_rms = inversesqrt(rf_ss / float(args.n_embd) + args.norm_eps);
 }
@@ -283,7 +301,25 @@ void gateup_main() {
   // flow, before any early exit.
   float scale = 1.0;
 #if ROUTER_FOLD
-  fold_read((args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed);
+  const bool with_logits = (args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed;
+#if FOLD_OVERLAP
+  // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
+  // the next E read the expert bias (where the routing uses it).
+  const uint nb_in = args.n_embd / 32u;
+  for (uint b = gl_LocalInvocationIndex; b < nb_in; b += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
+    q8_stage_block(b, v);
+  }
+  fold_sum(with_logits, nb_in);
+  if (with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u) {
+    const uint t = (gl_LocalInvocationIndex + WG_SIZE - (nb_in + args.n_expert + 1u) % WG_SIZE) % WG_SIZE;
+    for (uint e = t; e < args.n_expert; e += WG_SIZE) rf_bias[e] = route_bias[e];
+  }
+#else
+  fold_sum(with_logits, 0u);
+#endif
+  fold_finish();
   scale = rf_inv_rms;
 #else
   if (norm_input()) {
@@ -292,7 +328,7 @@ void gateup_main() {
     scale = inversesqrt(workgroup_sum(ss) / float(args.n_embd) + args.norm_eps);
   }
 #endif
-#if Q8ACT
+#if Q8ACT && !FOLD_OVERLAP
   // The input (h2, or x times the norm weight) as int8 blocks in shared memory.
   for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
     vec4 v[8];

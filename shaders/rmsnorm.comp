@@ -3,7 +3,10 @@
 // One workgroup per row; rows may be strided sub-vectors (e.g. the latent part of each kv row),
 // y may alias x (in place). Wrapper: runtime/vulkan/kernels_basic.h (RmsNormOp).
 // The same normalization fused into a following matvec is matvec.comp with NORM_INPUT.
-// Bindings: 0 = x, 1 = w (n floats), 2 = y.
+// Q8_OUT (0/1; n a multiple of 32): y also as int8 blocks of 32 (q8_quantize.glsl; row t's block
+// b at yq[3 * (t * n / 32 + b)]), quantized from the same f32 values, for a following int8 matvec
+// that then stages nothing (matvec_q8.comp X_Q8: the LM head).
+// Bindings: 0 = x, 1 = w (n floats), 2 = y, 3 = yq (Q8_OUT).
 
 #include "common.glsl"
 
@@ -14,6 +17,14 @@ layout(std430, binding = 1) readonly restrict buffer WBuf { float w[]; };
 layout(std430, binding = 2) buffer YBuf { float y[]; };
 
 layout(push_constant) uniform Push { RmsNormArgs args; };
+
+#ifndef Q8_OUT
+#define Q8_OUT 0
+#endif
+#if Q8_OUT
+#include "q8_quantize.glsl"
+layout(std430, binding = 3) writeonly restrict buffer YqBuf { uvec4 yq[]; };
+#endif
 
 void main() {
   const uint t = linear_workgroup_id();
@@ -28,4 +39,22 @@ void main() {
   ss = workgroup_sum(ss);
   const float scale = inversesqrt(ss / float(args.n) + args.eps);
   for (uint i = gl_LocalInvocationIndex; i < args.n; i += WG_SIZE) y[yb + i] = (x[xb + i] * scale) * w[i];
+#if Q8_OUT
+  // The same values (same expression), a block of 32 per invocation.
+  for (uint b = gl_LocalInvocationIndex; b < args.n / 32u; b += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint i = 32u * b + 4u * k;
+      v[k] = vec4((x[xb + i] * scale) * w[i], (x[xb + i + 1u] * scale) * w[i + 1u], (x[xb + i + 2u] * scale) * w[i + 2u],
+                  (x[xb + i + 3u] * scale) * w[i + 3u]);
+    }
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    const uint o = 3u * (t * (args.n / 32u) + b);
+    yq[o] = lo;
+    yq[o + 1u] = hi;
+    yq[o + 2u] = floatBitsToUint(ds);
+  }
+#endif
 }

@@ -27,13 +27,16 @@
 #ifndef ROUTE_LOGIT
 #define ROUTE_LOGIT(e) route_logits[e]
 #endif
+#ifndef ROUTE_BIAS  // the including kernel may read the bias from elsewhere (shared memory)
+#define ROUTE_BIAS(e) route_bias[e]
+#endif
 
 shared uint rt_id[TS_ROUTE_MAX_K];  // chosen experts, best first
 shared float rt_w[TS_ROUTE_MAX_K];  // their final weights
 
 // Selection score of expert e with probability p (NaN -> -inf).
 float route_score(uint e, float p, uint flags) {
-  const float s = (flags & TS_ROUTER_EXPERT_BIAS) != 0u ? p + route_bias[e] : p;
+  const float s = (flags & TS_ROUTER_EXPERT_BIAS) != 0u ? p + ROUTE_BIAS(e) : p;
   return isnan(s) ? uintBitsToFloat(0xFF800000u) : s;
 }
 

@@ -53,6 +53,7 @@ struct GpuModel::Weights {
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
   vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's int8 kernel)
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
+  vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
@@ -242,6 +243,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.olat_q8, "int8 olat", std::max<uint64_t>(probe.olat_q8_bytes(), 48)},
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
+      {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
   };
 
   vk::MemoryPlan plan;
@@ -552,14 +554,22 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
   norm.n = c.n_embd;
   norm.eps = c.eps;
   norm.label = "rmsnorm output" + what;
-  norm.record(rec);
-  rec.barrier();
   vk::MatvecOp lm;
   lm.w = w.matrix("output.weight");
   lm.x = normed;
   lm.y = w.logits.whole();
   lm.int8_activations = options_.int8_activations;
   lm.tuning = options_.matvec;
+  // The int8 head reads the norm's int8 blocks instead of quantizing h2 in each of its ~10 K
+  // workgroups (GpuModelOptions::head_q8).
+  if (options_.head_q8 && c.n_embd % 32 == 0) {
+    lm.x_q8 = w.head_q8.whole();
+    if (lm.kernel_name(&ctx_).find(".xq8") != std::string::npos) norm.y_q8 = lm.x_q8;
+    else lm.x_q8 = {};
+  }
+  norm.label = (norm.y_q8.buffer ? "rmsnorm.q8out output" : "rmsnorm output") + what;
+  norm.record(rec);
+  rec.barrier();
   lm.label = lm.kernel_name(&ctx_) + " output.weight" + what;
   if (lm.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
   lm.record(rec);

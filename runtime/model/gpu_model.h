@@ -78,6 +78,9 @@ struct GpuModelOptions {
   // on the H100 GLM tg128 280.5 -> 290.0 tok/s (W_vo 17.7 -> 13.7 us); olat_q8 alone, with one
   // subgroup per row, was neutral (279.5). PERFORMANCE.md.
   bool olat_q8 = true;
+  // The output norm also writes its result as int8 blocks, which the int8 LM head reads instead of
+  // quantizing it in each of its workgroups (bench --tune head_q8=0|1).
+  bool head_q8 = false;
   // The MoE down fused into the gate-up (moe_gateup.comp FUSED_DOWN, MoeGateUpOp::down_acc): one
   // dispatch and one barrier less per MoE layer, where the router fold, int8 activations and
   // subgroups serve the layer and its tile is one weight type in one binding

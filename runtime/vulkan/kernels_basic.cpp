@@ -13,7 +13,9 @@ constexpr uint32_t kPrefetchWorkgroup = 256;
 constexpr uint32_t kPrefetchUnroll = 8;  // sectors per invocation: 64 KiB of weights per workgroup
 }  // namespace
 
-uint64_t RmsNormOp::bytes() const { return uint64_t(rows) * n * 8 + uint64_t(n) * 4; }
+uint64_t RmsNormOp::bytes() const {
+  return uint64_t(rows) * n * 8 + uint64_t(n) * 4 + (y_q8.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n / 32 * 48 : 0);
+}
 
 void RmsNormOp::record(CommandRecorder& rec) const {
   Context& ctx = rec.context();
@@ -24,11 +26,15 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   if (x.size < x_need) runtime_error(label, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(label, ": y binding has ", y.size, " bytes, needs ", y_need);
   if (weight.size < uint64_t(n) * 4) runtime_error(label, ": weight has ", weight.size, " bytes, needs ", n * 4);
+  const bool q8 = y_q8.buffer != VK_NULL_HANDLE;
+  if (q8 && n % 32 != 0) runtime_error(label, ": int8 output blocks need n a multiple of 32, not ", n);
+  if (q8 && y_q8.size < uint64_t(rows) * n / 32 * 48)
+    runtime_error(label, ": y_q8 binding has ", y_q8.size, " bytes, needs ", uint64_t(rows) * n / 32 * 48);
   PipelineDesc desc;
-  desc.name = "rmsnorm";
+  desc.name = q8 ? "rmsnorm.q8out" : "rmsnorm";
   desc.file = "rmsnorm.comp";
-  desc.defines = {{"WG_SIZE", std::to_string(kNormWorkgroup)}};
-  desc.num_buffers = 3;
+  desc.defines = {{"WG_SIZE", std::to_string(kNormWorkgroup)}, {"Q8_OUT", q8 ? "1" : "0"}};
+  desc.num_buffers = q8 ? 4 : 3;
   desc.push_bytes = sizeof(gpu::RmsNormArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();
   const Pipeline& pipe = ctx.pipeline(desc);
@@ -40,9 +46,9 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   a.x_offset = x_offset;
   a.y_offset = y_offset;
   a.eps = eps;
-  const BufferSlice bufs[3] = {x, weight, y};
+  const BufferSlice bufs[4] = {x, weight, y, y_q8};
   const GroupCounts g = split_workgroups(rows, ctx.info());
-  rec.dispatch(pipe, bufs, a, g.x, g.y, 1, label, bytes());
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, desc.num_buffers), a, g.x, g.y, 1, label, bytes());
 }
 
 uint64_t EmbedOp::bytes() const {

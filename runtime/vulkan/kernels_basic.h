@@ -24,8 +24,11 @@ struct RmsNormOp {
   uint32_t x_offset = 0, y_offset = 0;  // floats
   float eps = 1e-6f;
   std::string label = "rmsnorm";
+  // Set: y also as int8 blocks of 32 (q8_quantize.glsl, 48 bytes per block; row t's blocks from
+  // t * n / 32), the x_q8 of a following int8 matvec (MatvecOp::x_q8). n must be a multiple of 32.
+  BufferSlice y_q8;
 
-  uint64_t bytes() const;  // x read, weight read, y written
+  uint64_t bytes() const;  // x read, weight read, y (and y_q8) written
   void record(CommandRecorder& rec) const;
 };
 

@@ -145,29 +145,33 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
-// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default) instead of
-// quantizing olat in each workgroup: the same int8 values, so the same logits (up to the order of
-// the sums).
-TEST(GpuModel, Int8OlatFromTheMergeGivesTheSameLogits) {
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default) and the LM head
+// reading the output norm's int8 blocks (head_q8) instead of quantizing their inputs in each
+// workgroup: the same int8 values, so the same logits (up to the order of the sums: W_vo's rows
+// are then split over two subgroups).
+TEST(GpuModel, Int8InputsFromTheProducersGiveTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* preset : {"tiny", "tiny-lite"}) {
     const Files f = files(preset, "q4_0", "all");
     TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[2];
-    for (bool q8 : {false, true}) {
+    std::vector<float> logits[4];
+    for (int v = 0; v < 4; ++v) {
       model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-      o.olat_q8 = q8;
+      o.olat_q8 = (v & 1) != 0;
+      o.head_q8 = (v & 2) != 0;
       model::GpuModel m(context(), tsr, o);
       if (!m.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
-      logits[q8] = m.forward(prompt(m.n_vocab(), 6), false);
+      logits[v] = m.forward(prompt(m.n_vocab(), 6), false);
     }
-    ASSERT_EQ(logits[0].size(), logits[1].size());
-    float scale = 0, worst = 0;
-    for (size_t i = 0; i < logits[0].size(); ++i) {
-      scale = std::max(scale, std::fabs(logits[0][i]));
-      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
+    for (int v = 1; v < 4; ++v) {
+      ASSERT_EQ(logits[0].size(), logits[v].size());
+      float scale = 0, worst = 0;
+      for (size_t i = 0; i < logits[0].size(); ++i) {
+        scale = std::max(scale, std::fabs(logits[0][i]));
+        worst = std::max(worst, std::fabs(logits[0][i] - logits[v][i]));
+      }
+      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << (v >> 1);
     }
-    EXPECT_LE(worst, 1e-4f * scale) << preset;
   }
 }
 
@@ -396,6 +400,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     o.matvec = {.teams = 6, .rows = 3, .blocks_per_iter = 4, .ksplit = 2};  // ksplit: where rows are long
     o.moe.q8_gateup_teams = 12;
     o.moe.q8_down_rows = 3;
+    o.moe.q8_fold_overlap = 2;  // off (the default reads input, sums and bias in one phase)
     model::GpuModel tuned(context(), tsr, o);
     const auto p = prompt(plain.n_vocab(), 5);
     const std::vector<float> a = tuned.forward(p, false), b = plain.forward(p, false);

@@ -47,7 +47,9 @@ TEST(Split1, MovesQuantBytesToRegionQAndTheRestToRegionM) {
   EXPECT_THROW(vk::split1_from_gguf(GgmlType::Q4_0, 1, 48, gguf.data()), Error);
 }
 
-void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool in_place, uint32_t seed) {
+// q8: also the int8 blocks (RmsNormOp::y_q8), against the CPU quantization of the GPU's f32 result
+// (the kernel quantizes the same values).
+void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool in_place, uint32_t seed, bool q8 = false) {
   std::mt19937 rng(seed);
   const std::vector<float> x = vktest::random_values(rng, size_t(xs) * rows + 8);
   const std::vector<float> w = vktest::random_values(rng, n);
@@ -69,6 +71,9 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
   op.x_offset = 3;
   op.y_offset = in_place ? 3 : 5;
   op.eps = eps;
+  vk::Buffer qb = vktest::make_buffer(g, std::max<size_t>(size_t(rows) * n / 32 * 48, 48), "y q8");
+  vktest::poison(g, qb);
+  if (q8) op.y_q8 = qb.whole();
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   op.record(rec);
@@ -89,6 +94,11 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
     }
   }
   vktest::expect_close(got, want, tol, cat("rmsnorm n ", n, " rows ", rows, in_place ? " in place" : ""));
+  if (q8) {
+    std::vector<uint32_t> words(size_t(rows) * n / 32 * 12);
+    qb.read(0, words.data(), words.size() * 4);
+    vktest::expect_q8_blocks_close(words, vktest::q8_blocks(got), cat("rmsnorm int8 blocks n ", n, " rows ", rows));
+  }
   if (!in_place) {  // nothing outside the rows was written
     for (uint32_t i = 0; i < 5; ++i) EXPECT_TRUE(std::isnan(got_all[i])) << "y[" << i << "] written";
   }
@@ -102,6 +112,17 @@ TEST(KernelRmsNorm, MatchesCpu) {
     for (uint32_t rows : {1u, 3u}) run_norm(g, n, rows, n + 1, n + 2, false, seed++);
   run_norm(g, 512, 5, 576, 576, true, seed++);  // the latent part of kv rows, in place
   run_norm(g, 300, 2, 300, 300, false, seed++);
+  // With the int8 blocks (the LM head's input): one row of GLM's width, three rows of 2080.
+  run_norm(g, 2048, 1, 2048, 2048, false, seed++, true);
+  run_norm(g, 2080, 3, 2081, 2082, false, seed++, true);
+  vk::RmsNormOp bad;
+  vk::Buffer b = vktest::make_buffer(g, 4096, "b");
+  bad.x = bad.weight = bad.y = bad.y_q8 = b.whole();
+  bad.n = 100;  // not a multiple of 32
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(bad.record(rec), Error);
+  rec.end();
 }
 
 TEST(KernelRmsNorm, SharedMemoryReductionPath) {

@@ -37,13 +37,14 @@ struct FoldCase {
   bool q8 = false;     // int8-activation matvec and expert kernels
   bool no_subgroup = false;
   bool fused_down = false;  // the down projection fused into the gate-up
+  bool overlap = false;     // input, sums and bias read in one phase (MoeTuning::q8_fold_overlap)
 };
 
 std::string describe(const FoldCase& c) {
   return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
              type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
-             c.fused_down ? " fused-down" : "");
+             c.fused_down ? " fused-down" : "", c.overlap ? " overlap" : "");
 }
 
 struct FoldResult {
@@ -134,6 +135,7 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
     gu.hq = hq_b.whole();
   }
+  gu.tuning.q8_fold_overlap = c.overlap ? 1u : 2u;
   if (c.fused_down) {
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
@@ -283,6 +285,11 @@ TEST(RouterFold, Int8ActivationKernels) {
   if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product";
   run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true}, 4);
   run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true}, 5);
+  // Input, sums and bias in one phase: with the bias (GLM), without (softmax), E + 1 + n_embd / 32
+  // past the workgroup (E 200: the sums wrap around to the first invocations).
+  run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, false, true}, 4);
+  run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true, false, false, true}, 5);
+  run_fold(g, {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true, false, false, true}, 19);
 }
 
 TEST(RouterFold, SharedMemoryReductionPath) {
@@ -333,6 +340,7 @@ TEST(MoeFusedDown, MatchesTheReference) {
   run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true, false, true}, 5);
   run_fold(g, {160, 96, 37, 3, 64, 0, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, true}, 13);
   run_fold(g, {544, 64, 20, 2, 96, 32, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, true}, 14);
+  run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, true, true}, 11);
   if (vk::q8_activations_type(*g.ctx, GgmlType::Q4_K))
     run_fold(g, {256, 64, 16, 2, 256, 256, GgmlType::Q8_0, GgmlType::F32, kQ4KTile, true, true, false, true}, 15);
 }

@@ -96,4 +96,23 @@ inline std::vector<uint32_t> q8_blocks(const std::vector<float>& x) {
   return out;
 }
 
+// Int8 blocks written by a kernel against q8_blocks of the same values: each int8 within one step
+// and the scales within rounding (a GPU's division may differ from the CPU's by an ulp).
+inline void expect_q8_blocks_close(const std::vector<uint32_t>& got, const std::vector<uint32_t>& want,
+                                   const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t b = 0; b < want.size() / 12; ++b) {
+    for (size_t w = 0; w < 8; ++w)
+      for (uint32_t k = 0; k < 4; ++k) {
+        const int gq = int8_t(got[12 * b + w] >> (8 * k)), wq = int8_t(want[12 * b + w] >> (8 * k));
+        ASSERT_LE(std::abs(gq - wq), 1) << what << ": block " << b << " element " << 4 * w + k;
+      }
+    float gd[4], wd[4];
+    std::memcpy(gd, &got[12 * b + 8], 16);
+    std::memcpy(wd, &want[12 * b + 8], 16);
+    ASSERT_NEAR(gd[0], wd[0], 1e-6f * std::fabs(wd[0])) << what << ": block " << b << " scale";
+    for (int k = 1; k < 3; ++k) ASSERT_NEAR(gd[k], wd[k], 2.f * gd[0] + 1e-6f * std::fabs(wd[k])) << what << ": block " << b;
+  }
+}
+
 }  // namespace tessera::vktest

@@ -460,16 +460,22 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       gu.label = (gu.hq.buffer ? "dense_gateup.q8act " : "dense_gateup ") + L;
       gu.record(rec);
       rec.barrier();
-      vk::DenseDownOp dd;
-      dd.down = w.matrix(L + "ffn_down.weight");
-      dd.h = w.hdense.whole();
-      dd.x = w.x.whole();
-      dd.hq = gu.hq;
-      dd.tuning = options_.moe;
-      dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
-      dd.record(rec);
+      weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes();
+      if (gu.hq.buffer && options_.dense_down_matvec) {
+        // The int8 matvec on the gate-up's int8 h (nothing staged; long rows over two subgroups).
+        matvec(L + "ffn_down.weight", w.hdense.whole(), w.x.whole(), {}, true, {}, w.hq.whole());
+      } else {
+        vk::DenseDownOp dd;
+        dd.down = w.matrix(L + "ffn_down.weight");
+        dd.h = w.hdense.whole();
+        dd.x = w.x.whole();
+        dd.hq = gu.hq;
+        dd.tuning = options_.moe;
+        dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
+        dd.record(rec);
+        weight_bytes += dd.down.read_bytes();
+      }
       rec.barrier();
-      weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes() + dd.down.read_bytes();
       continue;
     }
     const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};

@@ -81,6 +81,10 @@ struct GpuModelOptions {
   // The output norm also writes its result as int8 blocks, which the int8 LM head reads instead of
   // quantizing it in each of its workgroups (bench --tune head_q8=0|1).
   bool head_q8 = false;
+  // Dense layers on the int8 path: the down projection as the int8 matvec reading the gate-up's
+  // int8 h (matvec_q8.comp X_Q8, two subgroups per row) instead of moe_down.comp's dense form,
+  // which holds a lane's share of h in registers. bench --tune dense_down=0|1.
+  bool dense_down_matvec = true;
   // The MoE down fused into the gate-up (moe_gateup.comp FUSED_DOWN, MoeGateUpOp::down_acc): one
   // dispatch and one barrier less per MoE layer, where the router fold, int8 activations and
   // subgroups serve the layer and its tile is one weight type in one binding

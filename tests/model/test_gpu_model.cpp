@@ -145,32 +145,34 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
-// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default) and the LM head
-// reading the output norm's int8 blocks (head_q8) instead of quantizing their inputs in each
-// workgroup: the same int8 values, so the same logits (up to the order of the sums: W_vo's rows
-// are then split over two subgroups).
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default), the LM head
+// reading the output norm's int8 blocks (head_q8) and the dense down as the int8 matvec on the
+// gate-up's int8 h (dense_down_matvec, on) instead of their other forms: the same int8 values, so
+// the same logits (up to the order of the sums: long rows are then split over two subgroups).
 TEST(GpuModel, Int8InputsFromTheProducersGiveTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* preset : {"tiny", "tiny-lite"}) {
     const Files f = files(preset, "q4_0", "all");
     TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[4];
-    for (int v = 0; v < 4; ++v) {
+    std::vector<float> logits[8];
+    for (int v = 0; v < 8; ++v) {
       model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
       o.olat_q8 = (v & 1) != 0;
       o.head_q8 = (v & 2) != 0;
+      o.dense_down_matvec = (v & 4) != 0;
       model::GpuModel m(context(), tsr, o);
       if (!m.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
       logits[v] = m.forward(prompt(m.n_vocab(), 6), false);
     }
-    for (int v = 1; v < 4; ++v) {
+    for (int v = 1; v < 8; ++v) {
       ASSERT_EQ(logits[0].size(), logits[v].size());
       float scale = 0, worst = 0;
       for (size_t i = 0; i < logits[0].size(); ++i) {
         scale = std::max(scale, std::fabs(logits[0][i]));
         worst = std::max(worst, std::fabs(logits[0][i] - logits[v][i]));
       }
-      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << (v >> 1);
+      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << ((v >> 1) & 1)
+                                      << " dense_down_matvec " << (v >> 2);
     }
   }
 }

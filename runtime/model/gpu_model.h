@@ -79,7 +79,8 @@ struct GpuModelOptions {
   // subgroup per row, was neutral (279.5). PERFORMANCE.md.
   bool olat_q8 = true;
   // The output norm also writes its result as int8 blocks, which the int8 LM head reads instead of
-  // quantizing it in each of its workgroups (bench --tune head_q8=0|1).
+  // quantizing it in each of its workgroups (bench --tune head_q8=0|1). Off: on the H100 the head
+  // was no faster (its ~70 workgroups per SM hide their staging) and the norm 3.5 us slower.
   bool head_q8 = false;
   // Dense layers on the int8 path: the down projection as the int8 matvec reading the gate-up's
   // int8 h (matvec_q8.comp X_Q8, two subgroups per row) instead of moe_down.comp's dense form,

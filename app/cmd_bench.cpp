@@ -70,10 +70,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "gateup_overlap") usage_error("--tune: gateup_overlap=", v, " is not 0 or 1");
     else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
     else if (k == "router" && v <= 1) o.fused_router = v != 0;
-    else if (k == "olat_q8" && v <= 2) {
-      o.olat_q8 = v == 1;
-      o.olat_inline = v == 2;
-    }
+    else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
     else if (k == "moe_fused" && v <= 1) o.fused_down = v != 0;
     else if (k == "head_q8" && v <= 1) o.head_q8 = v != 0;
     else if (k == "dense_down" && v <= 1) o.dense_down_matvec = v != 0;
@@ -82,7 +79,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "moe_fused") usage_error("--tune: moe_fused=", v, " is not 0 (the down's own dispatch) or 1 (the down fused into the gate-up)");
     else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
     else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
-    else if (k == "olat_q8") usage_error("--tune: olat_q8=", v, " is not 0 (W_vo stages olat), 1 (the merge's int8 olat) or 2 (W_vo's lanes quantize olat)");
+    else if (k == "olat_q8") usage_error("--tune: olat_q8=", v, " is not 0 (W_vo quantizes olat) or 1 (the merge's int8 olat)");
     else if (k == "barrier") usage_error("--tune: barrier=", v, " is not 0 (full), 1 (compute) or 2 (compute only)");
     else if (k == "prefetch") usage_error("--tune: prefetch=", v, " is not a set of bits 1 (W_vo), 2 (router and shared expert), 4 (W_qk)");
     else return false;
@@ -146,7 +143,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1|2 (0: W_vo stages olat, 1 (default): the merge's int8 olat, 2: W_vo's lanes quantize it), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), barrier=0|1|2 (the barrier "
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

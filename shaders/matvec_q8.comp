@@ -24,11 +24,9 @@
 // lane set), their sums combined in shared memory in order: long rows (W_vo's 10240 values) take
 // fewer dependent load rounds per lane. A team is then KSPLIT subgroups.
 // ROUTER_FOLD (0/1): the router fold's epilogue (router_partial.glsl), as in matvec.comp.
-// X_Q8 (0/1/2; one column, no NORM_INPUT): nothing is staged, no barrier precedes the weight
-// loads, each lane takes its input blocks beside its weight blocks: 1 = x comes already quantized
-// (binding 2 = int8 blocks, 3 uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's
-// olat_q8); 2 = x is f32 (binding 2) and each lane quantizes the 32 values of its blocks itself
-// (the same int8 values: q8_quantize32 of the same floats).
+// X_Q8 (0/1; one column, no NORM_INPUT): x comes already quantized (binding 2 = int8 blocks, 3
+// uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's olat_q8): nothing is staged,
+// no barrier precedes the weight loads, each lane reads its input blocks beside its weight blocks.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD).
 
@@ -51,11 +49,7 @@ layout(local_size_x = WG_SIZE) in;
 #if NUM_COLS != 1 || NORM_INPUT
 #error "matvec_q8.comp: X_Q8 takes one column and no input norm"
 #endif
-#if X_Q8 == 2
-layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
-#else
 layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
-#endif
 #else
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
 layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
@@ -96,15 +90,9 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
     uvec4 xl[BLOCKS_PER_ITER], xh[BLOCKS_PER_ITER];
     vec4 xd[BLOCKS_PER_ITER];
     [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) {
-#if X_Q8 == 2
-      vec4 v[8];
-      [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = x4[8u * (b0 + bi[u]) + k];
-      q8_quantize32(v, xl[u], xh[u], xd[u]);
-#else
       xl[u] = xq[3u * (b0 + bi[u])];
       xh[u] = xq[3u * (b0 + bi[u]) + 1u];
       xd[u] = uintBitsToFloat(xq[3u * (b0 + bi[u]) + 2u]);
-#endif
     }
     [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
       if (r < nvalid) {

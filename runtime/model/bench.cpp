@@ -333,7 +333,6 @@ BenchReport run_bench(const BenchOptions& o) {
   go.prefetch = o.prefetch;
   go.fused_router = o.fused_router;
   go.olat_q8 = o.olat_q8;
-  go.olat_inline = o.olat_inline;
   go.fused_down = o.fused_down;
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;

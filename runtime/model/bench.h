@@ -51,7 +51,6 @@ struct BenchOptions {
   uint32_t prefetch = 0;                  // GpuModelOptions::prefetch (--tune prefetch=)
   bool fused_router = true;               // GpuModelOptions::fused_router (--tune router=0|1)
   bool olat_q8 = true;                    // GpuModelOptions::olat_q8 (--tune olat_q8=0|1)
-  bool olat_inline = false;               // GpuModelOptions::olat_inline (--tune olat_q8=2)
   bool fused_down = false;                // GpuModelOptions::fused_down (--tune moe_fused=0|1)
   bool head_q8 = false;                   // GpuModelOptions::head_q8 (--tune head_q8=0|1)
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)

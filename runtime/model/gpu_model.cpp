@@ -322,12 +322,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
   auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, bool x_quantize = false) {
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
     vk::MatvecOp op;
     op.w = w.matrix(name);
     op.x = x;
     op.x_q8 = x_q8;
-    op.x_quantize = x_quantize;
     op.y = y;
     op.accumulate = acc;
     op.router_fold = fold;
@@ -437,8 +436,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
-             !olat_q8.buffer && options_.olat_inline);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";

@@ -78,9 +78,6 @@ struct GpuModelOptions {
   // on the H100 GLM tg128 280.5 -> 290.0 tok/s (W_vo 17.7 -> 13.7 us); olat_q8 alone, with one
   // subgroup per row, was neutral (279.5). PERFORMANCE.md.
   bool olat_q8 = true;
-  // Instead (where olat_q8 is off): W_vo's lanes quantize the olat blocks they use themselves
-  // (MatvecOp::x_quantize), the merge writes f32 only. bench --tune olat_q8=2.
-  bool olat_inline = false;
   // The output norm also writes its result as int8 blocks, which the int8 LM head reads instead of
   // quantizing it in each of its workgroups (bench --tune head_q8=0|1). Off: on the H100 the head
   // was no faster (its ~70 workgroups per SM hide their staging) and the norm 3.5 us slower.

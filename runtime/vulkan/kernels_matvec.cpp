@@ -15,7 +15,6 @@ constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for t
 
 struct Variant {
   bool plain, vec8, norm, q8, xq8;
-  bool xinline;  // xq8 with f32 x, quantized per lane (MatvecOp::x_quantize)
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -26,9 +25,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool q8 = ctx && op.int8_activations && !plain && x_aligned && op.w.cols % 32 == 0 &&
                   q8_activations_type(*ctx, op.w.type);
   const bool norm = op.norm_weight.buffer != VK_NULL_HANDLE;
-  const bool x_int8 = op.x_q8.buffer != VK_NULL_HANDLE;
-  const bool xq8 = q8 && (x_int8 || op.x_quantize) && op.batch == 1 && !norm && op.x_offset % 32 == 0;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, xq8 && !x_int8};
+  const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8};
 }
 
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
@@ -84,7 +82,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.vec8) n += ".v8";
   if (v.norm) n += ".norm";
   if (v.q8) n += ".q8act";
-  if (v.xq8) n += v.xinline ? ".xq8i" : ".xq8";
+  if (v.xq8) n += ".xq8";
   if (router_fold.enabled()) n += ".rfold";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
@@ -120,7 +118,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
   const uint64_t xq8_need = (uint64_t(x_offset) + w.cols) / 32 * 48;
-  if (v.xq8 && !v.xinline && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
+  if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
 
@@ -190,7 +188,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"KCHUNK", std::to_string(kchunk)},
                     {"Q8_BLOCKS", std::to_string(kchunk * batch)},
                     {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
-                    {"X_Q8", v.xinline ? "2" : v.xq8 ? "1" : "0"},
+                    {"X_Q8", v.xq8 ? "1" : "0"},
                     {"KSPLIT", std::to_string(ksplit)}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
@@ -234,7 +232,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     a.x_offset = x_offset;
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
-    const BufferSlice bufs[8] = {c.q, c.m, v.xq8 && !v.xinline ? x_q8 : x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
+    const BufferSlice bufs[8] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -85,9 +85,6 @@ struct MatvecOp {
   // without norm_weight: nothing is staged (matvec_q8.comp X_Q8). x stays bound-checked and is the
   // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
   BufferSlice x_q8;
-  // Where x_q8 is not set: the int8 kernel's lanes quantize the x blocks they use themselves (the
-  // same int8 values, nothing staged: matvec_q8.comp X_Q8 2), under the same conditions.
-  bool x_quantize = false;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

@@ -264,9 +264,9 @@ TEST(BenchCli, TuneBarrierScope) {
 TEST(BenchCli, AttentionAndMatvecKnobsAreChecked) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const RunResult ok = run_tessera("bench '" + tiny_tsr() +
-                                   "' -p 0 -n 2 -r 1 --tune olat_q8=2,matvec_unroll=4 --attention direct=0,short_groups=5,merge_tail=1");
+                                   "' -p 0 -n 2 -r 1 --tune olat_q8=1,matvec_unroll=4 --attention direct=0,short_groups=5,merge_tail=1");
   EXPECT_EQ(ok.rc, 0) << ok.out;
-  const RunResult q8 = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune olat_q8=3");
+  const RunResult q8 = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune olat_q8=2");
   EXPECT_EQ(q8.rc, 1);
   const RunResult un = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune matvec_unroll=3");
   EXPECT_EQ(un.rc, 1);

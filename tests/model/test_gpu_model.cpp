@@ -145,44 +145,34 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
   }
 }
 
-// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default) or quantizing it
-// per lane (olat_inline), the LM head reading the output norm's int8 blocks (head_q8) and the dense
-// down as the int8 matvec on the gate-up's int8 h (dense_down_matvec, on) instead of their other
-// forms: the same int8 values, so the same logits (up to the order of the sums: long rows are then
-// split over two subgroups).
+// W_vo reading the merge's int8 olat (GpuModelOptions::olat_q8, on by default), the LM head
+// reading the output norm's int8 blocks (head_q8) and the dense down as the int8 matvec on the
+// gate-up's int8 h (dense_down_matvec, on) instead of their other forms: the same int8 values, so
+// the same logits (up to the order of the sums: long rows are then split over two subgroups).
 TEST(GpuModel, Int8InputsFromTheProducersGiveTheSameLogits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  struct V {
-    bool olat_q8, olat_inline, head_q8, dense_down_matvec;
-  };
-  // The first is the reference (every input staged by its consumer); then each form alone and all.
-  const V variants[] = {{false, false, false, false}, {true, false, false, false}, {false, true, false, false},
-                        {false, false, true, false},  {false, false, false, true}, {true, false, true, true}};
   for (const char* preset : {"tiny", "tiny-lite"}) {
     const Files f = files(preset, "q4_0", "all");
     TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> ref;
-    for (const V& v : variants) {
+    std::vector<float> logits[8];
+    for (int v = 0; v < 8; ++v) {
       model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-      o.olat_q8 = v.olat_q8;
-      o.olat_inline = v.olat_inline;
-      o.head_q8 = v.head_q8;
-      o.dense_down_matvec = v.dense_down_matvec;
+      o.olat_q8 = (v & 1) != 0;
+      o.head_q8 = (v & 2) != 0;
+      o.dense_down_matvec = (v & 4) != 0;
       model::GpuModel m(context(), tsr, o);
       if (!m.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
-      const std::vector<float> logits = m.forward(prompt(m.n_vocab(), 6), false);
-      if (ref.empty()) {
-        ref = logits;
-        continue;
-      }
-      ASSERT_EQ(ref.size(), logits.size());
+      logits[v] = m.forward(prompt(m.n_vocab(), 6), false);
+    }
+    for (int v = 1; v < 8; ++v) {
+      ASSERT_EQ(logits[0].size(), logits[v].size());
       float scale = 0, worst = 0;
-      for (size_t i = 0; i < ref.size(); ++i) {
-        scale = std::max(scale, std::fabs(ref[i]));
-        worst = std::max(worst, std::fabs(ref[i] - logits[i]));
+      for (size_t i = 0; i < logits[0].size(); ++i) {
+        scale = std::max(scale, std::fabs(logits[0][i]));
+        worst = std::max(worst, std::fabs(logits[0][i] - logits[v][i]));
       }
-      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << v.olat_q8 << " olat_inline " << v.olat_inline
-                                      << " head_q8 " << v.head_q8 << " dense_down_matvec " << v.dense_down_matvec;
+      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << ((v >> 1) & 1)
+                                      << " dense_down_matvec " << (v >> 2);
     }
   }
 }

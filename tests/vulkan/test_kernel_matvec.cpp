@@ -24,13 +24,12 @@ struct Case {
   uint32_t blocks_per_iter = 0;  // MatvecTuning::blocks_per_iter (0: auto)
   bool xq8 = false;              // x also given pre-quantized (MatvecOp::x_q8)
   uint32_t ksplit = 0;           // MatvecTuning::ksplit (subgroups per long row)
-  bool xinline = false;          // x quantized per lane by the kernel (MatvecOp::x_quantize; xq8 unset)
 };
 
 std::string describe(const Case& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " batch ", c.batch, c.accumulate ? " acc" : "",
              c.norm ? " norm" : "", c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.q8 ? " q8act" : "",
-             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "", c.xq8 ? " xq8" : "", c.ksplit ? cat(" ksplit ", c.ksplit) : "", c.xinline ? " x quantized per lane" : "");
+             c.blocks_per_iter ? cat(" unroll ", c.blocks_per_iter) : "", c.xq8 ? " xq8" : "", c.ksplit ? cat(" ksplit ", c.ksplit) : "");
 }
 
 void run_case(Gpu& g, const Case& c, uint32_t seed) {
@@ -76,10 +75,6 @@ void run_case(Gpu& g, const Case& c, uint32_t seed) {
     vktest::poison(g, xb);
     op.x_q8 = xq8b.whole();
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".xq8"), std::string::npos) << describe(c);
-  }
-  if (c.xinline) {
-    op.x_quantize = true;
-    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".xq8i"), std::string::npos) << describe(c);
   }
   if (c.q8) {
     ASSERT_TRUE(vk::q8_activations_type(*g.ctx, c.type)) << describe(c);
@@ -203,10 +198,6 @@ TEST(KernelMatvec, Int8ActivationsAwkwardShapes) {
     run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true, 0, true}, seed++);
     run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true, 4, true}, seed++);
     run_case(g, {t, 130, 16416, 1, true, false, 0, 0, 0, true, 0, true}, seed++);
-    // x quantized per lane by the kernel: the same shapes.
-    run_case(g, {t, 67, 32, 1, false, false, 0, 0, 0, true, 0, false, 0, true}, seed++);
-    run_case(g, {t, 9, 10240, 1, false, false, 0, 0, 0, true, 0, false, 0, true}, seed++);
-    run_case(g, {t, 2051, 2080, 1, true, false, 0, 0, 0, true, 4, false, 0, true}, seed++);
   }
   // K-quants, 32 elements per int8 block: Q4_K (sub-blocks with their own 6-bit scales and mins),
   // Q6_K (two 16-element sub-blocks with int8 scales per block, 6-bit values split over ql / qh).
@@ -251,7 +242,6 @@ TEST(KernelMatvec, Int8LongRowsSplitOverSubgroups) {
       run_case(g, {t, 37, two_passes, 1, true, false, 0, 0, 0, true, 0, false, k}, seed++);
       run_case(g, {t, 67, 10240, 1, true, false, 0, 0, 0, true, 4, false, k}, seed++);
       if (!k256) run_case(g, {t, 130, 10240, 1, true, false, 0, 0, 0, true, 0, true, k}, seed++);
-      run_case(g, {t, 37, two_passes, 1, true, false, 0, 0, 0, true, 0, false, k, true}, seed++);
     }
   }
   // Where it applies: the name carries it; 3 subgroups per row is refused.

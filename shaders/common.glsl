@@ -31,8 +31,8 @@ uint linear_workgroup_id() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_W
 #if defined(ROUTER_FOLD)
 #if ROUTER_FOLD
 // v * scale rounded to int64 (the 64-bit fixed-point accumulators of the router fold and the fused
-// MoE down): NaN -> 0, clamped to +-2^53 (no out-of-range conversion; 1024 workgroups' clamped
-// adds still do not wrap).
+// MoE down): NaN -> 0, clamped to +-2^53 (no out-of-range conversion; up to 1023 workgroups'
+// clamped adds do not wrap: the fused down checks its workgroup count).
 int64_t rf_fixed(float v, float scale) {
   float f = v * scale;
   f = isnan(f) ? 0.0 : clamp(f, -9007199254740992.0, 9007199254740992.0);

@@ -69,6 +69,9 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #if KSPLIT > 1 && (!USE_SUBGROUP || NUM_COLS != 1)
 #error "matvec_q8.comp: KSPLIT > 1 needs subgroups and one column"
 #endif
+#if (WG_SIZE / THREADS_PER_ROW) % KSPLIT != 0
+#error "matvec_q8.comp: the subgroups of a workgroup must divide into teams of KSPLIT"
+#endif
 #define TEAMS (WG_SIZE / THREADS_PER_ROW / KSPLIT)
 #define ROWS_PER_WG (TEAMS * NUM_ROWS)
 

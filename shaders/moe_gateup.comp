@@ -57,6 +57,12 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef FUSED_DOWN
 #define FUSED_DOWN 0
 #endif
+#ifndef FOLD_OVERLAP
+#define FOLD_OVERLAP 0
+#endif
+#if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
+#error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
+#endif
 #if FUSED_DOWN
 #if !Q8ACT || !USE_SUBGROUP || !ROUTER_FOLD
 #error "moe_gateup.comp: FUSED_DOWN needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD"
@@ -77,13 +83,7 @@ shared float rf_logit[TS_ROUTE_MAX_E];  // the summed accumulators, before 1/rms
 shared float rf_ss;                     // sum(x^2)
 float rf_inv_rms;                       // 1/rms of x (every invocation, after fold_read)
 #define ROUTE_LOGIT(e) (rf_logit[e] * rf_inv_rms)
-#ifndef FOLD_OVERLAP
-#define FOLD_OVERLAP 0
-#endif
 #if FOLD_OVERLAP
-#if !Q8ACT
-#error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT"
-#endif
 shared float rf_bias[TS_ROUTE_MAX_E];  // the expert bias, read beside the sums
 #define ROUTE_BIAS(e) rf_bias[e]
 #endif
@@ -183,8 +183,10 @@ void fused_down_finish() {
   memoryBarrierBuffer();
   barrier();
   const uint counter = 2u * args.n_embd;
-  if (gl_LocalInvocationIndex == 0u)
+  if (gl_LocalInvocationIndex == 0u) {
+    memoryBarrierBuffer();  // the workgroup's adds (made visible by the others' fences) before the count
     fd_last = atomicAdd(down_count[counter], 1u) == gl_NumWorkGroups.x * gl_NumWorkGroups.y - 1u;
+  }
   barrier();
   if (!fd_last) return;
   memoryBarrierBuffer();

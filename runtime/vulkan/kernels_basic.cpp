@@ -28,6 +28,8 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   if (weight.size < uint64_t(n) * 4) runtime_error(label, ": weight has ", weight.size, " bytes, needs ", n * 4);
   const bool q8 = y_q8.buffer != VK_NULL_HANDLE;
   if (q8 && n % 32 != 0) runtime_error(label, ": int8 output blocks need n a multiple of 32, not ", n);
+  if (q8 && x.buffer == y.buffer && x.offset < y.offset + y.size && y.offset < x.offset + x.size)
+    runtime_error(label, ": int8 output blocks need y apart from x (they are quantized from x after y is written)");
   if (q8 && y_q8.size < uint64_t(rows) * n / 32 * 48)
     runtime_error(label, ": y_q8 binding has ", y_q8.size, " bytes, needs ", uint64_t(rows) * n / 32 * 48);
   PipelineDesc desc;

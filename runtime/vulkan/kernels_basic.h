@@ -25,7 +25,8 @@ struct RmsNormOp {
   float eps = 1e-6f;
   std::string label = "rmsnorm";
   // Set: y also as int8 blocks of 32 (q8_quantize.glsl, 48 bytes per block; row t's blocks from
-  // t * n / 32), the x_q8 of a following int8 matvec (MatvecOp::x_q8). n must be a multiple of 32.
+  // t * n / 32), the x_q8 of a following int8 matvec (MatvecOp::x_q8). n must be a multiple of 32
+  // and y must not overlap x.
   BufferSlice y_q8;
 
   uint64_t bytes() const;  // x read, weight read, y (and y_q8) written

@@ -427,8 +427,12 @@ uint64_t MoeGateUpOp::bytes() const {
 bool moe_fused_down_supported(Context& ctx, const MoeTileGeometry& g, uint32_t n_used, uint64_t max_binding_bytes) {
   const GgmlType t = g.gateup_type;
   const bool one_type = g.down_type == t && (!g.has_shared() || (g.shared_gateup_type == t && g.shared_down_type == t));
-  return one_type && team_shape(ctx).subgroup && router_fold_supported(ctx) && moe_q8_usable(ctx, g, n_used) &&
-         g.total_bytes <= binding_limit(ctx, max_binding_bytes) && g.total_bytes < (uint64_t(1) << 32);
+  // Each workgroup adds one clamped (<= 2^53) term per row: at most 1023 of them cannot wrap int64.
+  const uint64_t groups = uint64_t(n_used) * ((g.w_routed + kQ8GateUpOutputs - 1) / kQ8GateUpOutputs) +
+                          (g.w_shared + kQ8GateUpOutputs - 1) / kQ8GateUpOutputs;
+  return one_type && groups <= 1023 && team_shape(ctx).subgroup && router_fold_supported(ctx) &&
+         moe_q8_usable(ctx, g, n_used) && g.total_bytes <= binding_limit(ctx, max_binding_bytes) &&
+         g.total_bytes < (uint64_t(1) << 32);
 }
 
 uint64_t moe_down_acc_bytes(uint64_t n_embd) { return (n_embd * 8 + 4 + 15) / 16 * 16; }

@@ -122,6 +122,10 @@ TEST(KernelRmsNorm, MatchesCpu) {
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   EXPECT_THROW(bad.record(rec), Error);
+  bad.n = 64;  // in place: the blocks would be quantized from already normalized values
+  vk::Buffer q = vktest::make_buffer(g, 4096, "q");
+  bad.y_q8 = q.whole();
+  EXPECT_THROW(bad.record(rec), Error);
   rec.end();
 }
 

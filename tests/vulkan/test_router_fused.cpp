@@ -37,14 +37,15 @@ struct FoldCase {
   bool q8 = false;     // int8-activation matvec and expert kernels
   bool no_subgroup = false;
   bool fused_down = false;  // the down projection fused into the gate-up
-  bool overlap = false;     // input, sums and bias read in one phase (MoeTuning::q8_fold_overlap)
+  bool overlap_off = false;  // the gate-up's fold sums, staging and bias in separate phases (not the default)
+  bool x_q8 = false;         // the matvec reads its input as int8 blocks (MatvecOp::x_q8; long rows: two subgroups each)
 };
 
 std::string describe(const FoldCase& c) {
   return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
              type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
-             c.fused_down ? " fused-down" : "", c.overlap ? " overlap" : "");
+             c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "");
 }
 
 struct FoldResult {
@@ -117,6 +118,13 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   mv.y = x_b.whole();
   mv.accumulate = true;
   mv.int8_activations = c.q8;
+  vk::Buffer in_q8_b;
+  if (c.x_q8) {  // the same input as int8 blocks (what the attention merge writes for W_vo)
+    const std::vector<uint32_t> blocks = vktest::q8_blocks(in);
+    in_q8_b = vktest::make_buffer(g, blocks.size() * 4, "in q8");
+    vktest::upload_bytes(g, in_q8_b, blocks.data(), blocks.size() * 4);
+    mv.x_q8 = in_q8_b.whole();
+  }
   mv.router_fold = {rm->ref, nw_b.whole(), acc_b.slice(acc_off, acc_bytes)};
   if (check) EXPECT_NE(mv.kernel_name(g.ctx.get()).find(".rfold"), std::string::npos);
   vk::MoeGateUpOp gu;
@@ -135,7 +143,7 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
     gu.hq = hq_b.whole();
   }
-  gu.tuning.q8_fold_overlap = c.overlap ? 1u : 2u;
+  gu.tuning.q8_fold_overlap = c.overlap_off ? 2u : 0u;
   if (c.fused_down) {
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
@@ -285,11 +293,15 @@ TEST(RouterFold, Int8ActivationKernels) {
   if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product";
   run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true}, 4);
   run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true}, 5);
-  // Input, sums and bias in one phase: with the bias (GLM), without (softmax), E + 1 + n_embd / 32
-  // past the workgroup (E 200: the sums wrap around to the first invocations).
+  // The default reads input, sums and bias in one phase; E 200 puts E + 1 + n_embd / 32 past the
+  // workgroup (the sums wrap around to the first invocations). The separate phases, once each.
+  run_fold(g, {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true}, 19);
   run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, false, true}, 4);
   run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true, false, false, true}, 5);
-  run_fold(g, {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true, false, false, true}, 19);
+  // W_vo's default form: the input as int8 blocks, rows long enough for two subgroups each (more
+  // than 2 x 2 x subgroup size blocks), with the fold's epilogue.
+  if (vk::q8_activations_type(*g.ctx, GgmlType::Q8_0))
+    run_fold(g, {224, 10240, 64, 4, 64, 128, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, false, false, true}, 20);
 }
 
 TEST(RouterFold, SharedMemoryReductionPath) {
@@ -365,6 +377,10 @@ TEST(MoeFusedDown, RefusedWhereItDoesNotApply) {
   const moetest::HostTile same = moetest::build_tile(rng, 8, 64, 64, 64, kQ4Tile);
   EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, same.g, 2));
   EXPECT_FALSE(vk::moe_fused_down_supported(*g.ctx, same.g, 2, same.g.total_bytes / 2));
+  // More than 1023 workgroups (16 x 2048 / 32 = 1024) could wrap the int64 sums: refused (the int8
+  // path's shared-memory bound refuses such widths on most devices too).
+  const MoeTileGeometry wide = moe_tile_geometry(16, 2048, 0, 64, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0);
+  EXPECT_FALSE(vk::moe_fused_down_supported(*g.ctx, wide, 16));
   // Set without the router fold: an error naming the problem, before anything is recorded.
   vk::Buffer tile_b = vktest::make_buffer(g, same.bytes.size(), "tile");
   vk::Buffer any = vktest::make_buffer(g, 1 << 16, "any");

@@ -138,6 +138,21 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 #include "q8_activations.glsl"
 layout(std430, binding = 7) writeonly restrict buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
+
+// The input (h2, or x times the norm weight) as int8 blocks in shared memory; no barrier.
+void stage_input() {
+  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
+    q8_stage_block(b, v);
+  }
+}
+
+// This workgroup's outputs 32t .. 32t + 31, as one block's values.
+void h_out_block(uint t, out vec4 v[8]) {
+  [[unroll]] for (uint k = 0; k < 8; ++k)
+    v[k] = vec4(h_out[32u * t + 4u * k], h_out[32u * t + 4u * k + 1u], h_out[32u * t + 4u * k + 2u], h_out[32u * t + 4u * k + 3u]);
+}
 #endif
 
 #if FUSED_DOWN
@@ -162,8 +177,7 @@ void fused_down_add(uint base, uint cols, uint i0, uint n_blocks, float weight) 
   if (gl_LocalInvocationIndex < n_blocks) {
     const uint t = gl_LocalInvocationIndex;
     vec4 v[8];
-    [[unroll]] for (uint k = 0; k < 8; ++k)
-      v[k] = vec4(h_out[32u * t + 4u * k], h_out[32u * t + 4u * k + 1u], h_out[32u * t + 4u * k + 2u], h_out[32u * t + 4u * k + 3u]);
+    h_out_block(t, v);
     q8_quantize32(v, fd_lo[t], fd_hi[t], fd_ds[t]);
   }
   barrier();
@@ -308,11 +322,7 @@ void gateup_main() {
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).
   const uint nb_in = args.n_embd / 32u;
-  for (uint b = gl_LocalInvocationIndex; b < nb_in; b += WG_SIZE) {
-    vec4 v[8];
-    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
-    q8_stage_block(b, v);
-  }
+  stage_input();
   fold_sum(with_logits, nb_in);
   if (with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u) {
     const uint t = (gl_LocalInvocationIndex + WG_SIZE - (nb_in + args.n_expert + 1u) % WG_SIZE) % WG_SIZE;
@@ -331,12 +341,7 @@ void gateup_main() {
   }
 #endif
 #if Q8ACT && !FOLD_OVERLAP
-  // The input (h2, or x times the norm weight) as int8 blocks in shared memory.
-  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
-    vec4 v[8];
-    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
-    q8_stage_block(b, v);
-  }
+  stage_input();
   barrier();
 #endif
 
@@ -458,8 +463,7 @@ void gateup_main() {
   if (gl_LocalInvocationIndex < n_out_blocks) {
     const uint t = gl_LocalInvocationIndex;
     vec4 v[8];
-    [[unroll]] for (uint k = 0; k < 8; ++k)
-      v[k] = vec4(h_out[32u * t + 4u * k], h_out[32u * t + 4u * k + 1u], h_out[32u * t + 4u * k + 2u], h_out[32u * t + 4u * k + 3u]);
+    h_out_block(t, v);
     uvec4 lo, hi;
     vec4 ds;
     q8_quantize32(v, lo, hi, ds);

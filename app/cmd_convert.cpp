@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "app/cli.h"
+#include "convert/compose.h"
 #include "convert/convert.h"
 
 namespace tessera::app {
@@ -21,8 +22,10 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->check(CLI::IsMember({"auto", "all", "qk", "vo", "none"}))
       ->capture_default_str();
   sub.add_option("--composed-type", opt->composed_type,
-                 "Type of the composed weights: f16, bf16, q8_0, q4_0, source (the originals' type) or f32")
-      ->check(CLI::IsMember({"f16", "bf16", "q8_0", "q4_0", "source", "f32"}))
+                 "Type of the composed weights: f32, f16, bf16, q8_0, q6_K, q4_K, q4_0 or source (the originals' "
+                 "type); spelled exactly so. A row length that is not a multiple of 256 stores q6_K as q8_0 and "
+                 "q4_K as q5_0")
+      ->check(CLI::IsMember(convert::composed_type_options()))
       ->capture_default_str();
   sub.add_option("--threads", *threads, "Threads (default: the global --threads, else all)");
   return [opt, threads, &globals]() -> int {

@@ -3,6 +3,9 @@
 
 #include <Eigen/Dense>
 
+#include <algorithm>
+#include <cctype>
+
 #include "format/error.h"
 #include "format/quant.h"
 
@@ -31,10 +34,24 @@ ComposeSet parse_compose(std::string_view o) {
   usage_error("--compose '", o, "': expected all, qk, vo or none");
 }
 
+const std::vector<std::string>& composed_type_options() {
+  static const std::vector<std::string> words = {"f32", "f16", "bf16", "q8_0", "q6_K", "q4_K", "q4_0", "source"};
+  return words;
+}
+
 void check_composed_type_option(std::string_view o) {
-  for (const char* ok : {"f32", "f16", "bf16", "q8_0", "q4_0", "source"})
-    if (o == ok) return;
-  usage_error("--composed-type '", o, "': expected f16, bf16, q8_0, q4_0, source or f32");
+  const std::vector<std::string>& words = composed_type_options();
+  std::string list, hint;
+  for (size_t i = 0; i < words.size(); ++i) {
+    if (o == words[i]) return;
+    list += cat(i == 0 ? "" : i + 1 == words.size() ? " or " : ", ", words[i]);
+    if (o.size() == words[i].size() &&
+        std::equal(o.begin(), o.end(), words[i].begin(), [](char a, char b) {
+          return std::tolower(static_cast<unsigned char>(a)) == std::tolower(static_cast<unsigned char>(b));
+        }))
+      hint = cat(" (types are spelled as GGUF names them: '", words[i], "')");
+  }
+  usage_error("--composed-type '", o, "': expected ", list, hint);
 }
 
 GgmlType composed_storage_type(std::string_view option, GgmlType source_type, uint64_t row_len) {

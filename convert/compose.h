@@ -24,7 +24,11 @@ ComposeSet parse_compose(std::string_view option);
 // decode +4 %, prefill +23 %), "none" without one (DeepSeek-V2-Lite: W_qk would read the 2048-wide
 // x, ~5x the bytes of attn_q; factored decode +4 %). Other words are returned unchanged.
 std::string resolve_compose(std::string_view option, const ModelConfig& c);
-// --composed-type f32|f16|bf16|q8_0|q4_0|source: throws Error(Usage) for another word.
+// The words --composed-type accepts, exactly as spelled (the k-quants as GGUF names them):
+// f32 f16 bf16 q8_0 q6_K q4_K q4_0 source.
+const std::vector<std::string>& composed_type_options();
+// Throws Error(Usage) naming the accepted words for another one (a case-only misspelling such as
+// "q6_k" gets the right spelling in the message).
 void check_composed_type_option(std::string_view option);
 // The type a composed tensor is stored in: the option's type ("source": `source_type`), then
 // llama.cpp's fallback if `row_len` does not fit its block: Q4_K -> Q5_0, Q5_K -> Q5_1,

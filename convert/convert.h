@@ -20,7 +20,7 @@ struct ConvertOptions {
   std::string in_path;                 // source .gguf
   std::string out_path;                // destination .tsr
   std::string compose = "auto";        // auto | all | qk | vo | none (auto: resolve_compose, compose.h)
-  std::string composed_type = "q8_0";  // f16 | bf16 | q8_0 | q4_0 | source | f32
+  std::string composed_type = "q8_0";  // f32 | f16 | bf16 | q8_0 | q6_K | q4_K | q4_0 | source (compose.h)
   unsigned threads = 1;
   bool progress = false;               // draw a progress bar on stderr (the caller checks for a TTY)
   // Test hook: called after each tensor is completely written, with its directory index and

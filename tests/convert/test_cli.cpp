@@ -84,10 +84,35 @@ TEST(ConvertCli, ConvertVerifyInspect) {
   EXPECT_EQ(ih.rc, 2) << ih.out;
 }
 
+// --composed-type q6_K / q4_K through the binary: tiny-lite's rows (256, 512) take the K-quants
+// as asked; verify passes and reports each composed tensor's type and error.
+TEST(ConvertCli, KQuantComposedTypes) {
+  const std::string src = synth_model("tiny-lite", "q4_0");
+  for (const std::string type : {"q6_K", "q4_K"}) {
+    SCOPED_TRACE(type);
+    const std::string out = temp_file("cli-" + type + ".tsr");
+    const CliResult c = run("--threads 2 convert " + src + " -o " + out + " --compose all --composed-type " + type);
+    ASSERT_EQ(c.rc, 0) << c.out;
+    EXPECT_EQ(TsrFile::open(out).metadata().get_string("tessera.composed_type"), type);
+    const CliResult v = run("--threads 2 verify " + src + " " + out + " --all");
+    EXPECT_EQ(v.rc, 0) << v.out;
+    EXPECT_NE(v.out.find("result: PASS"), std::string::npos) << v.out;
+    for (const char* name : {"blk.0.attn_qk.weight", "blk.2.attn_vo.weight"})
+      EXPECT_NE(v.out.find("ok   composed  " + std::string(name) + ": " + type + ", 4 heads: composition err max"),
+                std::string::npos)
+          << name << "\n" << v.out;
+  }
+}
+
 TEST(ConvertCli, ConvertRefusals) {
   const std::string src = synth_model("tiny", "q4_0");
   EXPECT_EQ(run("convert " + src + " -o " + temp_file("x.tsr") + " --compose maybe").rc, 1);
   EXPECT_EQ(run("convert " + src + " -o " + temp_file("x.tsr") + " --composed-type q2_k").rc, 1);
+  // The k-quants are spelled as GGUF names them; the usage error names every accepted word.
+  const CliResult k = run("convert " + src + " -o " + temp_file("x.tsr") + " --composed-type q6_k");
+  EXPECT_EQ(k.rc, 1) << k.out;
+  for (const char* word : {"f32", "f16", "bf16", "q8_0", "q6_K", "q4_K", "q4_0", "source"})
+    EXPECT_NE(k.out.find(word), std::string::npos) << word << " not named in: " << k.out;
   EXPECT_EQ(run("convert " + src).rc, 1);  // no -o
   const CliResult same = run("convert " + src + " -o " + src);
   EXPECT_EQ(same.rc, 1) << same.out;

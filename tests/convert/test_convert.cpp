@@ -1,7 +1,8 @@
 // tessera convert + verify on synthetic tiny models: every synth type and every --compose mode
-// converts and verifies; the packed file has the documented layout; damage to any kind of
-// tensor is found by verify; bad sources and options are refused before anything is written;
-// a conversion that fails or is killed midway leaves no output file.
+// converts and verifies; every --composed-type stores the type it names (or its fallback); the
+// packed file has the documented layout; damage to any kind of tensor is found by verify; bad
+// sources and options are refused before anything is written; a conversion that fails or is
+// killed midway leaves no output file.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -9,6 +10,9 @@
 
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <span>
+#include <utility>
 
 #include "convert/compose.h"
 #include "convert/convert.h"
@@ -129,7 +133,32 @@ TEST(Convert, ComposedTypesAndFallbacks) {
   EXPECT_EQ(composed_storage_type("q4_0", GgmlType::F32, 48), GgmlType::F16);
   EXPECT_EQ(composed_storage_type("source", GgmlType::BF16, 48), GgmlType::BF16);
   EXPECT_EQ(composed_storage_type("f16", GgmlType::Q4_0, 96), GgmlType::F16);
+  EXPECT_EQ(composed_storage_type("q6_K", GgmlType::Q4_0, 512), GgmlType::Q6_K);
+  EXPECT_EQ(composed_storage_type("q6_K", GgmlType::Q4_0, 96), GgmlType::Q8_0);
+  EXPECT_EQ(composed_storage_type("q4_K", GgmlType::Q8_0, 256), GgmlType::Q4_K);
+  EXPECT_EQ(composed_storage_type("q4_K", GgmlType::Q8_0, 96), GgmlType::Q5_0);
+  EXPECT_EQ(composed_storage_type("q4_K", GgmlType::Q8_0, 48), GgmlType::F16);  // not even a 32-block
   EXPECT_THROW(composed_storage_type("q5_0", GgmlType::Q4_0, 96), Error);
+  // An unknown word is a usage error naming every accepted one; a case-only misspelling is told
+  // the right spelling (the option is matched exactly).
+  const std::vector<std::string> accepted = {"f32", "f16", "bf16", "q8_0", "q6_K", "q4_K", "q4_0", "source"};
+  EXPECT_EQ(composed_type_options(), accepted);
+  for (const char* word : {"q5_K", "q6_k", "Q4_K", "q4_k_m", ""}) {
+    SCOPED_TRACE(word);
+    try {
+      check_composed_type_option(word);
+      ADD_FAILURE() << "accepted";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_EQ(e.kind(), ErrorKind::Usage) << m;
+      EXPECT_NE(m.find(std::string("--composed-type '") + word + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("expected f32, f16, bf16, q8_0, q6_K, q4_K, q4_0 or source"), std::string::npos) << m;
+      const bool case_only = std::string(word) == "q6_k" || std::string(word) == "Q4_K";
+      EXPECT_EQ(m.find("spelled as GGUF names them") != std::string::npos, case_only) << m;
+    }
+  }
+  EXPECT_NE(error_of([] { check_composed_type_option("q6_k"); }).find("'q6_K'"), std::string::npos);
+  for (const std::string& word : accepted) EXPECT_NO_THROW(check_composed_type_option(word)) << word;
   EXPECT_THROW(parse_compose("some"), Error);
   // In a file: q8_0 composed tensors are split1, f16 ones plain.
   const TsrFile q8 = TsrFile::open(packed_model("tiny", "q4_0", "all", "q8_0"));
@@ -148,6 +177,138 @@ TEST(Convert, ComposedTypesAndFallbacks) {
   const TsrTensor& vo = q8.require_tensor(vo_name(2));
   EXPECT_EQ(vo.ne[0], uint64_t(cfg.n_head) * cfg.kv_lora_rank);
   EXPECT_EQ(vo.ne[1], cfg.n_embd);
+}
+
+// The "quantization err max X" of a composed row (verify's per-tensor report), -1 if absent.
+double quantization_error(const VerifyRow& row) {
+  const std::string key = "quantization err max ";
+  const size_t at = row.detail.find(key);
+  return at == std::string::npos ? -1.0 : std::stod(row.detail.substr(at + key.size()));
+}
+
+// --composed-type q6_K / q4_K: K-quant composed tensors where the row length is a multiple of 256,
+// llama.cpp's fallback (Q6_K -> Q8_0, Q4_K -> Q5_0) where not; verify re-derives the type, passes,
+// and reports a quantization error that orders q8_0 < q6_K < q4_K on the same tensor.
+TEST(ConvertCompose, KQuantComposedTypesAndTheirFallbacks) {
+  // Rows: tiny q_in = 96 (a multiple of 32, not of 256), H*kv_lora = 512; tiny-lite 256 and 512.
+  struct Want { const char* preset; const char* option; GgmlType qk, vo; };
+  const Want wants[] = {{"tiny", "q8_0", GgmlType::Q8_0, GgmlType::Q8_0},
+                        {"tiny", "q6_K", GgmlType::Q8_0, GgmlType::Q6_K},
+                        {"tiny", "q4_K", GgmlType::Q5_0, GgmlType::Q4_K},
+                        {"tiny-lite", "q8_0", GgmlType::Q8_0, GgmlType::Q8_0},
+                        {"tiny-lite", "q6_K", GgmlType::Q6_K, GgmlType::Q6_K},
+                        {"tiny-lite", "q4_K", GgmlType::Q4_K, GgmlType::Q4_K}};
+  for (const char* source : {"q4_0", "q4_k_m"}) {
+    std::map<std::string, double> q8_err;  // preset/tensor -> its q8_0 quantization error
+    std::map<std::string, double> q6_err;
+    for (const Want& w : wants) {
+      SCOPED_TRACE(std::string(w.preset) + " " + source + " --composed-type " + w.option);
+      const std::string& src = synth_model(w.preset, source);
+      const std::string& out = packed_model(w.preset, source, "all", w.option);
+      const TsrFile f = TsrFile::open(out);
+      EXPECT_EQ(f.metadata().get_string("tessera.composed_type"), w.option);
+      const ModelConfig cfg = ModelConfig::from_metadata(f.metadata());
+      for (uint32_t L = 0; L < cfg.n_layer; ++L) {
+        for (const auto& [name, type] : {std::pair{qk_name(L), w.qk}, std::pair{vo_name(L), w.vo}}) {
+          const TsrTensor& t = f.require_tensor(name);
+          EXPECT_EQ(t.type, type) << name << " stored as " << type_name(t.type);
+          EXPECT_EQ(t.layout, TsrLayout::Split1) << name;
+          EXPECT_TRUE(t.composed()) << name;
+        }
+      }
+      const VerifyReport r = verify(src, out);
+      EXPECT_TRUE(r.ok()) << r.table(false);
+      size_t composed_rows = 0;
+      for (const VerifyRow& row : r.rows) {
+        if (row.check != "composed" || row.subject.find("attn_") == std::string::npos) continue;
+        ++composed_rows;
+        const GgmlType type = row.subject.ends_with("attn_qk.weight") ? w.qk : w.vo;
+        EXPECT_EQ(row.detail.rfind(std::string(type_name(type)) + ", ", 0), 0u) << row.subject << ": " << row.detail;
+        const double err = quantization_error(row);
+        EXPECT_GT(err, 0.0) << row.subject << ": " << row.detail;
+        EXPECT_LE(err, quantization_tolerance(type)) << row.subject << ": " << row.detail;
+        const std::string key = std::string(w.preset) + "/" + row.subject;
+        const std::string option = w.option;
+        if (option == "q8_0") q8_err[key] = err;
+        if (option == "q6_K") q6_err[key] = err;
+        if (option == "q8_0" || !q8_err.count(key)) continue;
+        if (type == GgmlType::Q8_0) {
+          EXPECT_EQ(err, q8_err[key]) << row.subject << ": the fallback is plain q8_0";
+        } else {
+          EXPECT_GT(err, q8_err[key]) << row.subject << ": " << row.detail;
+        }
+        if (option == "q4_K" && q6_err.count(key)) EXPECT_GT(err, q6_err[key]) << row.subject << ": " << row.detail;
+      }
+      EXPECT_EQ(composed_rows, 2 * cfg.n_layer);
+    }
+  }
+}
+
+// A byte of a K-quant composed tensor changed (checksums re-sealed): verify's composed check
+// finds it in the quants and in the super-block scales.
+TEST(ConvertCompose, VerifyFindsAChangedByteInAKQuantComposedTensor) {
+  const std::string& src = synth_model("tiny-lite", "q4_0");
+  for (const char* option : {"q6_K", "q4_K"}) {
+    SCOPED_TRACE(option);
+    const Bytes good = read_file(packed_model("tiny-lite", "q4_0", "all", option));
+    const TsrFile f = TsrFile::from_memory(good, "packed");
+    const TsrTensor& qk = f.require_tensor(qk_name(1));
+    const TsrTensor& vo = f.require_tensor(vo_name(2));
+    for (const auto& [t, at] : {std::pair{&qk, qk.split1().q_row_offset(qk.split1().rows / 2) + 3},
+                                std::pair{&vo, vo.split1().m_row_offset(7)}}) {
+      Bytes b = good;
+      b[t->offset + at] ^= 0x5A;
+      testing::reseal(b);
+      const std::string path = temp_file("changed-k.tsr");
+      write_file(path, b);
+      const std::vector<VerifyRow> bad = failures(verify(src, path), "composed");
+      ASSERT_EQ(bad.size(), 1u) << t->name;
+      EXPECT_EQ(bad[0].subject, t->name);
+    }
+  }
+}
+
+// A copy of the packed file `in` whose tessera.composed_type says `option` (tensors unchanged).
+std::string relabel_composed_type(const std::string& in, const std::string& option) {
+  const TsrFile f = TsrFile::open(in);
+  TsrWriter w;
+  w.metadata() = f.metadata();
+  w.metadata().set_string("tessera.composed_type", option);
+  for (const TsrTensor& t : f.tensors()) w.add_tensor(t);
+  const std::string out = temp_file("relabeled-" + option + ".tsr");
+  w.begin(out);
+  for (size_t i = 0; i < f.tensors().size(); ++i) {
+    const std::span<const uint8_t> b = f.tensor_bytes(f.tensors()[i]);
+    w.write(i, b.data(), b.size());
+  }
+  w.finish();
+  return out;
+}
+
+// verify re-derives each composed tensor's type from tessera.composed_type and its row length:
+// a file stored otherwise fails on exactly the tensors that differ, naming both types.
+TEST(ConvertCompose, VerifyChecksTheStoredTypeAgainstTheOption) {
+  // tiny, composed q8_0, claimed q6_K: attn_qk (96-long rows) is q6_K's fallback Q8_0, attn_vo
+  // (512) should have been Q6_K.
+  const std::string tiny = relabel_composed_type(packed_model("tiny", "q4_0", "all", "q8_0"), "q6_K");
+  VerifyReport r = verify(synth_model("tiny", "q4_0"), tiny);
+  std::vector<VerifyRow> bad = failures(r, "composed");
+  ASSERT_EQ(bad.size(), 3u) << r.table(false);
+  for (const VerifyRow& row : bad) {
+    EXPECT_TRUE(row.subject.ends_with("attn_vo.weight")) << row.subject;
+    EXPECT_EQ(row.detail, "stored as q8_0 but --composed-type q6_K gives q6_K") << row.subject;
+  }
+  // tiny-lite, composed q6_K, claimed q4_K: every composed tensor differs.
+  const std::string lite = relabel_composed_type(packed_model("tiny-lite", "q4_0", "all", "q6_K"), "q4_K");
+  r = verify(synth_model("tiny-lite", "q4_0"), lite);
+  bad = failures(r, "composed");
+  ASSERT_EQ(bad.size(), 6u) << r.table(false);
+  EXPECT_EQ(bad[0].detail, "stored as q6_K but --composed-type q4_K gives q4_K");
+  // A word the converter does not accept (here a case-only misspelling) fails every composed tensor.
+  const std::string word = relabel_composed_type(packed_model("tiny-lite", "q4_0", "all", "q6_K"), "q6_k");
+  bad = failures(verify(synth_model("tiny-lite", "q4_0"), word), "composed");
+  ASSERT_EQ(bad.size(), 6u);
+  EXPECT_NE(bad[0].detail.find("tessera.composed_type: --composed-type 'q6_k': expected"), std::string::npos) << bad[0].detail;
 }
 
 TEST(Convert, MetadataCarriesTheSourceAndProvenance) {

@@ -1,6 +1,7 @@
 // The GPU front ends through the real binary: `run` on a .tsr (Vulkan by default) gives the same
 // greedy ids as the CPU reference on the original GGUF; `chat` keeps going across turns and
-// /reset; `verify --logits` passes; a .gguf with --backend vulkan is a usage error.
+// /reset; `verify --logits` passes (also with q6_K-composed weights); a .gguf with --backend
+// vulkan is a usage error.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -105,6 +106,20 @@ TEST_F(CliGpu, VerifyLogitsPasses) {
   const Out o = sh(bin() + " verify " + gguf_ + " " + tsr_ + " --logits 6 2>&1");
   EXPECT_EQ(o.code, 0) << o.text;
   EXPECT_NE(o.text.find("logits"), std::string::npos) << o.text;
+}
+
+// The Vulkan runtime on q6_K-composed weights (attn_vo stored q6_K; tiny's 96-long attn_qk rows
+// fall back to q8_0): verify --logits passes against the CPU reference on the original.
+TEST_F(CliGpu, VerifyLogitsPassesOnQ6KComposedWeights) {
+  const std::string tsr = (dir_ / "tiny-q6_K.tsr").string();
+  const Out c = sh(bin() + " --threads 2 convert " + gguf_ + " -o " + tsr + " --compose all --composed-type q6_K 2>&1");
+  ASSERT_EQ(c.code, 0) << c.text;
+  const Out o = sh(bin() + " --threads 2 verify " + gguf_ + " " + tsr + " --logits 8 --all 2>&1");
+  EXPECT_EQ(o.code, 0) << o.text;
+  EXPECT_NE(o.text.find("blk.1.attn_vo.weight: q6_K, 4 heads"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("blk.1.attn_qk.weight: q8_0, 4 heads"), std::string::npos) << o.text;
+  EXPECT_NE(o.text.find("ok   logits"), std::string::npos) << o.text;
+  EXPECT_EQ(o.text.find("FAIL"), std::string::npos) << o.text;
 }
 
 }  // namespace

@@ -111,7 +111,12 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny", "q4_k_m", "none", "q8_0", 2e-3}, Case{"tiny", "q4_0", "all", "q8_0", 0.3 /* a near-tie expert choice flips with the q8_0 composed weights; the .tsr check above is tight */},
                       Case{"tiny", "f16", "qk", "f16", 5e-3}, Case{"tiny", "bf16", "vo", "bf16", 2e-2},
                       Case{"tiny-lite", "f32", "none", "q8_0", 2e-3}, Case{"tiny-lite", "q4_k_m", "none", "q8_0", 2e-3},
-                      Case{"tiny-lite", "q4_0", "all", "q8_0", 3e-2}, Case{"tiny-lite", "f32", "all", "f32", 2e-3}),
+                      Case{"tiny-lite", "q4_0", "all", "q8_0", 3e-2}, Case{"tiny-lite", "f32", "all", "f32", 2e-3},
+                      // K-quant composed weights (measured on lavapipe: 0.023, 0.22, 0.068, 0.11; tiny's
+                      // attn_qk falls back to q8_0 / q5_0): the extra rounding moves the logits and can
+                      // flip near-tie expert choices; the .tsr check above stays tight.
+                      Case{"tiny", "q4_k_m", "all", "q6_K", 5e-2}, Case{"tiny", "q4_0", "all", "q4_K", 0.35},
+                      Case{"tiny-lite", "q4_0", "all", "q6_K", 0.12}, Case{"tiny-lite", "q4_k_m", "all", "q4_K", 0.2}),
     [](const ::testing::TestParamInfo<Case>& i) {
       std::string s = std::string(i.param.preset) + "_" + i.param.type + "_" + i.param.compose + "_" + i.param.composed_type;
       std::replace(s.begin(), s.end(), '-', '_');

@@ -56,7 +56,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, early_tail, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down",
+              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -68,8 +68,6 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "down_rows") moe.q8_down_rows = v;
     else if (k == "gateup_overlap" && v <= 1) moe.q8_fold_overlap = v ? 1u : 2u;
     else if (k == "gateup_overlap") usage_error("--tune: gateup_overlap=", v, " is not 0 or 1");
-    else if (k == "early_tail" && v <= 1) moe.early_tail = v ? 1u : 2u;
-    else if (k == "early_tail") usage_error("--tune: early_tail=", v, " is not 0 or 1");
     else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
     else if (k == "router" && v <= 1) o.fused_router = v != 0;
     else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
@@ -144,7 +142,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
-                 "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), early_tail=0|1 (1: the MoE down reads its x rows before its weights), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
+                 "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
                  "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");

@@ -19,8 +19,6 @@
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
-// EARLY_TAIL (0/1): the workgroup's x rows are read at the start, beside the first loads, not
-// after the dot products.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
 // 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT).
 
@@ -32,10 +30,6 @@
 #include "weights.glsl"
 
 layout(local_size_x = WG_SIZE) in;
-
-#ifndef EARLY_TAIL
-#define EARLY_TAIL 0
-#endif
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
@@ -172,9 +166,6 @@ void main() {
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.n_embd) return;  // uniform per workgroup
   const uint rows = min(ROWS_PER_WG, args.n_embd - row0);
-#if EARLY_TAIL
-  const float x_prior = gl_LocalInvocationIndex < rows ? x[row0 + gl_LocalInvocationIndex] : 0.0;
-#endif
 
   // Team s computes slot s of every row of the workgroup.
 #if USE_SUBGROUP && Q8ACT
@@ -251,10 +242,6 @@ void main() {
     const uint r = gl_LocalInvocationIndex;
     float acc = 0.0;
     for (uint k = 0; k < n_slots; ++k) acc += part[r][k];
-#if EARLY_TAIL
-    x[row0 + r] = x_prior + acc;
-#else
     x[row0 + r] += acc;
-#endif
   }
 }

@@ -35,7 +35,6 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
-  if (r.early_tail > 2) runtime_error("MoE kernels: early tail ", r.early_tail, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
@@ -112,29 +111,21 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
-  const bool early = t.early_tail == 1;
-  return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots, early ? ".et" : ""),
-                    "moe_down.comp", type, vec8, slots, t.unroll,
-                    {{"TEAMS", std::to_string(slots)},
-                     {"ROWS_PER_WG", std::to_string(t.down_rows)},
-                     {"Q8ACT", "0"},
-                     {"EARLY_TAIL", early ? "1" : "0"}},
-                    6);
+  return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
+                    vec8, slots, t.unroll,
+                    {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}, {"Q8ACT", "0"}}, 6);
 }
 
 // The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
 // width: the widest slot, whose blocks a lane keeps in registers on the subgroup path).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, const MoeTuning& t) {
+                               uint32_t rows) {
   const TeamShape ts = team_shape(ctx);
   const uint64_t own = (width / 32 + ts.threads_per_row - 1) / ts.threads_per_row;
-  const bool early = t.early_tail == 1;
-  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", early ? ".et" : ""), "moe_down.comp",
-                    type, false, slots, 1,
+  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
                     {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
                      {"Q8ACT", "1"},
-                     {"EARLY_TAIL", early ? "1" : "0"},
                      {"Q8_OWN", std::to_string(std::max<uint64_t>(own, 1))},
                      {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}},
                     7);
@@ -556,7 +547,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared), rows_per_wg, t)
+                                               std::max(g.w_routed, g.w_shared), rows_per_wg)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -673,7 +664,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
   }
   const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type) : t.down_rows;
   const Pipeline& pipe =
-      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, t) : down_kernel(ctx, down.type, vec8, 1, t);
+      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg) : down_kernel(ctx, down.type, vec8, 1, t);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;

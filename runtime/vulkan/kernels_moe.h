@@ -111,9 +111,6 @@ struct MoeTuning {
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
-  // The int8 down reads its x rows at its start, not after the dot products (moe_down.comp
-  // EARLY_TAIL; also the f32 down): 0 auto (off), 1 on, 2 off.
-  uint32_t early_tail = 0;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

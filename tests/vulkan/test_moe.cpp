@@ -33,7 +33,6 @@ struct TileCase {
   std::vector<float> logits;  // empty = distinct random logits
   bool per_workgroup_routing = false;  // no route buffer: the expert kernels route themselves
   bool q8 = false;                     // the int8-activation path (hq set on both kernels)
-  bool early = false;  // MoeTuning::early_tail (the down reads its x rows first)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -55,8 +54,7 @@ std::string describe(const TileCase& c) {
              type_name(c.types.gateup), "/", type_name(c.types.down), " shared ", type_name(c.types.shared_gateup), "/",
              type_name(c.types.shared_down), c.style == Style::Glm ? " glm" : " v2",
              c.max_binding_bytes ? cat(" binding<=", c.max_binding_bytes) : "", c.no_subgroup ? " no-subgroup" : "",
-             c.per_workgroup_routing ? " routing per workgroup" : "", c.q8 ? " q8act" : "",
-             c.early ? " early-tail" : "");
+             c.per_workgroup_routing ? " routing per workgroup" : "", c.q8 ? " q8act" : "");
 }
 
 ModelConfig routing_config(const TileCase& c) {
@@ -153,7 +151,6 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   down.x = x_b.whole();
   down.max_binding_bytes = c.max_binding_bytes;
   if (c.q8) gu.hq = down.hq = hq_b.whole();
-  if (c.early) down.tuning.early_tail = 1;
   if (c.per_workgroup_routing) {
     gu.routing = down.routing = ro.routing;
     gu.logits = down.logits = ro.logits;
@@ -381,33 +378,6 @@ TEST(MoeKernels, Int8ActivationPath) {
     c.q8 = true;
     run_tile_case(c, seed++);
   }
-}
-
-// The down reading its x rows first (MoeTuning::early_tail) against the CPU: the int8 path (Q4_0,
-// mixed, K-quants, slot ranges, a width of one block per lane, the shared-memory path) and the
-// f32 down.
-TEST(MoeKernels, DownEarlyTail) {
-  REQUIRE_GPU(false);
-  const TileTypes q40 = {GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0};
-  const TileTypes mixed = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q8_0};
-  uint32_t seed = 900;
-  std::vector<TileCase> cases = {make_case(16, 4, 96, 96, 256, q40, Style::Glm),
-                                 make_case(8, 2, 1536, 3072, 2048, mixed, Style::V2),
-                                 make_case(12, 3, 32, 64, 96, q40, Style::Glm),
-                                 make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm),
-                                 make_case(16, 4, 96, 96, 256, q40, Style::Glm, /*no_subgroup=*/true)};
-  TileCase ranged = make_case(16, 4, 96, 96, 256, q40, Style::Glm);
-  ranged.max_binding_bytes = 3 * moetest::build_tile(*std::make_unique<std::mt19937>(1), 16, 96, 96, 256, q40).g.slot_stride;
-  cases.push_back(ranged);
-  const bool q8 = vk::q8_activations_usable(*vktest::gpu().ctx, GgmlType::Q4_0, 64);
-  for (TileCase& c : cases) {
-    c.q8 = q8;
-    c.early = true;
-    run_tile_case(c, seed++);
-  }
-  TileCase f32_down = make_case(8, 2, 64, 96, 128, mixed, Style::V2);
-  f32_down.early = true;
-  run_tile_case(f32_down, seed++);
 }
 
 TEST(MoeKernels, RefusesBadShapes) {

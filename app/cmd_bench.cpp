@@ -148,6 +148,9 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
+  sub.add_flag("--kernel-stats", b.kernel_stats,
+               "Print the driver's statistics of every kernel the run compiled (registers, shared memory, ...; "
+               "VK_KHR_pipeline_executable_properties)");
   sub.add_option("--roofline-mib", a->roofline_mib, "Buffer for the read-bandwidth test, MiB (default: 1024 on a GPU, 64 on a CPU device)")
       ->check(CLI::PositiveNumber);
 

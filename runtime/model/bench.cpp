@@ -305,6 +305,7 @@ BenchReport run_bench(const BenchOptions& o) {
 
   vk::ContextOptions co;
   co.device = o.device;
+  co.kernel_statistics = o.kernel_stats;
   vk::Context ctx(co);
   h.device = ctx.info().name;
   h.driver = ctx.info().driver_name + " " + ctx.info().driver_info;
@@ -358,6 +359,15 @@ BenchReport run_bench(const BenchOptions& o) {
     report.results = run_grid(o, t, model.n_vocab());
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
+  }
+  if (o.kernel_stats) {
+    if (!ctx.device().enabled().pipeline_statistics)
+      report.kernel_stats_note = h.device + " does not report kernel statistics (no VK_KHR_pipeline_executable_properties)";
+    for (const vk::Pipeline* p : ctx.pipelines().all()) {
+      KernelStats k{p->name(), {}};
+      for (const vk::KernelStatistic& st : p->statistics()) k.values.emplace_back(st.name, st.value);
+      if (!k.values.empty()) report.kernel_stats.push_back(std::move(k));
+    }
   }
   return report;
 }

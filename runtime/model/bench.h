@@ -44,6 +44,8 @@ struct BenchOptions {
   uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
+  bool kernel_stats = false;              // the driver's statistics of every kernel (Vulkan; where the
+                                          // device has VK_KHR_pipeline_executable_properties)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
   vk::AttentionTuning attention;          // GpuModelOptions::attention (--attention)
   vk::MatvecTuning matvec;                // GpuModelOptions::matvec (--tune)
@@ -93,8 +95,17 @@ struct BenchResult {
   std::string name() const;    // "pp512", "tg128 @ d4096"
 };
 
+// The driver's statistics of one compiled kernel (registers, shared memory, ...: names and
+// meanings are the driver's), in the order it reports them.
+struct KernelStats {
+  std::string kernel;  // the pipeline's name, e.g. "moe_gateup.q4_0.q8act.rfold.ovl"
+  std::vector<std::pair<std::string, std::string>> values;
+};
+
 struct BenchReport {
   BenchHeader header;
+  std::vector<KernelStats> kernel_stats;  // --kernel-stats: every kernel the run created
+  std::string kernel_stats_note;          // --kernel-stats where the device reports none: why
   std::vector<BenchResult> results;
   std::vector<TokenProfile> profiles;   // one per depth with profile
   std::optional<RooflineResult> roofline;

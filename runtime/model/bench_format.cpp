@@ -105,6 +105,15 @@ std::string bench_markdown(const BenchReport& r) {
   }
   for (const TokenProfile& p : r.profiles) s += "\n" + profile_markdown(p);
   if (r.roofline) s += "\ndevice ceilings\n\n" + roofline_markdown(*r.roofline);
+  if (!r.kernel_stats_note.empty()) s += "\nkernel statistics: " + r.kernel_stats_note + "\n";
+  if (!r.kernel_stats.empty()) {
+    s += "\nkernel statistics (the driver's, VK_KHR_pipeline_executable_properties)\n\n| kernel | statistics |\n|---|---|\n";
+    for (const KernelStats& k : r.kernel_stats) {
+      std::string v;
+      for (const auto& [name, value] : k.values) v += (v.empty() ? "" : "; ") + name + " " + value;
+      s += "| " + k.kernel + " | " + v + " |\n";
+    }
+  }
   return s;
 }
 
@@ -172,6 +181,16 @@ std::string bench_json(const BenchReport& r) {
          ", \"grid_timed_out\": " + (q.grid_timed_out ? "true" : "false") +
          ", \"dispatch_us\": " + jn(q.dispatch_us) + ", \"dispatch_indirect_us\": " + jn(q.dispatch_indirect_us) +
          ", \"dispatch_indirect_barrier_us\": " + jn(q.dispatch_indirect_barrier_us) + ", \"submit_us\": " + jn(q.submit_us) + "}";
+  }
+  if (!r.kernel_stats.empty() || !r.kernel_stats_note.empty()) {
+    s += ",\n  \"kernel_statistics\": {\"note\": " + js(r.kernel_stats_note) + ", \"kernels\": [";
+    for (size_t i = 0; i < r.kernel_stats.size(); ++i) {
+      const KernelStats& k = r.kernel_stats[i];
+      s += (i ? ",\n    " : "\n    ") + std::string("{\"kernel\": ") + js(k.kernel) + ", \"statistics\": {";
+      for (size_t j = 0; j < k.values.size(); ++j) s += (j ? ", " : "") + js(k.values[j].first) + ": " + js(k.values[j].second);
+      s += "}}";
+    }
+    s += r.kernel_stats.empty() ? "]}" : "\n  ]}";
   }
   s += "\n}\n";
   return s;

@@ -5,7 +5,7 @@ namespace tessera::vk {
 Context::Context(const ContextOptions& options) {
   instance_ = std::make_unique<Instance>(options.validation);
   const uint32_t index = instance_->choose_device(options.device);
-  device_ = std::make_unique<Device>(*instance_, index, options.no_int64_atomics);
+  device_ = std::make_unique<Device>(*instance_, index, options.no_int64_atomics, options.kernel_statistics);
   shaders_ = std::make_unique<ShaderCache>(device_->info(), options.cache_dir);
   pipelines_ = std::make_unique<PipelineLibrary>(*device_, *shaders_, options.no_subgroup_ops);
 }

@@ -37,6 +37,8 @@ struct ContextOptions {
                                     // (USE_SUBGROUP=0 everywhere: tests the shared-memory paths)
   bool no_int64_atomics = false;    // leave 64-bit integer buffer atomics off (the router fold's
                                     // requirement: tests its fallback to the router dispatch)
+  bool kernel_statistics = false;   // capture the driver's statistics of every pipeline where the
+                                    // device can (Pipeline::statistics(); bench --kernel-stats)
 };
 
 class Context {

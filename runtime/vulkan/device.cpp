@@ -65,7 +65,7 @@ void pick_memory_types(VkPhysicalDevice pd, uint32_t& local, bool& local_mappabl
 
 }  // namespace
 
-Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics) {
+Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics, bool kernel_statistics) {
   if (index >= instance.devices().size())
     usage_error("Vulkan device ", index, " does not exist (", instance.devices().size(), " device(s))");
   info_ = instance.devices()[index];
@@ -112,6 +112,15 @@ Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics) 
     *tail = &fdot;
     tail = &fdot.pNext;
   }
+  auto fexe = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR);
+  const bool statistics = kernel_statistics && have.pipeline_statistics;
+  if (statistics) {
+    extensions.push_back(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+    fexe.pipelineExecutableInfo = VK_TRUE;
+    *tail = &fexe;
+    tail = &fexe.pNext;
+  }
 
   const float priority = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
@@ -129,6 +138,7 @@ Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics) 
 
   enabled_ = have;
   enabled_.buffer_int64_atomics = int64_atomics;
+  enabled_.pipeline_statistics = statistics;
   enabled_.cooperative_matrix_khr = false;  // not enabled yet: no kernel uses it
   enabled_.cooperative_matrix_nv = false;
 }

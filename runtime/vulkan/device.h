@@ -22,8 +22,9 @@ class Device {
   // Creates the logical device for instance.devices()[index]. Throws Error(Runtime) naming the
   // reason when the device is unsupported (DeviceInfo::unsupported_reason) or creation fails.
   // no_int64_atomics: leave shaderBufferInt64Atomics off even where the device has it (tests of
-  // the fallbacks of the kernels that need it).
-  Device(const Instance& instance, uint32_t index, bool no_int64_atomics = false);
+  // the fallbacks of the kernels that need it). kernel_statistics: enable
+  // VK_KHR_pipeline_executable_properties where present (enabled().pipeline_statistics).
+  Device(const Instance& instance, uint32_t index, bool no_int64_atomics = false, bool kernel_statistics = false);
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

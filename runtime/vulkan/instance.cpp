@@ -110,11 +110,15 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   auto fsgc = vk_struct<VkPhysicalDeviceSubgroupSizeControlFeatures>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_FEATURES);
   auto fdot = vk_struct<VkPhysicalDeviceShaderIntegerDotProductFeatures>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES);
+  auto fexe = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
+      VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR);
+  const bool has_exe = info.has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   feats.pNext = &f16s;
   tail = &f16s.pNext;
   if (v12) { *tail = &f12; tail = &f12.pNext; }
   if (has_sg_control) { *tail = &fsgc; tail = &fsgc.pNext; }
   if (has_int_dot) { *tail = &fdot; tail = &fdot.pNext; }
+  if (has_exe) { *tail = &fexe; tail = &fexe.pNext; }
   vkGetPhysicalDeviceFeatures2(pd, &feats);
 
   DeviceFeatures& f = info.features;
@@ -140,6 +144,7 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   f.subgroup_arithmetic = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  f.pipeline_statistics = has_exe && fexe.pipelineExecutableInfo;
   f.cooperative_matrix_khr = info.has_extension("VK_KHR_cooperative_matrix");
   f.cooperative_matrix_nv = info.has_extension("VK_NV_cooperative_matrix");
 

@@ -29,6 +29,9 @@ struct DeviceFeatures {
   bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix extension present
   bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix extension present
   bool host_query_reset = false;
+  bool pipeline_statistics = false;  // VK_KHR_pipeline_executable_properties; enabled on request
+                                     // (ContextOptions::kernel_statistics): the driver's per-kernel
+                                     // statistics (registers, shared memory, ...) for bench
 };
 
 struct MemoryHeapInfo {

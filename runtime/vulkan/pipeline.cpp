@@ -1,5 +1,6 @@
 #include "runtime/vulkan/pipeline.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -22,6 +23,36 @@ bool header_matches(const std::vector<char>& data, const DeviceInfo& info) {
   std::memcpy(header, data.data(), sizeof header);
   return header[1] == VK_PIPELINE_CACHE_HEADER_VERSION_ONE && header[2] == info.vendor_id &&
          header[3] == info.device_id && std::memcmp(data.data() + 16, info.pipeline_cache_uuid.data(), VK_UUID_SIZE) == 0;
+}
+
+// The statistics of executable 0 (a compute pipeline has one) of `pipeline`, created with
+// VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR on a device with the extension enabled.
+std::vector<KernelStatistic> read_statistics(VkDevice device, VkPipeline pipeline) {
+  auto get = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
+  if (get == nullptr) return {};
+  auto info = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
+  info.pipeline = pipeline;
+  info.executableIndex = 0;
+  uint32_t n = 0;
+  if (get(device, &info, &n, nullptr) != VK_SUCCESS) return {};
+  std::vector<VkPipelineExecutableStatisticKHR> raw(
+      n, vk_struct<VkPipelineExecutableStatisticKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
+  if (get(device, &info, &n, raw.data()) != VK_SUCCESS) return {};
+  std::vector<KernelStatistic> out;
+  for (uint32_t i = 0; i < n; ++i) {
+    const VkPipelineExecutableStatisticKHR& st = raw[i];
+    std::string v;
+    switch (st.format) {
+      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: v = st.value.b32 ? "true" : "false"; break;
+      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: v = std::to_string(st.value.i64); break;
+      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: v = std::to_string(st.value.u64); break;
+      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: v = cat(st.value.f64); break;
+      default: v = "?"; break;
+    }
+    out.push_back({st.name, v, st.description});
+  }
+  return out;
 }
 
 }  // namespace
@@ -72,9 +103,11 @@ Pipeline::Pipeline(const Device& device, const PipelineDesc& desc, const std::ve
     if (f.compute_full_subgroups) ci.stage.flags |= VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT;
   }
   ci.layout = layout_;
+  if (f.pipeline_statistics) ci.flags |= VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR;
   const VkResult r = vkCreateComputePipelines(device_, cache, 1, &ci, nullptr, &pipeline_);
   vkDestroyShaderModule(device_, module, nullptr);
   if (r != VK_SUCCESS) runtime_error("Vulkan: creating pipeline ", desc.name, " failed: ", result_name(r));
+  if (f.pipeline_statistics) statistics_ = read_statistics(device_, pipeline_);
 }
 
 Pipeline::~Pipeline() {
@@ -137,6 +170,13 @@ const Pipeline& PipelineLibrary::get(const PipelineDesc& desc) {
   const Pipeline& ref = *p;
   pipelines_.emplace(std::move(key), std::move(p));
   return ref;
+}
+
+std::vector<const Pipeline*> PipelineLibrary::all() const {
+  std::vector<const Pipeline*> out;
+  for (const auto& [key, p] : pipelines_) out.push_back(p.get());
+  std::sort(out.begin(), out.end(), [](const Pipeline* a, const Pipeline* b) { return a->name() < b->name(); });
+  return out;
 }
 
 }  // namespace tessera::vk

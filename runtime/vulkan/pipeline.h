@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "runtime/vulkan/device.h"
 #include "runtime/vulkan/shader_cache.h"
@@ -27,6 +28,14 @@ struct PipelineDesc {
                                 // SUBGROUP_SIZE when the device allows fixing it
 };
 
+// One statistic the driver reports for a compiled kernel (VK_KHR_pipeline_executable_properties),
+// e.g. a register count; the names and meanings are the driver's.
+struct KernelStatistic {
+  std::string name;
+  std::string value;        // as text (integer, float or true/false)
+  std::string description;  // the driver's own description
+};
+
 class Pipeline {
  public:
   Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv, VkPipelineCache cache);
@@ -40,8 +49,12 @@ class Pipeline {
   uint32_t num_buffers() const { return num_buffers_; }
   uint32_t push_bytes() const { return push_bytes_; }
   const std::string& name() const { return name_; }
+  // The driver's statistics of the compute executable; empty unless the device has
+  // enabled().pipeline_statistics (ContextOptions::kernel_statistics).
+  const std::vector<KernelStatistic>& statistics() const { return statistics_; }
 
  private:
+  std::vector<KernelStatistic> statistics_;
   VkDevice device_;
   VkPipeline pipeline_ = VK_NULL_HANDLE;
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
@@ -72,6 +85,8 @@ class PipelineLibrary {
   // Writes the VkPipelineCache to disk now (also done by the destructor).
   void save();
   size_t size() const { return pipelines_.size(); }
+  // Every pipeline created so far, by name (for bench --kernel-stats).
+  std::vector<const Pipeline*> all() const;
 
  private:
   const Device& device_;

@@ -224,6 +224,51 @@ TEST(BenchCli, MarkdownAndCsvShapes) {
   EXPECT_EQ(rows, 2);
 }
 
+// --kernel-stats: every kernel the run compiled with the driver's statistics, or (a device without
+// VK_KHR_pipeline_executable_properties, e.g. this lavapipe) a note saying so; both formats.
+TEST(BenchCli, KernelStatsOrWhyNot) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --kernel-stats -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  ASSERT_TRUE(j.has("kernel_statistics")) << r.out;
+  const Value& ks = j["kernel_statistics"];
+  const bool reported = !ks["kernels"].arr.empty();
+  EXPECT_NE(reported, !ks["note"].str.empty()) << "statistics and a note saying there are none";
+  for (const Value& k : ks["kernels"].arr) {
+    EXPECT_FALSE(k["kernel"].str.empty());
+    EXPECT_FALSE(k["statistics"].obj.empty()) << k["kernel"].str;
+  }
+  if (reported) {  // the decode step's kernels are among them
+    bool matvec = false;
+    for (const Value& k : ks["kernels"].arr) matvec = matvec || k["kernel"].str.rfind("matvec.", 0) == 0;
+    EXPECT_TRUE(matvec);
+  } else {
+    EXPECT_NE(ks["note"].str.find("VK_KHR_pipeline_executable_properties"), std::string::npos) << ks["note"].str;
+  }
+  const RunResult md = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --kernel-stats");
+  ASSERT_EQ(md.rc, 0) << md.out;
+  EXPECT_NE(md.out.find(reported ? "| kernel | statistics |" : "kernel statistics: "), std::string::npos) << md.out;
+  const RunResult plain = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 -o json");
+  ASSERT_EQ(plain.rc, 0);
+  EXPECT_FALSE(testjson::parse(plain.out).has("kernel_statistics"));
+}
+
+// The statistics table as bench prints it (no device: a report made here).
+TEST(BenchFormat, KernelStatisticsTable) {
+  model::BenchReport r;
+  r.kernel_stats.push_back({"moe_gateup.q4_0.q8act", {{"Register Count", "64"}, {"Shared Memory", "3072"}}});
+  r.kernel_stats.push_back({"matvec.q8_0.q8act", {{"Register Count", "40"}}});
+  const std::string md = model::bench_markdown(r);
+  EXPECT_NE(md.find("| moe_gateup.q4_0.q8act | Register Count 64; Shared Memory 3072 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| matvec.q8_0.q8act | Register Count 40 |"), std::string::npos) << md;
+  const Value j = testjson::parse(model::bench_json(r));
+  const Value& k = j["kernel_statistics"]["kernels"];
+  ASSERT_EQ(k.arr.size(), 2u);
+  EXPECT_EQ(k.arr[0]["statistics"]["Shared Memory"].str, "3072");
+  EXPECT_EQ(j["kernel_statistics"]["note"].str, "");
+}
+
 // --tune router=0|1: the router's own dispatch or the router fold (where the device has 64-bit
 // integer atomics), named in the JSON header; the fold records one dispatch and one barrier less
 // per MoE layer.

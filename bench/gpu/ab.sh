@@ -11,7 +11,8 @@
 # BENCH_VARIANTS (set: extra bench arguments per variant, separated by ';', "default" = none: decode
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
 # "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
-# COMPOSE must then make; a variant beginning "@NAME " runs on m-NAME.tsr, e.g. "@all-q4_0 default");
+# COMPOSE must then make; a variant beginning "@NAME " runs on m-NAME.tsr, e.g. "@all-q4_0 default";
+# REPS: timed runs per variant, default 2);
 # ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -71,7 +72,7 @@ if [ -n "${BENCH_VARIANTS:-}" ]; then
     fi
     extra=()
     [ "$v" != default ] && read -ra extra <<<"$v"
-    run "variant-$i" "$WORK/$file" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r 2 --profile "${extra[@]}"
+    run "variant-$i" "$WORK/$file" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
     i=$((i + 1))
   done
   tail -n 3 "$LOG"

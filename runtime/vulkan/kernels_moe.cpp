@@ -23,6 +23,10 @@ constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // with 8 (1, 4, 16: slower); down, Q4_K_M (Q4_K / Q6_K): 4 rows 16.8 us vs 18.3 with 2.
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
+// The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid
+// within this many workgroups: the kernel runs 2 per SM (52 registers x 512 threads on an H100,
+// bench --kernel-stats), so GLM's 10240-wide FFN in 320 workgroups of 32 ran in two waves.
+constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
 constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
 
@@ -92,16 +96,16 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
                     fold ? 9 : 7);
 }
 
-// The int8-activation gate-up: kQ8GateUpOutputs outputs per workgroup, int8 copy of h written.
-// fused_down: the down fused in (FUSED_DOWN, 11 bindings).
+// The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
+// written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
-                                 bool fused_down = false) {
+                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
-                        fused_down ? ".fdown" : ""),
+                        fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : ""),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1,
-                    {{"OUT_PER_WG", std::to_string(kQ8GateUpOutputs)},
+                    {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
                      {"ROUTER_FOLD", fold ? "1" : "0"},
@@ -622,7 +626,10 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                     gate.rows, "x", gate.cols, " on this device");
     need(hq, dense_hq_bytes(gate.rows), what, "hq");
   }
-  const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t) : gateup_kernel(ctx, gate.type, vec8, t);
+  const uint32_t q8_outs = kQ8GateUpOutputs * std::max<uint32_t>(1, (gate.rows / kQ8GateUpOutputs + kQ8DenseGateUpMaxGroups - 1) /
+                                                                        kQ8DenseGateUpMaxGroups);
+  const Pipeline& pipe =
+      q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
@@ -633,7 +640,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   a.shared_up_offset = uint32_t(up_at);
   const BufferSlice bufs[8] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, h, x, x,
                                q8 ? hq : h};
-  const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
+  const uint32_t outs = q8 ? q8_outs : t.gateup_teams;
   const GroupCounts gc = split_workgroups((gate.rows + outs - 1) / outs, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 8 : 7), a, gc.x, gc.y, 1, what, bytes());
 }

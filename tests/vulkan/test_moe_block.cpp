@@ -202,7 +202,8 @@ TEST(MoeBlock, DenseFfn) {
 }
 
 // The dense FFN on the int8-activation path: the Q4_K_M shape of types (Q4_K gate/up, Q6_K down),
-// Q6_K gate/up, Q6_K next to 32-element types, the shared-memory path.
+// Q6_K gate/up, Q6_K next to 32-element types, the shared-memory path; an FFN wider than 256
+// blocks of 32 (8224: 2 blocks per workgroup, the last workgroup with one).
 TEST(MoeBlock, DenseFfnInt8Activations) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -211,8 +212,10 @@ TEST(MoeBlock, DenseFfnInt8Activations) {
   run_dense_case(g, GgmlType::Q6_K, GgmlType::Q6_K, 512, 256, 21, true);
   run_dense_case(g, GgmlType::Q4_0, GgmlType::Q6_K, 96, 768, 22, true);
   run_dense_case(g, GgmlType::Q6_K, GgmlType::Q8_0, 256, 160, 23, true);
+  run_dense_case(g, GgmlType::Q4_0, GgmlType::Q8_0, 64, 8224, 25, true);
   Gpu& s = vktest::gpu(true);
   VK_TEST_REQUIRE_GPU(s);
+  run_dense_case(s, GgmlType::Q4_0, GgmlType::Q4_0, 64, 8224, 27, true);
   run_dense_case(s, GgmlType::Q4_K, GgmlType::Q6_K, 256, 256, 24, true);
 }
 

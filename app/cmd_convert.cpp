@@ -7,6 +7,7 @@
 #include "app/cli.h"
 #include "convert/compose.h"
 #include "convert/convert.h"
+#include "format/error.h"
 
 namespace tessera::app {
 namespace {
@@ -25,7 +26,16 @@ Action setup(CLI::App& sub, const Globals& globals) {
                  "Type of the composed weights: f32, f16, bf16, q8_0, q6_K, q4_K, q4_0 or source (the originals' "
                  "type); spelled exactly so. A row length that is not a multiple of 256 stores q6_K as q8_0 and "
                  "q4_K as q5_0")
-      ->check(CLI::IsMember(convert::composed_type_options()))
+      ->check(CLI::Validator(
+          [](std::string& word) -> std::string {
+            try {  // the library's message: the accepted words, and the GGUF spelling of a near miss
+              convert::check_composed_type_option(word);
+              return {};
+            } catch (const Error& e) {
+              return e.what();
+            }
+          },
+          "TYPE"))
       ->capture_default_str();
   sub.add_option("--threads", *threads, "Threads (default: the global --threads, else all)");
   return [opt, threads, &globals]() -> int {

@@ -12,7 +12,7 @@
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
 # "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
 # COMPOSE must then make; a variant beginning "@NAME " runs on m-NAME.tsr, e.g. "@all-q4_0 default";
-# REPS: timed runs per variant, default 2);
+# REPS: timed runs per BENCH_VARIANTS variant, default 2);
 # ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"

@@ -264,6 +264,24 @@ void check_options(const BenchOptions& o) {
     usage_error("bench: nothing to run: every -p and -n value is 0");
 }
 
+// --kernel-stats: every pipeline the run created with the driver's statistics (a name that
+// several pipelines share, with different defines, gets " #2", " #3" ...), or a note saying
+// why there are none.
+void collect_kernel_stats(vk::Context& ctx, BenchReport& report) {
+  if (!ctx.device().enabled().pipeline_statistics) {
+    report.kernel_stats_note = ctx.info().name + " does not report kernel statistics (no VK_KHR_pipeline_executable_properties)";
+    return;
+  }
+  std::map<std::string, int> seen;
+  for (const vk::Pipeline* p : ctx.pipelines().all()) {
+    const int n = ++seen[p->name()];
+    KernelStats k{n > 1 ? cat(p->name(), " #", n) : p->name(), {}};
+    for (const vk::KernelStatistic& st : p->statistics()) k.values.emplace_back(st.name, st.value);
+    if (!k.values.empty()) report.kernel_stats.push_back(std::move(k));
+  }
+  if (report.kernel_stats.empty()) report.kernel_stats_note = "the driver returned no kernel statistics";
+}
+
 }  // namespace
 
 std::string BenchResult::name() const {
@@ -282,7 +300,8 @@ BenchReport run_bench(const BenchOptions& o) {
   if (h.backend == "vulkan" && !o.model_path.empty() && !tsr)
     usage_error("bench: ", o.model_path, " is not a packed .tsr file; the Vulkan runtime runs .tsr files (make one with "
                 "`tessera convert`), or use --backend cpu for the CPU reference");
-  if (h.backend == "cpu" && (o.profile || o.roofline)) usage_error("bench: --profile and --roofline need the Vulkan backend");
+  if (h.backend == "cpu" && (o.profile || o.roofline || o.kernel_stats))
+    usage_error("bench: --profile, --roofline and --kernel-stats need the Vulkan backend");
 
   const uint32_t need_ctx = max_of(o.depths) + std::max(std::max(max_of(o.prompt_sizes), max_of(o.decode_sizes)), 1u);
   h.model_path = o.model_path;
@@ -317,7 +336,10 @@ BenchReport run_bench(const BenchOptions& o) {
     report.roofline = measure_roofline(ctx, ro);
     read_gbps = report.roofline->read_gbps;
   }
-  if (o.model_path.empty()) return report;
+  if (o.model_path.empty()) {
+    if (o.kernel_stats) collect_kernel_stats(ctx, report);
+    return report;
+  }
 
   const TsrFile file = TsrFile::open(o.model_path);
   const ModelConfig cfg = ModelConfig::from_metadata(file.metadata());
@@ -360,15 +382,7 @@ BenchReport run_bench(const BenchOptions& o) {
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
   }
-  if (o.kernel_stats) {
-    if (!ctx.device().enabled().pipeline_statistics)
-      report.kernel_stats_note = h.device + " does not report kernel statistics (no VK_KHR_pipeline_executable_properties)";
-    for (const vk::Pipeline* p : ctx.pipelines().all()) {
-      KernelStats k{p->name(), {}};
-      for (const vk::KernelStatistic& st : p->statistics()) k.values.emplace_back(st.name, st.value);
-      if (!k.values.empty()) report.kernel_stats.push_back(std::move(k));
-    }
-  }
+  if (o.kernel_stats) collect_kernel_stats(ctx, report);
   return report;
 }
 

@@ -9,6 +9,13 @@
 namespace tessera::model {
 namespace {
 
+// Text for a markdown table cell: '|' escaped (driver strings may hold one).
+std::string md_cell(const std::string& t) {
+  std::string r;
+  for (char ch : t) r += ch == '|' ? std::string("\\|") : std::string(1, ch);
+  return r;
+}
+
 std::string hex64(uint64_t v) {
   char buf[24];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
@@ -111,7 +118,7 @@ std::string bench_markdown(const BenchReport& r) {
     for (const KernelStats& k : r.kernel_stats) {
       std::string v;
       for (const auto& [name, value] : k.values) v += (v.empty() ? "" : "; ") + name + " " + value;
-      s += "| " + k.kernel + " | " + v + " |\n";
+      s += "| " + md_cell(k.kernel) + " | " + md_cell(v) + " |\n";
     }
   }
   return s;

@@ -1,7 +1,8 @@
 // Device: owns the logical VkDevice and its one compute queue. Enables 16-bit storage (required)
 // and, when the physical device has them, fp16 arithmetic, int8 storage/arithmetic, integer dot
 // product, 64-bit integer buffer atomics and subgroup size control; `enabled()` says which ones
-// shaders may use.
+// shaders may use. On request (bench --kernel-stats) also VK_KHR_pipeline_executable_properties,
+// for the driver's statistics of each pipeline.
 // Also owns the memory-type choice for the two memory kinds (memory.h).
 #pragma once
 #include <vulkan/vulkan.h>

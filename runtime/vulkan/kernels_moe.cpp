@@ -25,7 +25,8 @@ constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgrou
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
 // The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid
 // within this many workgroups: the kernel runs 2 per SM (52 registers x 512 threads on an H100,
-// bench --kernel-stats), so GLM's 10240-wide FFN in 320 workgroups of 32 ran in two waves.
+// bench --kernel-stats), so GLM's 10240-wide FFN in 320 workgroups of 32 ran in two waves (a
+// heuristic from that GPU: 2 x 132 SMs, rounded down; measured 23.1 -> 19.7 us).
 constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
 constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)

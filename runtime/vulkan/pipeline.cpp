@@ -25,37 +25,44 @@ bool header_matches(const std::vector<char>& data, const DeviceInfo& info) {
          header[3] == info.device_id && std::memcmp(data.data() + 16, info.pipeline_cache_uuid.data(), VK_UUID_SIZE) == 0;
 }
 
-// The statistics of executable 0 (a compute pipeline has one) of `pipeline`, created with
-// VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR on a device with the extension enabled.
+// The statistics of the compute executable of `pipeline`, created with
+// VK_PIPELINE_CREATE_CAPTURE_STATISTICS_BIT_KHR on a device with the extension enabled; empty when
+// the driver returns none.
 std::vector<KernelStatistic> read_statistics(VkDevice device, VkPipeline pipeline) {
+  auto props = reinterpret_cast<PFN_vkGetPipelineExecutablePropertiesKHR>(
+      vkGetDeviceProcAddr(device, "vkGetPipelineExecutablePropertiesKHR"));
   auto get = reinterpret_cast<PFN_vkGetPipelineExecutableStatisticsKHR>(
       vkGetDeviceProcAddr(device, "vkGetPipelineExecutableStatisticsKHR"));
-  if (get == nullptr) return {};
+  if (props == nullptr || get == nullptr) return {};
+  auto pinfo = vk_struct<VkPipelineInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_INFO_KHR);
+  pinfo.pipeline = pipeline;
+  uint32_t n_exe = 0;
+  if (props(device, &pinfo, &n_exe, nullptr) != VK_SUCCESS || n_exe == 0) return {};
   auto info = vk_struct<VkPipelineExecutableInfoKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_INFO_KHR);
   info.pipeline = pipeline;
-  info.executableIndex = 0;
+  info.executableIndex = 0;  // a compute pipeline's one executable
   uint32_t n = 0;
   if (get(device, &info, &n, nullptr) != VK_SUCCESS) return {};
   std::vector<VkPipelineExecutableStatisticKHR> raw(
       n, vk_struct<VkPipelineExecutableStatisticKHR>(VK_STRUCTURE_TYPE_PIPELINE_EXECUTABLE_STATISTIC_KHR));
   if (get(device, &info, &n, raw.data()) != VK_SUCCESS) return {};
   std::vector<KernelStatistic> out;
-  for (uint32_t i = 0; i < n; ++i) {
-    const VkPipelineExecutableStatisticKHR& st = raw[i];
-    std::string v;
-    switch (st.format) {
-      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: v = st.value.b32 ? "true" : "false"; break;
-      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: v = std::to_string(st.value.i64); break;
-      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: v = std::to_string(st.value.u64); break;
-      case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: v = cat(st.value.f64); break;
-      default: v = "?"; break;
-    }
-    out.push_back({st.name, v, st.description});
-  }
+  for (uint32_t i = 0; i < n; ++i)
+    out.push_back({raw[i].name, statistic_text(raw[i].format, raw[i].value), raw[i].description});
   return out;
 }
 
 }  // namespace
+
+std::string statistic_text(VkPipelineExecutableStatisticFormatKHR format, const VkPipelineExecutableStatisticValueKHR& v) {
+  switch (format) {
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR: return v.b32 ? "true" : "false";
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR: return std::to_string(v.i64);
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR: return std::to_string(v.u64);
+    case VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR: return cat(v.f64);
+    default: return cat("? (format ", uint32_t(format), ")");
+  }
+}
 
 Pipeline::Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv,
                    VkPipelineCache cache)

@@ -36,6 +36,10 @@ struct KernelStatistic {
   std::string description;  // the driver's own description
 };
 
+// A statistic's value as text: an integer, a float, true/false, or "? (format N)" for a format
+// this build does not know.
+std::string statistic_text(VkPipelineExecutableStatisticFormatKHR format, const VkPipelineExecutableStatisticValueKHR& v);
+
 class Pipeline {
  public:
   Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv, VkPipelineCache cache);

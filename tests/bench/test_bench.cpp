@@ -252,6 +252,14 @@ TEST(BenchCli, KernelStatsOrWhyNot) {
   const RunResult plain = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 -o json");
   ASSERT_EQ(plain.rc, 0);
   EXPECT_FALSE(testjson::parse(plain.out).has("kernel_statistics"));
+  // Without a model (--roofline only): the roofline's own kernels, or the note.
+  const RunResult roof = run_tessera("bench --roofline --roofline-mib 8 --kernel-stats -o json");
+  ASSERT_EQ(roof.rc, 0) << roof.out;
+  const Value rj = testjson::parse(roof.out);
+  ASSERT_TRUE(rj.has("kernel_statistics")) << roof.out;
+  EXPECT_NE(rj["kernel_statistics"]["kernels"].arr.empty(), rj["kernel_statistics"]["note"].str.empty());
+  // The CPU backend has no kernels to report: a usage error, not a silent run.
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --backend cpu -p 0 -n 2 -r 1 --kernel-stats").rc, 1);
 }
 
 // The statistics table as bench prints it (no device: a report made here).

@@ -113,6 +113,7 @@ TEST(ConvertCli, ConvertRefusals) {
   EXPECT_EQ(k.rc, 1) << k.out;
   for (const char* word : {"f32", "f16", "bf16", "q8_0", "q6_K", "q4_K", "q4_0", "source"})
     EXPECT_NE(k.out.find(word), std::string::npos) << word << " not named in: " << k.out;
+  EXPECT_NE(k.out.find("spelled as GGUF names them: 'q6_K'"), std::string::npos) << k.out;
   EXPECT_EQ(run("convert " + src).rc, 1);  // no -o
   const CliResult same = run("convert " + src + " -o " + src);
   EXPECT_EQ(same.rc, 1) << same.out;

@@ -74,11 +74,49 @@ TEST(VkDevice, DevicesCommandListsFeatures) {
   fs::remove(out);
   EXPECT_EQ(rc, 0) << text;
   for (const char* field : {"subgroup size", "maxStorageBufferRange", "maxMemoryAllocationSize", "16-bit storage",
-                            "shaderFloat16", "integer dot product", "cooperative matrix", "memory heap", "driver"})
+                            "shaderFloat16", "integer dot product", "cooperative matrix", "kernel statistics",
+                            "memory heap", "driver"})
     EXPECT_TRUE(contains(text, field)) << "missing '" << field << "' in:\n" << text;
   EXPECT_TRUE(contains(text, g.ctx->info().name)) << text;
 }
 #endif
+
+// The driver's kernel statistics (bench --kernel-stats): each value format as text, and the
+// extension enabled only on request (capturing costs pipeline creation time).
+TEST(VkPipeline, StatisticTextEveryFormat) {
+  VkPipelineExecutableStatisticValueKHR v{};
+  v.b32 = VK_TRUE;
+  EXPECT_EQ(vk::statistic_text(VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_BOOL32_KHR, v), "true");
+  v.i64 = -42;
+  EXPECT_EQ(vk::statistic_text(VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_INT64_KHR, v), "-42");
+  v.u64 = 68719476736ull;
+  EXPECT_EQ(vk::statistic_text(VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_UINT64_KHR, v), "68719476736");
+  v.f64 = 2.5;
+  EXPECT_EQ(vk::statistic_text(VK_PIPELINE_EXECUTABLE_STATISTIC_FORMAT_FLOAT64_KHR, v), "2.5");
+  EXPECT_EQ(vk::statistic_text(static_cast<VkPipelineExecutableStatisticFormatKHR>(7), v), "? (format 7)");
+}
+
+TEST(VkPipeline, KernelStatisticsOnlyOnRequest) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  EXPECT_FALSE(g.ctx->device().enabled().pipeline_statistics);
+  vk::ContextOptions o;
+  o.kernel_statistics = true;
+  vk::Context ctx(o);
+  EXPECT_EQ(ctx.device().enabled().pipeline_statistics, ctx.info().features.pipeline_statistics);
+  vk::RmsNormOp op;  // any kernel: its pipeline carries statistics exactly where the device reports them
+  vk::MemoryPool pool(ctx.device(), vk::MemoryKind::DeviceLocal);
+  vk::Buffer b = pool.create_buffer(4096, "x");
+  op.x = op.y = op.weight = b.whole();
+  op.n = 64;
+  vk::CommandRecorder rec(ctx);
+  rec.begin();
+  op.record(rec);
+  rec.end();
+  ASSERT_FALSE(ctx.pipelines().all().empty());
+  for (const vk::Pipeline* p : ctx.pipelines().all())
+    EXPECT_EQ(p->statistics().empty(), !ctx.info().features.pipeline_statistics) << p->name();
+}
 
 TEST(VkMemory, PlanRefusesWhatDoesNotFit) {
   Gpu& g = vktest::gpu();

@@ -627,8 +627,9 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
                     gate.rows, "x", gate.cols, " on this device");
     need(hq, dense_hq_bytes(gate.rows), what, "hq");
   }
-  const uint32_t q8_outs = kQ8GateUpOutputs * std::max<uint32_t>(1, (gate.rows / kQ8GateUpOutputs + kQ8DenseGateUpMaxGroups - 1) /
-                                                                        kQ8DenseGateUpMaxGroups);
+  const uint32_t q8_blocks = gate.rows / kQ8GateUpOutputs;  // blocks of 32 outputs (int8 path: rows % 32 == 0)
+  const uint32_t q8_outs =
+      kQ8GateUpOutputs * std::max<uint32_t>(1, (q8_blocks + kQ8DenseGateUpMaxGroups - 1) / kQ8DenseGateUpMaxGroups);
   const Pipeline& pipe =
       q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t);
   gpu::MoeArgs a{};

@@ -48,7 +48,7 @@ std::vector<KernelStatistic> read_statistics(VkDevice device, VkPipeline pipelin
   if (get(device, &info, &n, raw.data()) != VK_SUCCESS) return {};
   std::vector<KernelStatistic> out;
   for (uint32_t i = 0; i < n; ++i)
-    out.push_back({raw[i].name, statistic_text(raw[i].format, raw[i].value), raw[i].description});
+    out.push_back({raw[i].name, statistic_text(raw[i].format, raw[i].value)});
   return out;
 }
 

@@ -32,8 +32,7 @@ struct PipelineDesc {
 // e.g. a register count; the names and meanings are the driver's.
 struct KernelStatistic {
   std::string name;
-  std::string value;        // as text (integer, float or true/false)
-  std::string description;  // the driver's own description
+  std::string value;  // as text (integer, float or true/false)
 };
 
 // A statistic's value as text: an integer, a float, true/false, or "? (format N)" for a format

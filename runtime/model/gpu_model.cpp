@@ -58,6 +58,7 @@ struct GpuModel::Weights {
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
+  vk::Buffer step_local;          // device-local copy of step, made at the start of each step
 
   const Loc& at(std::string_view name) const {
     auto it = loc.find(name);
@@ -244,6 +245,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
+      {&w.step_local, "step values (device copy)", kStepBytes},
   };
 
   vk::MemoryPlan plan;
@@ -317,7 +319,14 @@ bool GpuModel::fold_router(uint32_t layer) const {
 void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const ModelConfig& c = config_;
   Weights& w = *w_;
-  const vk::BufferSlice step = w.step.whole();
+  // The per-token words the kernels of every layer read (position, KV length). The step buffer
+  // itself is host memory: on a discrete GPU each read of it crosses the bus. With step_local the
+  // step opens with a copy into device memory (ordered by the embedding's barrier) and the layers
+  // read that; the embedding (the token) and the sampler (writes the next token) use the host one,
+  // as do indirect attention counts (host-written, read as indirect arguments).
+  const vk::BufferSlice host_step = w.step.whole();
+  const vk::BufferSlice step = options_.step_local ? w.step_local.whole() : host_step;
+  if (options_.step_local) rec.copy(host_step, step);
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
@@ -362,7 +371,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
-  embed.ids = step.sub(kTokenWord * 4, 4);
+  embed.ids = host_step.sub(kTokenWord * 4, 4);
   embed.out = w.x.whole();
   embed.record(rec);
   rec.barrier();
@@ -407,7 +416,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
         vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
       olat_q8 = w.olat_q8.whole();
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
-                       step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
+                       host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8);
     {
       std::vector<vk::BufferSlice> spans;

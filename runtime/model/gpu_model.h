@@ -94,6 +94,11 @@ struct GpuModelOptions {
   // spread; the fused kernel takes as long as the two: its strided down reads, 2048 atomics per
   // workgroup and the last workgroup's tail cost what the barrier saved; PERFORMANCE.md).
   bool fused_down = false;
+  // The decode step's layers read the per-token words (position, KV length) from a device-local
+  // copy made by a copy command at the step's start, not from the host-visible step buffer, whose
+  // every read crosses the bus on a discrete GPU (kv_write, attention and merge of each layer).
+  // bench --tune step_local=0|1.
+  bool step_local = true;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

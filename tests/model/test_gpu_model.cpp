@@ -226,6 +226,32 @@ TEST(GpuModel, FusedDownMatchesTheDownDispatch) {
   }
 }
 
+// The layers reading the per-token words from the step's device copy (GpuModelOptions::
+// step_local, default) or from the host step buffer: the same kernels on the same values, so the
+// same bits, for a prompt and for 12 decoded tokens whose positions only the GPU sampler advances
+// (a stale copy would attend over the wrong context or write the wrong cache row). The short and
+// the long attention ranges both.
+TEST(GpuModel, StepWordsFromTheDeviceCopyGiveTheSameBits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  for (uint32_t short_max : {0u, 4u}) {
+    SCOPED_TRACE(cat("short_max ", short_max));
+    std::vector<float> logits[2];
+    std::vector<int32_t> tokens[2];
+    for (bool local : {false, true}) {
+      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+      o.step_local = local;
+      o.attention.short_max_kv = short_max;
+      model::GpuModel m(context(), tsr, o);
+      logits[local] = m.forward(prompt(m.n_vocab(), 5), false);
+      for (int i = 0; i < 12; ++i) tokens[local].push_back(m.decode_step());
+    }
+    EXPECT_EQ(logits[0], logits[1]);
+    EXPECT_EQ(tokens[0], tokens[1]);
+  }
+}
+
 // Both router paths: the router fold (default where the device has 64-bit integer atomics) and
 // the router's own dispatch.
 class GreedyTokens : public ::testing::TestWithParam<bool> {};

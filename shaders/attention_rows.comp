@@ -22,6 +22,13 @@
 // The counters start at zero (the owner fills them once) and every dispatch leaves them at zero.
 // One query only (the decode step).
 //
+// SINGLE (the decode step's variant for the shortest contexts): the workgroup of a head group is
+// the only one along the context (n_groups = 1, so its chunk is [0, kv_len)); it combines its
+// subgroups into olat itself, normalized, and (Q8_OUT) also as int8 blocks of 32 (q8_quantize.glsl,
+// the format attention_merge.comp's Q8_OUT writes and W_vo's int8 kernel reads). No partials, no
+// merge dispatch and no barrier before W_vo:
+//   olat[h*R + d] = sum_g exp(m_g - M) o_g[d] / sum_g exp(m_g - M) l_g
+//
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
 // round), RH (heads per workgroup: each loaded row serves RH heads); SUBGROUP_SIZE (the pipeline
@@ -31,6 +38,7 @@
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]).
+// SINGLE: 3 = olat (f32 [N_HEAD][R]); Q8_OUT: 4 = olat_q8 (3 uvec4 per block of 32 values).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (runtime/vulkan/kernels_attention.h).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
@@ -41,13 +49,26 @@
 #ifndef MERGE_TAIL
 #define MERGE_TAIL 0
 #endif
+#ifndef SINGLE
+#define SINGLE 0
+#endif
+#ifndef Q8_OUT
+#define Q8_OUT 0
+#endif
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
 layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
-#if MERGE_TAIL
+#if SINGLE
+layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
+#if Q8_OUT
+#include "q8_quantize.glsl"
+layout(std430, binding = 4) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+shared float q8_src[RH * KV_LORA];  // the workgroup's olat values, for the int8 blocks
+#endif
+#elif MERGE_TAIL
 // Written by every workgroup, read back by the last one: coherent (no stale L1 lines).
 layout(std430, binding = 3) coherent restrict buffer Partials { float partials[]; };
 layout(std430, binding = 4) coherent restrict buffer Arrivals { uint arrivals[]; };
@@ -191,6 +212,46 @@ void main() {
       if (d0 + i < KV_LORA) sg_o[(g * RH + a) * KV_LORA + d0 + i] = o[a][i];
   }
   barrier();
+#if SINGLE
+  for (uint a = 0; a < n_heads; ++a) {  // uniform
+    float big = kNegHuge;
+    [[unroll]] for (uint k = 0; k < NSG; ++k) big = max(big, sg_m[k * RH + a]);
+    float f[NSG];
+    float lsum = 0.0;
+    [[unroll]] for (uint k = 0; k < NSG; ++k) {
+      f[k] = exp(sg_m[k * RH + a] - big);
+      lsum += f[k] * sg_l[k * RH + a];
+    }
+    const float inv_l = 1.0 / lsum;  // lsum >= 1: the row holding the maximum weighs exp(0)
+    const uint o_base = (qt * N_HEAD + head0 + a) * KV_LORA;
+    for (uint d = gl_LocalInvocationIndex; d < KV_LORA; d += NSG * SUBGROUP_SIZE) {
+      float acc = 0.0;
+      [[unroll]] for (uint k = 0; k < NSG; ++k) acc += f[k] * sg_o[(k * RH + a) * KV_LORA + d];
+      olat[o_base + d] = acc * inv_l;
+#if Q8_OUT
+      q8_src[a * KV_LORA + d] = acc * inv_l;
+#endif
+    }
+  }
+#if Q8_OUT
+  barrier();
+  // Block b of this workgroup's heads: values 32b .. 32b+31 of q8_src (KV_LORA % 32 == 0).
+  for (uint b = gl_LocalInvocationIndex; b < n_heads * (KV_LORA / 32u); b += NSG * SUBGROUP_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint i = 32u * b + 4u * k;
+      v[k] = vec4(q8_src[i], q8_src[i + 1u], q8_src[i + 2u], q8_src[i + 3u]);
+    }
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    const uint blk = (qt * N_HEAD + head0) * (KV_LORA / 32u) + b;
+    olat_q8[3u * blk] = lo;
+    olat_q8[3u * blk + 1u] = hi;
+    olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
+  }
+#endif
+#else
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
   for (uint a = 0; a < n_heads; ++a) {  // uniform
     float big = kNegHuge;
@@ -212,6 +273,7 @@ void main() {
       partials[ml + 1u] = lsum;
     }
   }
+#endif  // SINGLE
 #if MERGE_TAIL
   memoryBarrierBuffer();  // this invocation's partials visible device-wide before the arrival
   barrier();

@@ -123,7 +123,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   // short range's recording has at most the long one's dispatches): then dropping it would only
   // lose the short variant's speed, and it stays.
   const uint32_t budget = kMaxDispatchesPerLayer * config_.n_layer + kStepDispatches;
-  const uint32_t most = std::max(rec_->dispatch_count(), rec_long_ ? rec_long_->dispatch_count() : 0u);
+  uint32_t most = rec_->dispatch_count();
+  for (const auto& r : rec_more_) most = std::max(most, r->dispatch_count());
   if (most > budget && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.short_variant = false;
@@ -133,7 +134,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
     const std::unique_ptr<vk::CommandRecorder> probe = step_recorder(false);
     record_aside(*probe, n_ctx_);
     if (probe->dispatch_count() < most) record_steps();
-    else attn_ = std::move(with_short);  // rec_ and rec_long_ stay as recorded with it
+    else attn_ = std::move(with_short);  // rec_ and rec_more_ stay as recorded with it
   }
   stats_.dispatches = rec_->dispatch_count();
   stats_.barriers = rec_->barrier_count();
@@ -142,16 +143,16 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
 }
 
 void GpuModel::record_steps() {
-  // One recording per attention range (AttentionOp::decode_range): the short one up to
-  // short_max_kv positions, the long one above where the context reaches that far.
-  const uint32_t short_max = attn_->short_max_kv();
+  // One recording per attention range (AttentionOp::decode_ranges: the single-workgroup one, the
+  // short one, the long one, as far as the context reaches), each for its largest context.
+  const auto ranges = attn_->decode_ranges();
   rec_->begin();
-  record_step(*rec_, short_max ? std::min(n_ctx_, short_max) : n_ctx_);
+  record_step(*rec_, ranges.front().second);
   rec_->end();
-  rec_long_.reset();
-  if (short_max && n_ctx_ > short_max) {
-    rec_long_ = step_recorder(false);
-    record_aside(*rec_long_, n_ctx_);  // the stats describe the short-context recording
+  rec_more_.clear();
+  for (size_t i = 1; i < ranges.size(); ++i) {
+    rec_more_.push_back(step_recorder(false));
+    record_aside(*rec_more_.back(), ranges[i].second);  // the stats describe the first range's recording
   }
 }
 
@@ -171,7 +172,7 @@ void GpuModel::record_aside(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 GpuModel::~GpuModel() {
   prefill_.reset();
   prof_rec_.reset();
-  rec_long_.reset();
+  rec_more_.clear();
   rec_.reset();
   xfer_.reset();
   w_.reset();
@@ -412,7 +413,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
     const vk::DecodeRange range = attn.decode_range(profile_kv_len);
     vk::BufferSlice olat_q8;
-    if (vo && options_.int8_activations && options_.olat_q8 && attn.writes_olat_q8() && !attn.merge_folded(range) &&
+    if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
         vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
       olat_q8 = w.olat_q8.whole();
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
@@ -605,8 +606,10 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
 }
 
 void GpuModel::run_step(int32_t token, uint32_t pos) {
-  const bool long_range = rec_long_ && attn_->decode_range(pos + 1) == vk::DecodeRange::Long;
-  run_step(long_range ? *rec_long_ : *rec_, token, pos);
+  const auto ranges = attn_->decode_ranges();
+  size_t i = 0;
+  while (i + 1 < ranges.size() && pos + 1 > ranges[i].second) ++i;
+  run_step(i == 0 ? *rec_ : *rec_more_.at(i - 1), token, pos);
 }
 
 void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {

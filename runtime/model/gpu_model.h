@@ -191,7 +191,7 @@ class GpuModel : public LanguageModel {
 
   void plan_and_upload(const TsrFile& file);
   // The decode step for contexts of profile_kv_len's attention range (AttentionOp::decode_range),
-  // its declared bytes for that length; record_steps: rec_ (and rec_long_) from attn_.
+  // its declared bytes for that length; record_steps: rec_ (and rec_more_) from attn_.
   void record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len);
   void record_steps();
   // A recorder with the step's (and prefill's) barrier scope; record_aside: rec = the step for profile_kv_len,
@@ -217,8 +217,9 @@ class GpuModel : public LanguageModel {
   std::unique_ptr<vk::MemoryPool> local_, host_;
   std::unique_ptr<Weights> w_;
   std::unique_ptr<vk::AttentionOp> attn_;           // the decode attention (its variant counts: write_step)
-  std::unique_ptr<vk::CommandRecorder> rec_;       // the step for the short attention range (or every context)
-  std::unique_ptr<vk::CommandRecorder> rec_long_;  // the step for contexts past short_max_kv (or null)
+  std::unique_ptr<vk::CommandRecorder> rec_;       // the step for the first attention range (or every context)
+  // The steps for the later ranges of attn_->decode_ranges(), in order (empty: one range).
+  std::vector<std::unique_ptr<vk::CommandRecorder>> rec_more_;
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
   std::unique_ptr<Prefill, PrefillDeleter> prefill_;

@@ -31,6 +31,11 @@ constexpr uint32_t kDefaultShortGroups = 32;
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
+// The single range (attention_rows.comp SINGLE): one workgroup per head over the whole context,
+// so as many rows in flight as one workgroup holds: 16 subgroups x 4 rows per round.
+constexpr uint32_t kDefaultSingleMaxKv = 256;
+constexpr uint32_t kSingleSubgroups = 16;
+constexpr uint32_t kSingleRound = 4;
 constexpr uint32_t kRowsSubgroups = 4;
 constexpr uint32_t kRowsPerRound = 2;
 
@@ -289,6 +294,44 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       partial_short_tail_ = &ctx.pipeline(pt);
     }
   }
+  if (tuning.single && ctx.pipelines().use_subgroup()) {
+    const uint32_t rb = tuning.single_round ? tuning.single_round : kSingleRound;
+    if (tuning.single_subgroups > 16 || rb > 8)
+      usage_error("attention single kernel: ", tuning.single_subgroups, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
+    const bool q8 = shape.kv_lora % 32 == 0;
+    // The subgroups' (m, l, o), and (Q8_OUT) the head's olat for its int8 blocks.
+    auto shared_bytes = [&](uint32_t nsg) { return uint64_t(nsg) * (shape.kv_lora + 2) * 4 + (q8 ? shape.kv_lora * 4 : 0); };
+    auto fits = [&](uint32_t nsg) {
+      return shared_bytes(nsg) <= info.max_compute_shared_memory &&
+             nsg * info.subgroup_size <= info.max_compute_workgroup_invocations;
+    };
+    // Automatic: the most subgroups (rows in flight) the device's workgroup limits allow, up to 16.
+    uint32_t nsg = tuning.single_subgroups ? tuning.single_subgroups : kSingleSubgroups;
+    if (!tuning.single_subgroups)
+      while (nsg > 1 && !fits(nsg)) nsg /= 2;
+    if (fits(nsg)) {
+      PipelineDesc ps;
+      ps.name = "attention_single";
+      ps.file = "attention_rows.comp";
+      ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"}});
+      ps.num_buffers = 4;
+      ps.push_bytes = sizeof(gpu::AttnPartialArgs);
+      ps.full_subgroups = true;
+      single_ = &ctx.pipeline(ps);
+      if (q8) {
+        PipelineDesc pq = ps;
+        pq.name = "attention_single.q8out";
+        pq.defines["Q8_OUT"] = "1";
+        pq.num_buffers = 5;
+        single_q8_ = &ctx.pipeline(pq);
+      }
+      single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);
+    } else if (tuning.single_subgroups) {
+      usage_error("attention single kernel: ", nsg, " subgroups need ", shared_bytes(nsg), " bytes of shared memory and ",
+                  nsg * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
+                  info.max_compute_workgroup_invocations);
+    }
+  }
   const uint32_t short_heads = !tuning.short_variant         ? 0
                                : tuning.short_heads_per_group ? std::min(tuning.short_heads_per_group, heads_per_group_)
                                : quarter < heads_per_group_   ? quarter
@@ -427,11 +470,44 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
 }
 
+uint64_t AttentionOp::single_bytes(uint32_t kv_len) const {
+  const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
+}
+
+std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const {
+  std::vector<std::pair<DecodeRange, uint32_t>> r;
+  uint32_t covered = 0;
+  if (single_) r.push_back({DecodeRange::Single, covered = std::min(single_max_kv_, shape_.n_ctx)});
+  if (covered < shape_.n_ctx && partial_short_ && short_max_kv_ > covered)
+    r.push_back({DecodeRange::Short, covered = std::min(short_max_kv_, shape_.n_ctx)});
+  if (covered < shape_.n_ctx) r.push_back({DecodeRange::Long, shape_.n_ctx});
+  return r;
+}
+
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
                                 BufferSlice olat, DecodeRange range, std::string_view label,
                                 BufferSlice olat_q8) const {
   const std::string what = std::string(label) + " partial";
+  if (range == DecodeRange::Single) {
+    const std::string name = std::string(label) + " single";
+    if (!single_) runtime_error(name, ": no single-workgroup variant to record");
+    check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
+    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+      runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+    const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
+    if (q8 && !single_q8_) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
+    if (q8 && olat_q8.size < olat_q8_bytes())
+      runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+    // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
+    const BufferSlice b[] = {q, cache, step, olat, olat_q8};
+    rec.dispatch(q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, q8 ? 5 : 4), &args, sizeof args, 1,
+                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+                 single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
+    return;
+  }
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
   check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
   const bool short_range = range == DecodeRange::Short;
@@ -477,6 +553,7 @@ void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWord
 }
 
 DecodeRange AttentionOp::decode_range(uint32_t kv_len) const {
+  if (single_ && kv_len <= single_max_kv_) return DecodeRange::Single;
   return partial_short_ && kv_len <= short_max_kv_ ? DecodeRange::Short : DecodeRange::Long;
 }
 

@@ -51,6 +51,8 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "format/model_config.h"
 #include "runtime/vulkan/context.h"
@@ -168,11 +170,20 @@ struct AttentionTuning {
   // Context workgroups of the decode step's short range with the rows kernel (record_decode; the
   // long range and record() use n_groups); auto: min(n_groups, 32).
   uint32_t short_groups = 0;
+  // The decode step's shortest contexts (kv_len <= single_max_kv): the rows kernel with one
+  // workgroup per head over the whole context, writing olat (and its int8 blocks) itself
+  // (attention_rows.comp SINGLE): no partials, no merge dispatch, one barrier less per layer.
+  // Needs subgroup arithmetic (the rows kernel). single_max_kv 0: auto (kDefaultSingleMaxKv).
+  bool single = true;
+  uint32_t single_max_kv = 0;
+  uint32_t single_subgroups = 0;  // subgroups per workgroup, 1..16; auto 16
+  uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 4
 };
 
-// Which contexts a decode recording serves (AttentionOp::record_decode): the short variant's
-// (kv_len <= short_max_kv) or the long one's. The decode step keeps one recording per range.
-enum class DecodeRange { Short, Long };
+// Which contexts a decode recording serves (AttentionOp::record_decode): the single-workgroup
+// kernel's (kv_len <= single_max_kv), the short variant's (kv_len <= short_max_kv) or the long
+// one's. The decode step keeps one recording per range.
+enum class DecodeRange { Single, Short, Long };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
 class AttentionOp {
@@ -215,6 +226,15 @@ class AttentionOp {
   DecodeRange decode_range(uint32_t kv_len) const;
   // Whether record_decode for `range` merges in the partial kernel (no merge dispatch).
   bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }
+  // Whether record_decode for `range` can write olat_q8 (the merge dispatch or the single kernel).
+  bool decode_writes_olat_q8(DecodeRange range) const {
+    return range == DecodeRange::Single ? single_q8_ != nullptr : writes_olat_q8() && !merge_folded(range);
+  }
+  // The largest context of the single range (0: no single range) and the bytes it moves.
+  uint32_t single_max_kv() const { return single_max_kv_; }
+  uint64_t single_bytes(uint32_t kv_len) const;
+  // The upper context bound of each range the decode step records, in order (the last: n_ctx).
+  std::vector<std::pair<DecodeRange, uint32_t>> decode_ranges() const;
   // Bytes of the arrival counters record_decode needs (at least 4).
   uint64_t arrivals_bytes() const;
 
@@ -254,6 +274,9 @@ class AttentionOp {
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
+  const Pipeline* single_ = nullptr;     // the rows kernel over the whole context, writing olat (or null)
+  const Pipeline* single_q8_ = nullptr;  // ... and olat's int8 blocks (or null)
+  uint32_t single_max_kv_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
   uint32_t short_heads_ = 0, short_max_kv_ = 0, short_groups_ = 0;

@@ -496,6 +496,7 @@ TEST(GpuModel, BudgetKeepsTheShortVariantWhereDroppingItSavesNothing) {
   model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
   o.fused_router = false;
   o.prefetch = model::kPrefetchAll;
+  o.attention.single = false;  // position 0 in the short range
   model::GpuModel m(context(), tsr, o);
   ASSERT_GT(m.stats().dispatches, 12 * m.config().n_layer + 4) << "the case must break the budget";
   const std::vector<vk::DispatchTiming> t = m.profile_step(1);

@@ -348,6 +348,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_heads = c.rows_heads;
     t.direct_partial = c.direct;
     t.short_groups = c.short_groups;
+    t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
     const uint32_t sgroups = op.decode_groups(vk::DecodeRange::Short);
@@ -409,6 +410,93 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
+    }
+  }
+}
+
+// The decode step's single range (attention_rows.comp SINGLE): one workgroup per head over the
+// whole context writes olat and its int8 blocks itself, one dispatch, no barrier. GLM's shape and
+// awkward ones (3 heads, rows of 80; a latent of 80, not a multiple of 32: no int8 blocks), the
+// default work split and odd ones (3 subgroups x 3 rows: rounds that end inside the context),
+// contexts of one row to the range's end, outputs poisoned before each run, against the
+// reference; the int8 blocks against the CPU quantization of the olat written beside them. The
+// ranges: single, then short and long as before, each context in exactly one.
+TEST(AttentionDecode, SingleRangeMatchesTheReference) {
+  REQUIRE_GPU();
+  struct SingleCase {
+    uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, subgroups, round;
+    std::vector<uint32_t> kv_lens;
+  };
+  const std::vector<SingleCase> cases = {
+      {20, 512, 64, 300, 0, 0, 0, {1, 2, 63, 64, 65, 200, 256, 5}},
+      {3, 64, 16, 100, 97, 3, 3, {1, 8, 9, 10, 96, 97}},
+      {5, 80, 16, 50, 50, 2, 5, {1, 11, 49, 50}},
+  };
+  for (const SingleCase& c : cases) {
+    SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " single_max ", c.single_max, " nsg ", c.subgroups,
+                     " rb ", c.round));
+    const uint32_t row = c.kv_lora + c.n_rot;
+    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
+    const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
+    vk::AttentionTuning t;
+    t.single_max_kv = c.single_max;
+    t.single_subgroups = c.subgroups;
+    t.single_round = c.round;
+    vk::AttentionOp op(*gpu().ctx, shape, t);
+    if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
+    const uint32_t max_kv = op.single_max_kv();
+    EXPECT_EQ(max_kv, std::min(c.single_max ? c.single_max : 256u, c.n_ctx));
+    EXPECT_EQ(op.decode_range(1), vk::DecodeRange::Single);
+    EXPECT_EQ(op.decode_range(max_kv), vk::DecodeRange::Single);
+    if (max_kv < c.n_ctx) EXPECT_NE(op.decode_range(max_kv + 1), vk::DecodeRange::Single);
+    const auto ranges = op.decode_ranges();
+    ASSERT_FALSE(ranges.empty());
+    EXPECT_EQ(ranges.front(), std::make_pair(vk::DecodeRange::Single, max_kv));
+    EXPECT_EQ(ranges.back().second, c.n_ctx);
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      EXPECT_GT(ranges[i].second, ranges[i - 1].second);
+      EXPECT_EQ(op.decode_range(ranges[i].second), ranges[i].first);
+      EXPECT_EQ(op.decode_range(ranges[i - 1].second + 1), ranges[i].first);
+    }
+    const bool q8 = c.kv_lora % 32 == 0;
+    EXPECT_EQ(op.decode_writes_olat_q8(vk::DecodeRange::Single), q8);
+
+    std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 41);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 42);
+    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+    vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+    vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
+    vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
+    upload(q, q_h);
+    upload(cache, cache_h);
+    vk::CommandRecorder rec(*gpu().ctx);
+    rec.begin();
+    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                     arrivals.whole(), olat.whole(), vk::DecodeRange::Single, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
+    rec.end();
+    EXPECT_EQ(rec.dispatch_count(), 1u);
+    EXPECT_EQ(rec.barrier_count(), 0u);
+    for (uint32_t kv_len : c.kv_lens) {
+      poison(olat);
+      poison(olat_q8);
+      upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
+      rec.run();
+      const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+      const std::vector<float> want =
+          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
+      double max_err = 0, max_ref = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
+        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+        max_ref = std::max(max_ref, double(std::abs(want[i])));
+      }
+      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+      if (q8)
+        vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
+                                       cat("olat q8, kv_len ", kv_len));
     }
   }
 }

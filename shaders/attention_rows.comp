@@ -28,6 +28,8 @@
 // the format attention_merge.comp's Q8_OUT writes and W_vo's int8 kernel reads). No partials, no
 // merge dispatch and no barrier before W_vo:
 //   olat[h*R + d] = sum_g exp(m_g - M) o_g[d] / sum_g exp(m_g - M) l_g
+// Its query and its first round of rows are loaded before the step word (they do not depend on
+// it), so those loads overlap the position's. One query (count_word is not read).
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
@@ -126,28 +128,63 @@ void merge_head(uint h, uint n_chunks) {
 }
 #endif
 
-void main() {
-  const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
-  const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
-  if (qt >= n_q) return;  // uniform
-  const uint pos = step_words[args.pos_word] + qt;
-  const uint kv_len = min(pos + 1u, args.n_ctx);
-  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max)) return;  // the other variant's
-  const uint chunk_len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
-  const uint begin = chunk * chunk_len;
-  if (begin >= kv_len || head0 >= N_HEAD) return;  // uniform
-  const uint end = min(kv_len, begin + chunk_len);
-  const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);  // heads past the last repeat it, unwritten
+// This lane's state: its query values (the RH heads'), and its subgroup's online softmax (m, l)
+// with the lane's values of o.
+float qv[RH][kDpl];
+float m[RH], l[RH];
+float o[RH][kDpl];
 
-  const uint lane = gl_SubgroupInvocationID, g = gl_SubgroupID;
-  const uint d0 = lane * kDpl;  // this lane's first value of a row
+// The lane's words of rows j0 .. j0 + RB - 1, rows past `last` repeating it.
+void load_rows(uint j0, uint last, out uint w[RB][kWpl]) {
+  const uint d0 = gl_SubgroupInvocationID * kDpl;
+  [[unroll]] for (uint b = 0; b < RB; ++b) {
+    const uint row = min(j0 + b, last);
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) w[b][t] = d0 + 2u * t < kRow ? cache_w[row * kRowW + d0 / 2u + t] : 0u;
+  }
+}
 
-  // Each head's query values d0 .. d0 + kDpl - 1, roped (pairs (R + 2k, R + 2k + 1); d0 is even)
-  // and scaled by kq_scale; zero past the row.
-  float qv[RH][kDpl];
+// The rows j0 .. j0 + RB - 1 (those < end) into every head's state (j0 uniform per subgroup).
+void attend(uint j0, uint end, uint w[RB][kWpl]) {
+  [[unroll]] for (uint a = 0; a < RH; ++a) {
+    float s[RB];
+    float m_new = m[a];
+    [[unroll]] for (uint b = 0; b < RB; ++b) {
+      float acc = 0.0;
+      [[unroll]] for (uint t = 0; t < kWpl; ++t) acc += dot(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]));
+      s[b] = j0 + b < end ? subgroupAdd(acc) : kNegHuge;
+      m_new = max(m_new, s[b]);
+    }
+    const float alpha = exp(m[a] - m_new);
+    float p[RB];
+    float psum = 0.0;
+    [[unroll]] for (uint b = 0; b < RB; ++b) {
+      p[b] = j0 + b < end ? exp(s[b] - m_new) : 0.0;
+      psum += p[b];
+    }
+    l[a] = l[a] * alpha + psum;
+    m[a] = m_new;
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) {
+      vec2 v = vec2(o[a][2u * t], o[a][2u * t + 1u]) * alpha;
+      [[unroll]] for (uint b = 0; b < RB; ++b) v += p[b] * unpackHalf2x16(w[b][t]);
+      o[a][2u * t] = v.x;
+      o[a][2u * t + 1u] = v.y;
+    }
+  }
+}
+
+// Each head's query values d0 .. d0 + kDpl - 1 scaled by kq_scale (zero past the row), unroped.
+void load_query(uint qt, uint head0, uint n_heads) {
+  const uint d0 = gl_SubgroupInvocationID * kDpl;
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     const uint q_base = (qt * N_HEAD + head0 + min(a, n_heads - 1u)) * kRow;
     [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[a][i] = d0 + i < kRow ? q[q_base + d0 + i] * args.kq_scale : 0.0;
+  }
+}
+
+// The rope part of the query rotated to position pos (pairs (R + 2k, R + 2k + 1); d0 is even).
+void rope_query(uint pos) {
+  const uint d0 = gl_SubgroupInvocationID * kDpl;
+  [[unroll]] for (uint a = 0; a < RH; ++a) {
     [[unroll]] for (uint i = 0; i < kDpl; i += 2u) {
       const uint d = d0 + i;
       if (d >= KV_LORA && d < kRow) {
@@ -157,50 +194,60 @@ void main() {
       }
     }
   }
+}
 
-  float m[RH], l[RH];
-  float o[RH][kDpl];
+void main() {
+  const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
+  const uint lane = gl_SubgroupInvocationID, g = gl_SubgroupID;
+  const uint d0 = lane * kDpl;  // this lane's first value of a row
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     m[a] = kNegHuge;
     l[a] = 0.0;
     [[unroll]] for (uint i = 0; i < kDpl; ++i) o[a][i] = 0.0;
   }
+#if SINGLE
+  // The loads that need no step word are issued before it: the query, and this subgroup's first
+  // round of rows (the context starts at row 0; rows the context turns out not to reach are
+  // zeroed below, so no stale value meets a zero weight).
+  const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);
+  load_query(qt, head0, n_heads);
+  uint w0[RB][kWpl];
+  load_rows(g * RB, args.n_ctx - 1u, w0);
+  const uint pos = step_words[args.pos_word] + qt;
+  const uint kv_len = min(pos + 1u, args.n_ctx);
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
+  const uint end = kv_len;
+  rope_query(pos);
+  [[unroll]] for (uint b = 0; b < RB; ++b)
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) w0[b][t] = g * RB + b < end ? w0[b][t] : 0u;
+  if (g * RB < end) attend(g * RB, end, w0);  // uniform per subgroup
+  for (uint j0 = (NSG + g) * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
+    uint w[RB][kWpl];
+    load_rows(j0, end - 1u, w);
+    attend(j0, end, w);
+  }
+#else
+  // The query's loads first: they need no step word (query qt < the dispatch's z count is bound).
+  const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);  // heads past the last repeat it, unwritten
+  load_query(qt, head0, n_heads);
+  const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
+  if (qt >= n_q) return;  // uniform
+  const uint pos = step_words[args.pos_word] + qt;
+  const uint kv_len = min(pos + 1u, args.n_ctx);
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max)) return;  // the other variant's
+  const uint chunk_len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
+  const uint begin = chunk * chunk_len;
+  if (begin >= kv_len || head0 >= N_HEAD) return;  // uniform
+  const uint end = min(kv_len, begin + chunk_len);
+  rope_query(pos);
   for (uint j0 = begin + g * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
     // RB rows' words for this lane, all loads issued before any is used (rows past the chunk
-    // repeat its last row and are masked below); each row serves the RH heads.
+    // repeat its last row and are masked in attend); each row serves the RH heads.
     uint w[RB][kWpl];
-    [[unroll]] for (uint b = 0; b < RB; ++b) {
-      const uint row = min(j0 + b, end - 1u);
-      [[unroll]] for (uint t = 0; t < kWpl; ++t)
-        w[b][t] = d0 + 2u * t < kRow ? cache_w[row * kRowW + d0 / 2u + t] : 0u;
-    }
-    [[unroll]] for (uint a = 0; a < RH; ++a) {
-      float s[RB];
-      float m_new = m[a];
-      [[unroll]] for (uint b = 0; b < RB; ++b) {
-        float acc = 0.0;
-        [[unroll]] for (uint t = 0; t < kWpl; ++t)
-          acc += dot(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]));
-        s[b] = j0 + b < end ? subgroupAdd(acc) : kNegHuge;
-        m_new = max(m_new, s[b]);
-      }
-      const float alpha = exp(m[a] - m_new);
-      float p[RB];
-      float psum = 0.0;
-      [[unroll]] for (uint b = 0; b < RB; ++b) {
-        p[b] = j0 + b < end ? exp(s[b] - m_new) : 0.0;
-        psum += p[b];
-      }
-      l[a] = l[a] * alpha + psum;
-      m[a] = m_new;
-      [[unroll]] for (uint t = 0; t < kWpl; ++t) {
-        vec2 v = vec2(o[a][2u * t], o[a][2u * t + 1u]) * alpha;
-        [[unroll]] for (uint b = 0; b < RB; ++b) v += p[b] * unpackHalf2x16(w[b][t]);
-        o[a][2u * t] = v.x;
-        o[a][2u * t + 1u] = v.y;
-      }
-    }
+    load_rows(j0, end - 1u, w);
+    attend(j0, end, w);
   }
+#endif
 
   // Combine the subgroups (a subgroup without rows has m = kNegHuge, l = 0, o = 0).
   [[unroll]] for (uint a = 0; a < RH; ++a) {

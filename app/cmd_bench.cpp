@@ -93,7 +93,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
 // -> AttentionTuning.
 vk::AttentionTuning parse_attention(const std::string& text) {
   vk::AttentionTuning t;
-  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max, single (0/1), single_max, single_subgroups, single_round",
+  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max, single (0/1), single_max, single_subgroups, single_round, single_early (0/1)",
               [&](const std::string& k, uint32_t v) {
                 if (k == "heads") t.heads_per_group = v;
                 else if (k == "tile") t.tile = v;
@@ -115,6 +115,7 @@ vk::AttentionTuning parse_attention(const std::string& text) {
                 else if (k == "single_max") t.single_max_kv = v;
                 else if (k == "single_subgroups") t.single_subgroups = v;
                 else if (k == "single_round") t.single_round = v;
+                else if (k == "single_early") t.single_early = v != 0;
                 else return false;
                 return true;
               });
@@ -145,7 +146,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
-                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B (any subset; short_heads implies short_rows=0)");
+                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B,single_early=0|1 (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
@@ -154,6 +155,9 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
+  sub.add_flag("--forced-tokens", b.forced_tokens,
+               "Decode fed fixed pseudo-random token ids instead of its own samples: the same experts in every "
+               "variant of an A/B, whatever its rounding");
   sub.add_flag("--kernel-stats", b.kernel_stats,
                "Print the driver's statistics of every kernel the run compiled (registers, shared memory, ...; "
                "VK_KHR_pipeline_executable_properties)");

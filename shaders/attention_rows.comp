@@ -28,8 +28,8 @@
 // the format attention_merge.comp's Q8_OUT writes and W_vo's int8 kernel reads). No partials, no
 // merge dispatch and no barrier before W_vo:
 //   olat[h*R + d] = sum_g exp(m_g - M) o_g[d] / sum_g exp(m_g - M) l_g
-// Its query and its first round of rows are loaded before the step word (they do not depend on
-// it), so those loads overlap the position's. One query (count_word is not read).
+// Its query and (SINGLE_EARLY) its first round of rows are loaded before the step word (they do
+// not depend on it), so those loads overlap the position's. One query (count_word is not read).
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
@@ -53,6 +53,9 @@
 #endif
 #ifndef SINGLE
 #define SINGLE 0
+#endif
+#ifndef SINGLE_EARLY
+#define SINGLE_EARLY 1
 #endif
 #ifndef Q8_OUT
 #define Q8_OUT 0
@@ -211,17 +214,23 @@ void main() {
   // zeroed below, so no stale value meets a zero weight).
   const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);
   load_query(qt, head0, n_heads);
+#if SINGLE_EARLY
   uint w0[RB][kWpl];
   load_rows(g * RB, args.n_ctx - 1u, w0);
+#endif
   const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1u, args.n_ctx);
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
   const uint end = kv_len;
   rope_query(pos);
+#if SINGLE_EARLY
   [[unroll]] for (uint b = 0; b < RB; ++b)
     [[unroll]] for (uint t = 0; t < kWpl; ++t) w0[b][t] = g * RB + b < end ? w0[b][t] : 0u;
   if (g * RB < end) attend(g * RB, end, w0);  // uniform per subgroup
   for (uint j0 = (NSG + g) * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
+#else
+  for (uint j0 = g * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
+#endif
     uint w[RB][kWpl];
     load_rows(j0, end - 1u, w);
     attend(j0, end, w);

@@ -107,8 +107,9 @@ class Target {
   // Makes the cache hold exactly `depth` positions (filling it untimed when it holds fewer).
   virtual void set_depth(uint32_t depth) = 0;
   virtual void prefill(std::span<const int32_t> tokens) = 0;
-  // Decodes n tokens, each fed the one before; returns them.
-  virtual std::vector<int32_t> decode(uint32_t n) = 0;
+  // Decodes n tokens, each fed the one before (forced: fed forced[i] instead); returns the
+  // sampled ones.
+  virtual std::vector<int32_t> decode(uint32_t n, const std::vector<int32_t>* forced) = 0;
 };
 
 constexpr uint32_t kFillChunk = 256;
@@ -116,22 +117,27 @@ constexpr uint32_t kFillChunk = 256;
 class GpuTarget : public Target {
  public:
   explicit GpuTarget(GpuModel& m) : m_(m) {}
+  // Keeps the fill's positions only (a test's tokens past them are dropped), so the cache at a
+  // depth holds what the CPU target's refill gives: the fill's token at a position depends on
+  // the position alone.
   void set_depth(uint32_t depth) override {
-    m_.rewind(depth);
+    m_.rewind(std::min(depth, filled_));
     while (uint32_t(m_.n_past()) < depth) {
       const uint32_t n = std::min(kFillChunk, depth - uint32_t(m_.n_past()));
       m_.forward(bench_tokens(n, uint32_t(m_.n_past()), m_.n_vocab()), true);
     }
+    filled_ = depth;
   }
   void prefill(std::span<const int32_t> tokens) override { m_.forward(tokens, true); }
-  std::vector<int32_t> decode(uint32_t n) override {
+  std::vector<int32_t> decode(uint32_t n, const std::vector<int32_t>* forced) override {
     std::vector<int32_t> ids(n);
-    for (uint32_t i = 0; i < n; ++i) ids[i] = m_.decode_step();
+    for (uint32_t i = 0; i < n; ++i) ids[i] = forced ? m_.decode_step((*forced)[i]) : m_.decode_step();
     return ids;
   }
 
  private:
   GpuModel& m_;
+  uint32_t filled_ = 0;  // positions 0 .. filled_ - 1 hold the fill's tokens
 };
 
 class CpuTarget : public Target {
@@ -145,11 +151,12 @@ class CpuTarget : public Target {
     }
   }
   void prefill(std::span<const int32_t> tokens) override { last_ = m_.forward(tokens, true); }
-  std::vector<int32_t> decode(uint32_t n) override {
+  std::vector<int32_t> decode(uint32_t n, const std::vector<int32_t>* forced) override {
     std::vector<int32_t> ids(n);
     for (uint32_t i = 0; i < n; ++i) {
       int32_t next = 0;
-      if (!last_.empty()) next = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
+      if (forced) next = (*forced)[i];
+      else if (!last_.empty()) next = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
       last_ = m_.forward(std::span<const int32_t>(&next, 1), true);
       ids[i] = int32_t(std::max_element(last_.begin(), last_.end()) - last_.begin());
     }
@@ -181,13 +188,14 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
       r.depth = d;
       say(o, cat("running ", r.name(), " (1 warm-up + ", o.repetitions, " runs)"));
       const std::vector<int32_t> prompt = bench_tokens(n, 7 * d + 1, n_vocab);
+      const std::vector<int32_t> forced = bench_tokens(n, 11 * d + 3, n_vocab);
       uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the timed runs' token ids
       for (int rep = -1; rep < o.repetitions; ++rep) {
         t.set_depth(d);
         const double t0 = now_s();
         std::vector<int32_t> ids;
         if (r.kind == "pp") t.prefill(prompt);
-        else ids = t.decode(n);
+        else ids = t.decode(n, o.forced_tokens ? &forced : nullptr);
         const double dt = now_s() - t0;
         if (rep < 0) continue;
         r.seconds.push_back(dt);
@@ -305,6 +313,7 @@ BenchReport run_bench(const BenchOptions& o) {
 
   const uint32_t need_ctx = max_of(o.depths) + std::max(std::max(max_of(o.prompt_sizes), max_of(o.decode_sizes)), 1u);
   h.model_path = o.model_path;
+  h.forced_tokens = o.forced_tokens;
   if (!o.model_path.empty()) describe_file(o.model_path, tsr, h);
 
   if (h.backend == "cpu") {

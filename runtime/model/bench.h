@@ -44,6 +44,9 @@ struct BenchOptions {
   uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
+  // Decode feeds fixed pseudo-random ids (bench_tokens) instead of each sampled token: every
+  // variant then routes the same experts, whatever its rounding (--forced-tokens).
+  bool forced_tokens = false;
   bool kernel_stats = false;              // the driver's statistics of every kernel (Vulkan; where the
                                           // device has VK_KHR_pipeline_executable_properties)
   bool int8_activations = true;           // GpuModelOptions::int8_activations
@@ -77,6 +80,7 @@ struct BenchHeader {
   uint32_t dispatches = 0, barriers = 0;  // per decoded token (Vulkan)
   std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
   std::string router;          // "fused" (router fold) or "dispatch" (router kernel) (Vulkan MoE models)
+  bool forced_tokens = false;  // decode fed fixed ids (BenchOptions::forced_tokens)
   std::string barrier_scope;   // the decode step's barrier scope where not the default ("compute", "compute only")
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
   uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)

@@ -94,6 +94,7 @@ std::string bench_markdown(const BenchReport& r) {
                                            : "its own dispatch") +
            "\n";
     if (!h.barrier_scope.empty()) s += "barriers:   " + h.barrier_scope + "\n";
+    if (h.forced_tokens) s += "decode:     fed fixed token ids, not its own samples (--forced-tokens)\n";
     if (h.backend == "vulkan" && h.prefill_chunk)
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +
            " dispatches, " + std::to_string(h.prefill_barriers) + " barriers, " +
@@ -134,7 +135,8 @@ std::string bench_json(const BenchReport& r) {
        js(h.types) + ", \"composition\": " + js(h.composition) + ", \"weight_bytes\": " + ju(h.model_bytes) +
        ", \"n_ctx\": " + ju(h.n_ctx) + ", \"dispatches_per_token\": " + ju(h.dispatches) +
        ", \"barriers_per_token\": " + ju(h.barriers) + ", \"weight_bytes_per_token\": " +
-       ju(h.weight_bytes_per_token) + ", \"activations\": " + js(h.activations) + ", \"router\": " + js(h.router) + ", \"prefill_chunk\": " + ju(h.prefill_chunk) +
+       ju(h.weight_bytes_per_token) + ", \"activations\": " + js(h.activations) + ", \"router\": " + js(h.router) +
+       ", \"forced_tokens\": " + (h.forced_tokens ? "true" : "false") + ", \"prefill_chunk\": " + ju(h.prefill_chunk) +
        ", \"prefill_dispatches_per_chunk\": " + ju(h.prefill_dispatches) + ", \"prefill_barriers_per_chunk\": " +
        ju(h.prefill_barriers) + ", \"prefill_weight_bytes_per_chunk\": " + ju(h.prefill_weight_bytes) + "},\n";
   s += "  \"results\": [";

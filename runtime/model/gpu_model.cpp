@@ -647,8 +647,10 @@ int32_t GpuModel::sampled_token() const {
   return int32_t(t);
 }
 
-int32_t GpuModel::decode_step() {
-  run_step(sampled_token(), n_past_);
+int32_t GpuModel::decode_step() { return decode_step(sampled_token()); }
+
+int32_t GpuModel::decode_step(int32_t token) {
+  run_step(token, n_past_);
   ++n_past_;
   return sampled_token();
 }

@@ -148,6 +148,8 @@ class GpuModel : public LanguageModel {
   int32_t sampled_token() const;
   // One step on sampled_token() at position n_past(); returns the next sampled token.
   int32_t decode_step();
+  // One step on `token` instead (bench --forced-tokens; Error(BadInput) outside the vocabulary).
+  int32_t decode_step(int32_t token);
   bool samples_on_device() const override { return options_.device_sampling; }
   int32_t device_token() const override { return sampled_token(); }
   int32_t device_step() override { return decode_step(); }

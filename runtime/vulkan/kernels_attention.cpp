@@ -32,10 +32,11 @@ constexpr uint32_t kDefaultShortGroups = 32;
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
 // The single range (attention_rows.comp SINGLE): one workgroup per head over the whole context,
-// so as many rows in flight as one workgroup holds: 16 subgroups x 4 rows per round.
+// 16 subgroups x 2 rows per round (H100, GLM tg128: 2 rows 321.6 / 323.0 tok/s, 3 rows 316.9,
+// 4 rows 312.6 / 313.5; PERFORMANCE.md session 9).
 constexpr uint32_t kDefaultSingleMaxKv = 256;
 constexpr uint32_t kSingleSubgroups = 16;
-constexpr uint32_t kSingleRound = 4;
+constexpr uint32_t kSingleRound = 2;
 constexpr uint32_t kRowsSubgroups = 4;
 constexpr uint32_t kRowsPerRound = 2;
 
@@ -313,7 +314,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       PipelineDesc ps;
       ps.name = "attention_single";
       ps.file = "attention_rows.comp";
-      ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"}});
+      ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
+                                          {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
       ps.push_bytes = sizeof(gpu::AttnPartialArgs);
       ps.full_subgroups = true;

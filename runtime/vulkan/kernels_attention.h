@@ -177,7 +177,8 @@ struct AttentionTuning {
   bool single = true;
   uint32_t single_max_kv = 0;
   uint32_t single_subgroups = 0;  // subgroups per workgroup, 1..16; auto 16
-  uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 4
+  uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
+  bool single_early = true;       // the first round's rows loaded before the step word
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the single-workgroup

@@ -345,6 +345,36 @@ TEST(BenchCli, BarrierScopesDecodeTheSameTokens) {
   }
 }
 
+// --forced-tokens: decode is fed fixed ids, not its own samples (said in the header and the JSON),
+// so the sampled ids depend on the inputs only: the Vulkan run on the packed file (factored, f32
+// activations) and the CPU reference on the Q8_0 GGUF sample the same ids from the same forced
+// inputs (there the backends' greedy tokens agree), at two depths.
+TEST(BenchCli, ForcedTokensFeedFixedIds) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const fs::path gguf = temp_dir() / "tiny-q8_0.gguf", tsr = temp_dir() / "tiny-q8_0-none.tsr";
+  synth::synthesize({"tiny", "q8_0", 5, -1, gguf.string()});
+  convert::ConvertOptions co;
+  co.in_path = gguf.string();
+  co.out_path = tsr.string();
+  co.compose = "none";
+  co.threads = 2;
+  convert::convert_model(co);
+  const std::string args = " -p 0 -n 8 -d 0,5 -r 1 -o json --forced-tokens";
+  const RunResult g = run_tessera("bench '" + tsr.string() + "'" + args + " --f32-activations");
+  ASSERT_EQ(g.rc, 0) << g.out;
+  const RunResult c = run_tessera("bench '" + gguf.string() + "'" + args + " --threads 2");
+  ASSERT_EQ(c.rc, 0) << c.out;
+  const Value jg = testjson::parse(g.out), jc = testjson::parse(c.out);
+  EXPECT_TRUE(jg["model"]["forced_tokens"].b);
+  ASSERT_EQ(jg["results"].arr.size(), 2u);
+  ASSERT_EQ(jc["results"].arr.size(), 2u);
+  for (size_t i = 0; i < 2; ++i)
+    EXPECT_EQ(jg["results"].arr[i]["ids_digest"].str, jc["results"].arr[i]["ids_digest"].str) << "depth " << i;
+  const RunResult text = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --forced-tokens");
+  ASSERT_EQ(text.rc, 0) << text.out;
+  EXPECT_NE(text.out.find("decode:     fed fixed token ids"), std::string::npos) << text.out;
+}
+
 TEST(BenchCli, CpuReferenceRunsTheGguf) {
   const RunResult r = run_tessera("bench '" + tiny_gguf() + "' -p 2 -n 2 -d 0,3 -r 1 --threads 2 -o json");
   ASSERT_EQ(r.rc, 0) << r.out;

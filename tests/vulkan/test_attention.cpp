@@ -426,15 +426,17 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
   struct SingleCase {
     uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, subgroups, round;
     std::vector<uint32_t> kv_lens;
+    bool early = true;  // AttentionTuning::single_early
   };
   const std::vector<SingleCase> cases = {
       {20, 512, 64, 300, 0, 0, 0, {1, 2, 63, 64, 65, 200, 256, 5}},
+      {20, 512, 64, 300, 0, 0, 4, {1, 2, 63, 64, 65, 200, 256, 5}, false},
       {3, 64, 16, 100, 97, 3, 3, {1, 8, 9, 10, 96, 97}},
-      {5, 80, 16, 50, 50, 2, 5, {1, 11, 49, 50}},
+      {5, 80, 16, 50, 50, 2, 5, {1, 11, 49, 50}, false},
   };
   for (const SingleCase& c : cases) {
     SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " single_max ", c.single_max, " nsg ", c.subgroups,
-                     " rb ", c.round));
+                     " rb ", c.round, " early ", c.early));
     const uint32_t row = c.kv_lora + c.n_rot;
     const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
     const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
@@ -442,6 +444,7 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
     t.single_max_kv = c.single_max;
     t.single_subgroups = c.subgroups;
     t.single_round = c.round;
+    t.single_early = c.early;
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
     const uint32_t max_kv = op.single_max_kv();

@@ -34,6 +34,9 @@
 #ifndef X_Q8
 #define X_Q8 0
 #endif
+#ifndef NORM_LATE
+#define NORM_LATE 1
+#endif
 
 #define W_Q_BINDING 0
 #define W_M_BINDING 1
@@ -106,21 +109,25 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
   }
 }
 #else
-// x elements k..k+3 of column c (times the norm weight with NORM_INPUT).
-vec4 xin4(uint c, uint k) {
-  vec4 v = x4[(args.x_offset + c * args.x_stride + k) >> 2];
-#if NORM_INPUT
-  v *= nw4[k >> 2];
-#endif
-  return v;
-}
-
-// Blocks [kb, kb + kn) of every column into shared memory. The whole workgroup, between barriers.
-void stage_pass(uint kb, uint kn) {
+// Blocks [kb, kb + kn) of every column into shared memory (times the norm weight with
+// NORM_INPUT, the raw values' squares added to ss[c] on the way: each element is staged once, so
+// after the last pass the workgroup's ss hold the columns' sums of squares). The whole
+// workgroup, between barriers.
+void stage_pass(uint kb, uint kn, inout float ss[NUM_COLS]) {
   for (uint i = gl_LocalInvocationIndex; i < NUM_COLS * kn; i += WG_SIZE) {
     const uint c = i / kn, b = i % kn;
     vec4 v[8];
-    [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = xin4(c, 32u * (kb + b) + 4u * k);
+    float sq = 0.0;
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint e = 32u * (kb + b) + 4u * k;
+      v[k] = x4[(args.x_offset + c * args.x_stride + e) >> 2];
+#if NORM_INPUT
+      sq += dot(v[k], v[k]);
+      v[k] *= nw4[e >> 2];
+#endif
+    }
+    [[unroll]] for (uint cc = 0; cc < NUM_COLS; ++cc)
+      if (cc == c) ss[cc] += sq;
     q8_stage_block(c * KCHUNK + b, v);
   }
 }
@@ -166,21 +173,22 @@ shared float ks_partial[TEAMS * KSPLIT][NUM_ROWS];  // each subgroup's row sums
 #endif
 
 void main() {
-  // 1/rms of every column (NORM_INPUT): the sums of squares of all columns in one reduction.
+  // NORM_INPUT: 1/rms of every column scales the finished dot products, so the sums of squares are
+  // gathered while staging and reduced after the main loop: no load round trip and no barrier
+  // of theirs precedes the weight loads.
+  // (NORM_LATE 0, bench --tune norm_early=1: reduced first, as before session 9.)
   float scale[NUM_COLS];
-#if NORM_INPUT
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 0.0;
+#if NORM_INPUT && !NORM_LATE
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) {
-    float ss = 0.0;
     for (uint k = gl_LocalInvocationIndex; k < args.cols / 4u; k += WG_SIZE) {
       const vec4 v = x4[(args.x_offset + c * args.x_stride) / 4u + k];
-      ss += dot(v, v);
+      scale[c] += dot(v, v);
     }
-    scale[c] = ss;
   }
   workgroup_sum_cols(scale);
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
-#else
-  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
+  float staged_ss[NUM_COLS];  // the staging's sums, unused
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) staged_ss[c] = 0.0;
 #endif
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
@@ -207,10 +215,22 @@ void main() {
   for (uint kb = 0; kb < nb; kb += KCHUNK) {  // uniform
     const uint kn = min(uint(KCHUNK), nb - kb);
     barrier();  // the previous pass is done with the staged blocks
-    stage_pass(kb, kn);
+#if NORM_INPUT && !NORM_LATE
+    stage_pass(kb, kn, staged_ss);
+#else
+    stage_pass(kb, kn, scale);
+#endif
     barrier();
     pass_dot(row, nvalid, nb, kb, kn, lane, nlanes, acc);
   }
+#endif
+#if NORM_INPUT
+#if NORM_LATE
+  workgroup_sum_cols(scale);
+#endif
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
+#else
+  [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif
 
 #if USE_SUBGROUP

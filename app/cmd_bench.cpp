@@ -56,7 +56,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down, step_local, norm_early",
+              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down, step_local",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -75,7 +75,6 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "head_q8" && v <= 1) o.head_q8 = v != 0;
     else if (k == "dense_down" && v <= 1) o.dense_down_matvec = v != 0;
     else if (k == "step_local" && v <= 1) o.step_local = v != 0;
-    else if (k == "norm_early" && v <= 1) mv.norm_early = v != 0;
     else if (k == "step_local") usage_error("--tune: step_local=", v, " is not 0 (layers read the host step buffer) or 1 (a device copy)");
     else if (k == "dense_down") usage_error("--tune: dense_down=", v, " is not 0 (moe_down's dense form) or 1 (the int8 matvec)");
     else if (k == "head_q8") usage_error("--tune: head_q8=", v, " is not 0 (the LM head quantizes its input) or 1 (the output norm's int8 blocks)");

@@ -189,8 +189,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"Q8_BLOCKS", std::to_string(kchunk * batch)},
                     {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
                     {"X_Q8", v.xq8 ? "1" : "0"},
-                    {"KSPLIT", std::to_string(ksplit)},
-                    {"NORM_LATE", tuning.norm_early ? "0" : "1"}};
+                    {"KSPLIT", std::to_string(ksplit)}};
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55

@@ -47,9 +47,6 @@ struct MatvecTuning {
   // pre-quantized (MatvecOp::x_q8), else 1) for rows that take a lane more than two loop
   // iterations (W_vo: 10240 values); a workgroup then holds teams / ksplit rows (x nrows).
   uint32_t ksplit = 0;
-  // Decode, int8 kernel with a fused input norm: the sums of squares reduced before the staging
-  // (true, as before session 9) instead of gathered by it and reduced after the main loop.
-  bool norm_early = false;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

@@ -93,7 +93,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
 // -> AttentionTuning.
 vk::AttentionTuning parse_attention(const std::string& text) {
   vk::AttentionTuning t;
-  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max, single (0/1), single_max, single_subgroups, single_round, single_early (0/1)",
+  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max, single (0/1), single_max, single_subgroups, single_round, single_early (0/1), mid (0/1), mid_max, mid_groups, mid_subgroups",
               [&](const std::string& k, uint32_t v) {
                 if (k == "heads") t.heads_per_group = v;
                 else if (k == "tile") t.tile = v;
@@ -116,6 +116,10 @@ vk::AttentionTuning parse_attention(const std::string& text) {
                 else if (k == "single_subgroups") t.single_subgroups = v;
                 else if (k == "single_round") t.single_round = v;
                 else if (k == "single_early") t.single_early = v != 0;
+                else if (k == "mid") t.mid = v != 0;
+                else if (k == "mid_max") t.mid_max_kv = v;
+                else if (k == "mid_groups") t.mid_groups = v;
+                else if (k == "mid_subgroups") t.mid_subgroups = v;
                 else return false;
                 return true;
               });
@@ -146,7 +150,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
-                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B,single_early=0|1 (any subset; short_heads implies short_rows=0)");
+                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B,single_early=0|1,mid=0|1,mid_max=N,mid_groups=G,mid_subgroups=S (any subset; short_heads implies short_rows=0)");
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "

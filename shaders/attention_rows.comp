@@ -39,7 +39,8 @@
 // shared memory for the chunk weights).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
-// MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]).
+// MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),
+// Q8_OUT: 6 = olat_q8 (the merging workgroup also writes olat's int8 blocks).
 // SINGLE: 3 = olat (f32 [N_HEAD][R]); Q8_OUT: 4 = olat_q8 (3 uvec4 per block of 32 values).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (runtime/vulkan/kernels_attention.h).
 #extension GL_GOOGLE_include_directive : require
@@ -68,18 +69,42 @@ layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 #if SINGLE
 layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
-#if Q8_OUT
-#include "q8_quantize.glsl"
-layout(std430, binding = 4) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
-shared float q8_src[RH * KV_LORA];  // the workgroup's olat values, for the int8 blocks
-#endif
+#define OLAT_Q8_BINDING 4
 #elif MERGE_TAIL
 // Written by every workgroup, read back by the last one: coherent (no stale L1 lines).
 layout(std430, binding = 3) coherent restrict buffer Partials { float partials[]; };
 layout(std430, binding = 4) coherent restrict buffer Arrivals { uint arrivals[]; };
 layout(std430, binding = 5) writeonly restrict buffer Out { float olat[]; };
+#define OLAT_Q8_BINDING 6
 #else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
+#endif
+#if Q8_OUT
+#ifndef OLAT_Q8_BINDING
+#error "attention_rows.comp: Q8_OUT needs SINGLE or MERGE_TAIL (the kernel that writes olat)"
+#endif
+#include "q8_quantize.glsl"
+layout(std430, binding = OLAT_Q8_BINDING) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+shared float q8_src[RH * KV_LORA];  // the workgroup's olat values, for the int8 blocks
+
+// olat's int8 blocks for heads head0 .. head0 + n_heads - 1 of query qt from q8_src (complete
+// and visible: after a barrier). Block b: values 32b .. 32b+31 of q8_src (KV_LORA % 32 == 0).
+void write_olat_q8(uint qt, uint head0, uint n_heads) {
+  for (uint b = gl_LocalInvocationIndex; b < n_heads * (KV_LORA / 32u); b += NSG * SUBGROUP_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint i = 32u * b + 4u * k;
+      v[k] = vec4(q8_src[i], q8_src[i + 1u], q8_src[i + 2u], q8_src[i + 3u]);
+    }
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    const uint blk = (qt * N_HEAD + head0) * (KV_LORA / 32u) + b;
+    olat_q8[3u * blk] = lo;
+    olat_q8[3u * blk + 1u] = hi;
+    olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
+  }
+}
 #endif
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
@@ -98,7 +123,7 @@ shared bool tail_last;  // this workgroup arrived last for its head group
 // The merge of every chunk's partials of head h into olat (the last workgroup of the head group):
 // the (m, l) pairs folded per thread, per subgroup and over the subgroups; the chunk weights
 // exp(m_c - M) in shared memory; each thread sums whole columns over the chunks.
-void merge_head(uint h, uint n_chunks) {
+void merge_head(uint a, uint h, uint n_chunks) {
   const uint tid = gl_LocalInvocationIndex, g = gl_SubgroupID;
   const uint o_all = args.n_groups * N_HEAD * KV_LORA;  // where the (m, l) pairs begin
   float mx = kNegHuge, ls = 0.0;
@@ -126,8 +151,11 @@ void merge_head(uint h, uint n_chunks) {
     float acc = 0.0;
     for (uint c = 0; c < n_chunks; ++c) acc += sg_o[c] * partials[(c * N_HEAD + h) * KV_LORA + d];
     olat[h * KV_LORA + d] = acc * inv_l;
+#if Q8_OUT
+    q8_src[a * KV_LORA + d] = acc * inv_l;
+#endif
   }
-  barrier();  // sg_m, sg_l, sg_o are reused by the next head
+  barrier();  // sg_m, sg_l, sg_o are reused by the next head (and q8_src is complete)
 }
 #endif
 
@@ -291,21 +319,7 @@ void main() {
   }
 #if Q8_OUT
   barrier();
-  // Block b of this workgroup's heads: values 32b .. 32b+31 of q8_src (KV_LORA % 32 == 0).
-  for (uint b = gl_LocalInvocationIndex; b < n_heads * (KV_LORA / 32u); b += NSG * SUBGROUP_SIZE) {
-    vec4 v[8];
-    [[unroll]] for (uint k = 0; k < 8; ++k) {
-      const uint i = 32u * b + 4u * k;
-      v[k] = vec4(q8_src[i], q8_src[i + 1u], q8_src[i + 2u], q8_src[i + 3u]);
-    }
-    uvec4 lo, hi;
-    vec4 ds;
-    q8_quantize32(v, lo, hi, ds);
-    const uint blk = (qt * N_HEAD + head0) * (KV_LORA / 32u) + b;
-    olat_q8[3u * blk] = lo;
-    olat_q8[3u * blk + 1u] = hi;
-    olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
-  }
+  write_olat_q8(qt, head0, n_heads);
 #endif
 #else
   const uint p_base = qt * args.n_groups * N_HEAD * (KV_LORA + 2u);
@@ -342,6 +356,9 @@ void main() {
   barrier();
   if (!tail_last) return;  // uniform
   memoryBarrierBuffer();
-  for (uint a = 0; a < n_heads; ++a) merge_head(head0 + a, n_chunks);  // uniform
+  for (uint a = 0; a < n_heads; ++a) merge_head(a, head0 + a, n_chunks);  // uniform
+#if Q8_OUT
+  write_olat_q8(0u, head0, n_heads);  // one query; merge_head's last barrier made q8_src visible
+#endif
 #endif
 }

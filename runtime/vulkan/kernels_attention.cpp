@@ -37,6 +37,13 @@ constexpr uint32_t kDefaultShortGroups = 32;
 constexpr uint32_t kDefaultSingleMaxKv = 256;
 constexpr uint32_t kSingleSubgroups = 16;
 constexpr uint32_t kSingleRound = 2;
+// The mid range (attention_rows.comp MERGE_TAIL + Q8_OUT): 4 workgroups of 16 subgroups per
+// head up to 1024 positions (H100, GLM at depth 512: the attention stage 18.0 + a barrier ->
+// 15.9 µs; PERFORMANCE.md session 9).
+constexpr uint32_t kDefaultMidMaxKv = 1024;
+constexpr uint32_t kMidGroups = 4;
+constexpr uint32_t kMidSubgroups = 16;
+constexpr uint32_t kMidRound = 2;
 constexpr uint32_t kRowsSubgroups = 4;
 constexpr uint32_t kRowsPerRound = 2;
 
@@ -334,6 +341,50 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
                   info.max_compute_workgroup_invocations);
     }
   }
+  if (single_ && tuning.mid) {
+    const uint32_t groups = tuning.mid_groups ? tuning.mid_groups : kMidGroups;
+    if (groups == 0 || groups > 256 || tuning.mid_subgroups > 16)
+      usage_error("attention mid range: ", groups, " groups, ", tuning.mid_subgroups, " subgroups outside 1..256 / 1..16");
+    const bool q8 = shape.kv_lora % 32 == 0;
+    // The subgroups' (m, l, o) (the chunk weights of the merge reuse o), the head's olat for its
+    // int8 blocks.
+    auto shared_bytes = [&](uint32_t nsg) {
+      return uint64_t(nsg) * (shape.kv_lora + 2) * 4 + (q8 ? shape.kv_lora * 4 : 0) + 4;
+    };
+    auto fits = [&](uint32_t nsg) {
+      return shared_bytes(nsg) <= info.max_compute_shared_memory &&
+             nsg * info.subgroup_size <= info.max_compute_workgroup_invocations;
+    };
+    // Automatic: the most subgroups the device's workgroup limits allow, up to 16.
+    uint32_t nsg = tuning.mid_subgroups ? tuning.mid_subgroups : kMidSubgroups;
+    if (!tuning.mid_subgroups)
+      while (nsg > 1 && !fits(nsg)) nsg /= 2;
+    const uint32_t max_kv = std::min(tuning.mid_max_kv ? tuning.mid_max_kv : kDefaultMidMaxKv, shape.n_ctx);
+    if (fits(nsg) && uint64_t(nsg) * shape.kv_lora >= groups && max_kv > single_max_kv_) {
+      PipelineDesc pm;
+      pm.name = "attention_mid";
+      pm.file = "attention_rows.comp";
+      pm.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
+                                   {"MERGE_TAIL", "1"}});
+      pm.num_buffers = 6;
+      pm.push_bytes = sizeof(gpu::AttnPartialArgs);
+      pm.full_subgroups = true;
+      mid_ = &ctx.pipeline(pm);
+      if (q8) {
+        PipelineDesc pq = pm;
+        pq.name = "attention_mid.q8out";
+        pq.defines["Q8_OUT"] = "1";
+        pq.num_buffers = 7;
+        mid_q8_ = &ctx.pipeline(pq);
+      }
+      mid_max_kv_ = max_kv;
+      mid_groups_ = groups;
+    } else if (tuning.mid_subgroups || tuning.mid_groups) {
+      usage_error("attention mid range: ", groups, " groups of ", nsg, " subgroups need ", shared_bytes(nsg),
+                  " bytes of shared memory and ", nsg * info.subgroup_size, " threads (", info.name, " has ",
+                  info.max_compute_shared_memory, " and ", info.max_compute_workgroup_invocations, ")");
+    }
+  }
   const uint32_t short_heads = !tuning.short_variant         ? 0
                                : tuning.short_heads_per_group ? std::min(tuning.short_heads_per_group, heads_per_group_)
                                : quarter < heads_per_group_   ? quarter
@@ -377,7 +428,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
 }
 
 uint64_t AttentionOp::partials_bytes() const {
-  return uint64_t(std::max(n_groups_, short_groups_)) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+  return uint64_t(std::max({n_groups_, short_groups_, mid_groups_})) * shape_.n_head * (shape_.kv_lora + 2) * 4;
 }
 
 uint32_t AttentionOp::num_chunks(uint32_t kv_len, uint32_t groups) const {
@@ -481,6 +532,7 @@ std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const
   std::vector<std::pair<DecodeRange, uint32_t>> r;
   uint32_t covered = 0;
   if (single_) r.push_back({DecodeRange::Single, covered = std::min(single_max_kv_, shape_.n_ctx)});
+  if (covered < shape_.n_ctx && mid_) r.push_back({DecodeRange::Mid, covered = mid_max_kv_});
   if (covered < shape_.n_ctx && partial_short_ && short_max_kv_ > covered)
     r.push_back({DecodeRange::Short, covered = std::min(short_max_kv_, shape_.n_ctx)});
   if (covered < shape_.n_ctx) r.push_back({DecodeRange::Long, shape_.n_ctx});
@@ -508,6 +560,26 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     rec.dispatch(q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, q8 ? 5 : 4), &args, sizeof args, 1,
                  shape_.n_head, 1, q8 ? name + ".q8out" : name,
                  single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
+    return;
+  }
+  if (range == DecodeRange::Mid) {
+    const std::string name = std::string(label) + " mid";
+    if (!mid_) runtime_error(name, ": no mid-range variant to record");
+    check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
+    if (arrivals.size < arrivals_bytes()) runtime_error(name, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
+    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+      runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+    const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
+    if (q8 && !mid_q8_) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
+    if (q8 && olat_q8.size < olat_q8_bytes())
+      runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+    // Contexts past the range leave the workgroups idle (and the counters untouched).
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
+    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8};
+    rec.dispatch(q8 ? *mid_q8_ : *mid_, std::span<const BufferSlice>(b, q8 ? 7 : 6), &args, sizeof args, mid_groups_,
+                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+                 partial_bytes(profile_kv_len_, mid_groups_) + merge_bytes(profile_kv_len_, mid_groups_) +
+                     (q8 ? olat_q8_bytes() : 0));
     return;
   }
   if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
@@ -556,11 +628,13 @@ void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWord
 
 DecodeRange AttentionOp::decode_range(uint32_t kv_len) const {
   if (single_ && kv_len <= single_max_kv_) return DecodeRange::Single;
+  if (mid_ && kv_len <= mid_max_kv_) return DecodeRange::Mid;
   return partial_short_ && kv_len <= short_max_kv_ ? DecodeRange::Short : DecodeRange::Long;
 }
 
 uint64_t AttentionOp::arrivals_bytes() const {
-  return uint64_t(short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u) * 4;
+  const uint32_t short_counters = short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u;
+  return uint64_t(std::max(short_counters, mid_ ? shape_.n_head : 0u)) * 4;  // one per head group
 }
 
 uint32_t QueryBatch::word() const { return n > 1 ? count_word : TS_ATTN_NO_COUNT; }

@@ -179,12 +179,21 @@ struct AttentionTuning {
   uint32_t single_subgroups = 0;  // subgroups per workgroup, 1..16; auto 16
   uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   bool single_early = true;       // the first round's rows loaded before the step word
+  // The next range (single_max_kv < kv_len <= mid_max_kv): the rows kernel on mid_groups
+  // workgroups per head of mid_subgroups subgroups, the last to finish merging the head into olat
+  // and its int8 blocks (attention_rows.comp MERGE_TAIL + Q8_OUT): one dispatch, no barrier, no
+  // merge dispatch. Needs subgroup arithmetic. 0: auto (1024 positions, 4 groups, 16 subgroups).
+  bool mid = true;
+  uint32_t mid_max_kv = 0;
+  uint32_t mid_groups = 0;
+  uint32_t mid_subgroups = 0;
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the single-workgroup
-// kernel's (kv_len <= single_max_kv), the short variant's (kv_len <= short_max_kv) or the long
-// one's. The decode step keeps one recording per range.
-enum class DecodeRange { Single, Short, Long };
+// kernel's (kv_len <= single_max_kv), the merging rows kernel's (<= mid_max_kv), the short
+// variant's (kv_len <= short_max_kv) or the long one's. The decode step keeps one recording per
+// range.
+enum class DecodeRange { Single, Mid, Short, Long };
 
 // Absorbed MLA attention of one query over a layer's cache: split-K partials + merge (D5, D6).
 class AttentionOp {
@@ -229,8 +238,13 @@ class AttentionOp {
   bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }
   // Whether record_decode for `range` can write olat_q8 (the merge dispatch or the single kernel).
   bool decode_writes_olat_q8(DecodeRange range) const {
-    return range == DecodeRange::Single ? single_q8_ != nullptr : writes_olat_q8() && !merge_folded(range);
+    if (range == DecodeRange::Single) return single_q8_ != nullptr;
+    if (range == DecodeRange::Mid) return mid_q8_ != nullptr;
+    return writes_olat_q8() && !merge_folded(range);
   }
+  // The mid range's largest context and its workgroups along the context (0, 0: no mid range).
+  uint32_t mid_max_kv() const { return mid_max_kv_; }
+  uint32_t mid_groups() const { return mid_groups_; }
   // The largest context of the single range (0: no single range) and the bytes it moves.
   uint32_t single_max_kv() const { return single_max_kv_; }
   uint64_t single_bytes(uint32_t kv_len) const;
@@ -278,6 +292,9 @@ class AttentionOp {
   const Pipeline* single_ = nullptr;     // the rows kernel over the whole context, writing olat (or null)
   const Pipeline* single_q8_ = nullptr;  // ... and olat's int8 blocks (or null)
   uint32_t single_max_kv_ = 0;
+  const Pipeline* mid_ = nullptr;     // the rows kernel that merges in its last workgroup (or null)
+  const Pipeline* mid_q8_ = nullptr;  // ... and writes olat's int8 blocks (or null)
+  uint32_t mid_max_kv_ = 0, mid_groups_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
   uint32_t short_heads_ = 0, short_max_kv_ = 0, short_groups_ = 0;

@@ -252,6 +252,37 @@ TEST(GpuModel, StepWordsFromTheDeviceCopyGiveTheSameBits) {
   }
 }
 
+// The decode step's attention ranges (single workgroup per head, the merging mid range, the
+// split short range) give the logits of the split attention everywhere: 14 tokens through
+// recordings whose ranges end at 3 and 9 positions, against the model without the first two
+// ranges; the recordings switch as the context grows (and the mid range's counters are left at
+// zero between tokens, or the next token's merge would be skipped).
+TEST(GpuModel, AttentionRangesGiveTheSameLogits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[2];
+  for (int ranges = 0; ranges < 2; ++ranges) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.attention.single = ranges == 1;
+    o.attention.single_max_kv = 3;
+    o.attention.mid_max_kv = 9;
+    o.attention.mid_groups = 3;
+    model::GpuModel m(context(), tsr, o);
+    logits[ranges] = m.forward(prompt(m.n_vocab(), 14), false);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  const size_t V = logits[0].size() / 14;
+  for (size_t t = 0; t < 14; ++t) {
+    float scale = 0, worst = 0;
+    for (size_t i = t * V; i < (t + 1) * V; ++i) {
+      scale = std::max(scale, std::fabs(logits[0][i]));
+      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
+    }
+    EXPECT_LE(worst, 2e-3f * scale) << "position " << t;
+  }
+}
+
 // Both router paths: the router fold (default where the device has 64-bit integer atomics) and
 // the router's own dispatch.
 class GreedyTokens : public ::testing::TestWithParam<bool> {};

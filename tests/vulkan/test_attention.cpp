@@ -504,6 +504,92 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
   }
 }
 
+// The decode step's mid range (attention_rows.comp MERGE_TAIL + Q8_OUT): a few workgroups per
+// head, the last to finish merging the head's chunks into olat and its int8 blocks, one dispatch,
+// no barrier; the arrival counters left at zero by every run. GLM's shape with the defaults, and
+// awkward ones (3 heads, rows of 80, 3 groups of 5 subgroups; a latent of 80: no int8 blocks, 7
+// groups of 2 subgroups), contexts from just past the single range to the mid range's end.
+TEST(AttentionDecode, MidRangeMatchesTheReference) {
+  REQUIRE_GPU();
+  struct MidCase {
+    uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, mid_max, groups, subgroups;
+    std::vector<uint32_t> kv_lens;
+  };
+  const std::vector<MidCase> cases = {
+      {20, 512, 64, 1100, 0, 0, 0, 0, {257, 258, 300, 511, 1024, 700, 257}},
+      {3, 64, 16, 200, 20, 150, 3, 5, {21, 22, 100, 150, 23}},
+      {5, 80, 16, 100, 10, 100, 7, 2, {11, 50, 99, 100}},
+  };
+  for (const MidCase& c : cases) {
+    SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " mid_max ", c.mid_max, " groups ", c.groups,
+                     " nsg ", c.subgroups));
+    const uint32_t row = c.kv_lora + c.n_rot;
+    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
+    const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
+    vk::AttentionTuning t;
+    t.single_max_kv = c.single_max;
+    t.mid_max_kv = c.mid_max;
+    t.mid_groups = c.groups;
+    t.mid_subgroups = c.subgroups;
+    vk::AttentionOp op(*gpu().ctx, shape, t);
+    if (!op.mid_max_kv()) GTEST_SKIP() << "no mid-range kernel (subgroup arithmetic)";
+    const uint32_t lo = op.single_max_kv(), hi = op.mid_max_kv();
+    EXPECT_EQ(hi, std::min(c.mid_max ? c.mid_max : 1024u, c.n_ctx));
+    EXPECT_EQ(op.mid_groups(), c.groups ? c.groups : 4u);
+    EXPECT_EQ(op.decode_range(lo), vk::DecodeRange::Single);
+    EXPECT_EQ(op.decode_range(lo + 1), vk::DecodeRange::Mid);
+    EXPECT_EQ(op.decode_range(hi), vk::DecodeRange::Mid);
+    if (hi < c.n_ctx) EXPECT_NE(op.decode_range(hi + 1), vk::DecodeRange::Mid);
+    const auto ranges = op.decode_ranges();
+    ASSERT_GE(ranges.size(), 2u);
+    EXPECT_EQ(ranges[1], std::make_pair(vk::DecodeRange::Mid, hi));
+    const bool q8 = c.kv_lora % 32 == 0;
+    EXPECT_EQ(op.decode_writes_olat_q8(vk::DecodeRange::Mid), q8);
+
+    std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 51);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 52);
+    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+    vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+    vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
+    vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
+    upload(q, q_h);
+    upload(cache, cache_h);
+    upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+    vk::CommandRecorder rec(*gpu().ctx);
+    rec.begin();
+    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                     arrivals.whole(), olat.whole(), vk::DecodeRange::Mid, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
+    rec.end();
+    EXPECT_EQ(rec.dispatch_count(), 1u);
+    EXPECT_EQ(rec.barrier_count(), 0u);
+    for (uint32_t kv_len : c.kv_lens) {
+      poison(olat);
+      poison(olat_q8);
+      poison(partials);
+      upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
+      rec.run();
+      const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+      const std::vector<float> want =
+          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
+      double max_err = 0, max_ref = 0;
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
+        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+        max_ref = std::max(max_ref, double(std::abs(want[i])));
+      }
+      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+      if (q8)
+        vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
+                                       cat("olat q8, kv_len ", kv_len));
+      for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
+        ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
+    }
+  }
+}
+
 // The merge's int8 copy of olat (record_merge with olat_q8, the input of W_vo's int8 kernel):
 // every block equals the CPU quantization of the f32 olat it wrote (a byte may be one step off
 // where x / d lands on a half: the GPU's division), over GLM and tiny shapes and several chunkings.

@@ -38,9 +38,10 @@ constexpr uint32_t kDefaultSingleMaxKv = 256;
 constexpr uint32_t kSingleSubgroups = 16;
 constexpr uint32_t kSingleRound = 2;
 // The mid range (attention_rows.comp MERGE_TAIL + Q8_OUT): 4 workgroups of 16 subgroups per
-// head up to 1024 positions (H100, GLM at depth 512: the attention stage 18.0 + a barrier ->
-// 15.9 µs; PERFORMANCE.md session 9).
-constexpr uint32_t kDefaultMidMaxKv = 1024;
+// head up to 768 positions (H100, GLM tg128: +2.4 % at 257-384 positions, +0.5 % at 701-828,
+// where the one kernel (18.7 µs) costs what the split pair saves (18.2 µs + a barrier);
+// 2 / 8 groups and 8 subgroups were slower there; PERFORMANCE.md session 9).
+constexpr uint32_t kDefaultMidMaxKv = 768;
 constexpr uint32_t kMidGroups = 4;
 constexpr uint32_t kMidSubgroups = 16;
 constexpr uint32_t kMidRound = 2;

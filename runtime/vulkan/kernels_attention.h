@@ -182,7 +182,7 @@ struct AttentionTuning {
   // The next range (single_max_kv < kv_len <= mid_max_kv): the rows kernel on mid_groups
   // workgroups per head of mid_subgroups subgroups, the last to finish merging the head into olat
   // and its int8 blocks (attention_rows.comp MERGE_TAIL + Q8_OUT): one dispatch, no barrier, no
-  // merge dispatch. Needs subgroup arithmetic. 0: auto (1024 positions, 4 groups, 16 subgroups).
+  // merge dispatch. Needs subgroup arithmetic. 0: auto (768 positions, 4 groups, 16 subgroups).
   bool mid = true;
   uint32_t mid_max_kv = 0;
   uint32_t mid_groups = 0;

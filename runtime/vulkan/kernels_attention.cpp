@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
+#include <tuple>
 #include <utility>
 
 #include "format/error.h"
@@ -217,6 +218,47 @@ uint64_t KvWriteOp::bytes() const { return uint64_t(shape_.row()) * 4 + shape_.k
 // ---------------------------------------------------------------------------------------------
 // AttentionOp
 
+namespace {
+
+// Subgroups per workgroup of a one-head rows-kernel variant that writes olat (SINGLE, or
+// MERGE_TAIL with Q8_OUT): shared memory for the subgroups' (m, l, o), the head's olat for its
+// int8 blocks and the arrival flag. `asked` must fit (Error(Usage) naming `what` otherwise);
+// 0 asks for the most, from `most` halving, that the device's limits allow. 0: none fits.
+uint32_t fit_olat_subgroups(uint32_t asked, uint32_t most, const AttentionShape& shape, const DeviceInfo& info,
+                            const char* what) {
+  auto shared_bytes = [&](uint32_t nsg) { return uint64_t(nsg) * (shape.kv_lora + 2) * 4 + shape.kv_lora * 4 + 4; };
+  auto fits = [&](uint32_t nsg) {
+    return shared_bytes(nsg) <= info.max_compute_shared_memory &&
+           nsg * info.subgroup_size <= info.max_compute_workgroup_invocations;
+  };
+  if (asked) {
+    if (!fits(asked))
+      usage_error("attention ", what, ": ", asked, " subgroups need ", shared_bytes(asked), " bytes of shared memory and ",
+                  asked * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
+                  info.max_compute_workgroup_invocations);
+    return asked;
+  }
+  for (uint32_t nsg = most; nsg >= 1; nsg /= 2)
+    if (fits(nsg)) return nsg;
+  return 0;
+}
+
+// The two pipelines of a variant that writes olat: as described, and (a latent that is a
+// multiple of 32) also writing olat's int8 blocks (Q8_OUT, one binding more); null where not.
+std::pair<const Pipeline*, const Pipeline*> olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape) {
+  d.push_bytes = sizeof(gpu::AttnPartialArgs);
+  d.full_subgroups = true;
+  const Pipeline* plain = &ctx.pipeline(d);
+  if (shape.kv_lora % 32 != 0) return {plain, nullptr};
+  d.name += ".q8out";
+  d.defines["Q8_OUT"] = "1";
+  d.num_buffers += 1;
+  return {plain, &ctx.pipeline(d)};
+}
+
+}  // namespace
+
+
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
   shape.validate();
   const DeviceInfo& info = ctx.info();
@@ -307,83 +349,34 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     const uint32_t rb = tuning.single_round ? tuning.single_round : kSingleRound;
     if (tuning.single_subgroups > 16 || rb > 8)
       usage_error("attention single kernel: ", tuning.single_subgroups, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
-    const bool q8 = shape.kv_lora % 32 == 0;
-    // The subgroups' (m, l, o), and (Q8_OUT) the head's olat for its int8 blocks.
-    auto shared_bytes = [&](uint32_t nsg) { return uint64_t(nsg) * (shape.kv_lora + 2) * 4 + (q8 ? shape.kv_lora * 4 : 0); };
-    auto fits = [&](uint32_t nsg) {
-      return shared_bytes(nsg) <= info.max_compute_shared_memory &&
-             nsg * info.subgroup_size <= info.max_compute_workgroup_invocations;
-    };
-    // Automatic: the most subgroups (rows in flight) the device's workgroup limits allow, up to 16.
-    uint32_t nsg = tuning.single_subgroups ? tuning.single_subgroups : kSingleSubgroups;
-    if (!tuning.single_subgroups)
-      while (nsg > 1 && !fits(nsg)) nsg /= 2;
-    if (fits(nsg)) {
+    if (const uint32_t nsg = fit_olat_subgroups(tuning.single_subgroups, kSingleSubgroups, shape, info, "single kernel")) {
       PipelineDesc ps;
       ps.name = "attention_single";
       ps.file = "attention_rows.comp";
       ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
-                                          {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
+                                   {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
-      ps.push_bytes = sizeof(gpu::AttnPartialArgs);
-      ps.full_subgroups = true;
-      single_ = &ctx.pipeline(ps);
-      if (q8) {
-        PipelineDesc pq = ps;
-        pq.name = "attention_single.q8out";
-        pq.defines["Q8_OUT"] = "1";
-        pq.num_buffers = 5;
-        single_q8_ = &ctx.pipeline(pq);
-      }
+      std::tie(single_, single_q8_) = olat_pipelines(ctx, ps, shape);
       single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);
-    } else if (tuning.single_subgroups) {
-      usage_error("attention single kernel: ", nsg, " subgroups need ", shared_bytes(nsg), " bytes of shared memory and ",
-                  nsg * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
-                  info.max_compute_workgroup_invocations);
     }
   }
   if (single_ && tuning.mid) {
     const uint32_t groups = tuning.mid_groups ? tuning.mid_groups : kMidGroups;
     if (groups == 0 || groups > 256 || tuning.mid_subgroups > 16)
       usage_error("attention mid range: ", groups, " groups, ", tuning.mid_subgroups, " subgroups outside 1..256 / 1..16");
-    const bool q8 = shape.kv_lora % 32 == 0;
-    // The subgroups' (m, l, o) (the chunk weights of the merge reuse o), the head's olat for its
-    // int8 blocks.
-    auto shared_bytes = [&](uint32_t nsg) {
-      return uint64_t(nsg) * (shape.kv_lora + 2) * 4 + (q8 ? shape.kv_lora * 4 : 0) + 4;
-    };
-    auto fits = [&](uint32_t nsg) {
-      return shared_bytes(nsg) <= info.max_compute_shared_memory &&
-             nsg * info.subgroup_size <= info.max_compute_workgroup_invocations;
-    };
-    // Automatic: the most subgroups the device's workgroup limits allow, up to 16.
-    uint32_t nsg = tuning.mid_subgroups ? tuning.mid_subgroups : kMidSubgroups;
-    if (!tuning.mid_subgroups)
-      while (nsg > 1 && !fits(nsg)) nsg /= 2;
+    const uint32_t nsg = fit_olat_subgroups(tuning.mid_subgroups, kMidSubgroups, shape, info, "mid range");
     const uint32_t max_kv = std::min(tuning.mid_max_kv ? tuning.mid_max_kv : kDefaultMidMaxKv, shape.n_ctx);
-    if (fits(nsg) && uint64_t(nsg) * shape.kv_lora >= groups && max_kv > single_max_kv_) {
+    // The merging workgroup keeps a weight per chunk in its subgroups' o arrays.
+    if (nsg && uint64_t(nsg) * shape.kv_lora >= groups && max_kv > single_max_kv_) {
       PipelineDesc pm;
       pm.name = "attention_mid";
       pm.file = "attention_rows.comp";
       pm.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
                                    {"MERGE_TAIL", "1"}});
       pm.num_buffers = 6;
-      pm.push_bytes = sizeof(gpu::AttnPartialArgs);
-      pm.full_subgroups = true;
-      mid_ = &ctx.pipeline(pm);
-      if (q8) {
-        PipelineDesc pq = pm;
-        pq.name = "attention_mid.q8out";
-        pq.defines["Q8_OUT"] = "1";
-        pq.num_buffers = 7;
-        mid_q8_ = &ctx.pipeline(pq);
-      }
+      std::tie(mid_, mid_q8_) = olat_pipelines(ctx, pm, shape);
       mid_max_kv_ = max_kv;
       mid_groups_ = groups;
-    } else if (tuning.mid_subgroups || tuning.mid_groups) {
-      usage_error("attention mid range: ", groups, " groups of ", nsg, " subgroups need ", shared_bytes(nsg),
-                  " bytes of shared memory and ", nsg * info.subgroup_size, " threads (", info.name, " has ",
-                  info.max_compute_shared_memory, " and ", info.max_compute_workgroup_invocations, ")");
     }
   }
   const uint32_t short_heads = !tuning.short_variant         ? 0
@@ -524,6 +517,16 @@ void AttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache,
   record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
 }
 
+bool AttentionOp::check_olat_bindings(const std::string& name, BufferSlice olat, BufferSlice olat_q8, bool have_q8) const {
+  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+    runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+  const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
+  if (q8 && !have_q8) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
+  if (q8 && olat_q8.size < olat_q8_bytes())
+    runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+  return q8;
+}
+
 uint64_t AttentionOp::single_bytes(uint32_t kv_len) const {
   const uint64_t len = std::min(kv_len, shape_.n_ctx);
   return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
@@ -549,12 +552,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const std::string name = std::string(label) + " single";
     if (!single_) runtime_error(name, ": no single-workgroup variant to record");
     check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
-    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-      runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-    const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
-    if (q8 && !single_q8_) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
-    if (q8 && olat_q8.size < olat_q8_bytes())
-      runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, single_q8_ != nullptr);
     // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
     const BufferSlice b[] = {q, cache, step, olat, olat_q8};
@@ -568,12 +566,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     if (!mid_) runtime_error(name, ": no mid-range variant to record");
     check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
     if (arrivals.size < arrivals_bytes()) runtime_error(name, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
-    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-      runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
-    const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
-    if (q8 && !mid_q8_) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
-    if (q8 && olat_q8.size < olat_q8_bytes())
-      runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_q8_ != nullptr);
     // Contexts past the range leave the workgroups idle (and the counters untouched).
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
     const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8};

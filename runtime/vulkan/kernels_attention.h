@@ -284,6 +284,9 @@ class AttentionOp {
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
+  // Checks the olat binding of one query and the int8 olat one where set (have_q8: the variant
+  // writes it); Error(Runtime) naming `name`. Whether olat_q8 is set.
+  bool check_olat_bindings(const std::string& name, BufferSlice olat, BufferSlice olat_q8, bool have_q8) const;
   const Pipeline* partial_ = nullptr;
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)

@@ -299,6 +299,22 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
     });
 
+// olat of one query (got) against the reference attention of q_h over the first kv_len rows of
+// cache_h at position kv_len - 1: every value finite, the largest error within f32 rounding.
+void expect_olat_near(const std::vector<float>& got, const std::vector<float>& q_h, const std::vector<uint16_t>& cache_h,
+                      uint32_t n_head, uint32_t kv_lora, uint32_t n_rot, uint32_t kv_len, float kq_scale,
+                      const cpu::Rope& rope) {
+  const std::vector<float> want =
+      test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, kq_scale, rope);
+  double max_err = 0, max_ref = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
+    max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
+    max_ref = std::max(max_ref, double(std::abs(want[i])));
+  }
+  EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+}
+
 // The decode step's attention (record_decode): one recording per context range, the partial
 // kernel an indirect dispatch whose group counts the host writes per token (decode_counts: the
 // context's chunks for its range, none for the other). With the rows kernel the short range's
@@ -399,28 +415,65 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       upload(step, sw);
       (op.decode_range(kv_len) == vk::DecodeRange::Short ? rec_short : rec_long).run();
       const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
-      const std::vector<float> want =
-          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
-        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
-        max_ref = std::max(max_ref, double(std::abs(want[i])));
-      }
-      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
+      expect_olat_near(got, q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, shape.kq_scale, rope);
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
     }
   }
 }
 
+// A range of the decode step recorded once (record_decode) over random cache rows and queries,
+// run at contexts of its range: olat (poisoned before each run) against the reference, its int8
+// blocks against the CPU quantization of the olat written beside them (where the latent is a
+// multiple of 32), and the arrival counters left at zero. One dispatch, no barrier.
+void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t n_head, uint32_t kv_lora,
+                      uint32_t n_rot, uint32_t n_ctx, const std::vector<uint32_t>& kv_lens, uint32_t seed) {
+  const uint32_t row = kv_lora + n_rot;
+  const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
+  const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
+  const bool q8 = kv_lora % 32 == 0;
+  EXPECT_EQ(op.decode_writes_olat_q8(range), q8);
+  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, seed);
+  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  const std::vector<float> q_h = test::random_values(size_t(n_head) * row, 2.f, seed + 1);
+  vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+  vk::Buffer olat = make_buffer(size_t(n_head) * kv_lora * 4, "olat");
+  vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
+  upload(q, q_h);
+  upload(cache, cache_h);
+  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+  vk::CommandRecorder rec(*gpu().ctx);
+  rec.begin();
+  op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                   arrivals.whole(), olat.whole(), range, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
+  rec.end();
+  EXPECT_EQ(rec.dispatch_count(), 1u);
+  EXPECT_EQ(rec.barrier_count(), 0u);
+  for (uint32_t kv_len : kv_lens) {
+    poison(olat);
+    poison(olat_q8);
+    poison(partials);
+    upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
+    rec.run();
+    const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
+    expect_olat_near(got, q_h, cache_h, n_head, kv_lora, n_rot, kv_len, shape.kq_scale, rope);
+    if (q8)
+      vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
+                                     cat("olat q8, kv_len ", kv_len));
+    for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
+      ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
+  }
+}
+
 // The decode step's single range (attention_rows.comp SINGLE): one workgroup per head over the
-// whole context writes olat and its int8 blocks itself, one dispatch, no barrier. GLM's shape and
-// awkward ones (3 heads, rows of 80; a latent of 80, not a multiple of 32: no int8 blocks), the
-// default work split and odd ones (3 subgroups x 3 rows: rounds that end inside the context),
-// contexts of one row to the range's end, outputs poisoned before each run, against the
-// reference; the int8 blocks against the CPU quantization of the olat written beside them. The
-// ranges: single, then short and long as before, each context in exactly one.
+// whole context writes olat and its int8 blocks itself. GLM's shape and awkward ones (3 heads,
+// rows of 80; a latent of 80, not a multiple of 32: no int8 blocks), the default work split and
+// odd ones (3 subgroups x 3 rows: rounds that end inside the context), the first round loaded
+// before the position word or not, contexts of one row to the range's end. The ranges: single,
+// then the others, each context in exactly one.
 TEST(AttentionDecode, SingleRangeMatchesTheReference) {
   REQUIRE_GPU();
   struct SingleCase {
@@ -437,15 +490,12 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
   for (const SingleCase& c : cases) {
     SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " single_max ", c.single_max, " nsg ", c.subgroups,
                      " rb ", c.round, " early ", c.early));
-    const uint32_t row = c.kv_lora + c.n_rot;
-    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
-    const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
     vk::AttentionTuning t;
     t.single_max_kv = c.single_max;
     t.single_subgroups = c.subgroups;
     t.single_round = c.round;
     t.single_early = c.early;
-    vk::AttentionOp op(*gpu().ctx, shape, t);
+    vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
     const uint32_t max_kv = op.single_max_kv();
     EXPECT_EQ(max_kv, std::min(c.single_max ? c.single_max : 256u, c.n_ctx));
@@ -461,54 +511,15 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
       EXPECT_EQ(op.decode_range(ranges[i].second), ranges[i].first);
       EXPECT_EQ(op.decode_range(ranges[i - 1].second + 1), ranges[i].first);
     }
-    const bool q8 = c.kv_lora % 32 == 0;
-    EXPECT_EQ(op.decode_writes_olat_q8(vk::DecodeRange::Single), q8);
-
-    std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
-    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 41);
-    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 42);
-    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-    vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-    vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
-    vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
-    upload(q, q_h);
-    upload(cache, cache_h);
-    vk::CommandRecorder rec(*gpu().ctx);
-    rec.begin();
-    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                     arrivals.whole(), olat.whole(), vk::DecodeRange::Single, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
-    rec.end();
-    EXPECT_EQ(rec.dispatch_count(), 1u);
-    EXPECT_EQ(rec.barrier_count(), 0u);
-    for (uint32_t kv_len : c.kv_lens) {
-      poison(olat);
-      poison(olat_q8);
-      upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
-      rec.run();
-      const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
-      const std::vector<float> want =
-          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
-        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
-        max_ref = std::max(max_ref, double(std::abs(want[i])));
-      }
-      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
-      if (q8)
-        vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
-                                       cat("olat q8, kv_len ", kv_len));
-    }
+    check_olat_range(op, vk::DecodeRange::Single, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 41);
   }
 }
 
 // The decode step's mid range (attention_rows.comp MERGE_TAIL + Q8_OUT): a few workgroups per
-// head, the last to finish merging the head's chunks into olat and its int8 blocks, one dispatch,
-// no barrier; the arrival counters left at zero by every run. GLM's shape with the defaults, and
-// awkward ones (3 heads, rows of 80, 3 groups of 5 subgroups; a latent of 80: no int8 blocks, 7
-// groups of 2 subgroups), contexts from just past the single range to the mid range's end.
+// head, the last to finish merging the head's chunks into olat and its int8 blocks. GLM's shape
+// with the defaults, and awkward ones (3 heads, rows of 80, 3 groups of 5 subgroups; a latent of
+// 80: no int8 blocks, 7 groups of 2 subgroups), contexts from just past the single range to the
+// mid range's end.
 TEST(AttentionDecode, MidRangeMatchesTheReference) {
   REQUIRE_GPU();
   struct MidCase {
@@ -523,15 +534,12 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
   for (const MidCase& c : cases) {
     SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " mid_max ", c.mid_max, " groups ", c.groups,
                      " nsg ", c.subgroups));
-    const uint32_t row = c.kv_lora + c.n_rot;
-    const vk::AttentionShape shape = make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope);
-    const cpu::Rope rope = cpu_rope(kGlmRope, c.n_rot);
     vk::AttentionTuning t;
     t.single_max_kv = c.single_max;
     t.mid_max_kv = c.mid_max;
     t.mid_groups = c.groups;
     t.mid_subgroups = c.subgroups;
-    vk::AttentionOp op(*gpu().ctx, shape, t);
+    vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.mid_max_kv()) GTEST_SKIP() << "no mid-range kernel (subgroup arithmetic)";
     const uint32_t lo = op.single_max_kv(), hi = op.mid_max_kv();
     EXPECT_EQ(hi, std::min(c.mid_max ? c.mid_max : 768u, c.n_ctx));
@@ -543,50 +551,7 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
     const auto ranges = op.decode_ranges();
     ASSERT_GE(ranges.size(), 2u);
     EXPECT_EQ(ranges[1], std::make_pair(vk::DecodeRange::Mid, hi));
-    const bool q8 = c.kv_lora % 32 == 0;
-    EXPECT_EQ(op.decode_writes_olat_q8(vk::DecodeRange::Mid), q8);
-
-    std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
-    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 51);
-    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 52);
-    vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-    vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-    vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-    vk::Buffer olat = make_buffer(size_t(c.n_head) * c.kv_lora * 4, "olat");
-    vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
-    upload(q, q_h);
-    upload(cache, cache_h);
-    upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
-    vk::CommandRecorder rec(*gpu().ctx);
-    rec.begin();
-    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                     arrivals.whole(), olat.whole(), vk::DecodeRange::Mid, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
-    rec.end();
-    EXPECT_EQ(rec.dispatch_count(), 1u);
-    EXPECT_EQ(rec.barrier_count(), 0u);
-    for (uint32_t kv_len : c.kv_lens) {
-      poison(olat);
-      poison(olat_q8);
-      poison(partials);
-      upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
-      rec.run();
-      const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
-      const std::vector<float> want =
-          test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
-      double max_err = 0, max_ref = 0;
-      for (size_t i = 0; i < want.size(); ++i) {
-        ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
-        max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
-        max_ref = std::max(max_ref, double(std::abs(want[i])));
-      }
-      EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
-      if (q8)
-        vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
-                                       cat("olat q8, kv_len ", kv_len));
-      for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
-        ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
-    }
+    check_olat_range(op, vk::DecodeRange::Mid, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 51);
   }
 }
 

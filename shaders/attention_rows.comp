@@ -13,8 +13,9 @@
 // Where attention_partial.comp loads a tile into shared memory and passes six barriers per tile,
 // this one waits for one round of loads per RB rows and subgroup.
 //
-// MERGE_TAIL (the decode step's variant): the merge of attention_merge.comp folded in, so the
-// step needs no merge dispatch and no barrier before it. After writing its partials, each
+// MERGE_TAIL (the decode step's mid range, 4 workgroups per head; the short range's with
+// `--attention merge_tail=1`): the merge of attention_merge.comp folded in, so the step needs no
+// merge dispatch and no barrier before it. After writing its partials, each
 // workgroup makes them visible device-wide and counts itself in its head group's arrival counter;
 // the one that arrives last (the n_chunks-th) resets the counter to zero for the next dispatch and
 // merges every chunk's partials of its heads into olat:
@@ -34,9 +35,9 @@
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
 // round), RH (heads per workgroup: each loaded row serves RH heads); SUBGROUP_SIZE (the pipeline
-// asks for full subgroups of this size).
 // asks for full subgroups of this size); MERGE_TAIL (0/1; 1 needs NSG*RH*R >= n_groups floats of
-// shared memory for the chunk weights).
+// shared memory for the chunk weights); SINGLE (0/1, n_groups 1), SINGLE_EARLY (0/1, default 1);
+// Q8_OUT (0/1, with SINGLE or MERGE_TAIL; R a multiple of 32).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),

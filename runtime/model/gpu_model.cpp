@@ -144,7 +144,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
 
 void GpuModel::record_steps() {
   // One recording per attention range (AttentionOp::decode_ranges: the single-workgroup one, the
-  // short one, the long one, as far as the context reaches), each for its largest context.
+  // mid one, the short one, the long one, as far as the context reaches), each for its largest
+  // context.
   const auto ranges = attn_->decode_ranges();
   rec_->begin();
   record_step(*rec_, ranges.front().second);

@@ -87,12 +87,9 @@ Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
   // qs[32c + l] holds element l of sub-block 2c (low nibble) and of 2c + 1 (high).
   const uint sb = entry >> 3, j = entry & 7u, c = j >> 1, shift = (j & 1u) * 4u;
   const uvec4 q0 = w_q[qbase + 8u * sb + 2u * c], q1 = w_q[qbase + 8u * sb + 2u * c + 1u];
-  // M entry: d, dmin, scales[12]: one 16-byte load where region M starts 16-byte aligned (as the
-  // .tsr lays it out), else four words.
-  const uint mw = mbase + 4u * sb;
-  const uvec4 me = (mbase & 3u) == 0u ? w_m4[mw >> 2] : uvec4(w_m[mw], w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]);
-  const vec2 dm = unpackHalf2x16(me.x);
-  const vec2 sm = kquant_scale_min(me.yzw, j);
+  const uint mw = mbase + 4u * sb;  // M entry: d, dmin, scales[12]
+  const vec2 dm = unpackHalf2x16(w_m[mw]);
+  const vec2 sm = kquant_scale_min(uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]), j);
   return Q8W((q0 >> shift) & 0x0F0F0F0Fu, (q1 >> shift) & 0x0F0F0F0Fu, dm.x * sm.x, dm.y * sm.y);
 #else  // Q6_K (the order of split1_unit8 in weights.glsl)
   // Unit u = entry % 8 of super-block sb: half n = u / 4, quarter g = u % 4. Element

@@ -51,7 +51,6 @@
 layout(std430, binding = W_Q_BINDING) readonly restrict buffer WeightQ { uvec4 w_q[]; };
 layout(std430, binding = W_Q_BINDING) readonly restrict buffer WeightWords { uint w_words[]; };
 layout(std430, binding = W_M_BINDING) readonly restrict buffer WeightM { uint w_m[]; };
-layout(std430, binding = W_M_BINDING) readonly restrict buffer WeightM4 { uvec4 w_m4[]; };  // 16-byte view
 
 // Byte i (0..15) of a 16-byte vector.
 uint byte_of(uvec4 v, uint i) { return (v[i >> 2] >> ((i & 3u) * 8u)) & 0xFFu; }

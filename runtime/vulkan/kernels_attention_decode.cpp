@@ -1,0 +1,130 @@
+// AttentionOp, the decode step's side: its context ranges (single, mid, short, long) and the
+// recording of one range (record_decode). The kernels and the split-K chunking:
+// kernels_attention.cpp; the ranges' design: docs/DECODE.md D5.
+#include "runtime/vulkan/kernels_attention.h"
+
+#include <algorithm>
+#include <string>
+
+#include "format/error.h"
+
+namespace tessera::vk {
+namespace {
+uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
+}  // namespace
+
+bool AttentionOp::check_olat_bindings(const std::string& name, BufferSlice olat, BufferSlice olat_q8, bool have_q8) const {
+  if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+    runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+  const bool q8 = olat_q8.buffer != VK_NULL_HANDLE;
+  if (q8 && !have_q8) runtime_error(name, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
+  if (q8 && olat_q8.size < olat_q8_bytes())
+    runtime_error(name, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", olat_q8_bytes());
+  return q8;
+}
+
+uint64_t AttentionOp::single_bytes(uint32_t kv_len) const {
+  const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  return len * shape_.row() * 2 + uint64_t(shape_.n_head) * shape_.row() * 4 + uint64_t(shape_.n_head) * shape_.kv_lora * 4;
+}
+
+std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const {
+  std::vector<std::pair<DecodeRange, uint32_t>> r;
+  uint32_t covered = 0;
+  if (single_) r.push_back({DecodeRange::Single, covered = std::min(single_max_kv_, shape_.n_ctx)});
+  if (covered < shape_.n_ctx && mid_) r.push_back({DecodeRange::Mid, covered = mid_max_kv_});
+  if (covered < shape_.n_ctx && partial_short_ && short_max_kv_ > covered)
+    r.push_back({DecodeRange::Short, covered = std::min(short_max_kv_, shape_.n_ctx)});
+  if (covered < shape_.n_ctx) r.push_back({DecodeRange::Long, shape_.n_ctx});
+  return r;
+}
+
+void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
+                                uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
+                                BufferSlice olat, DecodeRange range, std::string_view label,
+                                BufferSlice olat_q8) const {
+  const std::string what = std::string(label) + " partial";
+  if (range == DecodeRange::Single) {
+    const std::string name = std::string(label) + " single";
+    if (!single_) runtime_error(name, ": no single-workgroup variant to record");
+    check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, single_q8_ != nullptr);
+    // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
+    const BufferSlice b[] = {q, cache, step, olat, olat_q8};
+    rec.dispatch(q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, q8 ? 5 : 4), &args, sizeof args, 1,
+                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+                 single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
+    return;
+  }
+  if (range == DecodeRange::Mid) {
+    const std::string name = std::string(label) + " mid";
+    if (!mid_) runtime_error(name, ": no mid-range variant to record");
+    check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
+    if (arrivals.size < arrivals_bytes()) runtime_error(name, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_q8_ != nullptr);
+    // Contexts past the range leave the workgroups idle (and the counters untouched).
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
+    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8};
+    rec.dispatch(q8 ? *mid_q8_ : *mid_, std::span<const BufferSlice>(b, q8 ? 7 : 6), &args, sizeof args, mid_groups_,
+                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+                 partial_bytes(profile_kv_len_, mid_groups_) + merge_bytes(profile_kv_len_, mid_groups_) +
+                     (q8 ? olat_q8_bytes() : 0));
+    return;
+  }
+  if (counts.size < kDecodeCountWords * 4) runtime_error(what, ": group-count binding holds ", counts.size, " bytes");
+  check_partial_bindings(q, cache, step, pos_word, partials, {}, what);
+  const bool short_range = range == DecodeRange::Short;
+  if (short_range && !partial_short_) runtime_error(what, ": no short-context variant to record");
+  const uint32_t groups = decode_groups(range);
+  const uint64_t bytes = partial_bytes(profile_kv_len_, groups);
+  // The kv bounds stay: a workgroup run for the wrong range (bad counts) still does nothing.
+  const gpu::AttnPartialArgs args = partial_args(
+      pos_word, TS_ATTN_NO_COUNT, !partial_short_ ? Variant::Only : short_range ? Variant::Short : Variant::Long, groups);
+  const BufferSlice slot = counts.sub(short_range ? 0 : 12, 12);
+  const uint32_t head_groups = ceil_div(shape_.n_head, short_range ? short_heads_ : heads_per_group_);
+  const bool folded = merge_folded(range);  // the kernel takes arrivals and olat as bindings 4, 5
+  if (folded) {
+    if (olat_q8.buffer != VK_NULL_HANDLE)
+      runtime_error(what, ": no int8 olat where the merge is folded into the rows kernel (only the merge dispatch "
+                    "writes it; leave olat_q8 unset for this range)");
+    if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
+    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
+      runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+  }
+  const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
+  const std::span<const BufferSlice> bufs(b, folded ? 6 : 4);
+  const Pipeline& pipe = folded ? *partial_short_tail_ : short_range ? *partial_short_ : *partial_;
+  const std::string name = folded ? what + " short+merge" : short_range ? what + " short" : what;
+  const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups) : bytes;
+  if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, head_groups, 1, name, moved);
+  else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
+  if (folded) return;
+  rec.barrier();
+  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups);
+}
+
+void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
+  const DecodeRange range = decode_range(kv_len);
+  const bool short_range = range == DecodeRange::Short;
+  const uint32_t chunks = std::max(1u, num_chunks(kv_len, decode_groups(range)));
+  const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
+  const uint32_t l[3] = {short_range ? 0u : chunks, ceil_div(shape_.n_head, heads_per_group_), 1u};
+  for (int i = 0; i < 3; ++i) {
+    words[i] = s[i];
+    words[3 + i] = l[i];
+  }
+}
+
+DecodeRange AttentionOp::decode_range(uint32_t kv_len) const {
+  if (single_ && kv_len <= single_max_kv_) return DecodeRange::Single;
+  if (mid_ && kv_len <= mid_max_kv_) return DecodeRange::Mid;
+  return partial_short_ && kv_len <= short_max_kv_ ? DecodeRange::Short : DecodeRange::Long;
+}
+
+uint64_t AttentionOp::arrivals_bytes() const {
+  const uint32_t short_counters = short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u;
+  return uint64_t(std::max(short_counters, mid_ ? shape_.n_head : 0u)) * 4;  // one per head group
+}
+
+}  // namespace tessera::vk

@@ -230,9 +230,10 @@ class AttentionOp {
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {}) const;
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
-  // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none).
+  // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none;
+  // the single and mid ranges are direct dispatches and read no counts).
   void decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const;
-  // The range a context of kv_len positions falls in (Long where there is no short variant).
+  // The range a context of kv_len positions falls in (single, mid, short, else long).
   DecodeRange decode_range(uint32_t kv_len) const;
   // Whether record_decode for `range` merges in the partial kernel (no merge dispatch).
   bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }

@@ -89,8 +89,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
       runtime_error(what, ": no int8 olat where the merge is folded into the rows kernel (only the merge dispatch "
                     "writes it; leave olat_q8 unset for this range)");
     if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
-    if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
-      runtime_error(what, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
+    check_olat_bindings(what, olat, {}, false);
   }
   const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
   const std::span<const BufferSlice> bufs(b, folded ? 6 : 4);
@@ -109,7 +108,7 @@ void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWord
   const bool short_range = range == DecodeRange::Short;
   const uint32_t chunks = std::max(1u, num_chunks(kv_len, decode_groups(range)));
   const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
-  const uint32_t l[3] = {short_range ? 0u : chunks, ceil_div(shape_.n_head, heads_per_group_), 1u};
+  const uint32_t l[3] = {range == DecodeRange::Long ? chunks : 0u, ceil_div(shape_.n_head, heads_per_group_), 1u};
   for (int i = 0; i < 3; ++i) {
     words[i] = s[i];
     words[3 + i] = l[i];

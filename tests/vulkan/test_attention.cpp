@@ -511,6 +511,10 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
       EXPECT_EQ(op.decode_range(ranges[i].second), ranges[i].first);
       EXPECT_EQ(op.decode_range(ranges[i - 1].second + 1), ranges[i].first);
     }
+    uint32_t words[vk::AttentionOp::kDecodeCountWords];
+    op.decode_counts(max_kv, words);
+    EXPECT_EQ(words[0], 0u) << "short range idle";
+    EXPECT_EQ(words[3], 0u) << "long range idle";
     check_olat_range(op, vk::DecodeRange::Single, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 41);
   }
 }
@@ -551,6 +555,10 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
     const auto ranges = op.decode_ranges();
     ASSERT_GE(ranges.size(), 2u);
     EXPECT_EQ(ranges[1], std::make_pair(vk::DecodeRange::Mid, hi));
+    uint32_t words[vk::AttentionOp::kDecodeCountWords];
+    op.decode_counts(hi, words);
+    EXPECT_EQ(words[0], 0u) << "short range idle";
+    EXPECT_EQ(words[3], 0u) << "long range idle";
     check_olat_range(op, vk::DecodeRange::Mid, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 51);
   }
 }

@@ -37,7 +37,11 @@
 // round), RH (heads per workgroup: each loaded row serves RH heads); SUBGROUP_SIZE (the pipeline
 // asks for full subgroups of this size); MERGE_TAIL (0/1; 1 needs NSG*RH*R >= n_groups floats of
 // shared memory for the chunk weights); SINGLE (0/1, n_groups 1), SINGLE_EARLY (0/1, default 1);
-// Q8_OUT (0/1, with SINGLE or MERGE_TAIL; R a multiple of 32).
+// Q8_OUT (0/1, with SINGLE or MERGE_TAIL; R a multiple of 32); GATE_SIGNAL (0/1, with Q8_OUT):
+// after the workgroup's olat and int8 blocks are written and made visible device-wide, it adds
+// the number of heads it finished to the gate word (binding OLAT_Q8_BINDING + 1): the consumer
+// (W_vo, matvec_q8.comp WAIT_GATE) is recorded with no barrier after this dispatch and waits
+// until the word reaches N_HEAD (docs/DECODE.md "Early start").
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),
@@ -62,6 +66,18 @@
 #ifndef Q8_OUT
 #define Q8_OUT 0
 #endif
+#ifndef GATE_SIGNAL
+#define GATE_SIGNAL 0
+#endif
+#if GATE_SIGNAL && !Q8_OUT
+#error "attention_rows.comp: GATE_SIGNAL needs Q8_OUT (the gate opens on olat's int8 blocks)"
+#endif
+// Read by a consumer that runs beside this dispatch: coherent (the stores reach the device level).
+#if GATE_SIGNAL
+#define OUT_QUAL coherent writeonly
+#else
+#define OUT_QUAL writeonly restrict
+#endif
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
@@ -69,13 +85,13 @@ layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 #if SINGLE
-layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
+layout(std430, binding = 3) OUT_QUAL buffer Out { float olat[]; };
 #define OLAT_Q8_BINDING 4
 #elif MERGE_TAIL
 // Written by every workgroup, read back by the last one: coherent (no stale L1 lines).
 layout(std430, binding = 3) coherent restrict buffer Partials { float partials[]; };
 layout(std430, binding = 4) coherent restrict buffer Arrivals { uint arrivals[]; };
-layout(std430, binding = 5) writeonly restrict buffer Out { float olat[]; };
+layout(std430, binding = 5) OUT_QUAL buffer Out { float olat[]; };
 #define OLAT_Q8_BINDING 6
 #else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
@@ -85,7 +101,10 @@ layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[
 #error "attention_rows.comp: Q8_OUT needs SINGLE or MERGE_TAIL (the kernel that writes olat)"
 #endif
 #include "q8_quantize.glsl"
-layout(std430, binding = OLAT_Q8_BINDING) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+layout(std430, binding = OLAT_Q8_BINDING) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+#if GATE_SIGNAL
+layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer Gate { uint gate[]; };
+#endif
 shared float q8_src[RH * KV_LORA];  // the workgroup's olat values, for the int8 blocks
 
 // olat's int8 blocks for heads head0 .. head0 + n_heads - 1 of query qt from q8_src (complete
@@ -105,6 +124,12 @@ void write_olat_q8(uint qt, uint head0, uint n_heads) {
     olat_q8[3u * blk + 1u] = hi;
     olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
   }
+#if GATE_SIGNAL
+  // Every invocation's olat stores visible device-wide, then one arrival for the workgroup.
+  memoryBarrierBuffer();
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[0], n_heads);
+#endif
 }
 #endif
 

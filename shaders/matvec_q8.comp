@@ -27,12 +27,26 @@
 // X_Q8 (0/1; one column, no NORM_INPUT): x comes already quantized (binding 2 = int8 blocks, 3
 // uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's olat_q8): nothing is staged,
 // no barrier precedes the weight loads, each lane reads its input blocks beside its weight blocks.
+// WAIT_GATE (0/1; X_Q8 with subgroups; docs/DECODE.md "Early start"): the dispatch is recorded
+// with no barrier after the one that writes x's int8 blocks, which adds to the gate word as its
+// workgroups finish. Each lane first loads all its weight blocks (PRELOAD per row: lane + j *
+// nlanes, j < PRELOAD), then invocation 0 polls the gate until it reaches GATE_TARGET (a wait of
+// more than kGateSpins polls gives up and sets the error word: a device that did not run the
+// producer beside this dispatch), and only then are x's blocks read. The sums run in the same
+// order as without the gate: the same bits.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
-// router weight, ffn_norm, fold accumulators (ROUTER_FOLD).
+// router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
+// (WAIT_GATE).
 
 #include "common.glsl"
 #ifndef X_Q8
 #define X_Q8 0
+#endif
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE && (!X_Q8 || !USE_SUBGROUP)
+#error "matvec_q8.comp: WAIT_GATE needs X_Q8 and subgroups"
 #endif
 
 #define W_Q_BINDING 0
@@ -49,7 +63,14 @@ layout(local_size_x = WG_SIZE) in;
 #if NUM_COLS != 1 || NORM_INPUT
 #error "matvec_q8.comp: X_Q8 takes one column and no input norm"
 #endif
+#if WAIT_GATE
+// Written by the producer while this dispatch runs: coherent (no stale L1 lines).
+layout(std430, binding = 2) coherent readonly restrict buffer XQ8 { uvec4 xq[]; };
+layout(std430, binding = 8) coherent volatile restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 9) coherent restrict buffer GateError { uint gate_error[]; };
+#else
 layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
+#endif
 #else
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
 layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
@@ -105,6 +126,46 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
     }
   }
 }
+#if WAIT_GATE
+// Polls before a wait gives up: ~16 ms on an H100 (a poll is an L2 round trip), far past any
+// attention; below the 65535 iterations at which llvmpipe ends a loop by itself.
+const uint kGateSpins = 1u << 15;
+
+// Until the gate word reaches GATE_TARGET (invocation 0 polls; the workgroup waits at the
+// barrier), then x's blocks are visible. A wait that ends with the gate still short (given up,
+// or a loop cut short by the driver) sets the error word. Uniform control flow.
+void wait_gate() {
+  if (gl_LocalInvocationIndex == 0u) {
+    uint spins = 0u;
+    while (gate[0] < uint(GATE_TARGET) && ++spins < kGateSpins) {
+    }
+    if (gate[0] < uint(GATE_TARGET)) gate_error[0] = 1u;
+  }
+  barrier();
+  memoryBarrierBuffer();
+}
+
+// global_dot with the lane's weight blocks loaded before the gate opens (row `row + r` clamped to
+// a valid one, blocks past the row repeating its last; neither is added).
+void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
+  Q8W w[NUM_ROWS][PRELOAD];
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
+    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) w[r][j] = q8_load_block(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+  }
+  wait_gate();
+  const uint b0 = args.x_offset / 32u;
+  [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
+    const uint b = lane + j * nlanes;
+    if (b < nb) {
+      const uvec4 xl = xq[3u * (b0 + b)], xh = xq[3u * (b0 + b) + 1u];
+      const vec4 xd = uintBitsToFloat(xq[3u * (b0 + b) + 2u]);
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r)
+        if (r < nvalid) acc[r][0] += q8_dot_loaded(w[r][j], xl, xh, xd);
+    }
+  }
+}
+#endif
 #else
 // Blocks [kb, kb + kn) of every column into shared memory (times the norm weight with
 // NORM_INPUT, the raw values' squares added to ss[c] on the way: each element is staged once, so
@@ -195,7 +256,9 @@ void main() {
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
   }
-#if X_Q8
+#if WAIT_GATE
+  gated_dot(row, nvalid, nb, lane, nlanes, acc);
+#elif X_Q8
   global_dot(row, nvalid, nb, lane, nlanes, acc);
 #else
   for (uint kb = 0; kb < nb; kb += KCHUNK) {  // uniform

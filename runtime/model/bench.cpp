@@ -369,6 +369,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
+  go.early_vo = o.early_vo;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

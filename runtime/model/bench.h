@@ -60,6 +60,7 @@ struct BenchOptions {
   bool head_q8 = false;                   // GpuModelOptions::head_q8 (--tune head_q8=0|1)
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)
   bool step_local = true;                 // GpuModelOptions::step_local (--tune step_local=0|1)
+  bool early_vo = true;                   // GpuModelOptions::early_vo (--tune early_vo=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

@@ -23,8 +23,12 @@ constexpr uint32_t kTokenWord = 0;  // step buffer: [token, position]
 constexpr uint32_t kPosWord = 1;
 constexpr uint32_t kMaxDispatchesPerLayer = 12;  // decode step budget (issue 5) ...
 constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: embedding, output norm, LM head, sampler
+constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early start that gave up waiting
+                                         // (byte 256: any storage-buffer offset alignment)
+constexpr uint32_t kGateStride = 256;   // bytes between the layers' gate words (binding offsets)
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
-constexpr uint32_t kStepBytes = (kAttnCountsWord + vk::AttentionOp::kDecodeCountWords) * 4;
+constexpr uint32_t kStepBytes = (kGateErrorWord + 1) * 4;
+static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
 
 void progress(bool on, uint64_t done, uint64_t total) {
@@ -55,6 +59,7 @@ struct GpuModel::Weights {
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
+  vk::Buffer gates;          // W_vo's early-start gate words: one per layer, kGateStride apart
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
@@ -127,6 +132,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   for (const auto& r : rec_more_) most = std::max(most, r->dispatch_count());
   if (most > budget && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
+    t.gate_signal = options_.early_vo;
     t.short_variant = false;
     std::unique_ptr<vk::AttentionOp> with_short = std::move(attn_);
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
@@ -213,7 +219,9 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
     }
   hq_bytes = std::max<uint64_t>(hq_bytes, vk::dense_hq_bytes(c.n_ff));
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
-  attn_ = std::make_unique<vk::AttentionOp>(ctx_, ashape, options_.attention);
+  vk::AttentionTuning at = options_.attention;
+  at.gate_signal = options_.early_vo;
+  attn_ = std::make_unique<vk::AttentionOp>(ctx_, ashape, at);
   // The router fold's accumulators (one array per layer, at 256-byte aligned offsets).
   if (options_.fused_router && vk::router_fold_supported(ctx_) && c.n_expert > 0 && c.n_expert <= TS_ROUTE_MAX_E)
     w_->fold_stride = (vk::router_fold_acc_bytes(c.n_expert) + 255) / 256 * 256;
@@ -248,6 +256,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
       {&w.step_local, "step values (device copy)", kStepBytes},
+      {&w.gates, "early-start gates", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
   };
 
   vk::MemoryPlan plan;
@@ -332,8 +341,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
-  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
+  // gate: W_vo's early start (the gate word; target n_head, errors to the host step buffer).
+  auto matvec_op = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                       const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
     vk::MatvecOp op;
     op.w = w.matrix(name);
     op.x = x;
@@ -345,6 +355,16 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.norm_eps = c.eps;
     op.int8_activations = options_.int8_activations;
     op.tuning = options_.matvec;
+    return op;
+  };
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, vk::BufferSlice gate = {}) {
+    vk::MatvecOp op = matvec_op(name, x, y, norm, acc, fold, x_q8);
+    if (gate.buffer) {
+      op.gate = gate;
+      op.gate_target = H;
+      op.gate_error = host_step.sub(kGateErrorWord * 4, 4);
+    }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
@@ -370,6 +390,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   // The fused down's accumulators are left at zero by each use; the fill makes a step that was cut
   // short (a lost device, a timeout) not poison the next one.
   if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
+  // The early-start gate words count up within a step: zero at its start (ordered by the embedding's barrier).
+  if (options_.early_vo) rec.fill(w.gates.whole(), 0);
 
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
@@ -417,9 +439,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
         vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
       olat_q8 = w.olat_q8.whole();
+    // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
+    const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
+                       matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
+    const vk::BufferSlice gate = early ? w.gates.slice(uint64_t(l) * kGateStride, 4) : vk::BufferSlice{};
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
-                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8);
+                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate);
     {
       std::vector<vk::BufferSlice> spans;
       if (options_.prefetch & kPrefetchAttnOut) {
@@ -437,7 +463,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       }
       prefetch(spans, "prefetch attn_out+ffn_in " + L);
     }
-    rec.barrier();
+    if (!early) rec.barrier();
     const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
     const bool fold = fold_router(l);
     vk::RouterFold rfold;
@@ -447,7 +473,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8, gate);
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
@@ -621,6 +647,22 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
   write_step(uint32_t(token), pos);
   rec.run();
+  if (!options_.early_vo) return;
+  uint32_t gave_up = 0;
+  w_->step.read(kGateErrorWord * 4, &gave_up, 4);
+  if (!gave_up) return;
+  // W_vo waited for an attention that this device did not run beside it: the step's x is wrong.
+  // Re-record without the early start and run the step again (it rewrites the same cache row).
+  const uint32_t zero = 0;
+  w_->step.write(kGateErrorWord * 4, &zero, 4);
+  std::fprintf(stderr, "tessera: %s did not run W_vo beside the attention (the early start's wait gave up); "
+               "recording the decode step without it\n", ctx_.info().name.c_str());
+  options_.early_vo = false;
+  const bool profiled = &rec == prof_rec_.get();
+  record_steps();
+  if (!profiled) return run_step(token, pos);
+  record_aside(*prof_rec_, prof_kv_len_);
+  run_step(*prof_rec_, token, pos);
 }
 
 std::vector<float> GpuModel::forward(std::span<const int32_t> tokens, bool last_only) {

@@ -99,6 +99,13 @@ struct GpuModelOptions {
   // every read crosses the bus on a discrete GPU (kv_write, attention and merge of each layer).
   // bench --tune step_local=0|1.
   bool step_local = true;
+  // Early start of W_vo (docs/DECODE.md "Early start"): where the attention range's kernel writes
+  // olat's int8 blocks itself (single, mid), W_vo is recorded with no barrier after it; its
+  // workgroups load their weight blocks while the attention runs and wait on a gate word the
+  // attention's workgroups count up (attention_rows.comp GATE_SIGNAL, matvec_q8.comp WAIT_GATE).
+  // A device that did not run the two side by side (the wait gives up) makes the model re-record
+  // without it and run the step again, once, with a warning. bench --tune early_vo=0|1.
+  bool early_vo = true;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

@@ -243,17 +243,28 @@ uint32_t fit_olat_subgroups(uint32_t asked, uint32_t most, const AttentionShape&
   return 0;
 }
 
-// The two pipelines of a variant that writes olat: as described, and (a latent that is a
-// multiple of 32) also writing olat's int8 blocks (Q8_OUT, one binding more); null where not.
-std::pair<const Pipeline*, const Pipeline*> olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape) {
+// The pipelines of a variant that writes olat: as described; (a latent that is a multiple of 32)
+// also writing olat's int8 blocks (Q8_OUT, one binding more); with `gate`, that one also opening a
+// gate after them (GATE_SIGNAL, one binding more). Null where not built.
+struct OlatPipelines {
+  const Pipeline *plain = nullptr, *q8 = nullptr, *gate = nullptr;
+};
+OlatPipelines olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape, bool gate) {
   d.push_bytes = sizeof(gpu::AttnPartialArgs);
   d.full_subgroups = true;
-  const Pipeline* plain = &ctx.pipeline(d);
-  if (shape.kv_lora % 32 != 0) return {plain, nullptr};
+  OlatPipelines p;
+  p.plain = &ctx.pipeline(d);
+  if (shape.kv_lora % 32 != 0) return p;
   d.name += ".q8out";
   d.defines["Q8_OUT"] = "1";
   d.num_buffers += 1;
-  return {plain, &ctx.pipeline(d)};
+  p.q8 = &ctx.pipeline(d);
+  if (!gate) return p;
+  d.name += ".gate";
+  d.defines["GATE_SIGNAL"] = "1";
+  d.num_buffers += 1;
+  p.gate = &ctx.pipeline(d);
+  return p;
 }
 
 }  // namespace
@@ -356,7 +367,10 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
                                    {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
-      std::tie(single_, single_q8_) = olat_pipelines(ctx, ps, shape);
+      const OlatPipelines p = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
+      single_ = p.plain;
+      single_q8_ = p.q8;
+      single_gate_ = p.gate;
       single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);
     }
   }
@@ -374,7 +388,10 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       pm.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
                                    {"MERGE_TAIL", "1"}});
       pm.num_buffers = 6;
-      std::tie(mid_, mid_q8_) = olat_pipelines(ctx, pm, shape);
+      const OlatPipelines p = olat_pipelines(ctx, pm, shape, tuning.gate_signal);
+      mid_ = p.plain;
+      mid_q8_ = p.q8;
+      mid_gate_ = p.gate;
       mid_max_kv_ = max_kv;
       mid_groups_ = groups;
     }

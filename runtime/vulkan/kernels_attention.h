@@ -187,6 +187,10 @@ struct AttentionTuning {
   uint32_t mid_max_kv = 0;
   uint32_t mid_groups = 0;
   uint32_t mid_subgroups = 0;
+  // Also build the single and mid kernels that open a gate for an early-started W_vo
+  // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
+  // starts W_vo early (GpuModelOptions::early_vo).
+  bool gate_signal = false;
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the single-workgroup
@@ -224,10 +228,14 @@ class AttentionOp {
   // counters in `arrivals`, arrivals_bytes(), zero before the first submission and left zero by
   // every dispatch; olat_q8 must then be unset: Error(Runtime)), else a barrier and the merge
   // dispatch (which also writes olat_q8 where set).
-  // Run it only for contexts in `range`.
+  // Run it only for contexts in `range`. gate (set, where decode_signals_gate(range); olat_q8 set
+  // too): each workgroup that finishes heads adds their number to the word at `gate` after writing
+  // olat and its int8 blocks, so that W_vo can be recorded with no barrier before it
+  // (MatvecOp::gate, target n_head); the word must be zero before the dispatch.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
-                     DecodeRange range, std::string_view label, BufferSlice olat_q8 = {}) const;
+                     DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
+                     BufferSlice gate = {}) const;
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
   // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none;
@@ -242,6 +250,11 @@ class AttentionOp {
     if (range == DecodeRange::Single) return single_q8_ != nullptr;
     if (range == DecodeRange::Mid) return mid_q8_ != nullptr;
     return writes_olat_q8() && !merge_folded(range);
+  }
+  // Whether record_decode for `range` can open a gate (the single and mid kernels, built with
+  // AttentionTuning::gate_signal and writing olat's int8 blocks).
+  bool decode_signals_gate(DecodeRange range) const {
+    return (range == DecodeRange::Single && single_gate_) || (range == DecodeRange::Mid && mid_gate_);
   }
   // The mid range's largest context and its workgroups along the context (0, 0: no mid range).
   uint32_t mid_max_kv() const { return mid_max_kv_; }
@@ -295,9 +308,11 @@ class AttentionOp {
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* single_ = nullptr;     // the rows kernel over the whole context, writing olat (or null)
   const Pipeline* single_q8_ = nullptr;  // ... and olat's int8 blocks (or null)
+  const Pipeline* single_gate_ = nullptr;  // ... and opens a gate after them (or null)
   uint32_t single_max_kv_ = 0;
   const Pipeline* mid_ = nullptr;     // the rows kernel that merges in its last workgroup (or null)
   const Pipeline* mid_q8_ = nullptr;  // ... and writes olat's int8 blocks (or null)
+  const Pipeline* mid_gate_ = nullptr;  // ... and opens a gate after them (or null)
   uint32_t mid_max_kv_ = 0, mid_groups_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;

@@ -42,8 +42,12 @@ std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
                                 BufferSlice olat, DecodeRange range, std::string_view label,
-                                BufferSlice olat_q8) const {
+                                BufferSlice olat_q8, BufferSlice gate) const {
   const std::string what = std::string(label) + " partial";
+  const bool gated = gate.buffer != VK_NULL_HANDLE;
+  if (gated && (!decode_signals_gate(range) || olat_q8.buffer == VK_NULL_HANDLE || gate.size < 4))
+    runtime_error(label, ": no gate-opening attention kernel for this range (it needs the single or mid range, "
+                  "built with gate_signal, writing int8 olat, and a gate word)");
   if (range == DecodeRange::Single) {
     const std::string name = std::string(label) + " single";
     if (!single_) runtime_error(name, ": no single-workgroup variant to record");
@@ -51,9 +55,9 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const bool q8 = check_olat_bindings(name, olat, olat_q8, single_q8_ != nullptr);
     // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
-    const BufferSlice b[] = {q, cache, step, olat, olat_q8};
-    rec.dispatch(q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, q8 ? 5 : 4), &args, sizeof args, 1,
-                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+    const BufferSlice b[] = {q, cache, step, olat, olat_q8, gate};
+    rec.dispatch(gated ? *single_gate_ : q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, gated ? 6 : q8 ? 5 : 4),
+                 &args, sizeof args, 1, shape_.n_head, 1, name + (gated ? ".q8out.gate" : q8 ? ".q8out" : ""),
                  single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
     return;
   }
@@ -65,9 +69,10 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_q8_ != nullptr);
     // Contexts past the range leave the workgroups idle (and the counters untouched).
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
-    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8};
-    rec.dispatch(q8 ? *mid_q8_ : *mid_, std::span<const BufferSlice>(b, q8 ? 7 : 6), &args, sizeof args, mid_groups_,
-                 shape_.n_head, 1, q8 ? name + ".q8out" : name,
+    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8, gate};
+    rec.dispatch(gated ? *mid_gate_ : q8 ? *mid_q8_ : *mid_, std::span<const BufferSlice>(b, gated ? 8 : q8 ? 7 : 6),
+                 &args, sizeof args, mid_groups_, shape_.n_head, 1,
+                 name + (gated ? ".q8out.gate" : q8 ? ".q8out" : ""),
                  partial_bytes(profile_kv_len_, mid_groups_) + merge_bytes(profile_kv_len_, mid_groups_) +
                      (q8 ? olat_q8_bytes() : 0));
     return;

@@ -14,7 +14,7 @@ constexpr uint32_t kFewRows = 2048;            // int8 path, one vector: at most
 constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for the staged columns
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8;
+  bool plain, vec8, norm, q8, xq8, gated;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -26,7 +26,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
                   q8_activations_type(*ctx, op.w.type);
   const bool norm = op.norm_weight.buffer != VK_NULL_HANDLE;
   const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8};
+  const bool gated = xq8 && op.gate.buffer != VK_NULL_HANDLE;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated};
 }
 
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
@@ -48,7 +49,38 @@ uint32_t q8_decode_teams(const MatvecOp& op) {
   return op.tuning.teams ? op.tuning.teams : op.w.rows <= kFewRows ? 16u : kGroupsPerWorkgroup;
 }
 
+// The int8 decode kernel's work split (batch 1): subgroups per workgroup, rows per team,
+// subgroups per row.
+struct DecodeSplit {
+  uint32_t teams, nrows, ksplit;
+};
+DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx) {
+  const uint32_t nb = op.w.cols / 32;
+  const uint32_t tpr = ctx.pipelines().use_subgroup() ? ctx.info().subgroup_size : kSharedThreadsPerRow;
+  const bool few = op.w.rows <= kFewRows;
+  const uint32_t teams = q8_decode_teams(op);
+  uint32_t nrows = op.tuning.rows ? op.tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
+  if (!op.tuning.rows)
+    while (nrows > 1 && (op.w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
+  return {teams, nrows, ksplit_of(op, ctx, teams)};
+}
+
+// Weight blocks per lane and row that the early start holds (matvec_q8.comp PRELOAD).
+uint32_t gate_preload(const MatvecOp& op, Context& ctx, const DecodeSplit& s) {
+  const uint32_t nlanes = s.ksplit * ctx.info().subgroup_size;
+  return (op.w.cols / 32 + nlanes - 1) / nlanes;
+}
+
 }  // namespace
+
+bool MatvecOp::gate_supported(Context& ctx) const {
+  MatvecOp probe = *this;
+  probe.gate = {};
+  const Variant v = variant_of(probe, &ctx);
+  if (!v.xq8 || !ctx.pipelines().use_subgroup()) return false;
+  const DecodeSplit s = q8_decode_split(probe, ctx);
+  return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
+}
 
 bool q8_activations_type(Context& ctx, GgmlType t) {
   return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K) &&
@@ -84,6 +116,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.q8) n += ".q8act";
   if (v.xq8) n += ".xq8";
   if (router_fold.enabled()) n += ".rfold";
+  if (v.gated) n += ".gate";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
     if (k > 1) n += cat(".ks", k);
@@ -119,6 +152,13 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
   const uint64_t xq8_need = (uint64_t(x_offset) + w.cols) / 32 * 48;
   if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
+  if (gate.buffer != VK_NULL_HANDLE) {
+    if (!gate_supported(ctx))
+      runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel with pre-quantized x, "
+                    "subgroups and at most ", kMaxGatePreload, " weight blocks per lane)");
+    if (gate.size < 4 || gate_error.size < 4 || gate_target == 0)
+      runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
+  }
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
 
@@ -166,12 +206,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
       teams = tuning.batch_teams ? tuning.batch_teams : 8u;
       nrows = tuning.batch_rows ? tuning.batch_rows : batch > 8 ? 2u : 4u;
     } else {
-      const bool few = w.rows <= kFewRows;
-      teams = q8_decode_teams(*this);
-      nrows = tuning.rows ? tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
-      if (!tuning.rows)
-        while (nrows > 1 && (w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
-      ksplit = ksplit_of(*this, ctx, teams);
+      const DecodeSplit s = q8_decode_split(*this, ctx);
+      teams = s.teams;
+      nrows = s.nrows;
+      ksplit = s.ksplit;
     }
     // Blocks per staging pass: a power of two, at most what the columns need and what fits
     // kQ8StageBytes of shared memory (48 bytes per block and column).
@@ -190,6 +228,11 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
                     {"X_Q8", v.xq8 ? "1" : "0"},
                     {"KSPLIT", std::to_string(ksplit)}};
+    if (v.gated) {
+      desc.defines["WAIT_GATE"] = "1";
+      desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
+      desc.defines["GATE_TARGET"] = std::to_string(gate_target);
+    }
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
     // batch 1: one row, 8-value units for 32-element blocks (Q4_0 154880x2048: 1.43 TB/s vs 0.55
@@ -214,7 +257,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = fold ? 8 : v.norm ? 5 : 4;
+  desc.num_buffers = v.gated ? 10 : fold ? 8 : v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -232,7 +275,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
     a.x_offset = x_offset;
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
-    const BufferSlice bufs[8] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, rw, router_fold.norm_weight, router_fold.acc};
+    // Bindings a variant does not declare are filled with x.
+    const BufferSlice bufs[10] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, fold ? rw : x,
+                                  fold ? router_fold.norm_weight : x, fold ? router_fold.acc : x, gate, gate_error};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -85,6 +85,19 @@ struct MatvecOp {
   // without norm_weight: nothing is staged (matvec_q8.comp X_Q8). x stays bound-checked and is the
   // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
   BufferSlice x_q8;
+  // Early start (docs/DECODE.md "Early start"; matvec_q8.comp WAIT_GATE): set, the x_q8 kernel is
+  // recorded with no barrier after the dispatch that writes x_q8, which adds to the word at
+  // `gate` as its workgroups finish. Each workgroup loads its weight blocks, waits until the word
+  // reaches gate_target, then reads x_q8. A wait that gives up (a device that ran this dispatch
+  // alone) writes 1 to the word at gate_error (host-visible: the caller checks it after the step
+  // and fails). Only where gate_supported(); record() refuses it elsewhere.
+  BufferSlice gate;
+  uint32_t gate_target = 0;
+  BufferSlice gate_error;
+  // The early start serves this op on this device: the int8 kernel with x_q8, subgroups, and at
+  // most kMaxGatePreload weight blocks per lane to hold while waiting.
+  bool gate_supported(Context& ctx) const;
+  static constexpr uint32_t kMaxGatePreload = 8;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

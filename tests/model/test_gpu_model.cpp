@@ -252,6 +252,35 @@ TEST(GpuModel, StepWordsFromTheDeviceCopyGiveTheSameBits) {
   }
 }
 
+// W_vo started early (GpuModelOptions::early_vo, default): no barrier between the attention and
+// W_vo where the attention kernel opens W_vo's gate (the single and mid ranges), the same
+// kernels' sums otherwise, so the same bits as with the barrier: a prompt and 12 decoded tokens
+// across the single, mid and short ranges (bounds 3 and 9), the gate words reset every step.
+TEST(GpuModel, EarlyVoGivesTheSameBits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  uint32_t barriers[2] = {}, layers = 0;
+  for (bool early : {false, true}) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.early_vo = early;
+    o.attention.single_max_kv = 3;
+    o.attention.mid_max_kv = 9;
+    o.attention.mid_groups = 3;
+    model::GpuModel m(context(), tsr, o);
+    barriers[early] = m.stats().barriers;
+    layers = m.stats().layers;
+    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
+    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+  }
+  if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early start here (int8 kernels with subgroups)";
+  EXPECT_EQ(barriers[0] - barriers[1], layers) << "one barrier less per layer";
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // The decode step's attention ranges (single workgroup per head, the merging mid range, the
 // split short range) give the logits of the split attention everywhere: 14 tokens through
 // recordings whose ranges end at 3 and 9 positions, against the model without the first two

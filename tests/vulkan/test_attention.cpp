@@ -452,6 +452,19 @@ void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t
   rec.end();
   EXPECT_EQ(rec.dispatch_count(), 1u);
   EXPECT_EQ(rec.barrier_count(), 0u);
+  // The kernel that also opens W_vo's gate (AttentionTuning::gate_signal): the same olat bits, and
+  // the gate word counts every head once.
+  const bool gated = op.decode_signals_gate(range);
+  EXPECT_EQ(gated, q8) << "gate_signal was asked for";
+  vk::Buffer gate = make_buffer(16, "gate");
+  vk::CommandRecorder rec_gate(*gpu().ctx);
+  if (gated) {
+    rec_gate.begin();
+    op.record_decode(rec_gate, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                     partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), gate.whole());
+    rec_gate.end();
+    EXPECT_EQ(rec_gate.dispatch_count(), 1u);
+  }
   for (uint32_t kv_len : kv_lens) {
     poison(olat);
     poison(olat_q8);
@@ -460,11 +473,30 @@ void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t
     rec.run();
     const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
     expect_olat_near(got, q_h, cache_h, n_head, kv_lora, n_rot, kv_len, shape.kq_scale, rope);
-    if (q8)
-      vktest::expect_q8_blocks_close(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), vktest::q8_blocks(got),
-                                     cat("olat q8, kv_len ", kv_len));
+    std::vector<uint32_t> got_q8;
+    if (q8) {
+      got_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
+      vktest::expect_q8_blocks_close(got_q8, vktest::q8_blocks(got), cat("olat q8, kv_len ", kv_len));
+    }
     for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
       ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
+    if (!gated) continue;
+    poison(olat);
+    poison(olat_q8);
+    upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+    rec_gate.run();
+    EXPECT_EQ(download<float>(olat, size_t(n_head) * kv_lora), got) << "gated kernel, kv_len " << kv_len;
+    EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), got_q8) << "gated kernel, kv_len " << kv_len;
+    EXPECT_EQ(download<uint32_t>(gate, 4), (std::vector<uint32_t>{n_head, 0, 0, 0})) << "kv_len " << kv_len;
+  }
+  // No gate without the int8 blocks it opens on.
+  if (gated) {
+    vk::CommandRecorder bad(*gpu().ctx);
+    bad.begin();
+    EXPECT_THROW(op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                                  partials.whole(), arrivals.whole(), olat.whole(), range, "attn", {}, gate.whole()),
+                 Error);
+    bad.end();
   }
 }
 
@@ -495,6 +527,7 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
     t.single_subgroups = c.subgroups;
     t.single_round = c.round;
     t.single_early = c.early;
+    t.gate_signal = true;
     vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
     const uint32_t max_kv = op.single_max_kv();
@@ -543,6 +576,7 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
     t.mid_max_kv = c.mid_max;
     t.mid_groups = c.groups;
     t.mid_subgroups = c.subgroups;
+    t.gate_signal = true;
     vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.mid_max_kv()) GTEST_SKIP() << "no mid-range kernel (subgroup arithmetic)";
     const uint32_t lo = op.single_max_kv(), hi = op.mid_max_kv();

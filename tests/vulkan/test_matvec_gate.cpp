@@ -1,0 +1,176 @@
+// W_vo's early start (matvec_q8.comp WAIT_GATE, MatvecOp::gate; docs/DECODE.md "Early start"):
+// the gated int8 matvec loads its weight blocks, waits on the gate word, then reads x's int8
+// blocks. Against the ungated kernel on the same inputs: the same bits for every int8 type and
+// awkward shapes (rows not a multiple of the workgroup, rows shorter than a subgroup's lanes,
+// several rows per team); a gate that never opens sets the error word; and record() refuses the
+// gate where the kernel cannot take it.
+#include <random>
+
+#include "runtime/vulkan/kernels_matvec.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using vktest::Gpu;
+
+struct GateCase {
+  GgmlType type;
+  uint32_t rows, cols;
+  uint32_t ksplit = 0, nrows = 0;  // MatvecTuning::ksplit / rows (0: auto)
+  bool accumulate = true;
+};
+
+std::string describe(const GateCase& c) {
+  return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
+             c.accumulate ? " acc" : "");
+}
+
+struct GateRun {
+  std::vector<float> y;
+  uint32_t error = 0;
+};
+
+// Runs the int8 matvec on x's int8 blocks, with the gate word preset to `gate_value` (gated) or
+// without a gate; y starts from y0.
+GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer& xq8, const std::vector<float>& y0,
+            bool gated, uint32_t gate_value, uint32_t target) {
+  vk::Buffer x = vktest::make_buffer(g, uint64_t(c.cols) * 4, "x");
+  vktest::poison(g, x);  // the kernel reads the int8 blocks only
+  vk::Buffer y = vktest::make_buffer(g, y0.size() * 4, "y");
+  vktest::upload_bytes(g, y, y0.data(), y0.size() * 4);
+  vk::Buffer gate = vktest::make_buffer(g, 16, "gate");
+  const uint32_t gate_words[4] = {gate_value, 0, 0, 0};
+  vktest::upload_bytes(g, gate, gate_words, sizeof gate_words);
+  vk::Buffer err = vktest::make_buffer(g, 16, "gate error", true);
+  const uint32_t zero[4] = {};
+  vktest::upload_bytes(g, err, zero, sizeof zero);
+
+  vk::MatvecOp op;
+  op.w = w;
+  op.x = x.whole();
+  op.x_q8 = xq8.whole();
+  op.y = y.whole();
+  op.accumulate = c.accumulate;
+  op.tuning.ksplit = c.ksplit;
+  op.tuning.rows = c.nrows;
+  if (gated) {
+    op.gate = gate.whole();
+    op.gate_target = target;
+    op.gate_error = err.whole();
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".gate"), std::string::npos) << describe(c);
+  }
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  op.record(rec);
+  rec.end();
+  rec.run();
+  GateRun r;
+  r.y = vktest::download_floats(g, y, y0.size());
+  uint32_t words[4];
+  err.read(0, words, sizeof words);
+  r.error = words[0];
+  return r;
+}
+
+// A matrix and x's int8 blocks for a case; skips (returns false) where the gate does not apply.
+bool setup(Gpu& g, const GateCase& c, uint32_t seed, std::unique_ptr<vktest::DeviceMatrix>& dm, vk::Buffer& xq8,
+           std::vector<float>& y0) {
+  std::mt19937 rng(seed);
+  const std::vector<uint8_t> w = vktest::random_matrix(rng, c.type, c.rows, c.cols);
+  dm = vktest::upload_matrix(g, c.type, c.rows, c.cols, w);
+  const std::vector<uint32_t> blocks = vktest::q8_blocks(vktest::random_values(rng, c.cols));
+  xq8 = vktest::make_buffer(g, blocks.size() * 4, "x q8");
+  vktest::upload_bytes(g, xq8, blocks.data(), blocks.size() * 4);
+  y0 = vktest::random_values(rng, c.rows);
+  vk::MatvecOp probe;
+  probe.w = dm->ref;
+  probe.x_q8 = xq8.whole();
+  probe.tuning.ksplit = c.ksplit;
+  probe.tuning.rows = c.nrows;
+  return probe.gate_supported(*g.ctx);
+}
+
+TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  const uint32_t sg = g.ctx->info().subgroup_size;
+  const std::vector<GateCase> cases = {
+      {GgmlType::Q8_0, 67, 32 * sg, 2},        // W_vo's split: two subgroups per row, blocks per lane < 1
+      {GgmlType::Q8_0, 1000, 96 * sg, 2},      // 3 blocks per lane
+      {GgmlType::Q4_0, 7, 32 * (2 * sg + 3)},  // the last block round partly past the row
+      {GgmlType::Q4_0, 3000, 64, 0, 0, false}, // more rows than kFewRows: several rows per team; no accumulate
+      {GgmlType::Q4_K, 33, 256 * sg / 4, 2},
+      {GgmlType::Q6_K, 19, 512, 1, 2},
+  };
+  uint32_t seed = 7, ran = 0;
+  for (const GateCase& c : cases) {
+    SCOPED_TRACE(describe(c));
+    if (!vk::q8_activations_type(*g.ctx, c.type)) continue;
+    std::unique_ptr<vktest::DeviceMatrix> dm;
+    vk::Buffer xq8;
+    std::vector<float> y0;
+    if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
+    ++ran;
+    const GateRun plain = run(g, c, dm->ref, xq8, y0, false, 0, 0);
+    const GateRun open = run(g, c, dm->ref, xq8, y0, true, 5, 5);
+    EXPECT_EQ(open.error, 0u);
+    ASSERT_EQ(plain.y.size(), open.y.size());
+    for (size_t i = 0; i < plain.y.size(); ++i)
+      ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
+  }
+  EXPECT_GE(ran, 4u) << "too few cases took the gate";
+}
+
+// A gate that never reaches its target: the wait gives up and sets the error word (the decode
+// step then re-records without the early start) instead of hanging the queue.
+TEST(MatvecGate, GateThatNeverOpensSetsTheErrorWord) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q8_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  const GateCase c{GgmlType::Q8_0, 5, 64, 1};
+  std::unique_ptr<vktest::DeviceMatrix> dm;
+  vk::Buffer xq8;
+  std::vector<float> y0;
+  ASSERT_TRUE(setup(g, c, 3, dm, xq8, y0));
+  EXPECT_EQ(run(g, c, dm->ref, xq8, y0, true, 2, 3).error, 1u);
+  EXPECT_EQ(run(g, c, dm->ref, xq8, y0, true, 0, 1000).error, 1u);
+}
+
+// The gate only where the kernel can take it: the int8 kernel with pre-quantized x, and few
+// enough blocks per lane to hold while waiting.
+TEST(MatvecGate, RefusedWhereTheKernelCannotWait) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  std::mt19937 rng(11);
+  const uint32_t rows = 9, cols = 32 * 64 * 9;  // 9 blocks per lane even with 64 lanes per row
+  auto dm = vktest::upload_matrix(g, GgmlType::Q8_0, rows, cols, vktest::random_matrix(rng, GgmlType::Q8_0, rows, cols));
+  vk::Buffer x = vktest::make_buffer(g, uint64_t(cols) * 4, "x"), y = vktest::make_buffer(g, rows * 4, "y");
+  vk::Buffer xq8 = vktest::make_buffer(g, cols / 32 * 48, "x q8"), gate = vktest::make_buffer(g, 16, "gate");
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = x.whole();
+  op.y = y.whole();
+  op.gate = gate.whole();
+  op.gate_target = 1;
+  op.gate_error = gate.whole();
+  auto refused = [&](const char* why) {
+    SCOPED_TRACE(why);
+    EXPECT_FALSE(op.gate_supported(*g.ctx));
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    EXPECT_THROW(op.record(rec), Error);
+    rec.end();
+  };
+  refused("no int8 x");
+  op.x_q8 = xq8.whole();
+  refused("too many blocks per lane");
+  op.int8_activations = false;
+  refused("the f32 kernel");
+}
+
+}  // namespace
+}  // namespace tessera

@@ -31,6 +31,7 @@ using uint = uint32_t;
 
 // MatvecArgs.flags bits.
 #define TS_MATVEC_ACCUMULATE 1u  // y += W x instead of y = W x
+// (The high 16 bits of MatvecArgs::flags stay zero: matvec_q8.comp WAIT_GATE masks with them.)
 
 // The router fold (shaders/router_partial.glsl, docs/ARCHITECTURE.md "Router fold"): the matvec
 // that writes x before a MoE FFN adds partial router logits and sum(x^2) into 64-bit fixed-point

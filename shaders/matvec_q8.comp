@@ -33,7 +33,9 @@
 // nlanes, j < PRELOAD), then invocation 0 polls the gate until it reaches GATE_TARGET (a wait of
 // more than kGateSpins polls gives up and sets the error word: a device that did not run the
 // producer beside this dispatch), and only then are x's blocks read. The sums run in the same
-// order as without the gate: the same bits.
+// order as without the gate: the same bits. GATE_X: how x's blocks are read after the gate: 0
+// each lane its own, coherent (L2); 1 (default) the workgroup copies them once into shared memory
+// (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 each lane its own, plain.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
 // (WAIT_GATE).
@@ -47,6 +49,9 @@
 #endif
 #if WAIT_GATE && (!X_Q8 || !USE_SUBGROUP)
 #error "matvec_q8.comp: WAIT_GATE needs X_Q8 and subgroups"
+#endif
+#if WAIT_GATE
+#extension GL_KHR_memory_scope_semantics : require
 #endif
 
 #define W_Q_BINDING 0
@@ -63,13 +68,18 @@ layout(local_size_x = WG_SIZE) in;
 #if NUM_COLS != 1 || NORM_INPUT
 #error "matvec_q8.comp: X_Q8 takes one column and no input norm"
 #endif
-#if WAIT_GATE
+#ifndef GATE_X
+#define GATE_X 1
+#endif
+#if WAIT_GATE && GATE_X != 2
 // Written by the producer while this dispatch runs: coherent (no stale L1 lines).
 layout(std430, binding = 2) coherent readonly restrict buffer XQ8 { uvec4 xq[]; };
-layout(std430, binding = 8) coherent volatile restrict buffer Gate { uint gate[]; };
-layout(std430, binding = 9) coherent restrict buffer GateError { uint gate_error[]; };
 #else
 layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
+#endif
+#if WAIT_GATE
+layout(std430, binding = 8) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 9) coherent restrict buffer GateError { uint gate_error[]; };
 #endif
 #else
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
@@ -127,19 +137,38 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
   }
 }
 #if WAIT_GATE
-// Polls before a wait gives up: ~16 ms on an H100 (a poll is an L2 round trip), far past any
-// attention; below the 65535 iterations at which llvmpipe ends a loop by itself.
+// Polls before a wait gives up: several ms on an H100 (each poll an L2 round trip), far past
+// any attention; below the 65535 iterations at which llvmpipe ends a loop by itself.
 const uint kGateSpins = 1u << 15;
 
-// Until the gate word reaches GATE_TARGET (invocation 0 polls; the workgroup waits at the
-// barrier), then x's blocks are visible. A wait that ends with the gate still short (given up,
-// or a loop cut short by the driver) sets the error word. Uniform control flow.
-void wait_gate() {
+// One poll: an atomic load (relaxed, device scope). A plain load, even a volatile one, may be
+// hoisted out of the loop (llvmpipe does); an atomic add of zero is not, but the workgroups'
+// read-modify-writes of one word serialize at the L2 and held the attention's own arrivals back
+// (H100: W_vo 13.6 -> 41.6 us, PERFORMANCE.md session 10).
+uint gate_load() { return atomicLoad(gate[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed); }
+
+shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
+
+// Until the gate word reaches GATE_TARGET, then x's blocks are visible. `dep` folds the lane's
+// preloaded weight words: each subgroup stores (its lanes' dep) & (the high half of flags, zero)
+// into shared memory before the first barrier, and invocation 0 adds the first such word to what
+// it polls. Without that data dependence the compiler may sink the weight loads past the wait
+// (it did on the H100: 35 registers, the loads issued after the gate opened). Invocation 0
+// polls, the workgroup waits at the second barrier. A wait that ends with the gate still short
+// (given up, or a loop cut short by the driver) sets the error word to 1 and the next word to
+// what the gate held. Uniform control flow.
+void wait_gate(uint dep) {
+  const uint sdep = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
+  if (subgroupElect()) gate_dep[gl_SubgroupID] = sdep;
+  barrier();  // every lane's weight loads have landed
   if (gl_LocalInvocationIndex == 0u) {
-    uint spins = 0u;
-    while (gate[0] < uint(GATE_TARGET) && ++spins < kGateSpins) {
+    const uint zero = gate_dep[0];
+    uint seen = gate_load() + zero;
+    for (uint spins = 1u; seen < uint(GATE_TARGET) && spins < kGateSpins; ++spins) seen = gate_load() + zero;
+    if (seen < uint(GATE_TARGET)) {
+      gate_error[1] = seen;
+      gate_error[0] = 1u;
     }
-    if (gate[0] < uint(GATE_TARGET)) gate_error[0] = 1u;
   }
   barrier();
   memoryBarrierBuffer();
@@ -153,13 +182,37 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout flo
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
     [[unroll]] for (uint j = 0; j < PRELOAD; ++j) w[r][j] = q8_load_block(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
   }
-  wait_gate();
+  uint dep = 0u;  // every loaded word of every block (its scale included)
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
+#if WTYPE == TS_TYPE_Q6_K
+      dep |= w[r][j].a.x ^ w[r][j].b.w ^ floatBitsToUint(w[r][j].d.x);
+#else
+      dep |= w[r][j].a.x ^ w[r][j].b.w ^ floatBitsToUint(w[r][j].d);
+#endif
+    }
+  }
+  wait_gate(dep);
   const uint b0 = args.x_offset / 32u;
+#if GATE_X == 1
+  // x's blocks read once per workgroup into shared memory (every team reads all of them).
+  for (uint b = gl_LocalInvocationIndex; b < nb; b += WG_SIZE) {
+    q8_lo[b] = xq[3u * (b0 + b)];
+    q8_hi[b] = xq[3u * (b0 + b) + 1u];
+    q8_ds[b] = uintBitsToFloat(xq[3u * (b0 + b) + 2u]);
+  }
+  barrier();
+#endif
   [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
     const uint b = lane + j * nlanes;
     if (b < nb) {
+#if GATE_X == 1
+      const uvec4 xl = q8_lo[b], xh = q8_hi[b];
+      const vec4 xd = q8_ds[b];
+#else
       const uvec4 xl = xq[3u * (b0 + b)], xh = xq[3u * (b0 + b) + 1u];
       const vec4 xd = uintBitsToFloat(xq[3u * (b0 + b) + 2u]);
+#endif
       [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r)
         if (r < nvalid) acc[r][0] += q8_dot_loaded(w[r][j], xl, xh, xd);
     }

@@ -27,7 +27,7 @@ constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early sta
                                          // (byte 256: any storage-buffer offset alignment)
 constexpr uint32_t kGateStride = 256;   // bytes between the layers' gate words (binding offsets)
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
-constexpr uint32_t kStepBytes = (kGateErrorWord + 1) * 4;
+constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and the gate it saw
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
 
@@ -363,7 +363,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (gate.buffer) {
       op.gate = gate;
       op.gate_target = H;
-      op.gate_error = host_step.sub(kGateErrorWord * 4, 4);
+      op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
     }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
@@ -648,15 +648,16 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   write_step(uint32_t(token), pos);
   rec.run();
   if (!options_.early_vo) return;
-  uint32_t gave_up = 0;
-  w_->step.read(kGateErrorWord * 4, &gave_up, 4);
-  if (!gave_up) return;
+  uint32_t gave_up[2] = {};
+  w_->step.read(kGateErrorWord * 4, gave_up, 8);
+  if (!gave_up[0]) return;
   // W_vo waited for an attention that this device did not run beside it: the step's x is wrong.
   // Re-record without the early start and run the step again (it rewrites the same cache row).
-  const uint32_t zero = 0;
-  w_->step.write(kGateErrorWord * 4, &zero, 4);
-  std::fprintf(stderr, "tessera: %s did not run W_vo beside the attention (the early start's wait gave up); "
-               "recording the decode step without it\n", ctx_.info().name.c_str());
+  const uint32_t zero[2] = {};
+  w_->step.write(kGateErrorWord * 4, zero, 8);
+  std::fprintf(stderr, "tessera: %s did not run W_vo beside the attention (the early start's wait gave up with the gate "
+               "at %u of %u, position %u); recording the decode step without it\n", ctx_.info().name.c_str(), gave_up[1],
+               config_.n_head, pos);
   options_.early_vo = false;
   const bool profiled = &rec == prof_rec_.get();
   record_steps();

@@ -79,6 +79,8 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   const Variant v = variant_of(probe, &ctx);
   if (!v.xq8 || !ctx.pipelines().use_subgroup()) return false;
   const DecodeSplit s = q8_decode_split(probe, ctx);
+  const bool staged = probe.tuning.gate_x == 0 || probe.tuning.gate_x == 2;
+  if (staged && !q8_activations_usable(ctx, w.type, w.cols)) return false;  // x's blocks in shared memory
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
 }
 
@@ -156,7 +158,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (!gate_supported(ctx))
       runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel with pre-quantized x, "
                     "subgroups and at most ", kMaxGatePreload, " weight blocks per lane)");
-    if (gate.size < 4 || gate_error.size < 4 || gate_target == 0)
+    if (gate.size < 4 || gate_error.size < 8 || gate_target == 0)
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
   }
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
@@ -199,6 +201,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
                   tuning.batch_rows, " rows per team outside 1..16 / 1..4");
     if (tuning.blocks_per_iter != 0 && tuning.blocks_per_iter != 2 && tuning.blocks_per_iter != 4)
       usage_error("matvec tuning: ", tuning.blocks_per_iter, " blocks per iteration, expected 2 or 4");
+    if (tuning.gate_x > 3) usage_error("matvec tuning: gate_x=", tuning.gate_x, " outside 0..3");
     if (tuning.ksplit > 1 && tuning.ksplit != 2 && tuning.ksplit != 4)
       usage_error("matvec tuning: ", tuning.ksplit, " subgroups per row, expected 1, 2 or 4");
     uint32_t teams = 0, nrows = 0, ksplit = 1;
@@ -232,6 +235,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["WAIT_GATE"] = "1";
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
       desc.defines["GATE_TARGET"] = std::to_string(gate_target);
+      const uint32_t gx = tuning.gate_x ? tuning.gate_x - 1 : 1u;
+      desc.defines["GATE_X"] = std::to_string(gx);
+      if (gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):

@@ -47,6 +47,10 @@ struct MatvecTuning {
   // pre-quantized (MatvecOp::x_q8), else 1) for rows that take a lane more than two loop
   // iterations (W_vo: 10240 values); a workgroup then holds teams / ksplit rows (x nrows).
   uint32_t ksplit = 0;
+  // Early start (MatvecOp::gate): how x's int8 blocks are read after the gate opens, 1..3 - 1
+  // (matvec_q8.comp GATE_X: 0 each lane coherent from L2, 1 copied once per workgroup into shared
+  // memory, 2 each lane plain); 0: auto (1).
+  uint32_t gate_x = 0;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).
@@ -89,8 +93,9 @@ struct MatvecOp {
   // recorded with no barrier after the dispatch that writes x_q8, which adds to the word at
   // `gate` as its workgroups finish. Each workgroup loads its weight blocks, waits until the word
   // reaches gate_target, then reads x_q8. A wait that gives up (a device that ran this dispatch
-  // alone) writes 1 to the word at gate_error (host-visible: the caller checks it after the step
-  // and fails). Only where gate_supported(); record() refuses it elsewhere.
+  // alone) writes 1 to the word at gate_error and the gate it saw to the next (8 bytes,
+  // host-visible: the caller checks them after the step). Only where gate_supported(); record()
+  // refuses it elsewhere.
   BufferSlice gate;
   uint32_t gate_target = 0;
   BufferSlice gate_error;

@@ -19,11 +19,12 @@ struct GateCase {
   uint32_t rows, cols;
   uint32_t ksplit = 0, nrows = 0;  // MatvecTuning::ksplit / rows (0: auto)
   bool accumulate = true;
+  uint32_t gate_x = 0;  // MatvecTuning::gate_x
 };
 
 std::string describe(const GateCase& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
-             c.accumulate ? " acc" : "");
+             c.accumulate ? " acc" : "", " gate_x ", c.gate_x);
 }
 
 struct GateRun {
@@ -54,6 +55,7 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   op.accumulate = c.accumulate;
   op.tuning.ksplit = c.ksplit;
   op.tuning.rows = c.nrows;
+  op.tuning.gate_x = c.gate_x;
   if (gated) {
     op.gate = gate.whole();
     op.gate_target = target;
@@ -88,6 +90,7 @@ bool setup(Gpu& g, const GateCase& c, uint32_t seed, std::unique_ptr<vktest::Dev
   probe.x_q8 = xq8.whole();
   probe.tuning.ksplit = c.ksplit;
   probe.tuning.rows = c.nrows;
+  probe.tuning.gate_x = c.gate_x;
   return probe.gate_supported(*g.ctx);
 }
 
@@ -106,7 +109,9 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
       {GgmlType::Q6_K, 19, 512, 1, 2},
   };
   uint32_t seed = 7, ran = 0;
-  for (const GateCase& c : cases) {
+  for (GateCase c : cases)
+   for (uint32_t gx : {0u, 1u, 2u, 3u}) {  // auto, coherent per lane, staged, plain per lane
+    c.gate_x = gx;
     SCOPED_TRACE(describe(c));
     if (!vk::q8_activations_type(*g.ctx, c.type)) continue;
     std::unique_ptr<vktest::DeviceMatrix> dm;
@@ -120,8 +125,8 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
     ASSERT_EQ(plain.y.size(), open.y.size());
     for (size_t i = 0; i < plain.y.size(); ++i)
       ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
-  }
-  EXPECT_GE(ran, 4u) << "too few cases took the gate";
+   }
+  EXPECT_GE(ran, 16u) << "too few cases took the gate";
 }
 
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode

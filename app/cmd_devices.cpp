@@ -49,6 +49,7 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
                                        : (f.cooperative_matrix_nv ? "NV" : "no"));
   std::printf("  timestamps               %s\n", d.timestamp_period_ns > 0 ? "yes" : "no");
   std::printf("  kernel statistics        %s (bench --kernel-stats)\n", yes_no(f.pipeline_statistics));
+  std::printf("  device clock in shaders  %s (bench --tune gate_stats=1 timeline)\n", yes_no(f.device_clock));
   std::printf("  usable by tessera        %s%s\n", why.empty() ? "yes" : "no: ", why.c_str());
 }
 

@@ -16,14 +16,30 @@
 // 32b..32b+31 of the flat [N_HEAD][R] output, 3 uvec4 each), the input format of the int8 matvec
 // that reads olat (W_vo: matvec_q8.comp X_Q8), which then stages nothing.
 //
+// GATE_SIGNAL (with Q8_OUT): after its olat values and int8 blocks are written and made visible
+// device-wide, each workgroup adds 1 to the gate word (binding 4), which an early-started W_vo
+// waits on until it counts every workgroup (docs/DECODE.md "Early start").
+//
 // Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), COLS, LANES (COLS*LANES
 // a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full
-// subgroups), Q8_OUT (0/1; 1 needs COLS and R multiples of 32).
+// subgroups), Q8_OUT (0/1; 1 needs COLS and R multiples of 32), GATE_SIGNAL (0/1).
 #extension GL_GOOGLE_include_directive : require
 #extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
 #ifndef Q8_OUT
 #define Q8_OUT 0
+#endif
+#ifndef GATE_SIGNAL
+#define GATE_SIGNAL 0
+#endif
+#if GATE_SIGNAL && !Q8_OUT
+#error "attention_merge.comp: GATE_SIGNAL needs Q8_OUT"
+#endif
+// Read by a consumer that runs beside this dispatch: coherent (the stores reach the device level).
+#if GATE_SIGNAL
+#define OUT_QUAL coherent writeonly
+#else
+#define OUT_QUAL writeonly restrict
 #endif
 #if MERGE_SG
 #extension GL_KHR_shader_subgroup_basic : require
@@ -36,10 +52,13 @@ layout(local_size_x = WG) in;
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
 layout(std430, binding = 0) readonly restrict buffer Partials { float partials[]; };
 layout(std430, binding = 1) readonly restrict buffer Step { uint step_words[]; };
-layout(std430, binding = 2) writeonly restrict buffer Out { float olat[]; };  // N_HEAD x R
+layout(std430, binding = 2) OUT_QUAL buffer Out { float olat[]; };  // N_HEAD x R
 #if Q8_OUT
 #include "q8_quantize.glsl"
-layout(std430, binding = 3) writeonly restrict buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+layout(std430, binding = 3) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
+#if GATE_SIGNAL
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+#endif
 shared float q8_src[COLS];
 #endif
 
@@ -157,5 +176,10 @@ void main() {
     olat_q8[3u * blk + 1u] = hi;
     olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
   }
+#endif
+#if GATE_SIGNAL
+  memoryBarrierBuffer();  // this invocation's stores visible device-wide, then one arrival
+  barrier();
+  if (tid == 0u) atomicAdd(gate[0], 1u);
 #endif
 }

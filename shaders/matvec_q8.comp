@@ -34,11 +34,12 @@
 // more than kGateSpins polls gives up and sets the error word: a device that did not run the
 // producer beside this dispatch), and only then are x's blocks read. The sums run in the same
 // order as without the gate: the same bits. GATE_X: how x's blocks are read after the gate: 0
-// each lane its own, coherent (L2); 1 (default) the workgroup copies them once into shared memory
-// (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 each lane its own, plain.
+// each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
+// (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
+// plain loads ordered by the fence after the poll (the teams share them through L1).
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
-// (WAIT_GATE).
+// (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats).
 
 #include "common.glsl"
 #ifndef X_Q8
@@ -69,7 +70,13 @@ layout(local_size_x = WG_SIZE) in;
 #error "matvec_q8.comp: X_Q8 takes one column and no input norm"
 #endif
 #ifndef GATE_X
-#define GATE_X 1
+#define GATE_X 2
+#endif
+#ifndef GATE_STATS
+#define GATE_STATS 0
+#endif
+#ifndef GATE_CLOCK
+#define GATE_CLOCK 0
 #endif
 #if WAIT_GATE && GATE_X != 2
 // Written by the producer while this dispatch runs: coherent (no stale L1 lines).
@@ -80,6 +87,21 @@ layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
 #if WAIT_GATE
 layout(std430, binding = 8) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 9) coherent restrict buffer GateError { uint gate_error[]; };
+#if GATE_STATS
+// [0] workgroups whose first poll found the gate closed, [1] workgroups that polled; with
+// GATE_CLOCK (the device clock, clockRealtimeEXT) the 64-bit words from [2]: the maxima of ~start,
+// ~open, open, end over the workgroups (start: the workgroup began; open: its poll saw the gate
+// reach its target; end: it finished), i.e. the first start and open, the last open and end.
+layout(std430, binding = 10) buffer GateStats { uint gate_stats[]; };
+#if GATE_CLOCK
+#extension GL_EXT_shader_realtime_clock : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int64 : require
+#extension GL_EXT_shader_atomic_int64 : require
+layout(std430, binding = 10) buffer GateTimes { uint64_t gate_times[]; };
+uint64_t gate_t_start;
+void gate_time(uint i, uint64_t t) { atomicMax(gate_times[2u + i], t); }
+#endif
+#endif
 #endif
 #else
 layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
@@ -164,11 +186,21 @@ void wait_gate(uint dep) {
   if (gl_LocalInvocationIndex == 0u) {
     const uint zero = gate_dep[0];
     uint seen = gate_load() + zero;
+#if GATE_STATS
+    if (seen < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
+    atomicAdd(gate_stats[1], 1u);
+#endif
     for (uint spins = 1u; seen < uint(GATE_TARGET) && spins < kGateSpins; ++spins) seen = gate_load() + zero;
     if (seen < uint(GATE_TARGET)) {
       gate_error[1] = seen;
       gate_error[0] = 1u;
     }
+#if GATE_STATS && GATE_CLOCK
+    const uint64_t t_open = clockRealtimeEXT();
+    gate_time(0u, ~gate_t_start);
+    gate_time(1u, ~t_open);
+    gate_time(2u, t_open);
+#endif
   }
   barrier();
   memoryBarrierBuffer();
@@ -290,6 +322,9 @@ void main() {
   // (Measured against reducing them first, session 9: W_qk -0.2 µs, the token unchanged.)
   float scale[NUM_COLS];
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 0.0;
+#if GATE_STATS && GATE_CLOCK
+  gate_t_start = clockRealtimeEXT();
+#endif
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
@@ -374,5 +409,8 @@ void main() {
 #endif
 #if ROUTER_FOLD
   router_partial(args.row_begin + row0, row_end - row0);
+#endif
+#if GATE_STATS && GATE_CLOCK
+  if (gl_LocalInvocationIndex == 0u) gate_time(3u, clockRealtimeEXT());
 #endif
 }

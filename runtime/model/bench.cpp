@@ -370,6 +370,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
   go.early_vo = o.early_vo;
+  go.gate_stats = o.gate_stats;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
@@ -390,6 +391,16 @@ BenchReport run_bench(const BenchOptions& o) {
     h.prefill_weight_bytes = model.prefill_stats().weight_bytes;
     GpuTarget t(model);
     report.results = run_grid(o, t, model.n_vocab());
+    if (o.gate_stats) {
+      const GateTrace& g = model.gate_trace();
+      h.early_start = cat(g.closed, " of ", g.workgroups, " workgroups found the gate closed at their first poll");
+      if (g.layers) {
+        auto us = [&](uint64_t ns) { return cat(std::round(double(ns) / g.layers / 10.0) / 100.0); };
+        h.early_start += cat("; per layer: ", us(g.wait_ns), " us from the first start to the first open, ",
+                             us(g.open_spread_ns), " us first to last open, ", us(g.after_open_ns),
+                             " us from the first open to the last end");
+      }
+    }
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
   }

@@ -61,6 +61,7 @@ struct BenchOptions {
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)
   bool step_local = true;                 // GpuModelOptions::step_local (--tune step_local=0|1)
   bool early_vo = true;                   // GpuModelOptions::early_vo (--tune early_vo=0|1)
+  bool gate_stats = false;                // GpuModelOptions::gate_stats (--tune gate_stats=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.
@@ -83,6 +84,7 @@ struct BenchHeader {
   std::string router;          // "fused" (router fold) or "dispatch" (router kernel) (Vulkan MoE models)
   bool forced_tokens = false;  // decode fed fixed ids (BenchOptions::forced_tokens)
   std::string barrier_scope;   // the decode step's barrier scope where not the default ("compute", "compute only")
+  std::string early_start;     // --tune gate_stats=1: how many early-started W_vo workgroups waited
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
   uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
   uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head

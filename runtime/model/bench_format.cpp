@@ -94,6 +94,7 @@ std::string bench_markdown(const BenchReport& r) {
                                            : "its own dispatch") +
            "\n";
     if (!h.barrier_scope.empty()) s += "barriers:   " + h.barrier_scope + "\n";
+    if (!h.early_start.empty()) s += "early W_vo: " + h.early_start + "\n";
     if (h.forced_tokens) s += "decode:     fed fixed token ids, not its own samples (--forced-tokens)\n";
     if (h.backend == "vulkan" && h.prefill_chunk)
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +

@@ -60,6 +60,8 @@ struct GpuModel::Weights {
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
   vk::Buffer gates;          // W_vo's early-start gate words: one per layer, kGateStride apart
+  vk::Buffer gate_stats;     // GpuModelOptions::gate_stats: per layer (kGateStride apart) the gated
+                             // W_vo's counters and times, zeroed each step, summed on the host
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible
@@ -257,6 +259,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
       {&w.step_local, "step values (device copy)", kStepBytes},
       {&w.gates, "early-start gates", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
+      {&w.gate_stats, "early-start counters", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
   };
 
   vk::MemoryPlan plan;
@@ -341,6 +344,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
+  uint32_t gate_layer = 0;  // the layer being recorded (W_vo's gate statistics slice)
   // gate: W_vo's early start (the gate word; target n_head, errors to the host step buffer).
   auto matvec_op = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
                        const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
@@ -361,9 +365,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
                     const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, vk::BufferSlice gate = {}) {
     vk::MatvecOp op = matvec_op(name, x, y, norm, acc, fold, x_q8);
     if (gate.buffer) {
+      const uint32_t gate_target = attn_->decode_gate_target(attn_->decode_range(profile_kv_len));
       op.gate = gate;
-      op.gate_target = H;
+      op.gate_target = gate_target;
       op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
+      if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(gate_layer) * kGateStride, vk::MatvecOp::kGateStatsBytes);
     }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
@@ -392,6 +398,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
   // The early-start gate words count up within a step: zero at its start (ordered by the embedding's barrier).
   if (options_.early_vo) rec.fill(w.gates.whole(), 0);
+  if (options_.early_vo && options_.gate_stats) rec.fill(w.gate_stats.whole(), 0);
 
   vk::EmbedOp embed;
   embed.table = w.matrix("token_embd.weight");
@@ -408,6 +415,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
+    gate_layer = l;
     const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
     stats_.composed_qk = qk;
     stats_.composed_vo = vo;
@@ -648,6 +656,7 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   write_step(uint32_t(token), pos);
   rec.run();
   if (!options_.early_vo) return;
+  if (options_.gate_stats) collect_gate_stats();
   uint32_t gave_up[2] = {};
   w_->step.read(kGateErrorWord * 4, gave_up, 8);
   if (!gave_up[0]) return;
@@ -748,6 +757,27 @@ void GpuModel::write_step(uint32_t token, uint32_t pos) {
   uint32_t counts[vk::AttentionOp::kDecodeCountWords];
   attn_->decode_counts(pos + 1, counts);
   w_->step.write(kAttnCountsWord * 4, counts, sizeof counts);
+}
+
+void GpuModel::collect_gate_stats() {
+  std::vector<uint32_t> v(w_->gate_stats.size() / 4);
+  if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
+  xfer_->download(w_->gate_stats, 0, v.data(), v.size() * 4);
+  for (uint32_t l = 0; l < config_.n_layer; ++l) {
+    const uint32_t* s = v.data() + l * (kGateStride / 4);
+    if (s[1] == 0) continue;  // no gated W_vo in this layer
+    gate_trace_.closed += s[0];
+    gate_trace_.workgroups += s[1];
+    uint64_t t[4];
+    std::memcpy(t, s + 4, sizeof t);
+    if (t[3] == 0) continue;  // no device clock
+    const uint64_t start = ~t[0], open_first = ~t[1], open_last = t[2], end = t[3];
+    if (open_first < start || open_last < open_first || end < open_last) continue;  // clock wrapped
+    gate_trace_.layers += 1;
+    gate_trace_.wait_ns += open_first - start;
+    gate_trace_.open_spread_ns += open_last - open_first;
+    gate_trace_.after_open_ns += end - open_first;
+  }
 }
 
 vk::BufferSlice GpuModel::kv_cache(uint32_t layer) const { return w_->cache.at(layer).whole(); }

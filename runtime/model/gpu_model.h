@@ -106,6 +106,9 @@ struct GpuModelOptions {
   // A device that did not run the two side by side (the wait gives up) makes the model re-record
   // without it and run the step again, once, with a warning. bench --tune early_vo=0|1.
   bool early_vo = true;
+  // With early_vo: count the W_vo workgroups whose first poll found the gate closed (they ran
+  // beside the attention) and all gated ones (GpuModel::early_start_counts). bench --tune gate_stats=1.
+  bool gate_stats = false;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.
@@ -115,6 +118,17 @@ struct PrefillStats {
   uint32_t barriers = 0;
   uint64_t weight_bytes = 0;      // weights read per chunk (declared by the kernels)
   uint64_t scratch_bytes = 0;     // device memory of the prefill buffers
+};
+
+// What the early-started W_vo workgroups saw (GpuModelOptions::gate_stats), summed over the
+// steps and layers: workgroups whose first poll found the gate closed (they ran beside the
+// attention) and all of them; with a shader clock, per layer and step: from the first W_vo
+// workgroup's start to the first that saw the gate open (the attention's remaining time as W_vo
+// saw it), from the first to the last open, and from the first open to the last workgroup's end.
+struct GateTrace {
+  uint64_t closed = 0, workgroups = 0;
+  uint64_t layers = 0;  // layer-steps with times
+  uint64_t wait_ns = 0, open_spread_ns = 0, after_open_ns = 0;
 };
 
 struct DecodeStats {
@@ -142,6 +156,8 @@ class GpuModel : public LanguageModel {
   int n_past() const override { return int(n_past_); }
   uint32_t n_vocab() const override { return config_.n_vocab; }
   const DecodeStats& stats() const { return stats_; }
+  // GpuModelOptions::gate_stats: the early-started W_vo since the model was made (GateTrace).
+  const GateTrace& gate_trace() const { return gate_trace_; }
   const PrefillStats& prefill_stats() const { return prefill_stats_; }
 
   // Runs tokens at positions n_past().. and returns their logits ([n x n_vocab], or only the last
@@ -230,7 +246,9 @@ class GpuModel : public LanguageModel {
   // The steps for the later ranges of attn_->decode_ranges(), in order (empty: one range).
   std::vector<std::unique_ptr<vk::CommandRecorder>> rec_more_;
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
-  uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
+  uint32_t prof_kv_len_ = 0;
+  GateTrace gate_trace_;  // GpuModelOptions::gate_stats
+  void collect_gate_stats();  // adds the last step's W_vo gate statistics to gate_trace_                        // the context length prof_rec_ was recorded for
   std::unique_ptr<Prefill, PrefillDeleter> prefill_;
   PrefillStats prefill_stats_;
   mutable std::unique_ptr<vk::Transfer> xfer_;  // logits read-back on non-mappable memory

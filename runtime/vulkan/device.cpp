@@ -122,6 +122,14 @@ Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics, 
     tail = &fexe.pNext;
   }
 
+  auto fclk = vk_struct<VkPhysicalDeviceShaderClockFeaturesKHR>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR);
+  if (have.device_clock) {
+    extensions.push_back(VK_KHR_SHADER_CLOCK_EXTENSION_NAME);
+    fclk.shaderDeviceClock = VK_TRUE;
+    *tail = &fclk;
+    tail = &fclk.pNext;
+  }
+
   const float priority = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qci.queueFamilyIndex = queue_family_;

@@ -113,12 +113,15 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   auto fexe = vk_struct<VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR>(
       VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR);
   const bool has_exe = info.has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
+  auto fclk = vk_struct<VkPhysicalDeviceShaderClockFeaturesKHR>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR);
+  const bool has_clock = info.has_extension(VK_KHR_SHADER_CLOCK_EXTENSION_NAME);
   feats.pNext = &f16s;
   tail = &f16s.pNext;
   if (v12) { *tail = &f12; tail = &f12.pNext; }
   if (has_sg_control) { *tail = &fsgc; tail = &fsgc.pNext; }
   if (has_int_dot) { *tail = &fdot; tail = &fdot.pNext; }
   if (has_exe) { *tail = &fexe; tail = &fexe.pNext; }
+  if (has_clock) { *tail = &fclk; tail = &fclk.pNext; }
   vkGetPhysicalDeviceFeatures2(pd, &feats);
 
   DeviceFeatures& f = info.features;
@@ -145,6 +148,7 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
   f.pipeline_statistics = has_exe && fexe.pipelineExecutableInfo;
+  f.device_clock = has_clock && fclk.shaderDeviceClock;
   f.cooperative_matrix_khr = info.has_extension("VK_KHR_cooperative_matrix");
   f.cooperative_matrix_nv = info.has_extension("VK_NV_cooperative_matrix");
 

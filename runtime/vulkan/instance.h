@@ -30,6 +30,8 @@ struct DeviceFeatures {
   bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix extension present
   bool host_query_reset = false;
   bool pipeline_statistics = false;  // VK_KHR_pipeline_executable_properties; enabled on request
+  bool device_clock = false;  // VK_KHR_shader_clock shaderDeviceClock (clockRealtimeEXT); used when present
+                              // (the early start's trace, GpuModelOptions::gate_stats)
                                      // (ContextOptions::kernel_statistics): the driver's per-kernel
                                      // statistics (registers, shared memory, ...) for bench
 };

@@ -435,11 +435,22 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     mq.defines["Q8_OUT"] = "1";
     mq.num_buffers = 4;
     merge_q8_ = &ctx.pipeline(mq);
+    if (tuning.gate_signal) {
+      mq.name += ".gate";
+      mq.defines["GATE_SIGNAL"] = "1";
+      mq.num_buffers = 5;
+      merge_gate_ = &ctx.pipeline(mq);
+    }
   }
 }
 
 uint64_t AttentionOp::partials_bytes() const {
   return uint64_t(std::max({n_groups_, short_groups_, mid_groups_})) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+}
+
+uint32_t AttentionOp::decode_gate_target(DecodeRange range) const {
+  if (range == DecodeRange::Single || range == DecodeRange::Mid) return shape_.n_head;
+  return shape_.n_head * ceil_div(shape_.kv_lora, kMergeColumns);
 }
 
 uint32_t AttentionOp::num_chunks(uint32_t kv_len, uint32_t groups) const {
@@ -499,12 +510,12 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch,
                                BufferSlice olat_q8) const {
-  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_);
+  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, {});
 }
 
 void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch, BufferSlice olat_q8,
-                               uint32_t groups) const {
+                               uint32_t groups, BufferSlice gate) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -517,9 +528,14 @@ void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, Buffe
     if (!merge_q8_) runtime_error(label, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
     if (olat_q8.size < n * olat_q8_bytes())
       runtime_error(label, ": int8 olat binding holds ", olat_q8.size, " bytes, needs ", n * olat_q8_bytes());
-    const BufferSlice b[] = {partials, step, olat, olat_q8};
-    rec.dispatch(*merge_q8_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n,
-                 std::string(label) + ".q8out", n * (merge_bytes(profile_kv_len_, groups) + olat_q8_bytes()));
+    const bool gated = gate.buffer != VK_NULL_HANDLE;
+    if (gated && (!merge_gate_ || n != 1 || gate.size < 4))
+      runtime_error(label, ": no gate-opening merge here (it needs gate_signal, one query and a gate word)");
+    const BufferSlice b[] = {partials, step, olat, olat_q8, gate};
+    rec.dispatch(gated ? *merge_gate_ : *merge_q8_, std::span<const BufferSlice>(b, gated ? 5 : 4), &args, sizeof args,
+                 ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n,
+                 std::string(label) + (gated ? ".q8out.gate" : ".q8out"),
+                 n * (merge_bytes(profile_kv_len_, groups) + olat_q8_bytes()));
     return;
   }
   const BufferSlice b[] = {partials, step, olat};

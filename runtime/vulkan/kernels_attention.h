@@ -251,11 +251,16 @@ class AttentionOp {
     if (range == DecodeRange::Mid) return mid_q8_ != nullptr;
     return writes_olat_q8() && !merge_folded(range);
   }
-  // Whether record_decode for `range` can open a gate (the single and mid kernels, built with
-  // AttentionTuning::gate_signal and writing olat's int8 blocks).
+  // Whether record_decode for `range` can open a gate (the single and mid kernels or the merge,
+  // built with AttentionTuning::gate_signal and writing olat's int8 blocks).
   bool decode_signals_gate(DecodeRange range) const {
-    return (range == DecodeRange::Single && single_gate_) || (range == DecodeRange::Mid && mid_gate_);
+    if (range == DecodeRange::Single) return single_gate_ != nullptr;
+    if (range == DecodeRange::Mid) return mid_gate_ != nullptr;
+    return merge_gate_ != nullptr && !merge_folded(range);
   }
+  // The count the gate of `range` reaches (MatvecOp::gate_target): a head per single / mid
+  // workgroup's head, a merge workgroup per block of latent columns of each head otherwise.
+  uint32_t decode_gate_target(DecodeRange range) const;
   // The mid range's largest context and its workgroups along the context (0, 0: no mid range).
   uint32_t mid_max_kv() const { return mid_max_kv_; }
   uint32_t mid_groups() const { return mid_groups_; }
@@ -294,7 +299,8 @@ class AttentionOp {
   gpu::AttnPartialArgs partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups = 0) const;
   // record_merge over a chunking of `groups` context workgroups.
   void merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
-                    std::string_view label, const QueryBatch& batch, BufferSlice olat_q8, uint32_t groups) const;
+                    std::string_view label, const QueryBatch& batch, BufferSlice olat_q8, uint32_t groups,
+                    BufferSlice gate) const;
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
@@ -306,6 +312,7 @@ class AttentionOp {
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
+  const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)
   const Pipeline* single_ = nullptr;     // the rows kernel over the whole context, writing olat (or null)
   const Pipeline* single_q8_ = nullptr;  // ... and olat's int8 blocks (or null)
   const Pipeline* single_gate_ = nullptr;  // ... and opens a gate after them (or null)

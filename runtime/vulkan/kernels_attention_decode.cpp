@@ -46,8 +46,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   const std::string what = std::string(label) + " partial";
   const bool gated = gate.buffer != VK_NULL_HANDLE;
   if (gated && (!decode_signals_gate(range) || olat_q8.buffer == VK_NULL_HANDLE || gate.size < 4))
-    runtime_error(label, ": no gate-opening attention kernel for this range (it needs the single or mid range, "
-                  "built with gate_signal, writing int8 olat, and a gate word)");
+    runtime_error(label, ": no gate-opening attention kernel for this range (it needs gate_signal, a range that "
+                  "writes olat's int8 blocks in its last dispatch, and a gate word)");
   if (range == DecodeRange::Single) {
     const std::string name = std::string(label) + " single";
     if (!single_) runtime_error(name, ": no single-workgroup variant to record");
@@ -105,8 +105,9 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
   if (folded) return;
   rec.barrier();
-  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups);
+  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups, gate);
 }
+
 
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
   const DecodeRange range = decode_range(kv_len);

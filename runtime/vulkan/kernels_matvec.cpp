@@ -12,6 +12,12 @@ constexpr uint32_t kSharedThreadsPerRow = 32;  // row width of the shared-memory
 constexpr uint32_t kMinWorkgroups = 256;       // int8 path: rows per subgroup are lowered to reach this
 constexpr uint32_t kFewRows = 2048;            // int8 path, one vector: at most this many rows -> 16 x 1
 constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for the staged columns
+// The early start reads x's blocks after the gate per lane with plain loads (GATE_X 2): the fence
+// after the poll orders them, and the teams of a workgroup share them through L1. On the H100,
+// GLM tg128 at 512 positions: 300.2 tok/s against 293.4 with one coherent copy per workgroup
+// into shared memory (GATE_X 1) and 232 with coherent per-lane loads (GATE_X 0, which go to the
+// L2 16 times per block); PERFORMANCE.md session 10.
+constexpr uint32_t kAutoGateX = 2;
 
 struct Variant {
   bool plain, vec8, norm, q8, xq8, gated;
@@ -79,7 +85,7 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   const Variant v = variant_of(probe, &ctx);
   if (!v.xq8 || !ctx.pipelines().use_subgroup()) return false;
   const DecodeSplit s = q8_decode_split(probe, ctx);
-  const bool staged = probe.tuning.gate_x == 0 || probe.tuning.gate_x == 2;
+  const bool staged = probe.tuning.gate_x ? probe.tuning.gate_x == 2 : kAutoGateX == 1;
   if (staged && !q8_activations_usable(ctx, w.type, w.cols)) return false;  // x's blocks in shared memory
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
 }
@@ -158,7 +164,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (!gate_supported(ctx))
       runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel with pre-quantized x, "
                     "subgroups and at most ", kMaxGatePreload, " weight blocks per lane)");
-    if (gate.size < 4 || gate_error.size < 8 || gate_target == 0)
+    if (gate.size < 4 || gate_error.size < 8 || gate_target == 0 || (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
   }
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
@@ -235,8 +241,13 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["WAIT_GATE"] = "1";
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
       desc.defines["GATE_TARGET"] = std::to_string(gate_target);
-      const uint32_t gx = tuning.gate_x ? tuning.gate_x - 1 : 1u;
+      const uint32_t gx = tuning.gate_x ? tuning.gate_x - 1 : kAutoGateX;
       desc.defines["GATE_X"] = std::to_string(gx);
+      if (gate_stats.buffer) {
+        desc.defines["GATE_STATS"] = "1";
+        const DeviceFeatures& f = ctx.device().enabled();
+        desc.defines["GATE_CLOCK"] = f.device_clock && f.buffer_int64_atomics && f.shader_int64 ? "1" : "0";
+      }
       if (gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
   } else {
@@ -263,7 +274,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = v.gated ? 10 : fold ? 8 : v.norm ? 5 : 4;
+  desc.num_buffers = v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -282,8 +293,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
     // Bindings a variant does not declare are filled with x.
-    const BufferSlice bufs[10] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, fold ? rw : x,
-                                  fold ? router_fold.norm_weight : x, fold ? router_fold.acc : x, gate, gate_error};
+    const BufferSlice bufs[11] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, fold ? rw : x,
+                                  fold ? router_fold.norm_weight : x, fold ? router_fold.acc : x, gate, gate_error, gate_stats};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

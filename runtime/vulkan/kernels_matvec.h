@@ -49,7 +49,7 @@ struct MatvecTuning {
   uint32_t ksplit = 0;
   // Early start (MatvecOp::gate): how x's int8 blocks are read after the gate opens, 1..3 - 1
   // (matvec_q8.comp GATE_X: 0 each lane coherent from L2, 1 copied once per workgroup into shared
-  // memory, 2 each lane plain); 0: auto (1).
+  // memory, 2 each lane plain); 0: auto (plain, kernels_matvec.cpp kAutoGateX).
   uint32_t gate_x = 0;
 };
 
@@ -99,6 +99,13 @@ struct MatvecOp {
   BufferSlice gate;
   uint32_t gate_target = 0;
   BufferSlice gate_error;
+  // Set (kGateStatsBytes, zero before the dispatch; with gate): diagnostics the gated kernel adds
+  // to: two counters, workgroups whose first poll found the gate closed (they ran beside the
+  // producer) and all of them; then, where the device has a shader clock and 64-bit atomics,
+  // four 64-bit device times (ns): ~first start, ~first open, last open, last end (max of each;
+  // `~` for the minima). matvec_q8.comp GATE_STATS.
+  BufferSlice gate_stats;
+  static constexpr uint64_t kGateStatsBytes = 48;
   // The early start serves this op on this device: the int8 kernel with x_q8, subgroups, and at
   // most kMaxGatePreload weight blocks per lane to hold while waiting.
   bool gate_supported(Context& ctx) const;

@@ -597,6 +597,66 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
   }
 }
 
+// The short and long ranges' merge dispatch opening W_vo's gate (AttentionTuning::gate_signal,
+// attention_merge.comp GATE_SIGNAL): the same olat and int8 bits as the merge without it, the
+// gate word counting every merge workgroup once (decode_gate_target); a folded merge opens none.
+TEST(AttentionDecode, MergeOpensTheGate) {
+  REQUIRE_GPU();
+  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
+  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
+  vk::AttentionTuning t = tuning(0, 0);
+  t.short_max_kv = 40;
+  t.single = false;
+  t.gate_signal = true;
+  vk::AttentionOp op(*gpu().ctx, shape, t);
+  ASSERT_TRUE(op.writes_olat_q8());
+  EXPECT_TRUE(op.decode_signals_gate(vk::DecodeRange::Long));
+  EXPECT_EQ(op.decode_signals_gate(vk::DecodeRange::Short), !op.merge_folded(vk::DecodeRange::Short));
+  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 61);
+  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  vk::Buffer gate = make_buffer(16, "gate");
+  upload(q, test::random_values(size_t(H) * row, 2.f, 62));
+  upload(cache, cache_h);
+  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+  for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
+    if (!op.decode_signals_gate(range)) continue;
+    SCOPED_TRACE(range == vk::DecodeRange::Short ? "short" : "long");
+    vk::CommandRecorder plain(*gpu().ctx), gated(*gpu().ctx);
+    for (bool g : {false, true}) {
+      vk::CommandRecorder& rec = g ? gated : plain;
+      rec.begin();
+      op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                       partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(),
+                       g ? gate.whole() : vk::BufferSlice{});
+      rec.end();
+    }
+    for (uint32_t kv_len : range == vk::DecodeRange::Short ? std::vector<uint32_t>{1, 17, 40} : std::vector<uint32_t>{41, 299}) {
+      std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
+      op.decode_counts(kv_len, counts.data());
+      std::vector<uint32_t> words{0, kv_len - 1, 0, 0};
+      words.insert(words.end(), counts.begin(), counts.end());
+      upload(step, words);
+      poison(olat);
+      poison(olat_q8);
+      plain.run();
+      const std::vector<float> want = download<float>(olat, size_t(H) * R);
+      const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
+      poison(olat);
+      poison(olat_q8);
+      upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+      gated.run();
+      EXPECT_EQ(download<float>(olat, size_t(H) * R), want) << "kv_len " << kv_len;
+      EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8) << "kv_len " << kv_len;
+      EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(range)) << "kv_len " << kv_len;
+    }
+  }
+}
+
 // The merge's int8 copy of olat (record_merge with olat_q8, the input of W_vo's int8 kernel):
 // every block equals the CPU quantization of the f32 olat it wrote (a byte may be one step off
 // where x / d lands on a half: the GPU's division), over GLM and tiny shapes and several chunkings.

@@ -133,6 +133,7 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #error "matvec_q8.comp: the router fold takes one column"
 #endif
 #define RF_ROWS ROWS_PER_WG
+#define RF_PRELOAD WAIT_GATE
 #include "router_partial.glsl"
 #endif
 
@@ -208,7 +209,10 @@ void wait_gate(uint dep) {
 
 // global_dot with the lane's weight blocks loaded before the gate opens (row `row + r` clamped to
 // a valid one, blocks past the row repeating its last; neither is added).
-void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
+shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (TS_MATVEC_ACCUMULATE)
+
+void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0, uint row_end,
+               inout float acc[NUM_ROWS][NUM_COLS]) {
   Q8W w[NUM_ROWS][PRELOAD];
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
@@ -224,6 +228,13 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout flo
 #endif
     }
   }
+  // What the epilogue reads and the gate does not change, into shared memory while the gate is
+  // closed: y (the residual) and the router fold's weights.
+  for (uint i = gl_LocalInvocationIndex; i < row_end - row0; i += WG_SIZE)
+    gate_y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[args.row_begin + row0 + i] : 0.0;
+#if ROUTER_FOLD
+  router_preload(args.row_begin + row0, row_end - row0);
+#endif
   wait_gate(dep);
   const uint b0 = args.x_offset / 32u;
 #if GATE_X == 1
@@ -301,7 +312,11 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
 // y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
 void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
+#if WAIT_GATE
+  const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? gate_y[row - row0] + v : v;  // one column
+#else
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+#endif
   y[i] = r;
 #if ROUTER_FOLD
   rf_x[row - row0] = r;
@@ -345,7 +360,7 @@ void main() {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
   }
 #if WAIT_GATE
-  gated_dot(row, nvalid, nb, lane, nlanes, acc);
+  gated_dot(row, nvalid, nb, lane, nlanes, row0, row_end, acc);
 #elif X_Q8
   global_dot(row, nvalid, nb, lane, nlanes, acc);
 #else

@@ -12,7 +12,9 @@
 //
 // Defines: ROUTER_FOLD (1 here), RF_WTYPE (router weight: TS_TYPE_F32, F16 or BF16), RF_N_EXPERT
 // (n_expert <= TS_ROUTE_MAX_E), RF_COLS (the router's row length = the rows of x), RF_ROWS (rows
-// per workgroup of the including kernel), WG_SIZE.
+// per workgroup of the including kernel), WG_SIZE, RF_PRELOAD (0/1: router_preload reads the
+// workgroup's router and norm weights into shared memory ahead of the epilogue, e.g. while an
+// early-started matvec waits on its gate; the sums stay the same bits).
 // Bindings: 5 = router weight [n_expert][RF_COLS] (read as 32-bit words), 6 = norm weight
 // (ffn_norm, f32 [RF_COLS]), 7 = the layer's accumulators (int64 [TS_ROUTER_FOLD_SLOTS][n_expert + 1],
 // zero before the matvec: the decode step fills them at its start).
@@ -28,6 +30,9 @@ layout(std430, binding = 6) readonly restrict buffer RfNormBuf { float rf_nw[]; 
 layout(std430, binding = 7) restrict buffer RfAccBuf { int64_t rf_acc[]; };
 
 shared float rf_x[RF_ROWS];  // x_new of the workgroup's rows, written by the kernel's stores
+#ifndef RF_PRELOAD
+#define RF_PRELOAD 0
+#endif
 
 // Router weight element idx (row-major).
 float rf_weight(uint idx) {
@@ -41,6 +46,21 @@ float rf_weight(uint idx) {
 #endif
 }
 
+#if RF_PRELOAD
+shared float rf_wsh[RF_N_EXPERT * RF_ROWS];  // router weight [e][r] of row row0 + r
+shared float rf_nwsh[RF_ROWS];               // norm weight of row row0 + r
+
+// The router and norm weights of rows [row0, row0 + n) into shared memory (the workgroup; a
+// barrier must follow before router_partial, which then reads them there).
+void router_preload(uint row0, uint n) {
+  for (uint i = gl_LocalInvocationIndex; i < RF_N_EXPERT * RF_ROWS; i += WG_SIZE) {
+    const uint e = i / RF_ROWS, r = i % RF_ROWS;
+    rf_wsh[i] = r < n ? rf_weight(e * RF_COLS + row0 + r) : 0.0;
+  }
+  for (uint r = gl_LocalInvocationIndex; r < RF_ROWS; r += WG_SIZE) rf_nwsh[r] = r < n ? rf_nw[row0 + r] : 0.0;
+}
+#endif
+
 // Adds the partial logits and sum of squares of rows [row0, row0 + n) (indices into x and into the
 // router's columns), whose x_new values are rf_x[0 .. n). Every invocation of the workgroup must
 // call it (uniform control flow) after writing its rf_x entries.
@@ -51,7 +71,11 @@ void router_partial(uint row0, uint n) {
   for (uint e = gl_LocalInvocationIndex; e <= E; e += WG_SIZE) {
     float s = 0.0;
     if (e < E) {
+#if RF_PRELOAD
+      for (uint r = 0; r < n; ++r) s += rf_wsh[e * RF_ROWS + r] * (rf_nwsh[r] * rf_x[r]);
+#else
       for (uint r = 0; r < n; ++r) s += rf_weight(e * RF_COLS + row0 + r) * (rf_nw[row0 + r] * rf_x[r]);
+#endif
       atomicAdd(rf_acc[copy + e], rf_fixed(s, float(TS_ROUTER_FOLD_LOGIT_SCALE)));
     } else {
       for (uint r = 0; r < n; ++r) s += rf_x[r] * rf_x[r];

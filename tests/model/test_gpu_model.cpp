@@ -266,6 +266,7 @@ TEST(GpuModel, EarlyVoGivesTheSameBits) {
   for (bool early : {false, true}) {
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.early_vo = early;
+    o.gate_stats = early;  // the counters change nothing either
     o.attention.single_max_kv = 3;
     o.attention.mid_max_kv = 9;
     o.attention.mid_groups = 3;
@@ -274,6 +275,9 @@ TEST(GpuModel, EarlyVoGivesTheSameBits) {
     layers = m.stats().layers;
     logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
     for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+    // Every decode step's gated W_vo polled once per workgroup (prompt included: prefill_chunk 0).
+    if (early && barriers[0] != barriers[1]) EXPECT_GT(m.gate_trace().workgroups, 0u);
+    if (!early) EXPECT_EQ(m.gate_trace().workgroups, 0u);
   }
   if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early start here (int8 kernels with subgroups)";
   EXPECT_EQ(barriers[0] - barriers[1], layers) << "one barrier less per layer";

@@ -29,7 +29,7 @@ std::string describe(const GateCase& c) {
 
 struct GateRun {
   std::vector<float> y;
-  uint32_t error = 0;
+  uint32_t error = 0, seen = 0;  // the error word and the gate value the wait saw last
 };
 
 // Runs the int8 matvec on x's int8 blocks, with the gate word preset to `gate_value` (gated) or
@@ -72,6 +72,7 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   uint32_t words[4];
   err.read(0, words, sizeof words);
   r.error = words[0];
+  r.seen = words[1];
   return r;
 }
 
@@ -109,23 +110,24 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
       {GgmlType::Q6_K, 19, 512, 1, 2},
   };
   uint32_t seed = 7, ran = 0;
-  for (GateCase c : cases)
-   for (uint32_t gx : {0u, 1u, 2u, 3u}) {  // auto, coherent per lane, staged, plain per lane
-    c.gate_x = gx;
-    SCOPED_TRACE(describe(c));
-    if (!vk::q8_activations_type(*g.ctx, c.type)) continue;
-    std::unique_ptr<vktest::DeviceMatrix> dm;
-    vk::Buffer xq8;
-    std::vector<float> y0;
-    if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
-    ++ran;
-    const GateRun plain = run(g, c, dm->ref, xq8, y0, false, 0, 0);
-    const GateRun open = run(g, c, dm->ref, xq8, y0, true, 5, 5);
-    EXPECT_EQ(open.error, 0u);
-    ASSERT_EQ(plain.y.size(), open.y.size());
-    for (size_t i = 0; i < plain.y.size(); ++i)
-      ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
-   }
+  for (const GateCase& base : cases) {
+    for (uint32_t gx : {0u, 1u, 2u, 3u}) {  // auto, coherent per lane, staged, plain per lane
+      GateCase c = base;
+      c.gate_x = gx;
+      SCOPED_TRACE(describe(c));
+      if (!vk::q8_activations_type(*g.ctx, c.type)) continue;
+      std::unique_ptr<vktest::DeviceMatrix> dm;
+      vk::Buffer xq8;
+      std::vector<float> y0;
+      if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
+      ++ran;
+      const GateRun plain = run(g, c, dm->ref, xq8, y0, false, 0, 0);
+      const GateRun open = run(g, c, dm->ref, xq8, y0, true, 5, 5);
+      EXPECT_EQ(open.error, 0u);
+      ASSERT_EQ(plain.y.size(), open.y.size());
+      for (size_t i = 0; i < plain.y.size(); ++i) ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
+    }
+  }
   EXPECT_GE(ran, 16u) << "too few cases took the gate";
 }
 
@@ -141,7 +143,9 @@ TEST(MatvecGate, GateThatNeverOpensSetsTheErrorWord) {
   vk::Buffer xq8;
   std::vector<float> y0;
   ASSERT_TRUE(setup(g, c, 3, dm, xq8, y0));
-  EXPECT_EQ(run(g, c, dm->ref, xq8, y0, true, 2, 3).error, 1u);
+  const GateRun short_by_one = run(g, c, dm->ref, xq8, y0, true, 2, 3);
+  EXPECT_EQ(short_by_one.error, 1u);
+  EXPECT_EQ(short_by_one.seen, 2u);
   EXPECT_EQ(run(g, c, dm->ref, xq8, y0, true, 0, 1000).error, 1u);
 }
 

@@ -160,15 +160,7 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
   }
 }
 #if WAIT_GATE
-// Polls before a wait gives up: several ms on an H100 (each poll an L2 round trip), far past
-// any attention; below the 65535 iterations at which llvmpipe ends a loop by itself.
-const uint kGateSpins = 1u << 15;
-
-// One poll: an atomic load (relaxed, device scope). A plain load, even a volatile one, may be
-// hoisted out of the loop (llvmpipe does); an atomic add of zero is not, but the workgroups'
-// read-modify-writes of one word serialize at the L2 and held the attention's own arrivals back
-// (H100: W_vo 13.6 -> 41.6 us, PERFORMANCE.md session 10).
-uint gate_load() { return atomicLoad(gate[0], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed); }
+#include "gate.glsl"
 
 shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
 
@@ -177,25 +169,17 @@ shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
 // into shared memory before the first barrier, and invocation 0 adds the first such word to what
 // it polls. Without that data dependence the compiler may sink the weight loads past the wait
 // (it did on the H100: 35 registers, the loads issued after the gate opened). Invocation 0
-// polls, the workgroup waits at the second barrier. A wait that ends with the gate still short
-// (given up, or a loop cut short by the driver) sets the error word to 1 and the next word to
-// what the gate held. Uniform control flow.
+// polls (gate.glsl), the workgroup waits at the second barrier. Uniform control flow.
 void wait_gate(uint dep) {
   const uint sdep = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
   if (subgroupElect()) gate_dep[gl_SubgroupID] = sdep;
   barrier();  // every lane's weight loads have landed
   if (gl_LocalInvocationIndex == 0u) {
-    const uint zero = gate_dep[0];
-    uint seen = gate_load() + zero;
+    const uint first = gate_poll(0u, uint(GATE_TARGET), gate_dep[0]);
 #if GATE_STATS
-    if (seen < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
+    if (first < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
     atomicAdd(gate_stats[1], 1u);
 #endif
-    for (uint spins = 1u; seen < uint(GATE_TARGET) && spins < kGateSpins; ++spins) seen = gate_load() + zero;
-    if (seen < uint(GATE_TARGET)) {
-      gate_error[1] = seen;
-      gate_error[0] = 1u;
-    }
 #if GATE_STATS && GATE_CLOCK
     const uint64_t t_open = clockRealtimeEXT();
     gate_time(0u, ~gate_t_start);

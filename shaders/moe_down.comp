@@ -19,8 +19,14 @@
 // Work split: a workgroup owns ROWS_PER_WG rows; team s (a subgroup, or THREADS_PER_ROW
 // invocations reducing through shared memory) computes slot s's weighted dot product for each
 // of them; the slots are then summed in order and added to x.
+// WAIT_GATE (0/1; Q8ACT with subgroups, the route from the buffer, ROWS_PER_WG * Q8_OWN <= 8;
+// docs/DECODE.md "Early start"): recorded with no barrier after the gate-up (GATE_SIGNAL). Each
+// workgroup waits for gate word 0 (the route written), loads its slots' weight blocks for all its
+// rows and its rows of x, waits for word 1 to reach GATE_H_TARGET (every gate-up workgroup's h
+// written), then reads hq. The same sums in the same order: the same bits.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
-// 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT).
+// 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT),
+// 7 = gate words, 8 = error words (WAIT_GATE).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -39,6 +45,19 @@ layout(std430, binding = 4) readonly restrict buffer LogitBuf { float route_logi
 layout(std430, binding = 5) readonly restrict buffer BiasBuf { float route_bias[]; };
 
 layout(push_constant) uniform Push { MoeArgs args; };
+
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE
+#if !Q8ACT || !USE_SUBGROUP || ROWS_PER_WG * Q8_OWN > 8
+#error "moe_down.comp: WAIT_GATE needs Q8ACT, subgroups and at most 8 weight blocks per lane"
+#endif
+#extension GL_KHR_memory_scope_semantics : require
+layout(std430, binding = 7) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 8) coherent restrict buffer GateError { uint gate_error[]; };
+#include "gate.glsl"
+#endif
 
 #include "routing.glsl"
 
@@ -142,6 +161,10 @@ bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
 
 // part[r][s]: slot s's weighted dot product for row r of the workgroup.
 shared float part[ROWS_PER_WG][TEAMS];
+#if WAIT_GATE
+shared float gate_x[ROWS_PER_WG];          // x of the workgroup's rows, read before the gate
+shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; orders the weight loads before the wait
+#endif
 #if !USE_SUBGROUP
 shared float row_partial[WG_SIZE];
 #endif
@@ -168,7 +191,60 @@ void main() {
   const uint rows = min(ROWS_PER_WG, args.n_embd - row0);
 
   // Team s computes slot s of every row of the workgroup.
-#if USE_SUBGROUP && Q8ACT
+#if WAIT_GATE
+  // The route, then every slot's weight blocks for every row and x's rows, while the gate-up
+  // still runs; then its h.
+  if (gl_LocalInvocationIndex == 0u) gate_poll(0u, 1u, 0u);
+  barrier();
+  memoryBarrierBuffer();
+  const uint s = gl_SubgroupID;
+  Mat m;
+  float weight = 0.0;
+  const bool has_slot = s < n_slots && slot_matrix(s, n_routed, m, weight);
+  const uint lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
+  const uint nb = has_slot ? m.cols / 32u : 0u, b0 = has_slot ? m.hoff / 32u : 0u;
+  Q8W w[ROWS_PER_WG][Q8_OWN];
+  uint dep = 0u;
+  [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
+    const uint rr = row0 + min(r, rows - 1u);
+    [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+      if (nb > 0u) {
+        w[r][j] = q8_load_block(m.qbase, m.mbase, rr * nb + min(lane + j * nl, nb - 1u));
+        dep |= w[r][j].a.x ^ w[r][j].b.w;
+      }
+    }
+  }
+  if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
+  // The loads must land before the barrier (a data dependence the compiler cannot drop: the
+  // high half of the flags is zero).
+  if (subgroupElect()) gate_dep[gl_SubgroupID] = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) gate_poll(1u, uint(GATE_H_TARGET), gate_dep[0]);
+  barrier();
+  memoryBarrierBuffer();
+  if (s < n_slots) {
+    uvec4 xl[Q8_OWN], xh[Q8_OWN];
+    vec4 xd[Q8_OWN];
+    [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+      const uint b = lane + j * nl;
+      xl[j] = uvec4(0u);
+      xh[j] = uvec4(0u);
+      xd[j] = vec4(0.0);
+      if (b < nb) {
+        xl[j] = hq[3u * (b0 + b)];
+        xh[j] = hq[3u * (b0 + b) + 1u];
+        xd[j] = uintBitsToFloat(hq[3u * (b0 + b) + 2u]);
+      }
+    }
+    [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
+      float d = 0.0;
+      [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
+        if (lane + j * nl < nb) d += q8_dot_loaded(w[r][j], xl[j], xh[j], xd[j]);
+      d = subgroupAdd(d);
+      if (subgroupElect() && r < rows) part[r][s] = weight * d;
+    }
+  }
+#elif USE_SUBGROUP && Q8ACT
   // The slot's input blocks this lane uses, in registers; then four rows per iteration (the
   // last ones clamped, stored only when valid): up to 4 * Q8_OWN weight loads in flight.
   const uint s = gl_SubgroupID;
@@ -242,6 +318,10 @@ void main() {
     const uint r = gl_LocalInvocationIndex;
     float acc = 0.0;
     for (uint k = 0; k < n_slots; ++k) acc += part[r][k];
+#if WAIT_GATE
+    x[row0 + r] = gate_x[r] + acc;
+#else
     x[row0 + r] += acc;
+#endif
   }
 }

@@ -44,6 +44,9 @@
 // the 64-bit fixed-point accumulators (binding 9, TS_MOE_DOWN_ACC_SCALE); every workgroup then
 // counts itself in the arrival counter after them, and the last one adds the sums to x (binding
 // 10, the buffer of binding 1) and zeroes the accumulators and the counter. hq is not written.
+// GATE_SIGNAL (0/1; ROUTER_FOLD with Q8ACT, not FUSED_DOWN; docs/DECODE.md "Early start"): the
+// down kernel is recorded with no barrier after this dispatch. Workgroup 0 adds 1 to gate word 0
+// (binding 11) once the route is written, every workgroup adds 1 to word 1 once its h and hq are.
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -59,6 +62,19 @@ layout(local_size_x = WG_SIZE) in;
 #endif
 #ifndef FOLD_OVERLAP
 #define FOLD_OVERLAP 0
+#endif
+#ifndef GATE_SIGNAL
+#define GATE_SIGNAL 0
+#endif
+#if GATE_SIGNAL && (!ROUTER_FOLD || !Q8ACT || FUSED_DOWN)
+#error "moe_gateup.comp: GATE_SIGNAL needs ROUTER_FOLD and Q8ACT, without FUSED_DOWN"
+#endif
+// Outputs read by a consumer that runs beside this dispatch: coherent (they reach the device level).
+#if GATE_SIGNAL
+#define OUT_QUAL coherent writeonly
+layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
+#else
+#define OUT_QUAL writeonly restrict
 #endif
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
@@ -76,7 +92,7 @@ layout(std430, binding = 1) IN_QUALIFIERS buffer InBuf4 { vec4 in4[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf { float nw[]; };
 layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 #if ROUTER_FOLD
-layout(std430, binding = 3) writeonly restrict buffer RouteBuf { uint route[]; };
+layout(std430, binding = 3) OUT_QUAL buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) writeonly restrict buffer LogitBuf { float route_logits[]; };
 layout(std430, binding = 8) readonly restrict buffer RfAccBuf { int64_t rf_acc[]; };
 shared float rf_logit[TS_ROUTE_MAX_E];  // the summed accumulators, before 1/rms
@@ -92,7 +108,7 @@ layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) readonly restrict buffer LogitBuf { float route_logits[]; };
 #endif
 layout(std430, binding = 6) readonly restrict buffer BiasBuf { float route_bias[]; };
-layout(std430, binding = 4) writeonly restrict buffer HBuf { float h[]; };
+layout(std430, binding = 4) OUT_QUAL buffer HBuf { float h[]; };
 
 layout(push_constant) uniform Push { MoeArgs args; };
 
@@ -136,7 +152,7 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 
 #if Q8ACT
 #include "q8_activations.glsl"
-layout(std430, binding = 7) writeonly restrict buffer HqBuf { uvec4 hq[]; };
+layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
 // The input (h2, or x times the norm weight) as int8 blocks in shared memory; no barrier.
@@ -375,6 +391,11 @@ void gateup_main() {
         route[2u * tid + 1u] = floatBitsToUint(route_weight(tid));
       }
       for (uint e = tid; e < args.n_expert; e += WG_SIZE) route_logits[e] = ROUTE_LOGIT(e);
+#if GATE_SIGNAL
+      memoryBarrierBuffer();  // the route visible device-wide, then the route gate
+      barrier();
+      if (tid == 0u) atomicAdd(gate[0], 1u);
+#endif
     }
 #endif
     const uint e = slot_expert(slot);
@@ -479,5 +500,11 @@ void main() {
   gateup_main();
 #if FUSED_DOWN
   fused_down_finish();
+#endif
+#if GATE_SIGNAL
+  // Every workgroup (those that returned early too): its h and hq visible, then one arrival.
+  memoryBarrierBuffer();
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[1], 1u);
 #endif
 }

@@ -59,7 +59,7 @@ struct GpuModel::Weights {
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
-  vk::Buffer gates;          // W_vo's early-start gate words: one per layer, kGateStride apart
+  vk::Buffer gates;          // early-start gate words: per layer W_vo's, then the MoE down's two, kGateStride apart
   vk::Buffer gate_stats;     // GpuModelOptions::gate_stats: per layer (kGateStride apart) the gated
                              // W_vo's counters and times, zeroed each step, summed on the host
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
@@ -258,7 +258,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
       {&w.step_local, "step values (device copy)", kStepBytes},
-      {&w.gates, "early-start gates", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
+      {&w.gates, "early-start gates", uint64_t(kGateStride) * 2 * std::max<uint32_t>(c.n_layer, 1)},
       {&w.gate_stats, "early-start counters", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
   };
 
@@ -397,7 +397,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   // short (a lost device, a timeout) not poison the next one.
   if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
   // The early-start gate words count up within a step: zero at its start (ordered by the embedding's barrier).
-  if (options_.early_vo) rec.fill(w.gates.whole(), 0);
+  if (options_.early_vo || options_.early_down) rec.fill(w.gates.whole(), 0);
   if (options_.early_vo && options_.gate_stats) rec.fill(w.gate_stats.whole(), 0);
 
   vk::EmbedOp embed;
@@ -450,7 +450,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
                        matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
-    const vk::BufferSlice gate = early ? w.gates.slice(uint64_t(l) * kGateStride, 4) : vk::BufferSlice{};
+    const vk::BufferSlice gate = early ? w.gates.slice(uint64_t(2 * l) * kGateStride, 4) : vk::BufferSlice{};
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate);
@@ -567,14 +567,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
                            vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
     if (fuse_down) gu.down_acc = w.down_acc.whole();
-    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
-               (fuse_down ? ".fdown " : " ") + L;
-    gu.record(rec);
-    rec.barrier();
-    if (fuse_down) {
-      weight_bytes += gu.bytes();
-      continue;
-    }
     vk::MoeDownOp down;
     down.tile = tref;
     down.n_used = c.n_expert_used;
@@ -583,7 +575,23 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.x = w.x.whole();
     down.hq = gu.hq;
     down.tuning = options_.moe;
-    down.label = (down.hq.buffer ? "moe_down.q8act " : "moe_down ") + L;
+    // The down started early (no barrier after the gate-up) where both kernels take the gate.
+    const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    if (early_down) {
+      gu.gate = w.gates.slice(uint64_t(2 * l + 1) * kGateStride, 8);
+      down.gate = gu.gate;
+      down.gate_h_target = gu.gate_h_target(ctx_);
+      down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
+    }
+    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
+               (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;
+    gu.record(rec);
+    if (!early_down) rec.barrier();
+    if (fuse_down) {
+      weight_bytes += gu.bytes();
+      continue;
+    }
+    down.label = (down.hq.buffer ? "moe_down.q8act" : "moe_down") + std::string(early_down ? ".gate " : " ") + L;
     down.record(rec);
     rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
@@ -655,19 +663,20 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
   write_step(uint32_t(token), pos);
   rec.run();
-  if (!options_.early_vo) return;
-  if (options_.gate_stats) collect_gate_stats();
+  if (!options_.early_vo && !options_.early_down) return;
+  if (options_.gate_stats && options_.early_vo) collect_gate_stats();
   uint32_t gave_up[2] = {};
   w_->step.read(kGateErrorWord * 4, gave_up, 8);
   if (!gave_up[0]) return;
-  // W_vo waited for an attention that this device did not run beside it: the step's x is wrong.
+  // A consumer waited for a producer this device did not run beside it: the step's x is wrong.
   // Re-record without the early start and run the step again (it rewrites the same cache row).
   const uint32_t zero[2] = {};
   w_->step.write(kGateErrorWord * 4, zero, 8);
-  std::fprintf(stderr, "tessera: %s did not run W_vo beside the attention (the early start's wait gave up with the gate "
-               "at %u of %u, position %u); recording the decode step without it\n", ctx_.info().name.c_str(), gave_up[1],
-               config_.n_head, pos);
+  std::fprintf(stderr, "tessera: %s did not run a consumer beside its producer (an early start's wait gave up with the "
+               "gate at %u, position %u); recording the decode step without early starts\n", ctx_.info().name.c_str(),
+               gave_up[1], pos);
   options_.early_vo = false;
+  options_.early_down = false;
   const bool profiled = &rec == prof_rec_.get();
   record_steps();
   if (!profiled) return run_step(token, pos);

@@ -106,6 +106,10 @@ struct GpuModelOptions {
   // A device that did not run the two side by side (the wait gives up) makes the model re-record
   // without it and run the step again, once, with a warning. bench --tune early_vo=0|1.
   bool early_vo = true;
+  // The same for the MoE down after the gate-up (moe_gateup.comp GATE_SIGNAL, moe_down.comp
+  // WAIT_GATE): the down's workgroups wait for the route, load their experts' weight blocks while
+  // the gate-up runs, then wait for its h. bench --tune early_down=0|1.
+  bool early_down = true;
   // With early_vo: count the W_vo workgroups whose first poll found the gate closed (they ran
   // beside the attention) and all gated ones (GpuModel::early_start_counts). bench --tune gate_stats=1.
   bool gate_stats = false;

@@ -100,19 +100,20 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
-                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs) {
+                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
-                        fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : ""),
+                        fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : ""),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1,
                     {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
                      {"ROUTER_FOLD", fold ? "1" : "0"},
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
-                     {"FOLD_OVERLAP", overlap ? "1" : "0"}},
-                    fused_down ? 11 : fold ? 9 : 8);
+                     {"FOLD_OVERLAP", overlap ? "1" : "0"},
+                     {"GATE_SIGNAL", gate ? "1" : "0"}},
+                    gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
@@ -123,17 +124,26 @@ const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slo
 
 // The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
 // width: the widest slot, whose blocks a lane keeps in registers on the subgroup path).
-const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows) {
+uint64_t down_q8_own(Context& ctx, uint64_t width) {
   const TeamShape ts = team_shape(ctx);
-  const uint64_t own = (width / 32 + ts.threads_per_row - 1) / ts.threads_per_row;
-  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act"), "moe_down.comp", type, false, slots, 1,
-                    {{"TEAMS", std::to_string(slots)},
+  return std::max<uint64_t>((width / 32 + ts.threads_per_row - 1) / ts.threads_per_row, 1);
+}
+
+// gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more).
+const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
+                               uint32_t rows, uint32_t gate_h_target = 0) {
+  const TeamShape ts = team_shape(ctx);
+  ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
                      {"Q8ACT", "1"},
-                     {"Q8_OWN", std::to_string(std::max<uint64_t>(own, 1))},
-                     {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}},
-                    7);
+                     {"Q8_OWN", std::to_string(down_q8_own(ctx, width))},
+                     {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}};
+  if (gate_h_target) {
+    d["WAIT_GATE"] = "1";
+    d["GATE_H_TARGET"] = std::to_string(gate_h_target);
+  }
+  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : ""),
+                    "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
 bool q8_type(GgmlType t) {
@@ -476,12 +486,16 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
+  const bool gated = gate.buffer != VK_NULL_HANDLE;
+  if (gated && (!gate_supported(ctx) || gate.size < 8))
+    runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
+                  "and two gate words)");
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
   const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated)
                               : gateup_kernel(ctx, p.type, vec8, t, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -496,7 +510,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.down_shared_offset = uint32_t(g.shared_down_offset);
     }
     const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
-    const BufferSlice bufs[11] = {p.w,
+    const BufferSlice bufs[12] = {p.w,
                                  fold ? x : h2,
                                  fold ? norm_weight : h2,
                                  fold ? route : src.route,
@@ -505,16 +519,17 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
                                  src.bias,
                                  q8 ? hq : h,
                                  fold ? fold_acc : h,
-                                 down_acc,
-                                 x};
+                                 fused ? down_acc : h,
+                                 x,
+                                 gate};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, fused ? 11 : fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y, 1, what,
-                 part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y,
+                 1, what, part_bytes);
   }
 }
 
@@ -545,6 +560,10 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
+  const bool gated = gate.buffer != VK_NULL_HANDLE;
+  if (gated && (!gate_supported(ctx) || gate.size < 8 || gate_error.size < 8 || gate_h_target == 0))
+    runtime_error(what, ": no early-start wait here (it needs the int8 path with subgroups, the route buffer, one "
+                  "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type) : t.down_rows;
@@ -552,12 +571,12 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared), rows_per_wg)
+                                               std::max(g.w_routed, g.w_shared), rows_per_wg, gated ? gate_h_target : 0)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
-    const BufferSlice bufs[7] = {p.w, h, x, src.route, src.logits, src.bias, q8 ? hq : h};
+    const BufferSlice bufs[9] = {p.w, h, x, src.route, src.logits, src.bias, q8 ? hq : h, gate, gate_error};
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.down(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
@@ -565,8 +584,37 @@ void MoeDownOp::record(CommandRecorder& rec) const {
       part_bytes += g.n_embd * 8;
     }
     if (i > 0) rec.barrier();  // every part adds into x
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, part_bytes);
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, gated ? 9 : q8 ? 7 : 6), a, groups, 1, 1, what, part_bytes);
   }
+}
+
+bool MoeDownOp::gate_supported(Context& ctx) const {
+  const MoeTileGeometry& g = tile.geometry;
+  const uint32_t k = n_used ? n_used : routing.n_used;
+  if (hq.buffer == VK_NULL_HANDLE || route.buffer == VK_NULL_HANDLE || !team_shape(ctx).subgroup) return false;
+  if (!moe_q8_usable(ctx, g, k)) return false;
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, "moe_down");
+  if (parts.size() != 1) return false;
+  return uint64_t(q8_down_rows(resolve(tuning), parts[0].type)) * down_q8_own(ctx, std::max(g.w_routed, g.w_shared)) <= 8;
+}
+
+bool MoeGateUpOp::gate_supported(Context& ctx) const {
+  const MoeTileGeometry& g = tile.geometry;
+  const uint32_t k = n_used ? n_used : routing.n_used;
+  if (fold_acc.buffer == VK_NULL_HANDLE || hq.buffer == VK_NULL_HANDLE || down_acc.buffer != VK_NULL_HANDLE) return false;
+  if (!moe_q8_usable(ctx, g, k)) return false;
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  return tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, "moe_gateup").size() == 1;
+}
+
+uint32_t MoeGateUpOp::gate_h_target(Context& ctx) const {
+  const MoeTileGeometry& g = tile.geometry;
+  const uint32_t k = n_used ? n_used : routing.n_used;
+  const uint64_t outs = hq.buffer != VK_NULL_HANDLE ? kQ8GateUpOutputs : resolve(tuning).gateup_teams;
+  const uint64_t n = k * ((g.w_routed + outs - 1) / outs) + (g.has_shared() ? (g.w_shared + outs - 1) / outs : 0);
+  const GroupCounts gc = split_workgroups(n, ctx.info());  // every workgroup of the grid arrives
+  return gc.x * gc.y;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -190,6 +190,13 @@ struct MoeGateUpOp {
   // each workgroup adds its outputs' share of the down products into `down_acc` (zero before and
   // after the dispatch), the last one adds the sums to x. Needs the router fold and hq.
   BufferSlice down_acc;     // int64 [n_embd] + arrival counter [moe_down_acc_bytes(n_embd)]
+  // Early start of the down (docs/DECODE.md "Early start"; moe_gateup.comp GATE_SIGNAL): set (two
+  // words, zero before the dispatch), workgroup 0 adds 1 to word 0 once the route is written and
+  // every workgroup adds 1 to word 1 once its h is: MoeDownOp::gate, target gate_h_target().
+  // Only where gate_supported().
+  BufferSlice gate;
+  bool gate_supported(Context& ctx) const;  // the router fold, int8 h, no fused down, one dispatch
+  uint32_t gate_h_target(Context& ctx) const;  // the workgroups of the dispatch
 
   // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written (with
   // down_acc: + the down matrices and x).
@@ -217,6 +224,15 @@ struct MoeDownOp {
   std::string label;    // empty = "moe_down.<type>"
   uint64_t max_binding_bytes = 0;
   MoeTuning tuning;
+  // Early start (MoeGateUpOp::gate): recorded with no barrier after the gate-up, waits on its
+  // gate words (route, then gate_h_target arrivals); a wait that gives up writes 1 and the value
+  // it saw to gate_error (8 bytes, host-visible). Only where gate_supported().
+  BufferSlice gate;
+  uint32_t gate_h_target = 0;
+  BufferSlice gate_error;
+  // The int8 path with subgroups, the route from the buffer, one dispatch, at most 8 weight
+  // blocks per lane to hold.
+  bool gate_supported(Context& ctx) const;
 
   uint64_t bytes() const;  // K routed + shared down matrices, h, route, x read and written
   // Records the dispatch(es), with barriers between parts when there are several (see above),

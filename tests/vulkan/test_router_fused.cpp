@@ -148,6 +148,16 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
   }
+  // Where it can, the gate-up also opens the MoE down's gates (moe_gateup.comp GATE_SIGNAL): the
+  // same outputs, checked below, and the gate words count the route and every workgroup.
+  vk::Buffer gate_b = vktest::make_buffer(g, 16, "gate");
+  const bool gated = gu.gate_supported(*g.ctx);
+  EXPECT_EQ(gated, c.q8 && !c.fused_down && vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
+  if (gated) {
+    const uint32_t zero[4] = {};
+    vktest::upload_bytes(g, gate_b, zero, sizeof zero);
+    gu.gate = gate_b.slice(0, 8);
+  }
 
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
@@ -165,6 +175,13 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   rec.run();
 
   FoldResult r;
+  if (gated) {
+    const std::vector<float> gw = vktest::download_floats(g, gate_b, 2);
+    uint32_t words[2];
+    std::memcpy(words, gw.data(), sizeof words);
+    EXPECT_EQ(words[0], 1u) << "route gate";
+    EXPECT_EQ(words[1], gu.gate_h_target(*g.ctx)) << "h gate: every workgroup once";
+  }
   r.x = vktest::download_floats(g, c.fused_down ? x_mid_b : x_b, c.n_embd);
   if (c.fused_down) {
     r.x_final = vktest::download_floats(g, x_b, c.n_embd);

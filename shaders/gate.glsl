@@ -1,0 +1,45 @@
+// Gates (docs/DECODE.md "Early start"): a consumer dispatch recorded with no barrier after its
+// producer waits until a word the producer's workgroups count up reaches a target. The producer
+// makes its outputs visible (memoryBarrierBuffer, then a barrier) before its atomicAdd; the
+// consumer polls, then fences, then reads them. No deadlock: the queue launches the producer's
+// workgroups before any of the consumer's.
+//
+// The including kernel enables GL_KHR_memory_scope_semantics and declares, before including:
+//   coherent buffer gate[]        the gate words
+//   coherent buffer gate_error[]  [0] = 1 when a wait gave up, [1] = what it saw (host-visible:
+//                                 the decode step checks it and re-records without the gates)
+#ifndef TESSERA_GATE_GLSL
+#define TESSERA_GATE_GLSL
+
+// Polls before a wait gives up: several ms on an H100 (each poll an L2 round trip), far past any
+// producer; below the 65535 iterations at which llvmpipe ends a loop by itself.
+const uint kGateSpins = 1u << 15;
+
+// One poll: an atomic load (relaxed, device scope). A plain load, even a volatile one, may be
+// hoisted out of the loop (llvmpipe did); an atomic add of zero is not, but the workgroups'
+// read-modify-writes of one word serialize at the L2 (PERFORMANCE.md session 10).
+uint gate_load(uint i) { return atomicLoad(gate[i], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed); }
+
+// Polls gate[i] + zero until it reaches target, or gives up (the error words). `zero` is 0 at run
+// time; the caller makes it depend on loads it wants issued before the wait (the compiler may
+// otherwise sink them past it). One invocation calls it. Returns the first value seen.
+uint gate_poll(uint i, uint target, uint zero) {
+  const uint first = gate_load(i) + zero;
+  uint seen = first;
+  for (uint spins = 1u; seen < target && spins < kGateSpins; ++spins) seen = gate_load(i) + zero;
+  // Checked after the loop: a driver may end a long loop by itself (llvmpipe at 65535).
+  if (seen < target) {
+    gate_error[1] = seen;
+    gate_error[0] = 1u;
+  }
+  return first;
+}
+
+// The producer's side: after the workgroup's outputs, one arrival of `n`. Uniform control flow.
+void gate_signal(uint i, uint n) {
+  memoryBarrierBuffer();  // this invocation's stores visible device-wide
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[i], n);
+}
+
+#endif  // TESSERA_GATE_GLSL

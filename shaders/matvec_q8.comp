@@ -27,13 +27,13 @@
 // X_Q8 (0/1; one column, no NORM_INPUT): x comes already quantized (binding 2 = int8 blocks, 3
 // uvec4 per 32 values, q8_quantize.glsl; e.g. attention_merge.comp's olat_q8): nothing is staged,
 // no barrier precedes the weight loads, each lane reads its input blocks beside its weight blocks.
-// WAIT_GATE (0/1; X_Q8 with subgroups; docs/DECODE.md "Early start"): the dispatch is recorded
-// with no barrier after the one that writes x's int8 blocks, which adds to the gate word as its
-// workgroups finish. Each lane first loads all its weight blocks (PRELOAD per row: lane + j *
-// nlanes, j < PRELOAD), then invocation 0 polls the gate until it reaches GATE_TARGET (a wait of
-// more than kGateSpins polls gives up and sets the error word: a device that did not run the
-// producer beside this dispatch), and only then are x's blocks read. The sums run in the same
-// order as without the gate: the same bits. GATE_X: how x's blocks are read after the gate: 0
+// WAIT_GATE (0/1; subgroups, one column; docs/DECODE.md "Early start"): the dispatch is recorded
+// with no barrier after the one that writes x (X_Q8: its int8 blocks), which adds to the gate
+// word as its workgroups finish. Each lane first loads all its weight blocks (PRELOAD per row:
+// lane + j * nlanes, j < PRELOAD), then invocation 0 polls the gate until it reaches GATE_TARGET
+// (a wait of more than kGateSpins polls gives up and sets the error word: a device that did not
+// run the producer beside this dispatch), and only then is x read (staged x: in one pass, KSPLIT
+// 1, coherent loads). The sums run in the same order as without the gate: the same bits. GATE_X: how x's blocks are read after the gate: 0
 // each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
 // (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
 // plain loads ordered by the fence after the poll (the teams share them through L1).
@@ -48,8 +48,8 @@
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
 #endif
-#if WAIT_GATE && (!X_Q8 || !USE_SUBGROUP)
-#error "matvec_q8.comp: WAIT_GATE needs X_Q8 and subgroups"
+#if WAIT_GATE && (!USE_SUBGROUP || NUM_COLS != 1)
+#error "matvec_q8.comp: WAIT_GATE needs subgroups and one column"
 #endif
 #if WAIT_GATE
 #extension GL_KHR_memory_scope_semantics : require
@@ -65,12 +65,11 @@
 
 layout(local_size_x = WG_SIZE) in;
 
-#if X_Q8
-#if NUM_COLS != 1 || NORM_INPUT
-#error "matvec_q8.comp: X_Q8 takes one column and no input norm"
-#endif
 #ifndef GATE_X
 #define GATE_X 2
+#endif
+#ifndef GATE_WORD
+#define GATE_WORD 0  // the gate's word in its binding
 #endif
 #ifndef GATE_STATS
 #define GATE_STATS 0
@@ -78,11 +77,24 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef GATE_CLOCK
 #define GATE_CLOCK 0
 #endif
+#if X_Q8
+#if NUM_COLS != 1 || NORM_INPUT
+#error "matvec_q8.comp: X_Q8 takes one column and no input norm"
+#endif
 #if WAIT_GATE && GATE_X != 2
 // Written by the producer while this dispatch runs: coherent (no stale L1 lines).
 layout(std430, binding = 2) coherent readonly restrict buffer XQ8 { uvec4 xq[]; };
 #else
 layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
+#endif
+#elif WAIT_GATE
+// Written by the producer while this dispatch runs, and read by it into L1 on the same SMs (the
+// MoE down keeps the old x rows): coherent.
+layout(std430, binding = 2) coherent readonly restrict buffer XBuf { float x[]; };
+layout(std430, binding = 2) coherent readonly restrict buffer XBuf4 { vec4 x4[]; };
+#else
+layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
+layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
 #endif
 #if WAIT_GATE
 layout(std430, binding = 8) coherent restrict buffer Gate { uint gate[]; };
@@ -103,10 +115,6 @@ void gate_time(uint i, uint64_t t) { atomicMax(gate_times[2u + i], t); }
 #endif
 #endif
 #endif
-#else
-layout(std430, binding = 2) readonly restrict buffer XBuf { float x[]; };
-layout(std430, binding = 2) readonly restrict buffer XBuf4 { vec4 x4[]; };
-#endif
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 #if NORM_INPUT
 layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
@@ -122,6 +130,9 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #if KSPLIT > 1 && (!USE_SUBGROUP || NUM_COLS != 1)
 #error "matvec_q8.comp: KSPLIT > 1 needs subgroups and one column"
 #endif
+#if WAIT_GATE && !X_Q8 && KSPLIT != 1
+#error "matvec_q8.comp: WAIT_GATE on staged x takes KSPLIT 1"
+#endif
 #if (WG_SIZE / THREADS_PER_ROW) % KSPLIT != 0
 #error "matvec_q8.comp: the subgroups of a workgroup must divide into teams of KSPLIT"
 #endif
@@ -136,6 +147,40 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #define RF_PRELOAD WAIT_GATE
 #include "router_partial.glsl"
 #endif
+
+#if WAIT_GATE
+#include "gate.glsl"
+
+shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
+
+// Until the gate word reaches GATE_TARGET, then x's blocks are visible. `dep` folds the lane's
+// preloaded weight words: each subgroup stores (its lanes' dep) & (the high half of flags, zero)
+// into shared memory before the first barrier, and invocation 0 adds the first such word to what
+// it polls. Without that data dependence the compiler may sink the weight loads past the wait
+// (it did on the H100: 35 registers, the loads issued after the gate opened). Invocation 0
+// polls (gate.glsl), the workgroup waits at the second barrier. Uniform control flow.
+void wait_gate(uint dep) {
+  const uint sdep = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
+  if (subgroupElect()) gate_dep[gl_SubgroupID] = sdep;
+  barrier();  // every lane's weight loads have landed
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint first = gate_poll(uint(GATE_WORD), uint(GATE_TARGET), gate_dep[0]);
+#if GATE_STATS
+    if (first < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
+    atomicAdd(gate_stats[1], 1u);
+#endif
+#if GATE_STATS && GATE_CLOCK
+    const uint64_t t_open = clockRealtimeEXT();
+    gate_time(0u, ~gate_t_start);
+    gate_time(1u, ~t_open);
+    gate_time(2u, t_open);
+#endif
+  }
+  barrier();
+  memoryBarrierBuffer();
+}
+
+#endif  // WAIT_GATE
 
 #if X_Q8
 // acc[r][0] += (weight row `row + r`, this lane's blocks) . x, x's blocks read from binding 2.
@@ -160,37 +205,6 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
   }
 }
 #if WAIT_GATE
-#include "gate.glsl"
-
-shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
-
-// Until the gate word reaches GATE_TARGET, then x's blocks are visible. `dep` folds the lane's
-// preloaded weight words: each subgroup stores (its lanes' dep) & (the high half of flags, zero)
-// into shared memory before the first barrier, and invocation 0 adds the first such word to what
-// it polls. Without that data dependence the compiler may sink the weight loads past the wait
-// (it did on the H100: 35 registers, the loads issued after the gate opened). Invocation 0
-// polls (gate.glsl), the workgroup waits at the second barrier. Uniform control flow.
-void wait_gate(uint dep) {
-  const uint sdep = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
-  if (subgroupElect()) gate_dep[gl_SubgroupID] = sdep;
-  barrier();  // every lane's weight loads have landed
-  if (gl_LocalInvocationIndex == 0u) {
-    const uint first = gate_poll(0u, uint(GATE_TARGET), gate_dep[0]);
-#if GATE_STATS
-    if (first < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
-    atomicAdd(gate_stats[1], 1u);
-#endif
-#if GATE_STATS && GATE_CLOCK
-    const uint64_t t_open = clockRealtimeEXT();
-    gate_time(0u, ~gate_t_start);
-    gate_time(1u, ~t_open);
-    gate_time(2u, t_open);
-#endif
-  }
-  barrier();
-  memoryBarrierBuffer();
-}
-
 // global_dot with the lane's weight blocks loaded before the gate opens (row `row + r` clamped to
 // a valid one, blocks past the row repeating its last; neither is added).
 shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (TS_MATVEC_ACCUMULATE)
@@ -291,12 +305,40 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
     }
   }
 }
+
+#if WAIT_GATE
+// The staged path with the gate (one column, one pass: KCHUNK >= the row's blocks): the lane's
+// weight blocks (lane + j * nlanes, j < PRELOAD) loaded first, then the gate, then x staged (its
+// sum of squares gathered) and the dot products, in pass_dot's order: the same bits.
+void gated_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS],
+                      inout float ss[NUM_COLS]) {
+  Q8W w[NUM_ROWS][PRELOAD];
+  uint dep = 0u;
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
+    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
+      w[r][j] = q8_load_block(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+      dep |= w[r][j].a.x ^ w[r][j].b.w;
+    }
+  }
+  wait_gate(dep);
+  stage_pass(0u, nb, ss);
+  barrier();
+  [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
+    const uint b = lane + j * nlanes;
+    if (b < nb) {
+      [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r)
+        if (r < nvalid) acc[r][0] += q8_dot_loaded(w[r][j], q8_lo[b], q8_hi[b], q8_ds[b]);
+    }
+  }
+}
+#endif
 #endif  // X_Q8
 
 // y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
 void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
-#if WAIT_GATE
+#if WAIT_GATE && X_Q8
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? gate_y[row - row0] + v : v;  // one column
 #else
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
@@ -343,8 +385,10 @@ void main() {
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
   }
-#if WAIT_GATE
+#if WAIT_GATE && X_Q8
   gated_dot(row, nvalid, nb, lane, nlanes, row0, row_end, acc);
+#elif WAIT_GATE
+  gated_staged_dot(row, nvalid, nb, lane, nlanes, acc, scale);
 #elif X_Q8
   global_dot(row, nvalid, nb, lane, nlanes, acc);
 #else

@@ -23,7 +23,9 @@
 // docs/DECODE.md "Early start"): recorded with no barrier after the gate-up (GATE_SIGNAL). Each
 // workgroup waits for gate word 0 (the route written), loads its slots' weight blocks for all its
 // rows and its rows of x, waits for word 1 to reach GATE_H_TARGET (every gate-up workgroup's h
-// written), then reads hq. The same sums in the same order: the same bits.
+// written), then reads hq. The same sums in the same order: the same bits. X_SIGNAL (with
+// WAIT_GATE): after its rows of x, each workgroup adds 1 to gate word 2, which the next layer's
+// first matvecs (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
 // 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT),
 // 7 = gate words, 8 = error words (WAIT_GATE).
@@ -39,7 +41,11 @@ layout(local_size_x = WG_SIZE) in;
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
+#if X_SIGNAL
+layout(std430, binding = 2) coherent restrict buffer XBuf { float x[]; };  // read by the next matvecs beside this
+#else
 layout(std430, binding = 2) restrict buffer XBuf { float x[]; };
+#endif
 layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 4) readonly restrict buffer LogitBuf { float route_logits[]; };
 layout(std430, binding = 5) readonly restrict buffer BiasBuf { float route_bias[]; };
@@ -48,6 +54,12 @@ layout(push_constant) uniform Push { MoeArgs args; };
 
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
+#endif
+#ifndef X_SIGNAL
+#define X_SIGNAL 0
+#endif
+#if X_SIGNAL && !WAIT_GATE
+#error "moe_down.comp: X_SIGNAL needs WAIT_GATE (the gate binding)"
 #endif
 #if WAIT_GATE
 #if !Q8ACT || !USE_SUBGROUP || ROWS_PER_WG * Q8_OWN > 8
@@ -324,4 +336,7 @@ void main() {
     x[row0 + r] += acc;
 #endif
   }
+#if X_SIGNAL
+  gate_signal(2u, 1u);  // this workgroup's rows of x written
+#endif
 }

@@ -361,15 +361,22 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.tuning = options_.matvec;
     return op;
   };
+  // A gate to wait on: the words, the one polled, its target; stats: W_vo's counters (gate_stats).
+  struct Gate {
+    vk::BufferSlice words;
+    uint32_t word = 0, target = 0;
+    bool stats = false;
+  };
   auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, vk::BufferSlice gate = {}) {
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, const Gate& gate = {}) {
     vk::MatvecOp op = matvec_op(name, x, y, norm, acc, fold, x_q8);
-    if (gate.buffer) {
-      const uint32_t gate_target = attn_->decode_gate_target(attn_->decode_range(profile_kv_len));
-      op.gate = gate;
-      op.gate_target = gate_target;
+    if (gate.words.buffer) {
+      op.gate = gate.words;
+      op.gate_word = gate.word;
+      op.gate_target = gate.target;
       op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
-      if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(gate_layer) * kGateStride, vk::MatvecOp::kGateStatsBytes);
+      if (options_.gate_stats && gate.stats)
+        op.gate_stats = w.gate_stats.slice(uint64_t(gate_layer) * kGateStride, vk::MatvecOp::kGateStatsBytes);
     }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
@@ -413,6 +420,22 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   attn.set_profile_kv_len(std::max<uint32_t>(1, profile_kv_len));
   const vk::MoeRouting routing = vk::MoeRouting::from_config(c);
 
+  // Stage 1 of layer l: the matvecs that read only x (q_a or the query, kv_a).
+  struct Stage1 {
+    std::string name;
+    vk::BufferSlice y;
+  };
+  auto stage1 = [&](uint32_t l) {
+    const std::string L = cat("blk.", l, ".");
+    const bool qk = w.has(L + "attn_qk.weight");
+    std::vector<Stage1> s;
+    if (c.q_lora_rank) s.push_back({L + "attn_q_a.weight", w.cq.whole()});
+    else s.push_back({qk ? L + "attn_qk.weight" : L + "attn_q.weight", qk ? w.q.whole() : w.qfull.whole()});
+    s.push_back({L + "attn_kv_a_mqa.weight", w.kv.whole()});
+    return s;
+  };
+  Gate x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
+
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
     gate_layer = l;
@@ -422,10 +445,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice attn_norm = w.vec(L + "attn_norm.weight", c.n_embd);
     const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
     const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
-    // Stage 1: everything that reads only x.
-    if (c.q_lora_rank) matvec(L + "attn_q_a.weight", w.x.whole(), w.cq.whole(), attn_norm, false);
-    else matvec(qname, w.x.whole(), qdst, attn_norm, false);
-    matvec(L + "attn_kv_a_mqa.weight", w.x.whole(), w.kv.whole(), attn_norm, false);
+    // Stage 1: everything that reads only x (waiting on the previous MoE down's gate where it set one).
+    for (const Stage1& s : stage1(l)) matvec(s.name, w.x.whole(), s.y, attn_norm, false, {}, {}, x_gate);
+    x_gate = {};
     if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
     rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
@@ -481,7 +503,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8, gate);
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
+             Gate{gate, 0, attn.decode_gate_target(range), true});
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
@@ -577,11 +600,20 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.tuning = options_.moe;
     // The down started early (no barrier after the gate-up) where both kernels take the gate.
     const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    // ... and the next layer's stage 1 after it, where its matvecs can wait.
+    bool next_early = early_down && l + 1 < c.n_layer;
+    if (next_early)
+      for (const Stage1& s : stage1(l + 1))
+        next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
+                                             false).gate_supported(ctx_);
     if (early_down) {
-      gu.gate = w.gates.slice(uint64_t(2 * l + 1) * kGateStride, 8);
-      down.gate = gu.gate;
+      const vk::BufferSlice words = w.gates.slice(uint64_t(2 * l + 1) * kGateStride, 12);
+      gu.gate = words.sub(0, 8);
+      down.gate = words;
       down.gate_h_target = gu.gate_h_target(ctx_);
       down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
+      down.gate_signal_x = next_early;
+      if (next_early) x_gate = Gate{words, 2, down.gate_x_target(ctx_), false};
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
                (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;
@@ -593,7 +625,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     down.label = (down.hq.buffer ? "moe_down.q8act" : "moe_down") + std::string(early_down ? ".gate " : " ") + L;
     down.record(rec);
-    rec.barrier();
+    if (!x_gate.words.buffer) rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
   weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "");

@@ -32,7 +32,7 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
                   q8_activations_type(*ctx, op.w.type);
   const bool norm = op.norm_weight.buffer != VK_NULL_HANDLE;
   const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
-  const bool gated = xq8 && op.gate.buffer != VK_NULL_HANDLE;
+  const bool gated = q8 && op.batch == 1 && op.gate.buffer != VK_NULL_HANDLE;
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated};
 }
 
@@ -71,6 +71,14 @@ DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx) {
   return {teams, nrows, ksplit_of(op, ctx, teams)};
 }
 
+// Blocks per staging pass of the int8 kernel: a power of two, at most what the columns need and
+// what fits kQ8StageBytes of shared memory (48 bytes per block and column).
+uint32_t q8_kchunk(uint32_t nb, uint32_t batch) {
+  uint32_t kchunk = 1;
+  while (kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
+  return kchunk;
+}
+
 // Weight blocks per lane and row that the early start holds (matvec_q8.comp PRELOAD).
 uint32_t gate_preload(const MatvecOp& op, Context& ctx, const DecodeSplit& s) {
   const uint32_t nlanes = s.ksplit * ctx.info().subgroup_size;
@@ -83,8 +91,12 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   MatvecOp probe = *this;
   probe.gate = {};
   const Variant v = variant_of(probe, &ctx);
-  if (!v.xq8 || !ctx.pipelines().use_subgroup()) return false;
+  if (!v.q8 || batch != 1 || !ctx.pipelines().use_subgroup()) return false;
   const DecodeSplit s = q8_decode_split(probe, ctx);
+  if (!v.xq8) {  // staged x: one pass over the whole row, one subgroup per row
+    if (s.ksplit != 1 || q8_kchunk(w.cols / 32, 1) < w.cols / 32) return false;
+    return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
+  }
   const bool staged = probe.tuning.gate_x ? probe.tuning.gate_x == 2 : kAutoGateX == 1;
   if (staged && !q8_activations_usable(ctx, w.type, w.cols)) return false;  // x's blocks in shared memory
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
@@ -162,9 +174,11 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
   if (gate.buffer != VK_NULL_HANDLE) {
     if (!gate_supported(ctx))
-      runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel with pre-quantized x, "
-                    "subgroups and at most ", kMaxGatePreload, " weight blocks per lane)");
-    if (gate.size < 4 || gate_error.size < 8 || gate_target == 0 || (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
+      runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel, one vector, subgroups, "
+                    "x pre-quantized or staged in one pass by one subgroup per row, and at most ", kMaxGatePreload,
+                    " weight blocks per lane)");
+    if (gate.size < (gate_word + 1) * 4ull || gate_error.size < 8 || gate_target == 0 ||
+        (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
   }
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
@@ -220,10 +234,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       nrows = s.nrows;
       ksplit = s.ksplit;
     }
-    // Blocks per staging pass: a power of two, at most what the columns need and what fits
-    // kQ8StageBytes of shared memory (48 bytes per block and column).
-    uint32_t kchunk = 1;
-    while (!v.xq8 && kchunk < nb && uint64_t(2 * kchunk) * batch * 48 <= kQ8StageBytes) kchunk *= 2;
+    const uint32_t kchunk = v.xq8 ? 1u : q8_kchunk(nb, batch);
     rows_per_wg = teams / ksplit * nrows;
     desc.file = "matvec_q8.comp";
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
@@ -241,6 +252,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["WAIT_GATE"] = "1";
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
       desc.defines["GATE_TARGET"] = std::to_string(gate_target);
+      desc.defines["GATE_WORD"] = std::to_string(gate_word);
       const uint32_t gx = tuning.gate_x ? tuning.gate_x - 1 : kAutoGateX;
       desc.defines["GATE_X"] = std::to_string(gx);
       if (gate_stats.buffer) {
@@ -248,7 +260,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
         const DeviceFeatures& f = ctx.device().enabled();
         desc.defines["GATE_CLOCK"] = f.device_clock && f.buffer_int64_atomics && f.shader_int64 ? "1" : "0";
       }
-      if (gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
+      if (v.xq8 && gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):

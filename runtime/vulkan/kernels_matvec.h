@@ -89,15 +89,16 @@ struct MatvecOp {
   // without norm_weight: nothing is staged (matvec_q8.comp X_Q8). x stays bound-checked and is the
   // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
   BufferSlice x_q8;
-  // Early start (docs/DECODE.md "Early start"; matvec_q8.comp WAIT_GATE): set, the x_q8 kernel is
-  // recorded with no barrier after the dispatch that writes x_q8, which adds to the word at
-  // `gate` as its workgroups finish. Each workgroup loads its weight blocks, waits until the word
-  // reaches gate_target, then reads x_q8. A wait that gives up (a device that ran this dispatch
+  // Early start (docs/DECODE.md "Early start"; matvec_q8.comp WAIT_GATE): set, the int8 kernel is
+  // recorded with no barrier after the dispatch that writes x (or x_q8), which adds to the word
+  // at `gate` as its workgroups finish. Each workgroup loads its weight blocks, waits until the
+  // word reaches gate_target, then reads x. A wait that gives up (a device that ran this dispatch
   // alone) writes 1 to the word at gate_error and the gate it saw to the next (8 bytes,
   // host-visible: the caller checks them after the step). Only where gate_supported(); record()
   // refuses it elsewhere.
   BufferSlice gate;
   uint32_t gate_target = 0;
+  uint32_t gate_word = 0;  // the word of `gate` polled (binding offsets must be aligned)
   BufferSlice gate_error;
   // Set (kGateStatsBytes, zero before the dispatch; with gate): diagnostics the gated kernel adds
   // to: two counters, workgroups whose first poll found the gate closed (they ran beside the
@@ -106,8 +107,9 @@ struct MatvecOp {
   // `~` for the minima). matvec_q8.comp GATE_STATS.
   BufferSlice gate_stats;
   static constexpr uint64_t kGateStatsBytes = 48;
-  // The early start serves this op on this device: the int8 kernel with x_q8, subgroups, and at
-  // most kMaxGatePreload weight blocks per lane to hold while waiting.
+  // The early start serves this op on this device: the int8 kernel for one vector with subgroups,
+  // x_q8 or x staged in one pass (rows of at most 512 blocks, one subgroup per row), and at most
+  // kMaxGatePreload weight blocks per lane to hold while waiting.
   bool gate_supported(Context& ctx) const;
   static constexpr uint32_t kMaxGatePreload = 8;
 

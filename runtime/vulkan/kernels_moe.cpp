@@ -131,7 +131,7 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
 
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t gate_h_target = 0) {
+                               uint32_t rows, uint32_t gate_h_target = 0, bool x_signal = false) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -141,8 +141,10 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
   if (gate_h_target) {
     d["WAIT_GATE"] = "1";
     d["GATE_H_TARGET"] = std::to_string(gate_h_target);
+    d["X_SIGNAL"] = x_signal ? "1" : "0";
   }
-  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : ""),
+  return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
+                             x_signal ? ".xsig" : ""),
                     "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
@@ -561,7 +563,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const bool gated = gate.buffer != VK_NULL_HANDLE;
-  if (gated && (!gate_supported(ctx) || gate.size < 8 || gate_error.size < 8 || gate_h_target == 0))
+  if (gated && (!gate_supported(ctx) || gate.size < (gate_signal_x ? 12u : 8u) || gate_error.size < 8 || gate_h_target == 0))
     runtime_error(what, ": no early-start wait here (it needs the int8 path with subgroups, the route buffer, one "
                   "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -571,7 +573,8 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared), rows_per_wg, gated ? gate_h_target : 0)
+                                               std::max(g.w_routed, g.w_shared), rows_per_wg, gated ? gate_h_target : 0,
+                                               gated && gate_signal_x)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -597,6 +600,13 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
   const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, "moe_down");
   if (parts.size() != 1) return false;
   return uint64_t(q8_down_rows(resolve(tuning), parts[0].type)) * down_q8_own(ctx, std::max(g.w_routed, g.w_shared)) <= 8;
+}
+
+uint32_t MoeDownOp::gate_x_target(Context& ctx) const {
+  const MoeTileGeometry& g = tile.geometry;
+  const uint32_t rows = q8_down_rows(resolve(tuning), g.down_type);
+  (void)ctx;
+  return uint32_t((g.n_embd + rows - 1) / rows);  // the workgroups of the one dispatch
 }
 
 bool MoeGateUpOp::gate_supported(Context& ctx) const {

@@ -230,6 +230,10 @@ struct MoeDownOp {
   BufferSlice gate;
   uint32_t gate_h_target = 0;
   BufferSlice gate_error;
+  // With gate: also add 1 per workgroup to gate word 2 once its rows of x are written (three
+  // words then), for the next layer's first matvecs (MatvecOp::gate, target gate_x_target()).
+  bool gate_signal_x = false;
+  uint32_t gate_x_target(Context& ctx) const;
   // The int8 path with subgroups, the route from the buffer, one dispatch, at most 8 weight
   // blocks per lane to hold.
   bool gate_supported(Context& ctx) const;

@@ -20,11 +20,12 @@ struct GateCase {
   uint32_t ksplit = 0, nrows = 0;  // MatvecTuning::ksplit / rows (0: auto)
   bool accumulate = true;
   uint32_t gate_x = 0;  // MatvecTuning::gate_x
+  bool staged = false;  // x as floats, staged with the fused norm (the next layer's q_a / kv_a), not x_q8
 };
 
 std::string describe(const GateCase& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
-             c.accumulate ? " acc" : "", " gate_x ", c.gate_x);
+             c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "");
 }
 
 struct GateRun {
@@ -37,7 +38,15 @@ struct GateRun {
 GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer& xq8, const std::vector<float>& y0,
             bool gated, uint32_t gate_value, uint32_t target) {
   vk::Buffer x = vktest::make_buffer(g, uint64_t(c.cols) * 4, "x");
-  vktest::poison(g, x);  // the kernel reads the int8 blocks only
+  vk::Buffer nw = vktest::make_buffer(g, uint64_t(c.cols) * 4, "norm weight");
+  if (c.staged) {  // the same x and norm weight for the gated and the plain run
+    std::mt19937 rng(c.rows * 7919u + c.cols);
+    const std::vector<float> xv = vktest::random_values(rng, c.cols), nv = vktest::random_values(rng, c.cols);
+    vktest::upload_bytes(g, x, xv.data(), xv.size() * 4);
+    vktest::upload_bytes(g, nw, nv.data(), nv.size() * 4);
+  } else {
+    vktest::poison(g, x);  // the kernel reads the int8 blocks only
+  }
   vk::Buffer y = vktest::make_buffer(g, y0.size() * 4, "y");
   vktest::upload_bytes(g, y, y0.data(), y0.size() * 4);
   vk::Buffer gate = vktest::make_buffer(g, 16, "gate");
@@ -50,7 +59,8 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   vk::MatvecOp op;
   op.w = w;
   op.x = x.whole();
-  op.x_q8 = xq8.whole();
+  if (c.staged) op.norm_weight = nw.whole();
+  else op.x_q8 = xq8.whole();
   op.y = y.whole();
   op.accumulate = c.accumulate;
   op.tuning.ksplit = c.ksplit;
@@ -88,7 +98,8 @@ bool setup(Gpu& g, const GateCase& c, uint32_t seed, std::unique_ptr<vktest::Dev
   y0 = vktest::random_values(rng, c.rows);
   vk::MatvecOp probe;
   probe.w = dm->ref;
-  probe.x_q8 = xq8.whole();
+  if (c.staged) probe.norm_weight = xq8.whole();  // any buffer: the variant only
+  else probe.x_q8 = xq8.whole();
   probe.tuning.ksplit = c.ksplit;
   probe.tuning.rows = c.nrows;
   probe.tuning.gate_x = c.gate_x;
@@ -108,8 +119,12 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
       {GgmlType::Q4_0, 3000, 64, 0, 0, false}, // more rows than kFewRows: several rows per team; no accumulate
       {GgmlType::Q4_K, 33, 256 * sg / 4, 2},
       {GgmlType::Q6_K, 19, 512, 1, 2},
+      // staged x with the fused norm (one pass, one subgroup per row): q_a / kv_a after the MoE down
+      {GgmlType::Q4_0, 77, 64 * sg, 1, 0, false, 0, true},
+      {GgmlType::Q8_0, 5, 32 * (sg + 5), 1, 0, false, 0, true},
+      {GgmlType::Q4_K, 3000, 256, 1, 0, false, 0, true},
   };
-  uint32_t seed = 7, ran = 0;
+  uint32_t seed = 7, ran = 0, ran_staged = 0;
   for (const GateCase& base : cases) {
     for (uint32_t gx : {0u, 1u, 2u, 3u}) {  // auto, coherent per lane, staged, plain per lane
       GateCase c = base;
@@ -121,6 +136,7 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
       std::vector<float> y0;
       if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
       ++ran;
+      ran_staged += c.staged ? 1 : 0;
       const GateRun plain = run(g, c, dm->ref, xq8, y0, false, 0, 0);
       const GateRun open = run(g, c, dm->ref, xq8, y0, true, 5, 5);
       EXPECT_EQ(open.error, 0u);
@@ -129,6 +145,7 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
     }
   }
   EXPECT_GE(ran, 16u) << "too few cases took the gate";
+  EXPECT_GE(ran_staged, 8u) << "too few staged cases took the gate";
 }
 
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode

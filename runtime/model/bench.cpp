@@ -372,6 +372,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.early_vo = o.early_vo;
   go.gate_stats = o.gate_stats;
   go.early_down = o.early_down;
+  go.early_next = o.early_next;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

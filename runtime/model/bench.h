@@ -63,6 +63,7 @@ struct BenchOptions {
   bool early_vo = true;                   // GpuModelOptions::early_vo (--tune early_vo=0|1)
   bool gate_stats = false;                // GpuModelOptions::gate_stats (--tune gate_stats=0|1)
   bool early_down = true;                 // GpuModelOptions::early_down (--tune early_down=0|1)
+  bool early_next = false;                // GpuModelOptions::early_next (--tune early_next=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

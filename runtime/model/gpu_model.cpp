@@ -601,7 +601,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // The down started early (no barrier after the gate-up) where both kernels take the gate.
     const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
     // ... and the next layer's stage 1 after it, where its matvecs can wait.
-    bool next_early = early_down && l + 1 < c.n_layer;
+    bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
     if (next_early)
       for (const Stage1& s : stage1(l + 1))
         next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),

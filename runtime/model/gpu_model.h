@@ -110,6 +110,11 @@ struct GpuModelOptions {
   // WAIT_GATE): the down's workgroups wait for the route, load their experts' weight blocks while
   // the gate-up runs, then wait for its h. bench --tune early_down=0|1.
   bool early_down = true;
+  // With early_down: the next layer's q_a / kv_a wait on the down's gate instead of a barrier
+  // (moe_down.comp X_SIGNAL, matvec_q8.comp WAIT_GATE on staged x). Off: on the H100 it lost
+  // 1-1.6 % (GLM tg128 329.6 / 330.6 -> 324.9 / 324.0 at depth 0; PERFORMANCE.md session 10):
+  // the down's 1024 workgroups all add to one word. bench --tune early_next=0|1.
+  bool early_next = false;
   // With early_vo: count the W_vo workgroups whose first poll found the gate closed (they ran
   // beside the attention) and all gated ones (GpuModel::early_start_counts). bench --tune gate_stats=1.
   bool gate_stats = false;

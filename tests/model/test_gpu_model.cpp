@@ -270,6 +270,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.early_vo = early;
     o.early_down = early;
+    o.early_next = early;  // off by default: tested here
     o.gate_stats = early;  // the counters change nothing either
     o.attention.single_max_kv = 3;
     o.attention.mid_max_kv = 9;

@@ -253,7 +253,7 @@ TEST(GpuModel, StepWordsFromTheDeviceCopyGiveTheSameBits) {
   }
 }
 
-// W_vo and the MoE down started early (GpuModelOptions::early_vo / early_down, default): no
+// W_vo and the MoE down started early (GpuModelOptions::early_vo, default; early_down, early_next): no
 // barrier between the attention and W_vo (every range: the single and mid kernels or the merge
 // open W_vo's gate), between the gate-up and the down, nor between the down and the next layer's
 // q_a / kv_a (staged x, read after the down's gate), the same kernels' sums otherwise, so

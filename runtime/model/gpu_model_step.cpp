@@ -1,0 +1,369 @@
+// GpuModel: the decode step's recording (record_step, record_head). Its kernels and barriers:
+// docs/DECODE.md; load and run: gpu_model.cpp.
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "format/error.h"
+#include "runtime/model/gpu_model_internal.h"
+#include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/kernels_sample.h"
+
+namespace tessera::model {
+
+using namespace gpu_detail;
+
+void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
+  const ModelConfig& c = config_;
+  Weights& w = *w_;
+  // The per-token words the kernels of every layer read (position, KV length). The step buffer
+  // itself is host memory: on a discrete GPU each read of it crosses the bus. With step_local the
+  // step opens with a copy into device memory (ordered by the embedding's barrier) and the layers
+  // read that; the embedding (the token) and the sampler (writes the next token) use the host one,
+  // as do indirect attention counts (host-written, read as indirect arguments).
+  const vk::BufferSlice host_step = w.step.whole();
+  const vk::BufferSlice step = options_.step_local ? w.step_local.whole() : host_step;
+  if (options_.step_local) rec.copy(host_step, step);
+  const uint32_t H = c.n_head, R = c.kv_lora_rank;
+  uint64_t weight_bytes = 0;
+  // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
+  uint32_t gate_layer = 0;  // the layer being recorded (W_vo's gate statistics slice)
+  // gate: W_vo's early start (the gate word; target n_head, errors to the host step buffer).
+  auto matvec_op = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                       const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
+    vk::MatvecOp op;
+    op.w = w.matrix(name);
+    op.x = x;
+    op.x_q8 = x_q8;
+    op.y = y;
+    op.accumulate = acc;
+    op.router_fold = fold;
+    op.norm_weight = norm;
+    op.norm_eps = c.eps;
+    op.int8_activations = options_.int8_activations;
+    op.tuning = options_.matvec;
+    return op;
+  };
+  // A gate to wait on: the words, the one polled, its target; stats: W_vo's counters (gate_stats).
+  struct Gate {
+    vk::BufferSlice words;
+    uint32_t word = 0, target = 0;
+    bool stats = false;
+  };
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, const Gate& gate = {}) {
+    vk::MatvecOp op = matvec_op(name, x, y, norm, acc, fold, x_q8);
+    if (gate.words.buffer) {
+      op.gate = gate.words;
+      op.gate_word = gate.word;
+      op.gate_target = gate.target;
+      op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
+      if (options_.gate_stats && gate.stats)
+        op.gate_stats = w.gate_stats.slice(uint64_t(gate_layer) * kGateStride, vk::MatvecOp::kGateStatsBytes);
+    }
+    op.label = op.kernel_name(&ctx_) + " " + name;
+    if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
+    op.record(rec);
+    weight_bytes += op.w.read_bytes() + (fold.enabled() ? fold.router.read_bytes() : 0);
+  };
+
+  // Weights of a later stage pulled into the L2 beside the kernels just recorded (no barrier).
+  auto prefetch = [&](std::vector<vk::BufferSlice> spans, const std::string& label) {
+    if (spans.empty()) return;
+    vk::PrefetchOp op;
+    op.spans = std::move(spans);
+    op.sink = w.prefetch_sink.whole();
+    op.label = label;
+    op.record(rec);
+  };
+
+  // The router fold's accumulators start at zero in every step (the embedding's barrier orders the
+  // fill before the first matvec that adds into them).
+  bool any_fold = false;
+  for (uint32_t l = 0; l < c.n_layer; ++l) any_fold = any_fold || fold_router(l);
+  stats_.fused_router = any_fold;
+  if (any_fold) rec.fill(w.fold_acc.whole(), 0);
+  // The fused down's accumulators are left at zero by each use; the fill makes a step that was cut
+  // short (a lost device, a timeout) not poison the next one.
+  if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
+  // The early-start gate words count up within a step: zero at its start (ordered by the embedding's barrier).
+  if (options_.early_vo || options_.early_down) rec.fill(w.gates.whole(), 0);
+  if (options_.early_vo && options_.gate_stats) rec.fill(w.gate_stats.whole(), 0);
+
+  vk::EmbedOp embed;
+  embed.table = w.matrix("token_embd.weight");
+  embed.ids = host_step.sub(kTokenWord * 4, 4);
+  embed.out = w.x.whole();
+  embed.record(rec);
+  rec.barrier();
+
+  const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
+  vk::KvWriteOp kv_write(ctx_, ashape);
+  vk::AttentionOp& attn = *attn_;
+  attn.set_profile_kv_len(std::max<uint32_t>(1, profile_kv_len));
+  const vk::MoeRouting routing = vk::MoeRouting::from_config(c);
+
+  // Stage 1 of layer l: the matvecs that read only x (q_a or the query, kv_a).
+  struct Stage1 {
+    std::string name;
+    vk::BufferSlice y;
+  };
+  auto stage1 = [&](uint32_t l) {
+    const std::string L = cat("blk.", l, ".");
+    const bool qk = w.has(L + "attn_qk.weight");
+    std::vector<Stage1> s;
+    if (c.q_lora_rank) s.push_back({L + "attn_q_a.weight", w.cq.whole()});
+    else s.push_back({qk ? L + "attn_qk.weight" : L + "attn_q.weight", qk ? w.q.whole() : w.qfull.whole()});
+    s.push_back({L + "attn_kv_a_mqa.weight", w.kv.whole()});
+    return s;
+  };
+  Gate x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
+
+  for (uint32_t l = 0; l < c.n_layer; ++l) {
+    const std::string L = cat("blk.", l, ".");
+    gate_layer = l;
+    const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
+    stats_.composed_qk = qk;
+    stats_.composed_vo = vo;
+    const vk::BufferSlice attn_norm = w.vec(L + "attn_norm.weight", c.n_embd);
+    const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
+    const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
+    // Stage 1: everything that reads only x (waiting on the previous MoE down's gate where it set one).
+    for (const Stage1& s : stage1(l)) matvec(s.name, w.x.whole(), s.y, attn_norm, false, {}, {}, x_gate);
+    x_gate = {};
+    if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
+    rec.barrier();
+    // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
+    if (c.q_lora_rank)
+      matvec(qname, w.cq.whole(), qdst, w.vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+    kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
+                    "kv_write " + L);
+    if (!qk) {
+      if (c.q_lora_rank) rec.barrier();  // the absorb reads q_b's output
+      vk::AbsorbOp a = vk::AbsorbOp::query(w.matrix(L + "attn_k_b.weight"), H, c.n_rot, w.qfull.whole(), w.q.whole());
+      a.label = a.kernel_name() + " " + L + "attn_k_b";
+      a.record(rec);
+      weight_bytes += a.w.read_bytes();
+    }
+    rec.barrier();
+    // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
+    const vk::DecodeRange range = attn.decode_range(profile_kv_len);
+    vk::BufferSlice olat_q8;
+    if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
+        vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
+      olat_q8 = w.olat_q8.whole();
+    // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
+    const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
+                       matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
+    const vk::BufferSlice gate = early ? w.gates.slice(uint64_t(2 * l) * kGateStride, 4) : vk::BufferSlice{};
+    attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
+                       host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
+                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate);
+    {
+      std::vector<vk::BufferSlice> spans;
+      if (options_.prefetch & kPrefetchAttnOut) {
+        if (vo) spans.push_back(w.span(L + "attn_vo.weight"));
+        else spans.insert(spans.end(), {w.span(L + "attn_v_b.weight"), w.span(L + "attn_output.weight")});
+      }
+      if ((options_.prefetch & kPrefetchFfnIn) && c.is_moe(l)) {
+        spans.push_back(w.span(L + "ffn_gate_inp.weight"));
+        const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+        const MoeTileGeometry g = tile.tensor->moe_tile();
+        if (g.has_shared()) {
+          const uint64_t from = std::min(g.shared_gateup_offset, g.shared_down_offset);
+          spans.push_back(tile.buffer->slice(tile.offset + from, (g.total_bytes - from) / 4 * 4));
+        }
+      }
+      prefetch(spans, "prefetch attn_out+ffn_in " + L);
+    }
+    if (!early) rec.barrier();
+    const vk::BufferSlice ffn_norm = w.vec(L + "ffn_norm.weight", c.n_embd);
+    const bool fold = fold_router(l);
+    vk::RouterFold rfold;
+    if (fold) {
+      rfold.router = w.matrix(L + "ffn_gate_inp.weight");
+      rfold.norm_weight = ffn_norm;
+      rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
+    }
+    if (vo) {
+      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
+             Gate{gate, 0, attn.decode_gate_target(range), true});
+    } else {
+      vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
+      a.label = a.kernel_name() + " " + L + "attn_v_b";
+      a.record(rec);
+      weight_bytes += a.w.read_bytes();
+      rec.barrier();
+      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, rfold);
+    }
+    rec.barrier();
+    if (!c.is_moe(l)) {
+      vk::DenseGateUpOp gu;
+      gu.gate = w.matrix(L + "ffn_gate.weight");
+      gu.up = w.matrix(L + "ffn_up.weight");
+      gu.x = w.x.whole();
+      gu.norm_weight = ffn_norm;
+      gu.eps = c.eps;
+      gu.h = w.hdense.whole();
+      if (options_.int8_activations && vk::dense_q8_usable(ctx_, gu.gate, w.matrix(L + "ffn_down.weight")))
+        gu.hq = w.hq.whole();
+      gu.tuning = options_.moe;
+      gu.label = (gu.hq.buffer ? "dense_gateup.q8act " : "dense_gateup ") + L;
+      gu.record(rec);
+      rec.barrier();
+      weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes();
+      if (gu.hq.buffer && options_.dense_down_matvec) {
+        // The int8 matvec on the gate-up's int8 h (nothing staged; long rows over two subgroups).
+        matvec(L + "ffn_down.weight", w.hdense.whole(), w.x.whole(), {}, true, {}, w.hq.whole());
+      } else {
+        vk::DenseDownOp dd;
+        dd.down = w.matrix(L + "ffn_down.weight");
+        dd.h = w.hdense.whole();
+        dd.x = w.x.whole();
+        dd.hq = gu.hq;
+        dd.tuning = options_.moe;
+        dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
+        dd.record(rec);
+        weight_bytes += dd.down.read_bytes();
+      }
+      rec.barrier();
+      continue;
+    }
+    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    if (!fold) {
+      vk::RouterOp router;
+      router.w = w.matrix(L + "ffn_gate_inp.weight");
+      router.x = w.x.whole();
+      router.norm_weight = ffn_norm;
+      router.eps = c.eps;
+      router.routing = routing;
+      router.bias = bias;
+      router.logits = w.router_logits.whole();
+      router.h2 = w.h2.whole();
+      router.route = w.route.whole();
+      router.label = "router " + L;
+      router.record(rec);
+      rec.barrier();
+      weight_bytes += router.w.read_bytes();
+    }
+    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+    if (tile.tensor->layout != TsrLayout::MoeTile1)
+      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
+    vk::MoeGateUpOp gu;
+    gu.tile = tref;
+    gu.n_used = c.n_expert_used;
+    gu.h2 = w.h2.whole();
+    gu.route = w.route.whole();
+    gu.h = w.h.whole();
+    if (fold) {  // routing and h2 from the fold's accumulators; workgroup 0 writes the route
+      gu.fold_acc = rfold.acc;
+      gu.x = w.x.whole();
+      gu.norm_weight = ffn_norm;
+      gu.eps = c.eps;
+      gu.routing = routing;
+      gu.bias = bias;
+      gu.logits = w.router_logits.whole();
+    }
+    if (options_.int8_activations && vk::moe_q8_usable(ctx_, tref.geometry, c.n_expert_used)) {
+      gu.hq = w.hq.whole();
+      stats_.int8_activations = true;
+    }
+    gu.tuning = options_.moe;
+    const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
+                           vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
+    if (fuse_down) gu.down_acc = w.down_acc.whole();
+    vk::MoeDownOp down;
+    down.tile = tref;
+    down.n_used = c.n_expert_used;
+    down.h = w.h.whole();
+    down.route = w.route.whole();
+    down.x = w.x.whole();
+    down.hq = gu.hq;
+    down.tuning = options_.moe;
+    // The down started early (no barrier after the gate-up) where both kernels take the gate.
+    const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    // ... and the next layer's stage 1 after it, where its matvecs can wait.
+    bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
+    if (next_early)
+      for (const Stage1& s : stage1(l + 1))
+        next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
+                                             false).gate_supported(ctx_);
+    if (early_down) {
+      const vk::BufferSlice words = w.gates.slice(uint64_t(2 * l + 1) * kGateStride, 12);
+      gu.gate = words.sub(0, 8);
+      down.gate = words;
+      down.gate_h_target = gu.gate_h_target(ctx_);
+      down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
+      down.gate_signal_x = next_early;
+      if (next_early) x_gate = Gate{words, 2, down.gate_x_target(ctx_), false};
+    }
+    gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
+               (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;
+    gu.record(rec);
+    if (!early_down) rec.barrier();
+    if (fuse_down) {
+      weight_bytes += gu.bytes();
+      continue;
+    }
+    down.label = (down.hq.buffer ? "moe_down.q8act" : "moe_down") + std::string(early_down ? ".gate " : " ") + L;
+    down.record(rec);
+    if (!x_gate.words.buffer) rec.barrier();
+    weight_bytes += gu.bytes() + down.bytes();
+  }
+  weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "");
+  stats_.weight_bytes = weight_bytes;
+}
+
+uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed,
+                               const std::string& what) {
+  const ModelConfig& c = config_;
+  Weights& w = *w_;
+  // The final norm as its own dispatch: fused into the LM head, every one of its ~39 K workgroups
+  // (GLM: 154880 rows) would re-read x for the sum of squares.
+  vk::RmsNormOp norm;
+  norm.x = x;
+  norm.weight = w.vec("output_norm.weight", c.n_embd);
+  norm.y = normed;
+  norm.n = c.n_embd;
+  norm.eps = c.eps;
+  norm.label = "rmsnorm output" + what;
+  vk::MatvecOp lm;
+  lm.w = w.matrix("output.weight");
+  lm.x = normed;
+  lm.y = w.logits.whole();
+  lm.int8_activations = options_.int8_activations;
+  lm.tuning = options_.matvec;
+  // The int8 head reads the norm's int8 blocks instead of quantizing h2 in each of its ~10 K
+  // workgroups (GpuModelOptions::head_q8).
+  if (options_.head_q8 && c.n_embd % 32 == 0) {
+    lm.x_q8 = w.head_q8.whole();
+    if (lm.kernel_name(&ctx_).find(".xq8") != std::string::npos) norm.y_q8 = lm.x_q8;
+    else lm.x_q8 = {};
+  }
+  norm.label = (norm.y_q8.buffer ? "rmsnorm.q8out output" : "rmsnorm output") + what;
+  norm.record(rec);
+  rec.barrier();
+  lm.label = lm.kernel_name(&ctx_) + " output.weight" + what;
+  if (lm.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
+  lm.record(rec);
+  rec.barrier();
+  vk::SampleOp sample;
+  sample.n_vocab = c.n_vocab;
+  sample.params = options_.sampling;
+  sample.logits = w.logits.whole();
+  sample.scratch = w.sample_scratch.whole();
+  sample.step = w.step.whole();
+  sample.token_word = kTokenWord;
+  sample.pos_word = kPosWord;
+  sample.advance_pos = true;
+  sample.tokens_out = w.ring.whole();
+  sample.out_ring = kRing;
+  sample.record(rec);
+  return lm.w.read_bytes();
+}
+
+}  // namespace tessera::model

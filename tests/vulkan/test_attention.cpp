@@ -17,68 +17,15 @@
 #include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
+#include "tests/vulkan/attention_test_util.h"
 #include "tests/vulkan/test_attention_ref.h"
 #include "tests/vulkan/vk_test_util.h"
 
 namespace tessera {
 namespace {
 
-// The shared context of the test binary (tests skip only when no Vulkan device exists at all).
-vktest::Gpu& gpu() { return vktest::gpu(); }
-#define REQUIRE_GPU() VK_TEST_REQUIRE_GPU(gpu())
-
-template <class T>
-void upload(vk::Buffer& b, const std::vector<T>& v) {
-  vktest::upload_bytes(gpu(), b, v.data(), v.size() * sizeof(T));
-}
-template <class T>
-std::vector<T> download(const vk::Buffer& b, size_t n) {
-  std::vector<T> v(n);
-  gpu().transfer->download(b, 0, v.data(), n * sizeof(T));
-  return v;
-}
-vk::Buffer make_buffer(uint64_t bytes, const char* name) { return vktest::make_buffer(gpu(), bytes, name); }
-void poison(vk::Buffer& b) { vktest::poison(gpu(), b); }
-
-struct RopeCase {
-  const char* name;
-  float base, freq_scale, ext_factor, attn_factor;
-  uint32_t n_ctx_orig;
-};
-// GLM-4.7-Flash (plain rope, base 1e6) and DeepSeek-V2-Lite (YaRN, factor 40) parameters.
-const RopeCase kGlmRope{"glm", 1e6f, 1.f, 0.f, 1.f, 0};
-const RopeCase kYarnRope{"yarn", 1e4f, 1.f / 40, 1.f, float(1.0 / (1.0 + 0.1 * std::log(40.0))), 4096};
-
-vk::RopeParams rope_params(const RopeCase& c, uint32_t n_rot) {
-  ModelConfig m;
-  m.n_rot = n_rot;
-  m.rope_base = c.base;
-  m.rope_freq_scale = c.freq_scale;
-  m.yarn = c.ext_factor != 0;
-  m.yarn_n_ctx_orig = c.n_ctx_orig;
-  vk::RopeParams p = vk::RopeParams::from_config(m);
-  p.attn_factor = c.attn_factor;
-  return p;
-}
-cpu::Rope cpu_rope(const RopeCase& c, uint32_t n_rot) {
-  const cpu::YarnCorrDims corr = c.ext_factor != 0 ? cpu::yarn_corr_dims(n_rot, c.n_ctx_orig, c.base, 32.f, 1.f)
-                                                   : cpu::YarnCorrDims{0.f, 0.f};
-  return cpu::Rope(n_rot, c.base, c.freq_scale, c.ext_factor, c.attn_factor, corr);
-}
-
-vk::AttentionShape make_shape(uint32_t n_head, uint32_t kv_lora, uint32_t n_rot, uint32_t n_ctx, const RopeCase& rope) {
-  vk::AttentionShape s;
-  s.n_head = n_head;
-  s.kv_lora = kv_lora;
-  s.n_ctx = n_ctx;
-  s.eps = 1e-5f;
-  s.kq_scale = 1.f / std::sqrt(float(kv_lora / 2 + n_rot));
-  s.rope = rope_params(rope, n_rot);
-  return s;
-}
-
-// Where the position sits in the step buffer (word 0 would be the token id).
-constexpr uint32_t kPosWord = 1;
+using namespace attntest;
+using attntest::gpu;  // (tessera::gpu is the shader-argument namespace)
 
 // ---------------------------------------------------------------------------------------------
 
@@ -222,15 +169,6 @@ TEST_P(AttentionTest, MatchesReferenceAtEveryContextLength) {
   }
 }
 
-vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_t heads_per_group = 0, uint32_t tile = 0) {
-  vk::AttentionTuning t;
-  t.n_groups = n_groups;
-  t.min_chunk = min_chunk;
-  t.heads_per_group = heads_per_group;
-  t.tile = tile;
-  return t;
-}
-
 // The merge with shared-memory tree reductions (the path of devices without subgroup arithmetic).
 vk::AttentionTuning tree_merge(uint32_t n_groups, uint32_t min_chunk) {
   vk::AttentionTuning t = tuning(n_groups, min_chunk);
@@ -299,21 +237,6 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(info.param.n_rot) + "_" + info.param.rope.name + "_" + std::to_string(info.index);
     });
 
-// olat of one query (got) against the reference attention of q_h over the first kv_len rows of
-// cache_h at position kv_len - 1: every value finite, the largest error within f32 rounding.
-void expect_olat_near(const std::vector<float>& got, const std::vector<float>& q_h, const std::vector<uint16_t>& cache_h,
-                      uint32_t n_head, uint32_t kv_lora, uint32_t n_rot, uint32_t kv_len, float kq_scale,
-                      const cpu::Rope& rope) {
-  const std::vector<float> want =
-      test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, kq_scale, rope);
-  double max_err = 0, max_ref = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;
-    max_err = std::max(max_err, double(std::abs(got[i] - want[i])));
-    max_ref = std::max(max_ref, double(std::abs(want[i])));
-  }
-  EXPECT_LT(max_err, 5e-6 + 2e-5 * max_ref) << "kv_len " << kv_len;
-}
 
 // The decode step's attention (record_decode): one recording per context range, the partial
 // kernel an indirect dispatch whose group counts the host writes per token (decode_counts: the
@@ -418,241 +341,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       expect_olat_near(got, q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, shape.kq_scale, rope);
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
-    }
-  }
-}
-
-// A range of the decode step recorded once (record_decode) over random cache rows and queries,
-// run at contexts of its range: olat (poisoned before each run) against the reference, its int8
-// blocks against the CPU quantization of the olat written beside them (where the latent is a
-// multiple of 32), and the arrival counters left at zero. One dispatch, no barrier.
-void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t n_head, uint32_t kv_lora,
-                      uint32_t n_rot, uint32_t n_ctx, const std::vector<uint32_t>& kv_lens, uint32_t seed) {
-  const uint32_t row = kv_lora + n_rot;
-  const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
-  const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
-  const bool q8 = kv_lora % 32 == 0;
-  EXPECT_EQ(op.decode_writes_olat_q8(range), q8);
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, seed);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  const std::vector<float> q_h = test::random_values(size_t(n_head) * row, 2.f, seed + 1);
-  vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-  vk::Buffer olat = make_buffer(size_t(n_head) * kv_lora * 4, "olat");
-  vk::Buffer olat_q8 = make_buffer(std::max<uint64_t>(op.olat_q8_bytes(), 48), "olat q8");
-  upload(q, q_h);
-  upload(cache, cache_h);
-  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
-  vk::CommandRecorder rec(*gpu().ctx);
-  rec.begin();
-  op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                   arrivals.whole(), olat.whole(), range, "attn", q8 ? olat_q8.whole() : vk::BufferSlice{});
-  rec.end();
-  EXPECT_EQ(rec.dispatch_count(), 1u);
-  EXPECT_EQ(rec.barrier_count(), 0u);
-  // The kernel that also opens W_vo's gate (AttentionTuning::gate_signal): the same olat bits, and
-  // the gate word counts every head once.
-  const bool gated = op.decode_signals_gate(range);
-  EXPECT_EQ(gated, q8) << "gate_signal was asked for";
-  vk::Buffer gate = make_buffer(16, "gate");
-  vk::CommandRecorder rec_gate(*gpu().ctx);
-  if (gated) {
-    rec_gate.begin();
-    op.record_decode(rec_gate, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                     partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), gate.whole());
-    rec_gate.end();
-    EXPECT_EQ(rec_gate.dispatch_count(), 1u);
-  }
-  for (uint32_t kv_len : kv_lens) {
-    poison(olat);
-    poison(olat_q8);
-    poison(partials);
-    upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
-    rec.run();
-    const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
-    expect_olat_near(got, q_h, cache_h, n_head, kv_lora, n_rot, kv_len, shape.kq_scale, rope);
-    std::vector<uint32_t> got_q8;
-    if (q8) {
-      got_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-      vktest::expect_q8_blocks_close(got_q8, vktest::q8_blocks(got), cat("olat q8, kv_len ", kv_len));
-    }
-    for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
-      ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
-    if (!gated) continue;
-    poison(olat);
-    poison(olat_q8);
-    upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-    rec_gate.run();
-    EXPECT_EQ(download<float>(olat, size_t(n_head) * kv_lora), got) << "gated kernel, kv_len " << kv_len;
-    EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), got_q8) << "gated kernel, kv_len " << kv_len;
-    EXPECT_EQ(download<uint32_t>(gate, 4), (std::vector<uint32_t>{n_head, 0, 0, 0})) << "kv_len " << kv_len;
-  }
-  // No gate without the int8 blocks it opens on.
-  if (gated) {
-    vk::CommandRecorder bad(*gpu().ctx);
-    bad.begin();
-    EXPECT_THROW(op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                                  partials.whole(), arrivals.whole(), olat.whole(), range, "attn", {}, gate.whole()),
-                 Error);
-    bad.end();
-  }
-}
-
-// The decode step's single range (attention_rows.comp SINGLE): one workgroup per head over the
-// whole context writes olat and its int8 blocks itself. GLM's shape and awkward ones (3 heads,
-// rows of 80; a latent of 80, not a multiple of 32: no int8 blocks), the default work split and
-// odd ones (3 subgroups x 3 rows: rounds that end inside the context), the first round loaded
-// before the position word or not, contexts of one row to the range's end. The ranges: single,
-// then the others, each context in exactly one.
-TEST(AttentionDecode, SingleRangeMatchesTheReference) {
-  REQUIRE_GPU();
-  struct SingleCase {
-    uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, subgroups, round;
-    std::vector<uint32_t> kv_lens;
-    bool early = true;  // AttentionTuning::single_early
-  };
-  const std::vector<SingleCase> cases = {
-      {20, 512, 64, 300, 0, 0, 0, {1, 2, 63, 64, 65, 200, 256, 5}},
-      {20, 512, 64, 300, 0, 0, 4, {1, 2, 63, 64, 65, 200, 256, 5}, false},
-      {3, 64, 16, 100, 97, 3, 3, {1, 8, 9, 10, 96, 97}},
-      {5, 80, 16, 50, 50, 2, 5, {1, 11, 49, 50}, false},
-  };
-  for (const SingleCase& c : cases) {
-    SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " single_max ", c.single_max, " nsg ", c.subgroups,
-                     " rb ", c.round, " early ", c.early));
-    vk::AttentionTuning t;
-    t.single_max_kv = c.single_max;
-    t.single_subgroups = c.subgroups;
-    t.single_round = c.round;
-    t.single_early = c.early;
-    t.gate_signal = true;
-    vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
-    if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
-    const uint32_t max_kv = op.single_max_kv();
-    EXPECT_EQ(max_kv, std::min(c.single_max ? c.single_max : 256u, c.n_ctx));
-    EXPECT_EQ(op.decode_range(1), vk::DecodeRange::Single);
-    EXPECT_EQ(op.decode_range(max_kv), vk::DecodeRange::Single);
-    if (max_kv < c.n_ctx) EXPECT_NE(op.decode_range(max_kv + 1), vk::DecodeRange::Single);
-    const auto ranges = op.decode_ranges();
-    ASSERT_FALSE(ranges.empty());
-    EXPECT_EQ(ranges.front(), std::make_pair(vk::DecodeRange::Single, max_kv));
-    EXPECT_EQ(ranges.back().second, c.n_ctx);
-    for (size_t i = 1; i < ranges.size(); ++i) {
-      EXPECT_GT(ranges[i].second, ranges[i - 1].second);
-      EXPECT_EQ(op.decode_range(ranges[i].second), ranges[i].first);
-      EXPECT_EQ(op.decode_range(ranges[i - 1].second + 1), ranges[i].first);
-    }
-    uint32_t words[vk::AttentionOp::kDecodeCountWords];
-    op.decode_counts(max_kv, words);
-    EXPECT_EQ(words[0], 0u) << "short range idle";
-    EXPECT_EQ(words[3], 0u) << "long range idle";
-    check_olat_range(op, vk::DecodeRange::Single, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 41);
-  }
-}
-
-// The decode step's mid range (attention_rows.comp MERGE_TAIL + Q8_OUT): a few workgroups per
-// head, the last to finish merging the head's chunks into olat and its int8 blocks. GLM's shape
-// with the defaults, and awkward ones (3 heads, rows of 80, 3 groups of 5 subgroups; a latent of
-// 80: no int8 blocks, 7 groups of 2 subgroups), contexts from just past the single range to the
-// mid range's end.
-TEST(AttentionDecode, MidRangeMatchesTheReference) {
-  REQUIRE_GPU();
-  struct MidCase {
-    uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, mid_max, groups, subgroups;
-    std::vector<uint32_t> kv_lens;
-  };
-  const std::vector<MidCase> cases = {
-      {20, 512, 64, 1100, 0, 0, 0, 0, {257, 258, 300, 511, 768, 700, 257}},
-      {3, 64, 16, 200, 20, 150, 3, 5, {21, 22, 100, 150, 23}},
-      {5, 80, 16, 100, 10, 100, 7, 2, {11, 50, 99, 100}},
-  };
-  for (const MidCase& c : cases) {
-    SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " mid_max ", c.mid_max, " groups ", c.groups,
-                     " nsg ", c.subgroups));
-    vk::AttentionTuning t;
-    t.single_max_kv = c.single_max;
-    t.mid_max_kv = c.mid_max;
-    t.mid_groups = c.groups;
-    t.mid_subgroups = c.subgroups;
-    t.gate_signal = true;
-    vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
-    if (!op.mid_max_kv()) GTEST_SKIP() << "no mid-range kernel (subgroup arithmetic)";
-    const uint32_t lo = op.single_max_kv(), hi = op.mid_max_kv();
-    EXPECT_EQ(hi, std::min(c.mid_max ? c.mid_max : 768u, c.n_ctx));
-    EXPECT_EQ(op.mid_groups(), c.groups ? c.groups : 4u);
-    EXPECT_EQ(op.decode_range(lo), vk::DecodeRange::Single);
-    EXPECT_EQ(op.decode_range(lo + 1), vk::DecodeRange::Mid);
-    EXPECT_EQ(op.decode_range(hi), vk::DecodeRange::Mid);
-    if (hi < c.n_ctx) EXPECT_NE(op.decode_range(hi + 1), vk::DecodeRange::Mid);
-    const auto ranges = op.decode_ranges();
-    ASSERT_GE(ranges.size(), 2u);
-    EXPECT_EQ(ranges[1], std::make_pair(vk::DecodeRange::Mid, hi));
-    uint32_t words[vk::AttentionOp::kDecodeCountWords];
-    op.decode_counts(hi, words);
-    EXPECT_EQ(words[0], 0u) << "short range idle";
-    EXPECT_EQ(words[3], 0u) << "long range idle";
-    check_olat_range(op, vk::DecodeRange::Mid, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 51);
-  }
-}
-
-// The short and long ranges' merge dispatch opening W_vo's gate (AttentionTuning::gate_signal,
-// attention_merge.comp GATE_SIGNAL): the same olat and int8 bits as the merge without it, the
-// gate word counting every merge workgroup once (decode_gate_target); a folded merge opens none.
-TEST(AttentionDecode, MergeOpensTheGate) {
-  REQUIRE_GPU();
-  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
-  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
-  vk::AttentionTuning t = tuning(0, 0);
-  t.short_max_kv = 40;
-  t.single = false;
-  t.gate_signal = true;
-  vk::AttentionOp op(*gpu().ctx, shape, t);
-  ASSERT_TRUE(op.writes_olat_q8());
-  EXPECT_TRUE(op.decode_signals_gate(vk::DecodeRange::Long));
-  EXPECT_EQ(op.decode_signals_gate(vk::DecodeRange::Short), !op.merge_folded(vk::DecodeRange::Short));
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 61);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
-  vk::Buffer gate = make_buffer(16, "gate");
-  upload(q, test::random_values(size_t(H) * row, 2.f, 62));
-  upload(cache, cache_h);
-  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
-  for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
-    if (!op.decode_signals_gate(range)) continue;
-    SCOPED_TRACE(range == vk::DecodeRange::Short ? "short" : "long");
-    vk::CommandRecorder plain(*gpu().ctx), gated(*gpu().ctx);
-    for (bool g : {false, true}) {
-      vk::CommandRecorder& rec = g ? gated : plain;
-      rec.begin();
-      op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                       partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(),
-                       g ? gate.whole() : vk::BufferSlice{});
-      rec.end();
-    }
-    for (uint32_t kv_len : range == vk::DecodeRange::Short ? std::vector<uint32_t>{1, 17, 40} : std::vector<uint32_t>{41, 299}) {
-      std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-      op.decode_counts(kv_len, counts.data());
-      std::vector<uint32_t> words{0, kv_len - 1, 0, 0};
-      words.insert(words.end(), counts.begin(), counts.end());
-      upload(step, words);
-      poison(olat);
-      poison(olat_q8);
-      plain.run();
-      const std::vector<float> want = download<float>(olat, size_t(H) * R);
-      const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-      poison(olat);
-      poison(olat_q8);
-      upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-      gated.run();
-      EXPECT_EQ(download<float>(olat, size_t(H) * R), want) << "kv_len " << kv_len;
-      EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8) << "kv_len " << kv_len;
-      EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(range)) << "kv_len " << kv_len;
     }
   }
 }

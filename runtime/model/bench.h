@@ -62,7 +62,7 @@ struct BenchOptions {
   bool step_local = true;                 // GpuModelOptions::step_local (--tune step_local=0|1)
   bool early_vo = true;                   // GpuModelOptions::early_vo (--tune early_vo=0|1)
   bool gate_stats = false;                // GpuModelOptions::gate_stats (--tune gate_stats=0|1)
-  bool early_down = false;                // GpuModelOptions::early_down (--tune early_down=0|1)
+  bool early_down = true;                 // GpuModelOptions::early_down (--tune early_down=0|1)
   bool early_next = false;                // GpuModelOptions::early_next (--tune early_next=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;

@@ -108,10 +108,11 @@ struct GpuModelOptions {
   bool early_vo = true;
   // The same for the MoE down after the gate-up (moe_gateup.comp GATE_SIGNAL, moe_down.comp
   // WAIT_GATE): the down's workgroups wait for the route, load their experts' weight blocks while
-  // the gate-up runs, then wait for its h. Off: on the H100 GLM gained 1.3-2 % (tg128 325.6 ->
-  // 329.6 at depth 0) but DeepSeek-V2-Lite lost 8 % (460 -> 424; PERFORMANCE.md session 10).
+  // the gate-up runs, then wait for its h. On the H100 GLM gained 1.3-2 % (tg128 325.6 -> 329.6
+  // at depth 0); DeepSeek-V2-Lite lost 6-8 % until MoeDownOp::gate_supported refused slots of more
+  // than 2 blocks per lane (its 2816-wide shared slot: 106 registers). PERFORMANCE.md session 10.
   // bench --tune early_down=0|1.
-  bool early_down = false;
+  bool early_down = true;
   // With early_down: the next layer's q_a / kv_a wait on the down's gate instead of a barrier
   // (moe_down.comp X_SIGNAL, matvec_q8.comp WAIT_GATE on staged x). Off: on the H100 it lost
   // 1-1.6 % (GLM tg128 329.6 / 330.6 -> 324.9 / 324.0 at depth 0; PERFORMANCE.md session 10):

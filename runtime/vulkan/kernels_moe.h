@@ -234,8 +234,9 @@ struct MoeDownOp {
   // words then), for the next layer's first matvecs (MatvecOp::gate, target gate_x_target()).
   bool gate_signal_x = false;
   uint32_t gate_x_target(Context& ctx) const;
-  // The int8 path with subgroups, the route from the buffer, one dispatch, at most 8 weight
-  // blocks per lane to hold.
+  // The int8 path with subgroups, the route from the buffer, one dispatch, at most 2 blocks per
+  // lane of the widest slot and 8 weight blocks per lane in all to hold (registers: PERFORMANCE.md
+  // session 10).
   bool gate_supported(Context& ctx) const;
 
   uint64_t bytes() const;  // K routed + shared down matrices, h, route, x read and written

@@ -118,6 +118,10 @@ struct GpuModelOptions {
   // 1-1.6 % (GLM tg128 329.6 / 330.6 -> 324.9 / 324.0 at depth 0; PERFORMANCE.md session 10):
   // the down's 1024 workgroups all add to one word. bench --tune early_next=0|1.
   bool early_next = false;
+  // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
+  // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
+  // starts and runs the step again).
+  bool fault_gate_never_opens = false;
   // With early_vo: count the W_vo workgroups whose first poll found the gate closed (they ran
   // beside the attention) and all gated ones (GpuModel::early_start_counts). bench --tune gate_stats=1.
   bool gate_stats = false;
@@ -168,6 +172,8 @@ class GpuModel : public LanguageModel {
   int n_past() const override { return int(n_past_); }
   uint32_t n_vocab() const override { return config_.n_vocab; }
   const DecodeStats& stats() const { return stats_; }
+  // Whether the decode step is recorded with early starts (false once a wait gave up).
+  bool early_starts() const { return options_.early_vo || options_.early_down; }
   // GpuModelOptions::gate_stats: the early-started W_vo since the model was made (GateTrace).
   const GateTrace& gate_trace() const { return gate_trace_; }
   const PrefillStats& prefill_stats() const { return prefill_stats_; }

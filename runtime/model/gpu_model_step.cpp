@@ -190,7 +190,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     if (vo) {
       matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
-             Gate{gate, 0, attn.decode_gate_target(range), true});
+             Gate{gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u), true});
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";

@@ -298,6 +298,31 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   EXPECT_EQ(tokens[0], tokens[1]);
 }
 
+// A wait that gives up (here forced: W_vo's gate target one above what the attention counts) makes
+// the model print a warning, re-record the step without early starts and run the step again:
+// the logits and tokens of the model without early starts, bit for bit.
+TEST(GpuModel, GateThatNeverOpensFallsBackToBarriers) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  for (bool fault : {false, true}) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.early_vo = fault;  // the reference: no early starts at all
+    o.early_down = fault;
+    o.fault_gate_never_opens = fault;
+    model::GpuModel m(context(), tsr, o);
+    if (fault && m.stats().barriers == 0) GTEST_SKIP();
+    EXPECT_EQ(m.early_starts(), fault);
+    logits[fault] = m.forward(prompt(m.n_vocab(), 4), false);
+    for (int i = 0; i < 6; ++i) tokens[fault].push_back(m.decode_step());
+    EXPECT_FALSE(m.early_starts()) << "the fallback turned the early starts off";
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // The decode step's attention ranges (single workgroup per head, the merging mid range, the
 // split short range) give the logits of the split attention everywhere: 14 tokens through
 // recordings whose ranges end at 3 and 9 positions, against the model without the first two

@@ -58,6 +58,7 @@ layout(std430, binding = 2) OUT_QUAL buffer Out { float olat[]; };  // N_HEAD x 
 layout(std430, binding = 3) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
 #if GATE_SIGNAL
 layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
 #endif
 shared float q8_src[COLS];
 #endif
@@ -178,8 +179,6 @@ void main() {
   }
 #endif
 #if GATE_SIGNAL
-  memoryBarrierBuffer();  // this invocation's stores visible device-wide, then one arrival
-  barrier();
-  if (tid == 0u) atomicAdd(gate[0], 1u);
+  gate_signal(0u, 1u);  // olat and its int8 blocks written
 #endif
 }

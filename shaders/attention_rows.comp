@@ -104,6 +104,7 @@ layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[
 layout(std430, binding = OLAT_Q8_BINDING) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
 #if GATE_SIGNAL
 layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
 #endif
 shared float q8_src[RH * KV_LORA];  // the workgroup's olat values, for the int8 blocks
 
@@ -125,10 +126,7 @@ void write_olat_q8(uint qt, uint head0, uint n_heads) {
     olat_q8[3u * blk + 2u] = floatBitsToUint(ds);
   }
 #if GATE_SIGNAL
-  // Every invocation's olat stores visible device-wide, then one arrival for the workgroup.
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[0], n_heads);
+  gate_signal(0u, n_heads);  // olat and its int8 blocks written
 #endif
 }
 #endif

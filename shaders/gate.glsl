@@ -1,16 +1,28 @@
 // Gates (docs/DECODE.md "Early start"): a consumer dispatch recorded with no barrier after its
 // producer waits until a word the producer's workgroups count up reaches a target. The producer
-// makes its outputs visible (memoryBarrierBuffer, then a barrier) before its atomicAdd; the
-// consumer polls, then fences, then reads them. No deadlock: the queue launches the producer's
-// workgroups before any of the consumer's.
+// makes its outputs visible (memoryBarrierBuffer, then a barrier) before its atomicAdd
+// (gate_signal); the consumer polls, then fences, then reads them (gate_poll, gate_wait). No
+// deadlock: the queue launches the producer's workgroups before any of the consumer's.
 //
-// The including kernel enables GL_KHR_memory_scope_semantics and declares, before including:
+// The including kernel declares, before including:
 //   coherent buffer gate[]        the gate words
+// and, with GATE_WAIT 1 (the consumer's side; it also enables GL_KHR_memory_scope_semantics):
 //   coherent buffer gate_error[]  [0] = 1 when a wait gave up, [1] = what it saw (host-visible:
 //                                 the decode step checks it and re-records without the gates)
+//   GATE_ON_OPEN(first)           optional: run by the polling invocation once its poll is over
+//                                 (first: the value its first poll saw; gate statistics)
 #ifndef TESSERA_GATE_GLSL
 #define TESSERA_GATE_GLSL
 
+// The producer's side: after the workgroup's outputs, one arrival of `n` on gate[i]. Uniform
+// control flow.
+void gate_signal(uint i, uint n) {
+  memoryBarrierBuffer();  // this invocation's stores visible device-wide
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[i], n);
+}
+
+#if defined(GATE_WAIT) && GATE_WAIT
 // Polls before a wait gives up: several ms on an H100 (each poll an L2 round trip), far past any
 // producer; below the 65535 iterations at which llvmpipe ends a loop by itself.
 const uint kGateSpins = 1u << 15;
@@ -35,11 +47,29 @@ uint gate_poll(uint i, uint target, uint zero) {
   return first;
 }
 
-// The producer's side: after the workgroup's outputs, one arrival of `n`. Uniform control flow.
-void gate_signal(uint i, uint n) {
-  memoryBarrierBuffer();  // this invocation's stores visible device-wide
+#ifndef GATE_ON_OPEN
+#define GATE_ON_OPEN(first)
+#endif
+
+shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; orders the preloaded loads before the wait
+
+// Until gate[i] reaches target, with the loads folded into `dep` landed first: each subgroup
+// stores (its lanes' dep) & zero_mask (zero at run time, unknown to the compiler: e.g. the high
+// half of the push constants' flags) into shared memory before the first barrier, and the
+// polling invocation adds the first such word to what it polls. Without that data dependence the
+// compiler may sink the loads past the wait (it did on the H100: 35 registers for W_vo, the loads
+// issued after the gate opened). Invocation 0 polls, the workgroup waits at the second barrier,
+// then fences. Uniform control flow; subgroups.
+void gate_wait(uint i, uint target, uint dep, uint zero_mask) {
+  if (subgroupElect()) gate_dep[gl_SubgroupID] = subgroupOr(dep) & zero_mask;
+  barrier();  // every lane's preloaded loads have landed
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint first = gate_poll(i, target, gate_dep[0]);
+    GATE_ON_OPEN(first);
+  }
   barrier();
-  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[i], n);
+  memoryBarrierBuffer();
 }
+#endif  // GATE_WAIT
 
 #endif  // TESSERA_GATE_GLSL

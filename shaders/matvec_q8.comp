@@ -149,36 +149,26 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #endif
 
 #if WAIT_GATE
+#if GATE_STATS
+// The polling invocation, its poll over (GATE_ON_OPEN): the counters and the times.
+void gate_stats_open(uint first) {
+  if (first < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
+  atomicAdd(gate_stats[1], 1u);
+#if GATE_CLOCK
+  const uint64_t t_open = clockRealtimeEXT();
+  gate_time(0u, ~gate_t_start);
+  gate_time(1u, ~t_open);
+  gate_time(2u, t_open);
+#endif
+}
+#define GATE_ON_OPEN(first) gate_stats_open(first)
+#endif
+#define GATE_WAIT 1
 #include "gate.glsl"
 
-shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];
-
-// Until the gate word reaches GATE_TARGET, then x's blocks are visible. `dep` folds the lane's
-// preloaded weight words: each subgroup stores (its lanes' dep) & (the high half of flags, zero)
-// into shared memory before the first barrier, and invocation 0 adds the first such word to what
-// it polls. Without that data dependence the compiler may sink the weight loads past the wait
-// (it did on the H100: 35 registers, the loads issued after the gate opened). Invocation 0
-// polls (gate.glsl), the workgroup waits at the second barrier. Uniform control flow.
-void wait_gate(uint dep) {
-  const uint sdep = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
-  if (subgroupElect()) gate_dep[gl_SubgroupID] = sdep;
-  barrier();  // every lane's weight loads have landed
-  if (gl_LocalInvocationIndex == 0u) {
-    const uint first = gate_poll(uint(GATE_WORD), uint(GATE_TARGET), gate_dep[0]);
-#if GATE_STATS
-    if (first < uint(GATE_TARGET)) atomicAdd(gate_stats[0], 1u);
-    atomicAdd(gate_stats[1], 1u);
-#endif
-#if GATE_STATS && GATE_CLOCK
-    const uint64_t t_open = clockRealtimeEXT();
-    gate_time(0u, ~gate_t_start);
-    gate_time(1u, ~t_open);
-    gate_time(2u, t_open);
-#endif
-  }
-  barrier();
-  memoryBarrierBuffer();
-}
+// Until the gate word reaches GATE_TARGET (gate.glsl gate_wait), then x is visible; `dep` folds
+// the lane's preloaded weight words, the zero mask is the high half of flags (always zero).
+void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.flags & 0xFFFF0000u); }
 
 #endif  // WAIT_GATE
 

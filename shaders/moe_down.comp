@@ -39,6 +39,13 @@
 
 layout(local_size_x = WG_SIZE) in;
 
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#ifndef X_SIGNAL
+#define X_SIGNAL 0
+#endif
+
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
 #if X_SIGNAL
@@ -52,15 +59,6 @@ layout(std430, binding = 5) readonly restrict buffer BiasBuf { float route_bias[
 
 layout(push_constant) uniform Push { MoeArgs args; };
 
-#ifndef WAIT_GATE
-#define WAIT_GATE 0
-#endif
-#ifndef X_SIGNAL
-#define X_SIGNAL 0
-#endif
-#if X_SIGNAL && !WAIT_GATE
-#error "moe_down.comp: X_SIGNAL needs WAIT_GATE (the gate binding)"
-#endif
 #if WAIT_GATE
 #if !Q8ACT || !USE_SUBGROUP || ROWS_PER_WG * Q8_OWN > 8
 #error "moe_down.comp: WAIT_GATE needs Q8ACT, subgroups and at most 8 weight blocks per lane"
@@ -68,7 +66,10 @@ layout(push_constant) uniform Push { MoeArgs args; };
 #extension GL_KHR_memory_scope_semantics : require
 layout(std430, binding = 7) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 8) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_WAIT 1
 #include "gate.glsl"
+#elif X_SIGNAL
+#error "moe_down.comp: X_SIGNAL needs WAIT_GATE (the gate binding)"
 #endif
 
 #include "routing.glsl"
@@ -174,8 +175,7 @@ bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
 // part[r][s]: slot s's weighted dot product for row r of the workgroup.
 shared float part[ROWS_PER_WG][TEAMS];
 #if WAIT_GATE
-shared float gate_x[ROWS_PER_WG];          // x of the workgroup's rows, read before the gate
-shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; orders the weight loads before the wait
+shared float gate_x[ROWS_PER_WG];  // x of the workgroup's rows, read before the gate
 #endif
 #if !USE_SUBGROUP
 shared float row_partial[WG_SIZE];
@@ -227,13 +227,7 @@ void main() {
     }
   }
   if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
-  // The loads must land before the barrier (a data dependence the compiler cannot drop: the
-  // high half of the flags is zero).
-  if (subgroupElect()) gate_dep[gl_SubgroupID] = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
-  barrier();
-  if (gl_LocalInvocationIndex == 0u) gate_poll(1u, uint(GATE_H_TARGET), gate_dep[0]);
-  barrier();
-  memoryBarrierBuffer();
+  gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
   if (s < n_slots) {
     uvec4 xl[Q8_OWN], xh[Q8_OWN];
     vec4 xd[Q8_OWN];

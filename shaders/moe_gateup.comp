@@ -73,6 +73,7 @@ layout(local_size_x = WG_SIZE) in;
 #if GATE_SIGNAL
 #define OUT_QUAL coherent writeonly
 layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
 #else
 #define OUT_QUAL writeonly restrict
 #endif
@@ -392,9 +393,7 @@ void gateup_main() {
       }
       for (uint e = tid; e < args.n_expert; e += WG_SIZE) route_logits[e] = ROUTE_LOGIT(e);
 #if GATE_SIGNAL
-      memoryBarrierBuffer();  // the route visible device-wide, then the route gate
-      barrier();
-      if (tid == 0u) atomicAdd(gate[0], 1u);
+      gate_signal(0u, 1u);  // the route written
 #endif
     }
 #endif
@@ -502,9 +501,6 @@ void main() {
   fused_down_finish();
 #endif
 #if GATE_SIGNAL
-  // Every workgroup (those that returned early too): its h and hq visible, then one arrival.
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[1], 1u);
+  gate_signal(1u, 1u);  // every workgroup (those that returned early too): its h and hq written
 #endif
 }

@@ -272,13 +272,13 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
   write_step(uint32_t(token), pos);
   rec.run();
-  if (!options_.early_vo && !options_.early_down) return;
+  if (!early_starts()) return;
   if (options_.gate_stats && options_.early_vo) collect_gate_stats();
   uint32_t gave_up[2] = {};
   w_->step.read(kGateErrorWord * 4, gave_up, 8);
   if (!gave_up[0]) return;
   // A consumer waited for a producer this device did not run beside it: the step's x is wrong.
-  // Re-record without the early start and run the step again (it rewrites the same cache row).
+  // Re-record without early starts and run the step again (it rewrites the same cache row).
   const uint32_t zero[2] = {};
   w_->step.write(kGateErrorWord * 4, zero, 8);
   std::fprintf(stderr, "tessera: %s did not run a consumer beside its producer (an early start's wait gave up with the "
@@ -326,14 +326,15 @@ int32_t GpuModel::decode_step(int32_t token) {
   return sampled_token();
 }
 
+void GpuModel::read_back(const vk::Buffer& b, void* dst, size_t bytes) const {
+  if (b.mapped()) return b.read(0, dst, bytes);
+  if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
+  xfer_->download(b, 0, dst, bytes);
+}
+
 std::vector<float> GpuModel::last_logits() const {
   std::vector<float> l(config_.n_vocab);
-  if (w_->logits.mapped()) {
-    w_->logits.read(0, l.data(), l.size() * 4);
-  } else {
-    if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
-    xfer_->download(w_->logits, 0, l.data(), l.size() * 4);
-  }
+  read_back(w_->logits, l.data(), l.size() * 4);
   return l;
 }
 
@@ -379,8 +380,7 @@ void GpuModel::write_step(uint32_t token, uint32_t pos) {
 
 void GpuModel::collect_gate_stats() {
   std::vector<uint32_t> v(w_->gate_stats.size() / 4);
-  if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
-  xfer_->download(w_->gate_stats, 0, v.data(), v.size() * 4);
+  read_back(w_->gate_stats, v.data(), v.size() * 4);
   for (uint32_t l = 0; l < config_.n_layer; ++l) {
     const uint32_t* s = v.data() + l * (kGateStride / 4);
     if (s[1] == 0) continue;  // no gated W_vo in this layer

@@ -264,12 +264,14 @@ class GpuModel : public LanguageModel {
   // The steps for the later ranges of attn_->decode_ranges(), in order (empty: one range).
   std::vector<std::unique_ptr<vk::CommandRecorder>> rec_more_;
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
-  uint32_t prof_kv_len_ = 0;
-  GateTrace gate_trace_;  // GpuModelOptions::gate_stats
-  void collect_gate_stats();  // adds the last step's W_vo gate statistics to gate_trace_                        // the context length prof_rec_ was recorded for
+  uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
+  GateTrace gate_trace_;                            // GpuModelOptions::gate_stats
+  void collect_gate_stats();  // adds the last step's W_vo gate statistics to gate_trace_
   std::unique_ptr<Prefill, PrefillDeleter> prefill_;
   PrefillStats prefill_stats_;
-  mutable std::unique_ptr<vk::Transfer> xfer_;  // logits read-back on non-mappable memory
+  mutable std::unique_ptr<vk::Transfer> xfer_;  // read-back of device buffers (made at first use)
+  // Reads `bytes` from offset 0 of `b`: mapped where it is host-visible, else through xfer_.
+  void read_back(const vk::Buffer& b, void* dst, size_t bytes) const;
 };
 
 }  // namespace tessera::model

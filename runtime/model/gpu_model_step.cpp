@@ -30,8 +30,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
   // fold: the router fold's epilogue on this matvec (the one that writes x before a MoE FFN).
-  uint32_t gate_layer = 0;  // the layer being recorded (W_vo's gate statistics slice)
-  // gate: W_vo's early start (the gate word; target n_head, errors to the host step buffer).
   auto matvec_op = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
                        const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
     vk::MatvecOp op;
@@ -47,11 +45,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.tuning = options_.matvec;
     return op;
   };
-  // A gate to wait on: the words, the one polled, its target; stats: W_vo's counters (gate_stats).
+  // An early start's gate to wait on (MatvecOp::gate): the words, the one polled, its target, and
+  // the counters of GpuModelOptions::gate_stats (W_vo's); a wait that gives up writes the host
+  // step buffer's error words.
   struct Gate {
     vk::BufferSlice words;
     uint32_t word = 0, target = 0;
-    bool stats = false;
+    vk::BufferSlice stats;
   };
   auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
                     const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, const Gate& gate = {}) {
@@ -61,8 +61,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       op.gate_word = gate.word;
       op.gate_target = gate.target;
       op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
-      if (options_.gate_stats && gate.stats)
-        op.gate_stats = w.gate_stats.slice(uint64_t(gate_layer) * kGateStride, vk::MatvecOp::kGateStatsBytes);
+      op.gate_stats = gate.stats;
     }
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
@@ -124,7 +123,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
-    gate_layer = l;
     const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
     stats_.composed_qk = qk;
     stats_.composed_vo = vo;
@@ -190,7 +188,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     if (vo) {
       matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
-             Gate{gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u), true});
+             Gate{gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u),
+                  options_.gate_stats ? w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes)
+                                      : vk::BufferSlice{}});
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
@@ -299,7 +299,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       down.gate_h_target = gu.gate_h_target(ctx_);
       down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
       down.gate_signal_x = next_early;
-      if (next_early) x_gate = Gate{words, 2, down.gate_x_target(ctx_), false};
+      if (next_early) x_gate = Gate{words, 2, down.gate_x_target(), {}};
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
                (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;

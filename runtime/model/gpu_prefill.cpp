@@ -396,12 +396,7 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
     if (!last_only) {
       const size_t at = out.size();
       out.resize(at + size_t(n) * V);
-      if (p.logits_all.mapped()) {
-        p.logits_all.read(0, out.data() + at, size_t(n) * V * 4);
-      } else {
-        if (!xfer_) xfer_ = std::make_unique<vk::Transfer>(ctx_.device(), 4ull << 20, 2);
-        xfer_->download(p.logits_all, 0, out.data() + at, size_t(n) * V * 4);
-      }
+      read_back(p.logits_all, out.data() + at, size_t(n) * V * 4);
     }
   }
   if (last_only) out = last_logits();

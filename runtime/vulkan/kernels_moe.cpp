@@ -243,6 +243,23 @@ std::vector<TilePart> tile_parts(const MoeTileRef& t, bool down, uint64_t limit,
   return parts;
 }
 
+// tile_parts for an op on this device: bindings within max_binding_bytes (0: the device's range),
+// at the device's descriptor alignment.
+std::vector<TilePart> op_parts(Context& ctx, const MoeTileRef& t, bool down, uint64_t max_binding_bytes,
+                               const std::string& what) {
+  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
+  return tile_parts(t, down, binding_limit(ctx, max_binding_bytes), align, what);
+}
+
+// Workgroups of a gate-up dispatch over a part with the routed slots and/or the shared one, `outs`
+// outputs per workgroup.
+uint64_t gateup_groups(const MoeTileGeometry& g, uint32_t n_used, uint64_t outs, bool routed, bool shared) {
+  return (routed ? n_used * ((g.w_routed + outs - 1) / outs) : 0) + (shared ? (g.w_shared + outs - 1) / outs : 0);
+}
+
+// Workgroups of a down dispatch: `rows` rows of x per workgroup.
+uint32_t down_groups(const MoeTileGeometry& g, uint32_t rows) { return uint32_t((g.n_embd + rows - 1) / rows); }
+
 gpu::MoeArgs base_args(const MoeTileGeometry& g, uint32_t n_used) {
   gpu::MoeArgs a{};
   a.n_embd = uint32_t(g.n_embd);
@@ -485,8 +502,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     need(down_acc, moe_down_acc_bytes(g.n_embd), what, "down_acc");
   }
 
-  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const std::vector<TilePart> parts = tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, what);
+  const std::vector<TilePart> parts = op_parts(ctx, tile, false, max_binding_bytes, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
@@ -495,7 +511,6 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
                   "and two gate words)");
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
-  const uint32_t groups_shared = uint32_t((g.w_shared + outs - 1) / outs);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
@@ -513,7 +528,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.down_routed_offset = uint32_t(g.down_offset);
       a.down_shared_offset = uint32_t(g.shared_down_offset);
     }
-    const uint64_t n_groups = (p.routed ? uint64_t(n_used) * groups_routed : 0) + (p.shared ? groups_shared : 0);
+    const uint64_t n_groups = gateup_groups(g, n_used, outs, p.routed, p.shared);
     const BufferSlice bufs[12] = {p.w,
                                  fold ? x : h2,
                                  fold ? norm_weight : h2,
@@ -560,8 +575,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   need(h, moe_h_floats(g, n_used) * 4, what, "h");
   need(x, g.n_embd * 4, what, "x");
 
-  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, what);
+  const std::vector<TilePart> parts = op_parts(ctx, tile, true, max_binding_bytes, what);
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const bool gated = gate.buffer != VK_NULL_HANDLE;
@@ -571,7 +585,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type) : t.down_rows;
-    const uint32_t groups = uint32_t((g.n_embd + rows_per_wg - 1) / rows_per_wg);
+    const uint32_t groups = down_groups(g, rows_per_wg);
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
@@ -598,8 +612,7 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
   const uint32_t k = n_used ? n_used : routing.n_used;
   if (hq.buffer == VK_NULL_HANDLE || route.buffer == VK_NULL_HANDLE || !team_shape(ctx).subgroup) return false;
   if (!moe_q8_usable(ctx, g, k)) return false;
-  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const std::vector<TilePart> parts = tile_parts(tile, true, binding_limit(ctx, max_binding_bytes), align, "moe_down");
+  const std::vector<TilePart> parts = op_parts(ctx, tile, true, max_binding_bytes, "moe_down");
   if (parts.size() != 1) return false;
   // The preloaded blocks per lane are sized by the widest slot for every slot. DeepSeek-V2-Lite's
   // shared slot (2816 wide: 3 blocks per lane, 6 with its 2 rows) took the gated kernel to 106
@@ -608,11 +621,9 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
   return own <= kMaxGateOwn && uint64_t(q8_down_rows(resolve(tuning), parts[0].type)) * own <= 8;
 }
 
-uint32_t MoeDownOp::gate_x_target(Context& ctx) const {
-  const MoeTileGeometry& g = tile.geometry;
-  const uint32_t rows = q8_down_rows(resolve(tuning), g.down_type);
-  (void)ctx;
-  return uint32_t((g.n_embd + rows - 1) / rows);  // the workgroups of the one dispatch
+uint32_t MoeDownOp::gate_x_target() const {
+  // The workgroups of the one dispatch (gate_supported: one part, of the routed down type).
+  return down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type));
 }
 
 bool MoeGateUpOp::gate_supported(Context& ctx) const {
@@ -620,16 +631,15 @@ bool MoeGateUpOp::gate_supported(Context& ctx) const {
   const uint32_t k = n_used ? n_used : routing.n_used;
   if (fold_acc.buffer == VK_NULL_HANDLE || hq.buffer == VK_NULL_HANDLE || down_acc.buffer != VK_NULL_HANDLE) return false;
   if (!moe_q8_usable(ctx, g, k)) return false;
-  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  return tile_parts(tile, false, binding_limit(ctx, max_binding_bytes), align, "moe_gateup").size() == 1;
+  return op_parts(ctx, tile, false, max_binding_bytes, "moe_gateup").size() == 1;
 }
 
 uint32_t MoeGateUpOp::gate_h_target(Context& ctx) const {
   const MoeTileGeometry& g = tile.geometry;
   const uint32_t k = n_used ? n_used : routing.n_used;
   const uint64_t outs = hq.buffer != VK_NULL_HANDLE ? kQ8GateUpOutputs : resolve(tuning).gateup_teams;
-  const uint64_t n = k * ((g.w_routed + outs - 1) / outs) + (g.has_shared() ? (g.w_shared + outs - 1) / outs : 0);
-  const GroupCounts gc = split_workgroups(n, ctx.info());  // every workgroup of the grid arrives
+  // The one part holds the routed slots and the shared one; every workgroup of the grid arrives.
+  const GroupCounts gc = split_workgroups(gateup_groups(g, k, outs, true, g.has_shared()), ctx.info());
   return gc.x * gc.y;
 }
 

@@ -233,7 +233,7 @@ struct MoeDownOp {
   // With gate: also add 1 per workgroup to gate word 2 once its rows of x are written (three
   // words then), for the next layer's first matvecs (MatvecOp::gate, target gate_x_target()).
   bool gate_signal_x = false;
-  uint32_t gate_x_target(Context& ctx) const;
+  uint32_t gate_x_target() const;
   // The int8 path with subgroups, the route from the buffer, one dispatch, at most 2 blocks per
   // lane of the widest slot and 8 weight blocks per lane in all to hold (registers: PERFORMANCE.md
   // session 10).

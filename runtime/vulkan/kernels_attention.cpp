@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <cstring>
 #include <optional>
-#include <tuple>
 #include <utility>
 
 #include "format/error.h"
@@ -243,13 +242,9 @@ uint32_t fit_olat_subgroups(uint32_t asked, uint32_t most, const AttentionShape&
   return 0;
 }
 
-// The pipelines of a variant that writes olat: as described; (a latent that is a multiple of 32)
-// also writing olat's int8 blocks (Q8_OUT, one binding more); with `gate`, that one also opening a
-// gate after them (GATE_SIGNAL, one binding more). Null where not built.
-struct OlatPipelines {
-  const Pipeline *plain = nullptr, *q8 = nullptr, *gate = nullptr;
-};
-OlatPipelines olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape, bool gate) {
+}  // namespace
+
+AttentionOp::OlatPipelines AttentionOp::olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape, bool gate) {
   d.push_bytes = sizeof(gpu::AttnPartialArgs);
   d.full_subgroups = true;
   OlatPipelines p;
@@ -266,9 +261,6 @@ OlatPipelines olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape&
   p.gate = &ctx.pipeline(d);
   return p;
 }
-
-}  // namespace
-
 
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
   shape.validate();
@@ -367,10 +359,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
                                    {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
-      const OlatPipelines p = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
-      single_ = p.plain;
-      single_q8_ = p.q8;
-      single_gate_ = p.gate;
+      single_ = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
       single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);
     }
   }
@@ -388,10 +377,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       pm.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
                                    {"MERGE_TAIL", "1"}});
       pm.num_buffers = 6;
-      const OlatPipelines p = olat_pipelines(ctx, pm, shape, tuning.gate_signal);
-      mid_ = p.plain;
-      mid_q8_ = p.q8;
-      mid_gate_ = p.gate;
+      mid_ = olat_pipelines(ctx, pm, shape, tuning.gate_signal);
       mid_max_kv_ = max_kv;
       mid_groups_ = groups;
     }

@@ -247,15 +247,15 @@ class AttentionOp {
   bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }
   // Whether record_decode for `range` can write olat_q8 (the merge dispatch or the single kernel).
   bool decode_writes_olat_q8(DecodeRange range) const {
-    if (range == DecodeRange::Single) return single_q8_ != nullptr;
-    if (range == DecodeRange::Mid) return mid_q8_ != nullptr;
+    if (range == DecodeRange::Single) return single_.q8 != nullptr;
+    if (range == DecodeRange::Mid) return mid_.q8 != nullptr;
     return writes_olat_q8() && !merge_folded(range);
   }
   // Whether record_decode for `range` can open a gate (the single and mid kernels or the merge,
   // built with AttentionTuning::gate_signal and writing olat's int8 blocks).
   bool decode_signals_gate(DecodeRange range) const {
-    if (range == DecodeRange::Single) return single_gate_ != nullptr;
-    if (range == DecodeRange::Mid) return mid_gate_ != nullptr;
+    if (range == DecodeRange::Single) return single_.gate != nullptr;
+    if (range == DecodeRange::Mid) return mid_.gate != nullptr;
     return merge_gate_ != nullptr && !merge_folded(range);
   }
   // The count the gate of `range` reaches (MatvecOp::gate_target): a head per single / mid
@@ -313,13 +313,27 @@ class AttentionOp {
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)
-  const Pipeline* single_ = nullptr;     // the rows kernel over the whole context, writing olat (or null)
-  const Pipeline* single_q8_ = nullptr;  // ... and olat's int8 blocks (or null)
-  const Pipeline* single_gate_ = nullptr;  // ... and opens a gate after them (or null)
+  // The pipelines of a kernel that writes olat: plain; also writing olat's int8 blocks (Q8_OUT,
+  // one binding more); that one also opening W_vo's gate (GATE_SIGNAL, one more). Null where not
+  // built.
+  struct OlatPipelines {
+    const Pipeline *plain = nullptr, *q8 = nullptr, *gate = nullptr;
+    explicit operator bool() const { return plain != nullptr; }
+  };
+  // The variant of `p` that record_decode dispatches: its pipeline, its bindings (`base` and the
+  // int8 / gate ones) and its profile name suffix.
+  struct OlatVariant {
+    const Pipeline* pipe;
+    uint32_t bindings;
+    const char* suffix;
+  };
+  static OlatVariant olat_variant(const OlatPipelines& p, bool q8, bool gated, uint32_t base);
+  // The OlatPipelines of the kernel `d`: the int8 one where the latent is a multiple of 32, the
+  // gate-opening one with `gate` too.
+  static OlatPipelines olat_pipelines(Context& ctx, PipelineDesc d, const AttentionShape& shape, bool gate);
+  OlatPipelines single_;  // the rows kernel over the whole context, writing olat
   uint32_t single_max_kv_ = 0;
-  const Pipeline* mid_ = nullptr;     // the rows kernel that merges in its last workgroup (or null)
-  const Pipeline* mid_q8_ = nullptr;  // ... and writes olat's int8 blocks (or null)
-  const Pipeline* mid_gate_ = nullptr;  // ... and opens a gate after them (or null)
+  OlatPipelines mid_;  // the rows kernel that merges in its last workgroup
   uint32_t mid_max_kv_ = 0, mid_groups_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;

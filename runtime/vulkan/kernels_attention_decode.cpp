@@ -13,6 +13,11 @@ namespace {
 uint32_t ceil_div(uint32_t a, uint32_t b) { return (a + b - 1) / b; }
 }  // namespace
 
+AttentionOp::OlatVariant AttentionOp::olat_variant(const OlatPipelines& p, bool q8, bool gated, uint32_t base) {
+  if (gated) return {p.gate, base + 2, ".q8out.gate"};
+  return q8 ? OlatVariant{p.q8, base + 1, ".q8out"} : OlatVariant{p.plain, base, ""};
+}
+
 bool AttentionOp::check_olat_bindings(const std::string& name, BufferSlice olat, BufferSlice olat_q8, bool have_q8) const {
   if (olat.size < uint64_t(shape_.n_head) * shape_.kv_lora * 4)
     runtime_error(name, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(shape_.n_head) * shape_.kv_lora * 4);
@@ -52,13 +57,13 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const std::string name = std::string(label) + " single";
     if (!single_) runtime_error(name, ": no single-workgroup variant to record");
     check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
-    const bool q8 = check_olat_bindings(name, olat, olat_q8, single_q8_ != nullptr);
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, single_.q8 != nullptr);
     // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
     const BufferSlice b[] = {q, cache, step, olat, olat_q8, gate};
-    rec.dispatch(gated ? *single_gate_ : q8 ? *single_q8_ : *single_, std::span<const BufferSlice>(b, gated ? 6 : q8 ? 5 : 4),
-                 &args, sizeof args, 1, shape_.n_head, 1, name + (gated ? ".q8out.gate" : q8 ? ".q8out" : ""),
-                 single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
+    const OlatVariant v = olat_variant(single_, q8, gated, 4);
+    rec.dispatch(*v.pipe, std::span<const BufferSlice>(b, v.bindings), &args, sizeof args, 1, shape_.n_head, 1,
+                 name + v.suffix, single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
     return;
   }
   if (range == DecodeRange::Mid) {
@@ -66,13 +71,13 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     if (!mid_) runtime_error(name, ": no mid-range variant to record");
     check_partial_bindings(q, cache, step, pos_word, partials, {}, name);
     if (arrivals.size < arrivals_bytes()) runtime_error(name, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
-    const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_q8_ != nullptr);
+    const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_.q8 != nullptr);
     // Contexts past the range leave the workgroups idle (and the counters untouched).
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
     const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8, gate};
-    rec.dispatch(gated ? *mid_gate_ : q8 ? *mid_q8_ : *mid_, std::span<const BufferSlice>(b, gated ? 8 : q8 ? 7 : 6),
-                 &args, sizeof args, mid_groups_, shape_.n_head, 1,
-                 name + (gated ? ".q8out.gate" : q8 ? ".q8out" : ""),
+    const OlatVariant v = olat_variant(mid_, q8, gated, 6);
+    rec.dispatch(*v.pipe, std::span<const BufferSlice>(b, v.bindings), &args, sizeof args, mid_groups_, shape_.n_head, 1,
+                 name + v.suffix,
                  partial_bytes(profile_kv_len_, mid_groups_) + merge_bytes(profile_kv_len_, mid_groups_) +
                      (q8 ? olat_q8_bytes() : 0));
     return;

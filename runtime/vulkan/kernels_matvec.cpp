@@ -19,6 +19,9 @@ constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for t
 // L2 16 times per block); PERFORMANCE.md session 10.
 constexpr uint32_t kAutoGateX = 2;
 
+// matvec_q8.comp GATE_X of a tuning (MatvecTuning::gate_x is that plus one; 0: kAutoGateX).
+uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
+
 struct Variant {
   bool plain, vec8, norm, q8, xq8, gated;
 };
@@ -95,10 +98,9 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   const DecodeSplit s = q8_decode_split(probe, ctx);
   if (!v.xq8) {  // staged x: one pass over the whole row, one subgroup per row
     if (s.ksplit != 1 || q8_kchunk(w.cols / 32, 1) < w.cols / 32) return false;
-    return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
+  } else if (gate_x_of(tuning) == 1 && !q8_activations_usable(ctx, w.type, w.cols)) {
+    return false;  // x's blocks copied into shared memory: they must fit
   }
-  const bool staged = probe.tuning.gate_x ? probe.tuning.gate_x == 2 : kAutoGateX == 1;
-  if (staged && !q8_activations_usable(ctx, w.type, w.cols)) return false;  // x's blocks in shared memory
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
 }
 
@@ -253,7 +255,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
       desc.defines["GATE_TARGET"] = std::to_string(gate_target);
       desc.defines["GATE_WORD"] = std::to_string(gate_word);
-      const uint32_t gx = tuning.gate_x ? tuning.gate_x - 1 : kAutoGateX;
+      const uint32_t gx = gate_x_of(tuning);
       desc.defines["GATE_X"] = std::to_string(gx);
       if (gate_stats.buffer) {
         desc.defines["GATE_STATS"] = "1";

@@ -5,7 +5,8 @@
 // deadlock: the queue launches the producer's workgroups before any of the consumer's.
 //
 // The including kernel declares, before including:
-//   coherent buffer gate[]        the gate words
+//   coherent buffer gate[]        the gate words (or names another array GATE_SIGNAL_BUFFER for
+//                                 gate_signal: a kernel that waits on one gate and opens another)
 // and, with GATE_WAIT 1 (the consumer's side; it also enables GL_KHR_memory_scope_semantics):
 //   coherent buffer gate_error[]  [0] = 1 when a wait gave up, [1] = what it saw (host-visible:
 //                                 the decode step checks it and re-records without the gates)
@@ -13,13 +14,37 @@
 //                                 (first: the value its first poll saw; gate statistics)
 #ifndef TESSERA_GATE_GLSL
 #define TESSERA_GATE_GLSL
+#include "gate_args.h"
+
+#ifndef GATE_SIGNAL_BUFFER
+#define GATE_SIGNAL_BUFFER gate
+#endif
 
 // The producer's side: after the workgroup's outputs, one arrival of `n` on gate[i]. Uniform
 // control flow.
 void gate_signal(uint i, uint n) {
   memoryBarrierBuffer();  // this invocation's stores visible device-wide
   barrier();
-  if (gl_LocalInvocationIndex == 0u) atomicAdd(gate[i], n);
+  if (gl_LocalInvocationIndex == 0u) atomicAdd(GATE_SIGNAL_BUFFER[i], n);
+}
+
+// The same for a producer of many workgroups (hundreds or more): read-modify-writes of one word
+// serialize at the L2 (PERFORMANCE.md session 10: 1024 arrivals on one word cost the early start
+// its gain), so workgroup `wg` of `n_wg` arrives on word base + wg % TS_GATE_TREE_GROUPS, and the
+// last arrival of each group adds 1 to word `top`, which reaches min(n_wg, TS_GATE_TREE_GROUPS).
+// The last arrival's fence orders its group's outputs (seen through the group's arrivals) before
+// its add. Uniform control flow.
+void gate_signal_tree(uint top, uint base, uint wg, uint n_wg) {
+  memoryBarrierBuffer();
+  barrier();
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint g = wg % TS_GATE_TREE_GROUPS;
+    const uint members = n_wg / TS_GATE_TREE_GROUPS + (g < n_wg % TS_GATE_TREE_GROUPS ? 1u : 0u);
+    if (atomicAdd(GATE_SIGNAL_BUFFER[base + g], 1u) + 1u == members) {
+      memoryBarrierBuffer();
+      atomicAdd(GATE_SIGNAL_BUFFER[top], 1u);
+    }
+  }
 }
 
 #if defined(GATE_WAIT) && GATE_WAIT

@@ -6,14 +6,34 @@
 // One workgroup per token (prefill: workgroup y = token t of the chunk, pos = base + t). The query's rope is NOT done here: attention_partial.comp applies it on load.
 //
 // Defines: KV_LORA (R, even), N_ROT (Dr, even) + the rope.glsl table, WG (workgroup size, power
-// of two).
+// of two). WAIT_GATE (0/1; decode, subgroups; docs/DECODE.md "Early start"): recorded with no
+// barrier after the kv_a matvec, which opens word GATE_WORD of binding 4 (GATE_TARGET arrivals);
+// the workgroup waits on it (a wait that gives up sets the error words, binding 5), then reads kv.
 #extension GL_GOOGLE_include_directive : require
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_arithmetic : require
+#extension GL_KHR_memory_scope_semantics : require
+#endif
 #include "attention_args.h"
 #include "rope.glsl"
 
 layout(local_size_x = WG) in;
 
+#if WAIT_GATE
+// Written by kv_a while this dispatch starts: coherent (no stale L1 lines).
+layout(std430, binding = 0) coherent readonly buffer KvIn { float kv[]; };  // R + Dr
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error[]; };
+#define WG_SIZE WG
+#define GATE_WAIT 1
+#include "gate.glsl"
+#else
 layout(std430, binding = 0) readonly buffer KvIn { float kv[]; };         // R + Dr
+#endif
 layout(std430, binding = 1) readonly buffer NormW { float norm_w[]; };    // R
 layout(std430, binding = 2) readonly buffer Step { uint step_words[]; };  // per-token values
 layout(std430, binding = 3) writeonly buffer Cache { uint cache[]; };     // n_ctx x (R+Dr)/2 half pairs
@@ -31,6 +51,9 @@ void main() {
   if (t >= n_tok) return;  // uniform: a token past the chunk's count
   const uint pos = step_words[args.pos_word] + t;
   const uint kv0 = t * args.kv_stride;
+#if WAIT_GATE
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing to preload
+#endif
 
   float sq = 0.0;
   for (uint i = tid; i < KV_LORA; i += WG) sq += kv[kv0 + i] * kv[kv0 + i];

@@ -37,9 +37,13 @@
 // each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
 // (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
 // plain loads ordered by the fence after the poll (the teams share them through L1).
+// SIGNAL_GATE (0/1; one column): the producer's side of a gate (gate.glsl gate_signal): each
+// workgroup that has rows adds 1 to word SIGNAL_WORD of binding 11 after its y rows are stored
+// (e.g. q_a opening W_qk's gate); the word reaches the dispatch's workgroups with rows.
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
-// (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats).
+// (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats), 11 = the word
+// opened (SIGNAL_GATE).
 
 #include "common.glsl"
 #ifndef X_Q8
@@ -47,6 +51,12 @@
 #endif
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
+#endif
+#ifndef SIGNAL_GATE
+#define SIGNAL_GATE 0
+#endif
+#if SIGNAL_GATE && NUM_COLS != 1
+#error "matvec_q8.comp: SIGNAL_GATE takes one column"
 #endif
 #if WAIT_GATE && (!USE_SUBGROUP || NUM_COLS != 1)
 #error "matvec_q8.comp: WAIT_GATE needs subgroups and one column"
@@ -164,8 +174,18 @@ void gate_stats_open(uint first) {
 #define GATE_ON_OPEN(first) gate_stats_open(first)
 #endif
 #define GATE_WAIT 1
+#endif  // WAIT_GATE
+#if SIGNAL_GATE
+#ifndef SIGNAL_WORD
+#define SIGNAL_WORD 0
+#endif
+layout(std430, binding = 11) coherent restrict buffer SignalGate { uint signal_gate[]; };
+#define GATE_SIGNAL_BUFFER signal_gate
+#endif
+#if WAIT_GATE || SIGNAL_GATE
 #include "gate.glsl"
-
+#endif
+#if WAIT_GATE
 // Until the gate word reaches GATE_TARGET (gate.glsl gate_wait), then x is visible; `dep` folds
 // the lane's preloaded weight words, the zero mask is the high half of flags (always zero).
 void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.flags & 0xFFFF0000u); }
@@ -445,5 +465,8 @@ void main() {
 #endif
 #if GATE_STATS && GATE_CLOCK
   if (gl_LocalInvocationIndex == 0u) gate_time(3u, clockRealtimeEXT());
+#endif
+#if SIGNAL_GATE
+  gate_signal(uint(SIGNAL_WORD), 1u);
 #endif
 }

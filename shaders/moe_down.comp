@@ -24,8 +24,9 @@
 // workgroup waits for gate word 0 (the route written), loads its slots' weight blocks for all its
 // rows and its rows of x, waits for word 1 to reach GATE_H_TARGET (every gate-up workgroup's h
 // written), then reads hq. The same sums in the same order: the same bits. X_SIGNAL (with
-// WAIT_GATE): after its rows of x, each workgroup adds 1 to gate word 2, which the next layer's
-// first matvecs (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
+// WAIT_GATE): after its rows of x, each workgroup arrives on gate word 2 through a group word
+// (gate_signal_tree; moe_args.h TS_DOWN_X_GROUP_WORD), which the next layer's first matvecs
+// (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
 // 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT),
 // 7 = gate words, 8 = error words (WAIT_GATE).
@@ -331,6 +332,7 @@ void main() {
 #endif
   }
 #if X_SIGNAL
-  gate_signal(2u, 1u);  // this workgroup's rows of x written
+  // This workgroup's rows of x written: counted in groups (TS_DOWN_X_GROUP_WORD) into word 2.
+  gate_signal_tree(2u, TS_DOWN_X_GROUP_WORD, linear_workgroup_id(), (args.n_embd + ROWS_PER_WG - 1u) / ROWS_PER_WG);
 #endif
 }

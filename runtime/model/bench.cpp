@@ -373,6 +373,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.gate_stats = o.gate_stats;
   go.early_down = o.early_down;
   go.early_next = o.early_next;
+  go.early_qk = o.early_qk;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");

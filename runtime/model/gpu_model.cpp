@@ -185,7 +185,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
       {&w.step_local, "step values (device copy)", kStepBytes},
-      {&w.gates, "early-start gates", uint64_t(kGateStride) * 2 * std::max<uint32_t>(c.n_layer, 1)},
+      {&w.gates, "early-start gates", uint64_t(kGateStride) * kGateSlices * std::max<uint32_t>(c.n_layer, 1)},
       {&w.gate_stats, "early-start counters", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
   };
 
@@ -286,6 +286,7 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
                gave_up[1], pos);
   options_.early_vo = false;
   options_.early_down = false;
+  options_.early_qk = false;
   const bool profiled = &rec == prof_rec_.get();
   record_steps();
   if (!profiled) return run_step(token, pos);

@@ -118,6 +118,11 @@ struct GpuModelOptions {
   // 1-1.6 % (GLM tg128 329.6 / 330.6 -> 324.9 / 324.0 at depth 0; PERFORMANCE.md session 10):
   // the down's 1024 workgroups all add to one word. bench --tune early_next=0|1.
   bool early_next = false;
+  // Stage 2 without the barrier after stage 1 (models with a q LoRA): the q LoRA matvec and kv_a
+  // open gates as their workgroups finish (matvec_q8.comp SIGNAL_GATE); W_qk (or q_b) loads its
+  // weight blocks while they run and waits on the first, kv_write on the second (kv_write.comp
+  // WAIT_GATE). bench --tune early_qk=0|1.
+  bool early_qk = true;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).
@@ -173,7 +178,7 @@ class GpuModel : public LanguageModel {
   uint32_t n_vocab() const override { return config_.n_vocab; }
   const DecodeStats& stats() const { return stats_; }
   // Whether the decode step is recorded with early starts (false once a wait gave up).
-  bool early_starts() const { return options_.early_vo || options_.early_down; }
+  bool early_starts() const { return options_.early_vo || options_.early_down || options_.early_qk; }
   // GpuModelOptions::gate_stats: the early-started W_vo since the model was made (GateTrace).
   const GateTrace& gate_trace() const { return gate_trace_; }
   const PrefillStats& prefill_stats() const { return prefill_stats_; }

@@ -11,6 +11,7 @@
 #include "format/error.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "shaders/gate_args.h"
 
 namespace tessera::model::gpu_detail {
 
@@ -20,10 +21,13 @@ constexpr uint32_t kMaxDispatchesPerLayer = 12;  // decode step budget (issue 5)
 constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: embedding, output norm, LM head, sampler
 constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early start that gave up waiting
                                          // (byte 256: any storage-buffer offset alignment)
-constexpr uint32_t kGateStride = 256;   // bytes between the layers' gate words (binding offsets)
+constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding offsets)
+constexpr uint32_t kGateSlices = 3;     // gate slices per layer: W_vo's, the MoE down's, stage 2's
+constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and the gate it saw
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
+static_assert(TS_DOWN_GATE_WORDS * 4 <= kGateStride, "the MoE down's gate words fit a gate slice");
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
 
 }  // namespace tessera::model::gpu_detail
@@ -49,7 +53,9 @@ struct GpuModel::Weights {
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
-  vk::Buffer gates;          // early-start gate words: per layer W_vo's, then the MoE down's two, kGateStride apart
+  vk::Buffer gates;          // early-start gate words, kGateSlices slices of kGateStride bytes per layer
+                             // (kGateVo: W_vo's; kGateDown: the MoE down's route, h and x; kGateQk:
+                             // the q LoRA's for W_qk / q_b and kv_a's for kv_write)
   vk::Buffer gate_stats;     // GpuModelOptions::gate_stats: per layer (kGateStride apart) the gated
                              // W_vo's counters and times, zeroed each step, summed on the host
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)

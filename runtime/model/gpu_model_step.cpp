@@ -45,28 +45,24 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     op.tuning = options_.matvec;
     return op;
   };
-  // An early start's gate to wait on (MatvecOp::gate): the words, the one polled, its target, and
-  // the counters of GpuModelOptions::gate_stats (W_vo's); a wait that gives up writes the host
-  // step buffer's error words.
-  struct Gate {
-    vk::BufferSlice words;
-    uint32_t word = 0, target = 0;
-    vk::BufferSlice stats;
-  };
-  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
-                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}, const Gate& gate = {}) {
-    vk::MatvecOp op = matvec_op(name, x, y, norm, acc, fold, x_q8);
-    if (gate.words.buffer) {
-      op.gate = gate.words;
-      op.gate_word = gate.word;
-      op.gate_target = gate.target;
-      op.gate_error = host_step.sub(kGateErrorWord * 4, 8);
-      op.gate_stats = gate.stats;
-    }
+  // Records a matvec (its label, the step's statistics and weight bytes).
+  auto record_matvec = [&](vk::MatvecOp op, const std::string& name) {
     op.label = op.kernel_name(&ctx_) + " " + name;
     if (op.label.find(".q8act") != std::string::npos) stats_.int8_activations = true;
     op.record(rec);
-    weight_bytes += op.w.read_bytes() + (fold.enabled() ? fold.router.read_bytes() : 0);
+    weight_bytes += op.w.read_bytes() + (op.router_fold.enabled() ? op.router_fold.router.read_bytes() : 0);
+  };
+  auto matvec = [&](const std::string& name, vk::BufferSlice x, vk::BufferSlice y, vk::BufferSlice norm, bool acc,
+                    const vk::RouterFold& fold = {}, vk::BufferSlice x_q8 = {}) {
+    record_matvec(matvec_op(name, x, y, norm, acc, fold, x_q8), name);
+  };
+  // An early start's wait on word `word` of `words` (a wait that gives up writes the host step
+  // buffer's error words).
+  auto gate_wait = [&](vk::BufferSlice words, uint32_t word, uint32_t target) {
+    return vk::GateWait{words, word, target, host_step.sub(kGateErrorWord * 4, 8)};
+  };
+  auto gate_slice = [&](uint32_t l, uint32_t which, uint64_t bytes) {
+    return w.gates.slice((uint64_t(l) * kGateSlices + which) * kGateStride, bytes);
   };
 
   // Weights of a later stage pulled into the L2 beside the kernels just recorded (no barrier).
@@ -89,7 +85,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   // short (a lost device, a timeout) not poison the next one.
   if (any_fold && options_.fused_down) rec.fill(w.down_acc.whole(), 0);
   // The early-start gate words count up within a step: zero at its start (ordered by the embedding's barrier).
-  if (options_.early_vo || options_.early_down) rec.fill(w.gates.whole(), 0);
+  if (early_starts()) rec.fill(w.gates.whole(), 0);
   if (options_.early_vo && options_.gate_stats) rec.fill(w.gate_stats.whole(), 0);
 
   vk::EmbedOp embed;
@@ -119,7 +115,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     s.push_back({L + "attn_kv_a_mqa.weight", w.kv.whole()});
     return s;
   };
-  Gate x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
+  vk::GateWait x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
 
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
@@ -129,16 +125,42 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice attn_norm = w.vec(L + "attn_norm.weight", c.n_embd);
     const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
     const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
+    // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
+    // query's matvec and kv_write wait on them: word 0 q_a's, word 1 kv_a's.
+    const std::vector<Stage1> s1 = stage1(l);
+    const vk::BufferSlice qk_words = gate_slice(l, kGateQk, 8);
+    vk::MatvecOp query;
+    if (c.q_lora_rank) {
+      query = matvec_op(qname, w.cq.whole(), qdst, w.vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+      query.gate = gate_wait(qk_words, 0, 1);
+    }
+    bool early_qk = options_.early_qk && c.q_lora_rank && s1.size() == 2 && query.gate_supported(ctx_) &&
+                    vk::KvWriteOp::gate_supported(ctx_);
     // Stage 1: everything that reads only x (waiting on the previous MoE down's gate where it set one).
-    for (const Stage1& s : stage1(l)) matvec(s.name, w.x.whole(), s.y, attn_norm, false, {}, {}, x_gate);
+    std::vector<vk::MatvecOp> s1_ops;
+    for (const Stage1& s : s1) {
+      s1_ops.push_back(matvec_op(s.name, w.x.whole(), s.y, attn_norm, false));
+      s1_ops.back().gate = x_gate;
+      early_qk = early_qk && s1_ops.back().signal_supported(ctx_);
+    }
+    for (size_t i = 0; i < s1.size(); ++i) {
+      if (early_qk) {
+        s1_ops[i].signal = qk_words;
+        s1_ops[i].signal_word = uint32_t(i);
+      }
+      record_matvec(s1_ops[i], s1[i].name);
+    }
     x_gate = {};
     if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
-    rec.barrier();
+    if (!early_qk) rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
-    if (c.q_lora_rank)
-      matvec(qname, w.cq.whole(), qdst, w.vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+    if (c.q_lora_rank) {
+      query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
+      record_matvec(query, qname);
+    }
     kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
-                    "kv_write " + L);
+                    early_qk ? "kv_write.gate " + L : "kv_write " + L,
+                    early_qk ? gate_wait(qk_words, 1, s1_ops[1].signal_count(ctx_)) : vk::GateWait{});
     if (!qk) {
       if (c.q_lora_rank) rec.barrier();  // the absorb reads q_b's output
       vk::AbsorbOp a = vk::AbsorbOp::query(w.matrix(L + "attn_k_b.weight"), H, c.n_rot, w.qfull.whole(), w.q.whole());
@@ -156,7 +178,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
                        matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
-    const vk::BufferSlice gate = early ? w.gates.slice(uint64_t(2 * l) * kGateStride, 4) : vk::BufferSlice{};
+    const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate);
@@ -187,10 +209,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
     if (vo) {
-      matvec(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8,
-             Gate{gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u),
-                  options_.gate_stats ? w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes)
-                                      : vk::BufferSlice{}});
+      vk::MatvecOp op = matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
+      if (early) {
+        op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
+        if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
+      }
+      record_matvec(op, L + "attn_vo.weight");
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";
@@ -293,13 +317,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
         next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
                                              false).gate_supported(ctx_);
     if (early_down) {
-      const vk::BufferSlice words = w.gates.slice(uint64_t(2 * l + 1) * kGateStride, 12);
+      const vk::BufferSlice words = gate_slice(l, kGateDown, TS_DOWN_GATE_WORDS * 4);
       gu.gate = words.sub(0, 8);
       down.gate = words;
       down.gate_h_target = gu.gate_h_target(ctx_);
       down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
       down.gate_signal_x = next_early;
-      if (next_early) x_gate = Gate{words, 2, down.gate_x_target(), {}};
+      if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
                (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;
@@ -311,7 +335,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     down.label = (down.hq.buffer ? "moe_down.q8act" : "moe_down") + std::string(early_down ? ".gate " : " ") + L;
     down.record(rec);
-    if (!x_gate.words.buffer) rec.barrier();
+    if (!x_gate.enabled()) rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
   weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "");

@@ -178,8 +178,8 @@ void AttentionShape::validate() const {
 // ---------------------------------------------------------------------------------------------
 // KvWriteOp
 
-KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : shape_(shape) {
-  shape.validate();
+namespace {
+PipelineDesc kv_write_desc(const AttentionShape& shape) {
   PipelineDesc d;
   d.name = "kv_write";
   d.file = "kv_write.comp";
@@ -187,12 +187,38 @@ KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : shape_(shape) 
                      shape.rope.defines());
   d.num_buffers = 4;
   d.push_bytes = sizeof(gpu::KvWriteArgs);
-  pipeline_ = &ctx.pipeline(d);
+  return d;
+}
+}  // namespace
+
+KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : ctx_(ctx), shape_(shape) {
+  shape.validate();
+  pipeline_ = &ctx.pipeline(kv_write_desc(shape));
 }
 
+bool KvWriteOp::gate_supported(Context& ctx) { return ctx.pipelines().use_subgroup(); }
+
 void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
-                       BufferSlice cache, std::string_view label) const {
-  record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
+                       BufferSlice cache, std::string_view label, const GateWait& gate) const {
+  if (!gate.enabled()) return record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
+  if (!gate_supported(ctx_)) runtime_error(label, ": no early start for kv_write here (it needs subgroups)");
+  if (!gate.valid()) runtime_error(label, ": early start needs a gate word, an error word and a target above 0");
+  PipelineDesc d = kv_write_desc(shape_);
+  d.name = "kv_write.gate";
+  d.defines["WAIT_GATE"] = "1";
+  d.defines["GATE_WORD"] = std::to_string(gate.word);
+  d.defines["GATE_TARGET"] = std::to_string(gate.target);
+  d.num_buffers = 6;
+  d.full_subgroups = true;
+  const Pipeline& pipe = ctx_.pipeline(d);
+  if (kv.size < uint64_t(shape_.row()) * 4)
+    runtime_error(label, ": kv binding holds ", kv.size, " bytes, needs ", uint64_t(shape_.row()) * 4);
+  if (kv_norm_w.size < uint64_t(shape_.kv_lora) * 4 || step.size < uint64_t(pos_word + 1) * 4 ||
+      cache.size < shape_.cache_bytes())
+    runtime_error(label, ": kv norm, step or cache binding too small");
+  const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, QueryBatch{}.word(), shape_.row(), 0, 0, 0};
+  const BufferSlice b[] = {kv, kv_norm_w, step, cache, gate.words, gate.error};
+  rec.dispatch(pipe, b, args, 1, 1, 1, label, bytes());
 }
 
 void KvWriteOp::record_rows(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step,

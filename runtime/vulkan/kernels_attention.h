@@ -56,6 +56,7 @@
 
 #include "format/model_config.h"
 #include "runtime/vulkan/context.h"
+#include "runtime/vulkan/gate.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
@@ -115,9 +116,13 @@ struct QueryBatch {
 class KvWriteOp {
  public:
   KvWriteOp(Context& ctx, const AttentionShape& shape);
-  // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows.
+  // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows. With a
+  // gate (decode; gate_supported): recorded with no barrier after the kv_a matvec that opens it;
+  // the workgroup waits on it before reading kv.
   void record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
-              BufferSlice cache, std::string_view label) const;
+              BufferSlice cache, std::string_view label, const GateWait& gate = {}) const;
+  // The gated kernel runs here (subgroups).
+  static bool gate_supported(Context& ctx);
   // The rows of batch.n tokens (kv: [n][R+Dr] floats), token t at position step[pos_word] + t.
   void record_rows(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
                    const QueryBatch& batch, BufferSlice cache, std::string_view label) const;
@@ -125,6 +130,7 @@ class KvWriteOp {
 
  private:
   const Pipeline* pipeline_;
+  Context& ctx_;
   AttentionShape shape_;
 };
 

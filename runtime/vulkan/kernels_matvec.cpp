@@ -23,7 +23,7 @@ constexpr uint32_t kAutoGateX = 2;
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8, gated;
+  bool plain, vec8, norm, q8, xq8, gated, signals;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -35,8 +35,9 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
                   q8_activations_type(*ctx, op.w.type);
   const bool norm = op.norm_weight.buffer != VK_NULL_HANDLE;
   const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
-  const bool gated = q8 && op.batch == 1 && op.gate.buffer != VK_NULL_HANDLE;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated};
+  const bool gated = q8 && op.batch == 1 && op.gate.enabled();
+  const bool signals = q8 && op.batch == 1 && op.signal.buffer != VK_NULL_HANDLE;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals};
 }
 
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
@@ -104,6 +105,22 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
 }
 
+bool MatvecOp::signal_supported(Context& ctx) const {
+  MatvecOp probe = *this;
+  probe.signal = {};
+  return variant_of(probe, &ctx).q8 && batch == 1;
+}
+
+uint32_t MatvecOp::signal_count(Context& ctx) const {
+  const uint32_t per_wg = [&] {
+    const DecodeSplit s = q8_decode_split(*this, ctx);
+    return s.teams / s.ksplit * s.nrows;
+  }();
+  uint32_t n = 0;
+  for (const RowChunk& c : row_chunks(w, ctx.info(), max_binding_bytes)) n += (c.rows + per_wg - 1) / per_wg;
+  return n;
+}
+
 bool q8_activations_type(Context& ctx, GgmlType t) {
   return (t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K) &&
          ctx.device().enabled().integer_dot_product;
@@ -139,6 +156,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.xq8) n += ".xq8";
   if (router_fold.enabled()) n += ".rfold";
   if (v.gated) n += ".gate";
+  if (v.signals) n += ".open";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
     if (k > 1) n += cat(".ks", k);
@@ -174,14 +192,17 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
   const uint64_t xq8_need = (uint64_t(x_offset) + w.cols) / 32 * 48;
   if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
-  if (gate.buffer != VK_NULL_HANDLE) {
+  if (gate.enabled()) {
     if (!gate_supported(ctx))
       runtime_error(what, ": no early start for this matvec here (it needs the int8 kernel, one vector, subgroups, "
                     "x pre-quantized or staged in one pass by one subgroup per row, and at most ", kMaxGatePreload,
                     " weight blocks per lane)");
-    if (gate.size < (gate_word + 1) * 4ull || gate_error.size < 8 || gate_target == 0 ||
-        (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
+    if (!gate.valid() || (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
+  }
+  if (signal.buffer != VK_NULL_HANDLE) {
+    if (!signal_supported(ctx)) runtime_error(what, ": only the int8 kernel for one vector opens a gate");
+    if (signal.size < (signal_word + 1) * 4ull) runtime_error(what, ": the gate it opens has no word ", signal_word);
   }
   if (v.norm && norm_weight.size < uint64_t(w.cols) * 4)
     runtime_error(what, ": norm weight has ", norm_weight.size, " bytes, needs ", uint64_t(w.cols) * 4);
@@ -253,8 +274,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (v.gated) {
       desc.defines["WAIT_GATE"] = "1";
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
-      desc.defines["GATE_TARGET"] = std::to_string(gate_target);
-      desc.defines["GATE_WORD"] = std::to_string(gate_word);
+      desc.defines["GATE_TARGET"] = std::to_string(gate.target);
+      desc.defines["GATE_WORD"] = std::to_string(gate.word);
       const uint32_t gx = gate_x_of(tuning);
       desc.defines["GATE_X"] = std::to_string(gx);
       if (gate_stats.buffer) {
@@ -263,6 +284,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
         desc.defines["GATE_CLOCK"] = f.device_clock && f.buffer_int64_atomics && f.shader_int64 ? "1" : "0";
       }
       if (v.xq8 && gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
+    }
+    if (v.signals) {
+      desc.defines["SIGNAL_GATE"] = "1";
+      desc.defines["SIGNAL_WORD"] = std::to_string(signal_word);
     }
   } else {
     // Rows per subgroup and unit width, measured on an H200 (bench of 2026-11-22, see report):
@@ -288,7 +313,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm ? 5 : 4;
+  desc.num_buffers = v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -307,8 +332,18 @@ void MatvecOp::record(CommandRecorder& rec) const {
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
     // Bindings a variant does not declare are filled with x.
-    const BufferSlice bufs[11] = {c.q, c.m, v.xq8 ? x_q8 : x, y, v.norm ? norm_weight : x, fold ? rw : x,
-                                  fold ? router_fold.norm_weight : x, fold ? router_fold.acc : x, gate, gate_error, gate_stats};
+    const BufferSlice bufs[12] = {c.q,
+                                  c.m,
+                                  v.xq8 ? x_q8 : x,
+                                  y,
+                                  v.norm ? norm_weight : x,
+                                  fold ? rw : x,
+                                  fold ? router_fold.norm_weight : x,
+                                  fold ? router_fold.acc : x,
+                                  v.gated ? gate.words : x,
+                                  v.gated ? gate.error : x,
+                                  gate_stats.buffer ? gate_stats : x,
+                                  signal.buffer ? signal : x};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/vulkan/gate.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
 
@@ -90,16 +91,11 @@ struct MatvecOp {
   // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
   BufferSlice x_q8;
   // Early start (docs/DECODE.md "Early start"; matvec_q8.comp WAIT_GATE): set, the int8 kernel is
-  // recorded with no barrier after the dispatch that writes x (or x_q8), which adds to the word
-  // at `gate` as its workgroups finish. Each workgroup loads its weight blocks, waits until the
-  // word reaches gate_target, then reads x. A wait that gives up (a device that ran this dispatch
-  // alone) writes 1 to the word at gate_error and the gate it saw to the next (8 bytes,
-  // host-visible: the caller checks them after the step). Only where gate_supported(); record()
-  // refuses it elsewhere.
-  BufferSlice gate;
-  uint32_t gate_target = 0;
-  uint32_t gate_word = 0;  // the word of `gate` polled (binding offsets must be aligned)
-  BufferSlice gate_error;
+  // recorded with no barrier after the dispatch that writes x (or x_q8), which counts the gate's
+  // word up as its workgroups finish. Each workgroup loads its weight blocks, waits until the
+  // word reaches gate.target, then reads x (a wait that gives up writes gate.error). Only where
+  // gate_supported(); record() refuses it elsewhere.
+  GateWait gate;
   // Set (kGateStatsBytes, zero before the dispatch; with gate): diagnostics the gated kernel adds
   // to: two counters, workgroups whose first poll found the gate closed (they ran beside the
   // producer) and all of them; then, where the device has a shader clock and 64-bit atomics,
@@ -112,6 +108,14 @@ struct MatvecOp {
   // kMaxGatePreload weight blocks per lane to hold while waiting.
   bool gate_supported(Context& ctx) const;
   static constexpr uint32_t kMaxGatePreload = 8;
+  // Set: this matvec opens a gate (matvec_q8.comp SIGNAL_GATE): each workgroup adds 1 to word
+  // signal_word of `signal` once its y rows are stored, so the word reaches signal_count(). A
+  // consumer recorded after it with no barrier waits on that (W_qk on q_a). Only where
+  // signal_supported() (the int8 kernel, one vector); record() refuses it elsewhere.
+  BufferSlice signal;
+  uint32_t signal_word = 0;
+  bool signal_supported(Context& ctx) const;
+  uint32_t signal_count(Context& ctx) const;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

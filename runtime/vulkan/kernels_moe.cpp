@@ -5,6 +5,7 @@
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_matvec.h"
+#include "shaders/gate_args.h"
 #include "shaders/moe_args.h"
 
 namespace tessera::vk {
@@ -579,7 +580,8 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const bool gated = gate.buffer != VK_NULL_HANDLE;
-  if (gated && (!gate_supported(ctx) || gate.size < (gate_signal_x ? 12u : 8u) || gate_error.size < 8 || gate_h_target == 0))
+  if (gated && (!gate_supported(ctx) || gate.size < (gate_signal_x ? TS_DOWN_GATE_WORDS * 4 : 8u) || gate_error.size < 8 ||
+                gate_h_target == 0))
     runtime_error(what, ": no early-start wait here (it needs the int8 path with subgroups, the route buffer, one "
                   "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -622,8 +624,9 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
 }
 
 uint32_t MoeDownOp::gate_x_target() const {
-  // The workgroups of the one dispatch (gate_supported: one part, of the routed down type).
-  return down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type));
+  // The groups of the one dispatch's workgroups (gate_supported: one part, of the routed down
+  // type; moe_down.comp gate_signal_tree).
+  return std::min(down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type)), TS_GATE_TREE_GROUPS);
 }
 
 bool MoeGateUpOp::gate_supported(Context& ctx) const {

@@ -230,8 +230,9 @@ struct MoeDownOp {
   BufferSlice gate;
   uint32_t gate_h_target = 0;
   BufferSlice gate_error;
-  // With gate: also add 1 per workgroup to gate word 2 once its rows of x are written (three
-  // words then), for the next layer's first matvecs (MatvecOp::gate, target gate_x_target()).
+  // With gate: also arrive on gate word 2 once a workgroup's rows of x are written, through group
+  // words (TS_DOWN_GATE_WORDS words then; moe_args.h), for the next layer's first matvecs
+  // (MatvecOp::gate, target gate_x_target()).
   bool gate_signal_x = false;
   uint32_t gate_x_target() const;
   // The int8 path with subgroups, the route from the buffer, one dispatch, at most 2 blocks per

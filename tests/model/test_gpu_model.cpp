@@ -253,10 +253,11 @@ TEST(GpuModel, StepWordsFromTheDeviceCopyGiveTheSameBits) {
   }
 }
 
-// W_vo and the MoE down started early (GpuModelOptions::early_vo, default; early_down, early_next): no
-// barrier between the attention and W_vo (every range: the single and mid kernels or the merge
-// open W_vo's gate), between the gate-up and the down, nor between the down and the next layer's
-// q_a / kv_a (staged x, read after the down's gate), the same kernels' sums otherwise, so
+// W_vo, the MoE down and stage 2 started early (GpuModelOptions::early_vo, early_down, early_qk,
+// default; early_next): no barrier between the attention and W_vo (every range: the single and
+// mid kernels or the merge open W_vo's gate), between the gate-up and the down, between q_a /
+// kv_a and W_qk / kv_write, nor between the down and the next layer's q_a / kv_a (staged x, read
+// after the down's gate), the same kernels' sums otherwise, so
 // the same bits as with the barriers: a prompt and 12 decoded tokens across the single, mid and
 // short ranges (bounds 3 and 9), the gate words reset every step.
 TEST(GpuModel, EarlyStartsGiveTheSameBits) {
@@ -271,6 +272,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     o.early_vo = early;
     o.early_down = early;
     o.early_next = early;  // off by default: tested here
+    o.early_qk = early;
     o.gate_stats = early;  // the counters change nothing either
     o.attention.single_max_kv = 3;
     o.attention.mid_max_kv = 9;
@@ -280,20 +282,24 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     layers = m.stats().layers;
     logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
     for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+    // No wait gave up (a gate whose target its producer never reaches: the model would have
+    // fallen back to barriers, with the same logits).
+    EXPECT_EQ(m.early_starts(), early);
     // Every decode step's gated W_vo polled once per workgroup (prompt included: prefill_chunk 0).
     if (early && barriers[0] != barriers[1]) EXPECT_GT(m.gate_trace().workgroups, 0u);
     if (!early) EXPECT_EQ(m.gate_trace().workgroups, 0u);
   }
   if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early start here (int8 kernels with subgroups)";
-  // One barrier less per layer (W_vo), per MoE layer (the down) and per MoE layer that has a next
-  // one (its first matvecs wait on the down).
+  // One barrier less per layer (W_vo), per layer with a q LoRA (stage 2), per MoE layer (the down)
+  // and per MoE layer that has a next one (its first matvecs wait on the down).
   const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
+  ASSERT_GT(cfg.q_lora_rank, 0u) << "tiny has a q LoRA: stage 2 is gated";
   uint32_t moe_layers = 0, moe_then_layer = 0;
   for (uint32_t l = 0; l < cfg.n_layer; ++l) {
     moe_layers += cfg.is_moe(l) ? 1 : 0;
     moe_then_layer += cfg.is_moe(l) && l + 1 < cfg.n_layer ? 1 : 0;
   }
-  EXPECT_EQ(barriers[0] - barriers[1], layers + moe_layers + moe_then_layer);
+  EXPECT_EQ(barriers[0] - barriers[1], 2 * layers + moe_layers + moe_then_layer);
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(tokens[0], tokens[1]);
 }
@@ -311,6 +317,7 @@ TEST(GpuModel, GateThatNeverOpensFallsBackToBarriers) {
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.early_vo = fault;  // the reference: no early starts at all
     o.early_down = fault;
+    o.early_qk = fault;
     o.fault_gate_never_opens = fault;
     model::GpuModel m(context(), tsr, o);
     if (fault && m.stats().barriers == 0) GTEST_SKIP();

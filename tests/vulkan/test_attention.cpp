@@ -106,6 +106,46 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KvWriteTest,
                                   std::to_string(info.param.n_rot);
                          });
 
+// kv_write's early start (kv_write.comp WAIT_GATE): with the gate word at its target the row is
+// the ungated kernel's, bit for bit; a gate short of its target makes the wait give up and set
+// the error words (the value it saw) instead of hanging.
+TEST(KvWriteGate, OpenGateWritesTheSameRowAndAClosedOneSetsTheErrorWord) {
+  REQUIRE_GPU();
+  if (!vk::KvWriteOp::gate_supported(*gpu().ctx)) GTEST_SKIP() << "no subgroups: no gated kv_write";
+  const uint32_t n_ctx = 37, R = 512, Dr = 64, row = R + Dr, pos = 29;
+  const vk::AttentionShape shape = make_shape(4, R, Dr, n_ctx, kGlmRope);
+  vk::KvWriteOp op(*gpu().ctx, shape);
+  vk::Buffer kv = make_buffer(row * 4, "kv"), norm = make_buffer(R * 4, "norm"), step = make_buffer(16, "step");
+  upload(kv, test::random_values(row, 3.f, 5));
+  upload(norm, test::random_values(R, 2.f, 6));
+  upload(step, std::vector<uint32_t>{0, pos, 0, 0});
+  struct Run {
+    std::vector<uint16_t> cache;
+    std::vector<uint32_t> error;
+  };
+  auto run = [&](bool gated, uint32_t gate_value, uint32_t target) {
+    vk::Buffer cache = make_buffer(shape.cache_bytes(), "cache"), gate = make_buffer(16, "gate");
+    vk::Buffer err = make_buffer(8, "gate error");
+    upload(cache, std::vector<uint16_t>(size_t(n_ctx) * row, 0x7E00));
+    upload(gate, std::vector<uint32_t>{0, gate_value, 0, 0});
+    upload(err, std::vector<uint32_t>{0, 0});
+    vk::CommandRecorder rec(*gpu().ctx);
+    rec.begin();
+    op.record(rec, kv.whole(), norm.whole(), step.whole(), kPosWord, cache.whole(), "kv_write",
+              gated ? vk::GateWait{gate.whole(), 1, target, err.whole()} : vk::GateWait{});
+    rec.end();
+    rec.run();
+    return Run{download<uint16_t>(cache, size_t(n_ctx) * row), download<uint32_t>(err, 2)};
+  };
+  const Run plain = run(false, 0, 0), open = run(true, 3, 3), closed = run(true, 2, 3);
+  EXPECT_EQ(open.cache, plain.cache);
+  EXPECT_EQ(open.error, (std::vector<uint32_t>{0, 0}));
+  EXPECT_EQ(closed.error, (std::vector<uint32_t>{1, 2}));
+  size_t written = 0;
+  for (uint16_t h : plain.cache) written += h != 0x7E00;
+  EXPECT_EQ(written, row) << "one row written";
+}
+
 // attention partial + merge vs the reference, over a cache of random f16 rows.
 struct AttnCase {
   uint32_t n_head, kv_lora, n_rot;

@@ -1,9 +1,10 @@
-// W_vo's early start (matvec_q8.comp WAIT_GATE, MatvecOp::gate; docs/DECODE.md "Early start"):
-// the gated int8 matvec loads its weight blocks, waits on the gate word, then reads x's int8
-// blocks. Against the ungated kernel on the same inputs: the same bits for every int8 type and
-// awkward shapes (rows not a multiple of the workgroup, rows shorter than a subgroup's lanes,
-// several rows per team); a gate that never opens sets the error word; and record() refuses the
-// gate where the kernel cannot take it.
+// The matvec's early start (matvec_q8.comp WAIT_GATE, MatvecOp::gate; docs/DECODE.md "Early
+// start"): the gated int8 matvec loads its weight blocks, waits on the gate word, then reads x's
+// int8 blocks (or stages x). Against the ungated kernel on the same inputs: the same bits for
+// every int8 type and awkward shapes (rows not a multiple of the workgroup, rows shorter than a
+// subgroup's lanes, several rows per team); a matvec that opens a gate for the next one (SIGNAL_GATE);
+// a gate that never opens sets the error word; and record() refuses the gate where the kernel
+// cannot take it.
 #include <random>
 
 #include "runtime/vulkan/kernels_matvec.h"
@@ -67,9 +68,7 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   op.tuning.rows = c.nrows;
   op.tuning.gate_x = c.gate_x;
   if (gated) {
-    op.gate = gate.whole();
-    op.gate_target = target;
-    op.gate_error = err.whole();
+    op.gate = {gate.whole(), 0, target, err.whole()};
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".gate"), std::string::npos) << describe(c);
   }
   vk::CommandRecorder rec(*g.ctx);
@@ -148,6 +147,97 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
   EXPECT_GE(ran_staged, 8u) << "too few staged cases took the gate";
 }
 
+// The producer's side (MatvecOp::signal, matvec_q8.comp SIGNAL_GATE): q_a opening W_qk's gate.
+// A norm-fused matvec that opens a gate and a gated one that reads its y, recorded with no barrier
+// between them, give the bits of the two with a barrier; the gate word ends at signal_count(),
+// which is one arrival per workgroup with rows (16 rows each for at most 2048 rows); the producer's
+// own y is unchanged by the signal.
+TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  struct Chain {
+    uint32_t embd, mid, out;  // producer embd -> mid rows, consumer mid -> out rows
+    GgmlType a, b;
+  };
+  uint32_t ran = 0;
+  // q_a-like, a producer taller than kFewRows (several rows per team, 2 teams' rows in its last
+  // workgroup), a producer of two workgroups; consumers of rows not a multiple of anything.
+  for (const Chain ch : {Chain{256, 96, 70, GgmlType::Q4_0, GgmlType::Q8_0}, Chain{96, 2080, 33, GgmlType::Q8_0, GgmlType::Q4_0},
+                         Chain{64, 32, 5, GgmlType::Q4_0, GgmlType::Q8_0}}) {
+    const uint32_t mid = ch.mid;  // the producer's rows, the consumer's row length
+    SCOPED_TRACE(cat(ch.embd, " -> ", mid, " -> ", ch.out));
+    std::mt19937 rng(ch.embd + ch.mid);
+    auto wa = vktest::upload_matrix(g, ch.a, mid, ch.embd, vktest::random_matrix(rng, ch.a, mid, ch.embd));
+    auto wb = vktest::upload_matrix(g, ch.b, ch.out, mid, vktest::random_matrix(rng, ch.b, ch.out, mid));
+    vk::MatvecOp probe;
+    probe.w = wb->ref;
+    probe.norm_weight = wb->buffer.whole();  // any buffer: the variant only
+    if (!probe.gate_supported(*g.ctx)) continue;  // too many blocks per lane for narrow subgroups
+    ++ran;
+    const std::vector<float> xv = vktest::random_values(rng, ch.embd), n1 = vktest::random_values(rng, ch.embd),
+                             n2 = vktest::random_values(rng, mid);
+    std::vector<float> ys[2][2];
+    uint32_t word = 0, count = 0;
+    for (bool early : {false, true}) {
+      vk::Buffer x = vktest::make_buffer(g, xv.size() * 4, "x"), nw1 = vktest::make_buffer(g, n1.size() * 4, "norm 1");
+      vk::Buffer nw2 = vktest::make_buffer(g, n2.size() * 4, "norm 2");
+      vktest::upload_bytes(g, x, xv.data(), xv.size() * 4);
+      vktest::upload_bytes(g, nw1, n1.data(), n1.size() * 4);
+      vktest::upload_bytes(g, nw2, n2.data(), n2.size() * 4);
+      vk::Buffer y1 = vktest::make_buffer(g, uint64_t(mid) * 4, "y1"), y2 = vktest::make_buffer(g, ch.out * 4ull, "y2");
+      vktest::poison(g, y1);
+      vktest::poison(g, y2);
+      vk::Buffer gate = vktest::make_buffer(g, 16, "gate", true), err = vktest::make_buffer(g, 16, "gate error", true);
+      const uint32_t zero[4] = {};
+      vktest::upload_bytes(g, gate, zero, sizeof zero);
+      vktest::upload_bytes(g, err, zero, sizeof zero);
+      vk::MatvecOp a;
+      a.w = wa->ref;
+      a.x = x.whole();
+      a.y = y1.whole();
+      a.norm_weight = nw1.whole();
+      vk::MatvecOp b;
+      b.w = wb->ref;
+      b.x = y1.whole();
+      b.y = y2.whole();
+      b.norm_weight = nw2.whole();
+      if (early) {
+        ASSERT_TRUE(a.signal_supported(*g.ctx));
+        a.signal = gate.whole();
+        a.signal_word = 1;
+        count = a.signal_count(*g.ctx);
+        b.gate = {gate.whole(), 1, count, err.whole()};
+        EXPECT_NE(a.kernel_name(g.ctx.get()).find(".open"), std::string::npos);
+      }
+      vk::CommandRecorder rec(*g.ctx);
+      rec.begin();
+      a.record(rec);
+      if (!early) rec.barrier();
+      b.record(rec);
+      rec.end();
+      rec.run();
+      ys[early][0] = vktest::download_floats(g, y1, mid);
+      ys[early][1] = vktest::download_floats(g, y2, ch.out);
+      if (early) {
+        uint32_t words[4], errs[2];
+        gate.read(0, words, sizeof words);
+        err.read(0, errs, sizeof errs);
+        word = words[1];
+        EXPECT_EQ(words[0], 0u) << "only the asked word counts";
+        EXPECT_EQ(errs[0], 0u) << "the consumer's wait gave up";
+      }
+    }
+    EXPECT_EQ(word, count);
+    if (mid <= 2048) EXPECT_EQ(count, (mid + 15) / 16);
+    else EXPECT_GE(count, 1u);
+    for (int k = 0; k < 2; ++k)
+      for (size_t i = 0; i < ys[0][k].size(); ++i) ASSERT_EQ(ys[0][k][i], ys[1][k][i]) << "output " << k << " row " << i;
+  }
+  EXPECT_GE(ran, 2u) << "too few chains took the gate";
+}
+
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode
 // step then re-records without the early start) instead of hanging the queue.
 TEST(MatvecGate, GateThatNeverOpensSetsTheErrorWord) {
@@ -180,9 +270,7 @@ TEST(MatvecGate, RefusedWhereTheKernelCannotWait) {
   op.w = dm->ref;
   op.x = x.whole();
   op.y = y.whole();
-  op.gate = gate.whole();
-  op.gate_target = 1;
-  op.gate_error = gate.whole();
+  op.gate = {gate.whole(), 0, 1, gate.whole()};
   auto refused = [&](const char* why) {
     SCOPED_TRACE(why);
     EXPECT_FALSE(op.gate_supported(*g.ctx));

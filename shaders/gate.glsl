@@ -57,13 +57,26 @@ const uint kGateSpins = 1u << 15;
 // read-modify-writes of one word serialize at the L2 (PERFORMANCE.md session 10).
 uint gate_load(uint i) { return atomicLoad(gate[i], gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelaxed); }
 
+// GATE_BACKOFF (a process-wide tuning define, bench --tune gate_backoff=N; default 0): N dependent
+// integer steps between two polls, so that hundreds of polling workgroups take fewer turns at the
+// gate word's L2 slice. Returns 0 at run time (`zero`), after the steps: the next poll's address
+// depends on it, so it is not issued before them.
+#ifndef GATE_BACKOFF
+#define GATE_BACKOFF 0
+#endif
+uint gate_backoff(uint seen, uint zero) {
+  uint d = seen;
+  for (uint k = 0u; k < uint(GATE_BACKOFF); ++k) d = d * 1664525u + 1013904223u;
+  return d & zero;
+}
+
 // Polls gate[i] + zero until it reaches target, or gives up (the error words). `zero` is 0 at run
 // time; the caller makes it depend on loads it wants issued before the wait (the compiler may
 // otherwise sink them past it). One invocation calls it. Returns the first value seen.
 uint gate_poll(uint i, uint target, uint zero) {
   const uint first = gate_load(i) + zero;
   uint seen = first;
-  for (uint spins = 1u; seen < target && spins < kGateSpins; ++spins) seen = gate_load(i) + zero;
+  for (uint spins = 1u; seen < target && spins < kGateSpins; ++spins) seen = gate_load(i + gate_backoff(seen, zero)) + zero;
   // Checked after the loop: a driver may end a long loop by itself (llvmpipe at 65535).
   if (seen < target) {
     gate_error[1] = seen;

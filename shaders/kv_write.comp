@@ -52,7 +52,7 @@ void main() {
   const uint pos = step_words[args.pos_word] + t;
   const uint kv0 = t * args.kv_stride;
 #if WAIT_GATE
-  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing to preload
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, args.pad0);  // nothing to preload; pad0 is zero
 #endif
 
   float sq = 0.0;

@@ -64,7 +64,8 @@ struct BenchOptions {
   bool gate_stats = false;                // GpuModelOptions::gate_stats (--tune gate_stats=0|1)
   bool early_down = true;                 // GpuModelOptions::early_down (--tune early_down=0|1)
   bool early_next = false;                // GpuModelOptions::early_next (--tune early_next=0|1)
-  bool early_qk = true;                   // GpuModelOptions::early_qk (--tune early_qk=0|1)
+  bool early_qk = false;                  // GpuModelOptions::early_qk (--tune early_qk=0|1)
+  uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

@@ -121,8 +121,10 @@ struct GpuModelOptions {
   // Stage 2 without the barrier after stage 1 (models with a q LoRA): the q LoRA matvec and kv_a
   // open gates as their workgroups finish (matvec_q8.comp SIGNAL_GATE); W_qk (or q_b) loads its
   // weight blocks while they run and waits on the first, kv_write on the second (kv_write.comp
-  // WAIT_GATE). bench --tune early_qk=0|1.
-  bool early_qk = true;
+  // WAIT_GATE). Off: on the H100 it lost 6.5 % (GLM tg128 327.3 -> 306.3 at depth 0; W_qk's
+  // 9.4 MB stream slows the latency-bound q_a it waits for; PERFORMANCE.md session 11).
+  // bench --tune early_qk=0|1.
+  bool early_qk = false;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).
@@ -130,6 +132,10 @@ struct GpuModelOptions {
   // With early_vo: count the W_vo workgroups whose first poll found the gate closed (they ran
   // beside the attention) and all gated ones (GpuModel::early_start_counts). bench --tune gate_stats=1.
   bool gate_stats = false;
+  // Dependent integer steps between two polls of every gate (gate.glsl GATE_BACKOFF; 0: none).
+  // A process-wide shader define: set on the context's pipeline library by the constructor.
+  // bench --tune gate_backoff=N.
+  uint32_t gate_backoff = 0;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.

@@ -166,6 +166,7 @@ ShaderDefines PipelineLibrary::device_defines() const {
 
 const Pipeline& PipelineLibrary::get(const PipelineDesc& desc) {
   ShaderDefines defines = device_defines();
+  for (const auto& [k, v] : global_defines_) defines[k] = v;
   for (const auto& [k, v] : desc.defines) defines[k] = v;
   std::string key = desc.file;
   for (const auto& [k, v] : defines) key += cat(";", k, "=", v);

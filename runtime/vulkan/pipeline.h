@@ -83,6 +83,9 @@ class PipelineLibrary {
   // subgroup arithmetic works in compute), HAS_FLOAT16, HAS_INT8, HAS_INT_DOT (0/1).
   // Kernel wrappers read USE_SUBGROUP / SUBGROUP_SIZE from here to size their workgroups.
   ShaderDefines device_defines() const;
+  // A define every shader gets from now on, after the device's (a process-wide tuning knob, e.g.
+  // GATE_BACKOFF from bench --tune gate_backoff); pipelines made before keep theirs.
+  void set_global_define(const std::string& name, const std::string& value) { global_defines_[name] = value; }
   // The value of USE_SUBGROUP in device_defines().
   bool use_subgroup() const { return device_.enabled().subgroup_arithmetic && !no_subgroup_ops_; }
   // Writes the VkPipelineCache to disk now (also done by the destructor).
@@ -97,6 +100,7 @@ class PipelineLibrary {
   bool no_subgroup_ops_;
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
+  ShaderDefines global_defines_;
 };
 
 }  // namespace tessera::vk

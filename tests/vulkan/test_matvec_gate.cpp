@@ -254,6 +254,12 @@ TEST(MatvecGate, GateThatNeverOpensSetsTheErrorWord) {
   EXPECT_EQ(short_by_one.error, 1u);
   EXPECT_EQ(short_by_one.seen, 2u);
   EXPECT_EQ(run(g, c, dm->ref, xq8, y0, true, 0, 1000).error, 1u);
+  // The same with steps between the polls (gate.glsl GATE_BACKOFF, a process-wide define).
+  g.ctx->pipelines().set_global_define("GATE_BACKOFF", "16");
+  const GateRun backoff = run(g, c, dm->ref, xq8, y0, true, 2, 3);
+  g.ctx->pipelines().set_global_define("GATE_BACKOFF", "0");
+  EXPECT_EQ(backoff.error, 1u);
+  EXPECT_EQ(backoff.seen, 2u);
 }
 
 // The gate only where the kernel can take it: the int8 kernel with pre-quantized x, and few

@@ -37,6 +37,9 @@
 // each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
 // (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
 // plain loads ordered by the fence after the poll (the teams share them through L1).
+// PRELOAD_FIRST (0/1; staged x in one pass, subgroups, one column, no gate): the WAIT_GATE
+// path's order without the wait: each lane's weight blocks are loaded before x is staged, so their
+// DRAM latency overlaps the staging (q_a / kv_a: one row per subgroup, two blocks per lane).
 // SIGNAL_GATE (0/1; one column): the producer's side of a gate (gate.glsl gate_signal): each
 // workgroup that has rows adds 1 to word SIGNAL_WORD of binding 11 after its y rows are stored
 // (e.g. q_a opening W_qk's gate); the word reaches the dispatch's workgroups with rows.
@@ -54,6 +57,9 @@
 #endif
 #ifndef SIGNAL_GATE
 #define SIGNAL_GATE 0
+#endif
+#ifndef PRELOAD_FIRST
+#define PRELOAD_FIRST 0
 #endif
 #if SIGNAL_GATE && NUM_COLS != 1
 #error "matvec_q8.comp: SIGNAL_GATE takes one column"
@@ -139,6 +145,9 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #endif
 #if KSPLIT > 1 && (!USE_SUBGROUP || NUM_COLS != 1)
 #error "matvec_q8.comp: KSPLIT > 1 needs subgroups and one column"
+#endif
+#if PRELOAD_FIRST && (WAIT_GATE || X_Q8 || !USE_SUBGROUP || NUM_COLS != 1 || KSPLIT != 1)
+#error "matvec_q8.comp: PRELOAD_FIRST is the ungated staged path, subgroups, one column, KSPLIT 1"
 #endif
 #if WAIT_GATE && !X_Q8 && KSPLIT != 1
 #error "matvec_q8.comp: WAIT_GATE on staged x takes KSPLIT 1"
@@ -316,12 +325,16 @@ void pass_dot(uint row, uint nvalid, uint nb, uint kb, uint kn, uint lane, uint 
   }
 }
 
-#if WAIT_GATE
-// The staged path with the gate (one column, one pass: KCHUNK >= the row's blocks): the lane's
-// weight blocks (lane + j * nlanes, j < PRELOAD) loaded first, then the gate, then x staged (its
-// sum of squares gathered) and the dot products, in pass_dot's order: the same bits.
-void gated_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS],
-                      inout float ss[NUM_COLS]) {
+#if WAIT_GATE || PRELOAD_FIRST
+#if PRELOAD_FIRST
+shared uint preload_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; keeps the weight loads ahead of the barrier
+#endif
+// The staged path with the weights loaded first (one column, one pass: KCHUNK >= the row's
+// blocks): the lane's weight blocks (lane + j * nlanes, j < PRELOAD) loaded first; then, with the
+// gate, the wait and x staged; with PRELOAD_FIRST (no gate), x staged while they are in flight.
+// Then the dot products, in pass_dot's order: the same bits.
+void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS],
+                          inout float ss[NUM_COLS]) {
   Q8W w[NUM_ROWS][PRELOAD];
   uint dep = 0u;
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
@@ -331,8 +344,15 @@ void gated_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, in
       dep |= w[r][j].a.x ^ w[r][j].b.w;
     }
   }
+#if WAIT_GATE
   wait_gate(dep);
   stage_pass(0u, nb, ss);
+#else
+  stage_pass(0u, nb, ss);
+  // The loads are used before the barrier (a zero store: the high half of flags is zero), so the
+  // compiler cannot sink them past the staging.
+  if (subgroupElect()) preload_dep[gl_SubgroupID] = subgroupOr(dep) & (args.flags & 0xFFFF0000u);
+#endif
   barrier();
   [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
     const uint b = lane + j * nlanes;
@@ -397,8 +417,8 @@ void main() {
   }
 #if WAIT_GATE && X_Q8
   gated_dot(row, nvalid, nb, lane, nlanes, row0, row_end, acc);
-#elif WAIT_GATE
-  gated_staged_dot(row, nvalid, nb, lane, nlanes, acc, scale);
+#elif WAIT_GATE || PRELOAD_FIRST
+  preloaded_staged_dot(row, nvalid, nb, lane, nlanes, acc, scale);
 #elif X_Q8
   global_dot(row, nvalid, nb, lane, nlanes, acc);
 #else

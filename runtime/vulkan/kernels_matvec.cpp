@@ -285,6 +285,16 @@ void MatvecOp::record(CommandRecorder& rec) const {
       }
       if (v.xq8 && gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
+    // Weights loaded before the staging (no gate; one pass; at most two blocks per lane: more
+    // held across the staging cost occupancy, PERFORMANCE.md session 5).
+    if (tuning.preload_first && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
+      const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});
+      if (nrows * preload <= 2) {
+        desc.defines["PRELOAD_FIRST"] = "1";
+        desc.defines["PRELOAD"] = std::to_string(preload);
+        desc.name += ".pre";
+      }
+    }
     if (v.signals) {
       desc.defines["SIGNAL_GATE"] = "1";
       desc.defines["SIGNAL_WORD"] = std::to_string(signal_word);

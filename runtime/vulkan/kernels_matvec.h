@@ -52,6 +52,9 @@ struct MatvecTuning {
   // (matvec_q8.comp GATE_X: 0 each lane coherent from L2, 1 copied once per workgroup into shared
   // memory, 2 each lane plain); 0: auto (plain, kernels_matvec.cpp kAutoGateX).
   uint32_t gate_x = 0;
+  // Decode, staged x in one pass, one subgroup per row: 1 loads each lane's weight blocks before
+  // x is staged (matvec_q8.comp PRELOAD_FIRST) where a lane holds at most two (q_a / kv_a); 0 off.
+  uint32_t preload_first = 0;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

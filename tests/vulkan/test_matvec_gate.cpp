@@ -6,6 +6,7 @@
 // a gate that never opens sets the error word; and record() refuses the gate where the kernel
 // cannot take it.
 #include <random>
+#include <tuple>
 
 #include "runtime/vulkan/kernels_matvec.h"
 #include "tests/vulkan/vk_test_util.h"
@@ -236,6 +237,52 @@ TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
       for (size_t i = 0; i < ys[0][k].size(); ++i) ASSERT_EQ(ys[0][k][i], ys[1][k][i]) << "output " << k << " row " << i;
   }
   EXPECT_GE(ran, 2u) << "too few chains took the gate";
+}
+
+// The ungated staged path with the weights loaded before the staging (MatvecTuning::preload_first,
+// matvec_q8.comp PRELOAD_FIRST): the bits of the default order, for every int8 type, rows not a
+// multiple of the workgroup and rows of fewer blocks than a subgroup has lanes.
+TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!g.ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroups";
+  const uint32_t sg = g.ctx->info().subgroup_size;
+  uint32_t ran = 0;
+  for (const auto& [type, rows, cols] : {std::tuple{GgmlType::Q4_0, 77u, 32 * (2 * sg - 3)}, std::tuple{GgmlType::Q8_0, 16u, 32 * sg},
+                                         std::tuple{GgmlType::Q4_K, 35u, 256u}, std::tuple{GgmlType::Q6_K, 3u, 512u},
+                                         std::tuple{GgmlType::Q4_0, 19u, 96u}}) {
+    SCOPED_TRACE(cat(type_name(type), " ", rows, "x", cols));
+    if (!vk::q8_activations_type(*g.ctx, type) || cols > 64 * sg) continue;
+    std::mt19937 rng(rows * 31 + cols);
+    auto dm = vktest::upload_matrix(g, type, rows, cols, vktest::random_matrix(rng, type, rows, cols));
+    const std::vector<float> xv = vktest::random_values(rng, cols), nv = vktest::random_values(rng, cols);
+    vk::Buffer x = vktest::make_buffer(g, cols * 4ull, "x"), nw = vktest::make_buffer(g, cols * 4ull, "norm");
+    vktest::upload_bytes(g, x, xv.data(), xv.size() * 4);
+    vktest::upload_bytes(g, nw, nv.data(), nv.size() * 4);
+    std::vector<float> y[2];
+    for (uint32_t pre : {0u, 1u}) {
+      vk::Buffer yb = vktest::make_buffer(g, rows * 4ull, "y");
+      vktest::poison(g, yb);
+      vk::MatvecOp op;
+      op.w = dm->ref;
+      op.x = x.whole();
+      op.y = yb.whole();
+      op.norm_weight = nw.whole();
+      op.tuning.preload_first = pre;
+      vk::CommandRecorder rec(*g.ctx);
+      rec.begin();
+      op.record(rec);
+      rec.end();
+      rec.run();
+      y[pre] = vktest::download_floats(g, yb, rows);
+    }
+    ++ran;
+    for (uint32_t i = 0; i < rows; ++i) ASSERT_EQ(y[0][i], y[1][i]) << "row " << i;
+  }
+  EXPECT_GE(ran, 3u);
+  bool built = false;  // the variant was made (its pipeline's name ends in ".pre")
+  for (const vk::Pipeline* p : g.ctx->pipelines().all()) built = built || p->name().ends_with(".pre");
+  EXPECT_TRUE(built);
 }
 
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode

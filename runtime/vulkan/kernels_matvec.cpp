@@ -287,7 +287,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     }
     // Weights loaded before the staging (no gate; one pass; at most two blocks per lane: more
     // held across the staging cost occupancy, PERFORMANCE.md session 5).
-    if (tuning.preload_first && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
+    if (tuning.preload_first != 1 && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
       const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});
       if (nrows * preload <= 2) {
         desc.defines["PRELOAD_FIRST"] = "1";

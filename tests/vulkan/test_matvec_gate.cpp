@@ -268,7 +268,7 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
       op.x = x.whole();
       op.y = yb.whole();
       op.norm_weight = nw.whole();
-      op.tuning.preload_first = pre;
+      op.tuning.preload_first = pre ? 2u : 1u;  // on / off
       vk::CommandRecorder rec(*g.ctx);
       rec.begin();
       op.record(rec);

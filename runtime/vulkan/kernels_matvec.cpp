@@ -18,6 +18,9 @@ constexpr uint64_t kQ8StageBytes = 36864;      // int8 path: shared memory for t
 // into shared memory (GATE_X 1) and 232 with coherent per-lane loads (GATE_X 0, which go to the
 // L2 16 times per block); PERFORMANCE.md session 10.
 constexpr uint32_t kAutoGateX = 2;
+// The most weight blocks per lane the staged decode kernel loads before staging x by default
+// (MatvecTuning::preload_blocks): q_a / kv_a (one row per subgroup, 2 blocks).
+constexpr uint32_t kAutoPreloadBlocks = 2;
 
 // matvec_q8.comp GATE_X of a tuning (MatvecTuning::gate_x is that plus one; 0: kAutoGateX).
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
@@ -285,11 +288,12 @@ void MatvecOp::record(CommandRecorder& rec) const {
       }
       if (v.xq8 && gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
-    // Weights loaded before the staging (no gate; one pass; at most two blocks per lane: more
-    // held across the staging cost occupancy, PERFORMANCE.md session 5).
-    if (tuning.preload_first != 1 && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
+    // Weights loaded before the staging (no gate; one pass; by default at most two blocks per
+    // lane: more held across the staging cost occupancy, PERFORMANCE.md session 5).
+    const int32_t most_held = tuning.preload_blocks < 0 ? int32_t(kAutoPreloadBlocks) : tuning.preload_blocks;
+    if (most_held > 0 && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
       const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});
-      if (nrows * preload <= 2) {
+      if (nrows * preload <= uint32_t(most_held) && preload <= kMaxGatePreload) {
         desc.defines["PRELOAD_FIRST"] = "1";
         desc.defines["PRELOAD"] = std::to_string(preload);
         desc.name += ".pre";

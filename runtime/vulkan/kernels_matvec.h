@@ -52,10 +52,11 @@ struct MatvecTuning {
   // (matvec_q8.comp GATE_X: 0 each lane coherent from L2, 1 copied once per workgroup into shared
   // memory, 2 each lane plain); 0: auto (plain, kernels_matvec.cpp kAutoGateX).
   uint32_t gate_x = 0;
-  // Decode, staged x in one pass, one subgroup per row: each lane's weight blocks loaded before x
-  // is staged (matvec_q8.comp PRELOAD_FIRST) where a lane holds at most two (q_a / kv_a). 0 auto
-  // (on: H100, GLM tg128 +1.3-2.5 % at depth 0; PERFORMANCE.md session 11), 1 off, 2 on.
-  uint32_t preload_first = 0;
+  // Decode, staged x in one pass: each lane's weight blocks loaded before x is staged
+  // (matvec_q8.comp PRELOAD_FIRST) where a lane holds at most this many (rows x blocks); 0 off;
+  // -1 auto: 2 (q_a / kv_a; H100, GLM tg128 +1.3-2.5 % at depth 0, H200 +3.5-5 %; PERFORMANCE.md
+  // session 11).
+  int32_t preload_blocks = -1;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

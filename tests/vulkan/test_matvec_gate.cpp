@@ -239,9 +239,10 @@ TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
   EXPECT_GE(ran, 2u) << "too few chains took the gate";
 }
 
-// The ungated staged path with the weights loaded before the staging (MatvecTuning::preload_first,
+// The ungated staged path with the weights loaded before the staging (MatvecTuning::preload_blocks,
 // matvec_q8.comp PRELOAD_FIRST): the bits of the default order, for every int8 type, rows not a
-// multiple of the workgroup and rows of fewer blocks than a subgroup has lanes.
+// multiple of the workgroup, rows of fewer blocks than a subgroup has lanes, several rows per
+// subgroup (W_qk's split).
 TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -250,7 +251,7 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
   uint32_t ran = 0;
   for (const auto& [type, rows, cols] : {std::tuple{GgmlType::Q4_0, 77u, 32 * (2 * sg - 3)}, std::tuple{GgmlType::Q8_0, 16u, 32 * sg},
                                          std::tuple{GgmlType::Q4_K, 35u, 256u}, std::tuple{GgmlType::Q6_K, 3u, 512u},
-                                         std::tuple{GgmlType::Q4_0, 19u, 96u}}) {
+                                         std::tuple{GgmlType::Q4_0, 19u, 96u}, std::tuple{GgmlType::Q8_0, 3000u, 96u}}) {
     SCOPED_TRACE(cat(type_name(type), " ", rows, "x", cols));
     if (!vk::q8_activations_type(*g.ctx, type) || cols > 64 * sg) continue;
     std::mt19937 rng(rows * 31 + cols);
@@ -268,7 +269,7 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
       op.x = x.whole();
       op.y = yb.whole();
       op.norm_weight = nw.whole();
-      op.tuning.preload_first = pre ? 2u : 1u;  // on / off
+      op.tuning.preload_blocks = pre ? 8 : 0;  // every case / off
       vk::CommandRecorder rec(*g.ctx);
       rec.begin();
       op.record(rec);

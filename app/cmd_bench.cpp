@@ -56,7 +56,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
   vk::MatvecTuning& mv = o.matvec;
   vk::MoeTuning& moe = o.moe;
   parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down, step_local, early_vo, gate_x, gate_stats, early_down, early_next, early_qk, gate_backoff, matvec_preload",
+              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down, step_local, early_vo, gate_x, gate_stats, early_down, early_next, early_qk, gate_backoff, matvec_preload, gate_late",
               [&](const std::string& k, uint32_t v) {
     if (k == "matvec_teams") mv.teams = v;
     else if (k == "matvec_rows") mv.rows = v;
@@ -84,6 +84,7 @@ void parse_tune(const std::string& text, model::BenchOptions& o) {
     else if (k == "early_qk" && v <= 1) o.early_qk = v != 0;
     else if (k == "gate_backoff" && v <= 4096) o.gate_backoff = v;
     else if (k == "matvec_preload" && v <= 8) o.matvec.preload_blocks = int32_t(v);
+    else if (k == "gate_late" && v <= 1) o.matvec.gate_late = v;
     else if (k == "early_vo") usage_error("--tune: early_vo=", v, " is not 0 (a barrier before W_vo) or 1 (W_vo started early)");
     else if (k == "dense_down") usage_error("--tune: dense_down=", v, " is not 0 (moe_down's dense form) or 1 (the int8 matvec)");
     else if (k == "head_q8") usage_error("--tune: head_q8=", v, " is not 0 (the LM head quantizes its input) or 1 (the output norm's int8 blocks)");
@@ -163,7 +164,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--tune", a->tune,
                  "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
                  "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), step_local=0|1 (1, default: the layers read a device copy of the per-token words), early_vo=0|1 (1, default: W_vo starts beside the attention and waits on its gate), early_down=0|1 (1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane), early_next=0|1 (1: the next layer's q_a / kv_a start beside the down; default 0), early_qk=0|1 (1: W_qk / q_b and kv_write start beside q_a / kv_a; default 0), gate_backoff=N (integer steps between two polls of a gate, <= 4096; default 0), matvec_preload=N (staged decode matvecs holding at most N weight blocks per lane load them before staging x; 0 off; default 2: q_a / kv_a), gate_x=0..3 (how the early W_vo reads olat after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto = 3), barrier=0|1|2 (the barrier "
+                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), step_local=0|1 (1, default: the layers read a device copy of the per-token words), early_vo=0|1 (1, default: W_vo starts beside the attention and waits on its gate), early_down=0|1 (1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane), early_next=0|1 (1: the next layer's q_a / kv_a start beside the down; default 0), early_qk=0|1 (1: W_qk / q_b and kv_write start beside q_a / kv_a; default 0), gate_backoff=N (integer steps between two polls of a gate, <= 4096; default 0), gate_late=0|1 (1: gated matvecs wait first and load nothing ahead; default 0), matvec_preload=N (staged decode matvecs holding at most N weight blocks per lane load them before staging x; 0 off; default 2: q_a / kv_a), gate_x=0..3 (how the early W_vo reads olat after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto = 3), barrier=0|1|2 (the barrier "
                  "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");

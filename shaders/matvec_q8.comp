@@ -37,6 +37,8 @@
 // each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
 // (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
 // plain loads ordered by the fence after the poll (the teams share them through L1).
+// GATE_LATE (0/1; with WAIT_GATE): the wait comes first and nothing is loaded ahead of it; then
+// the ungated kernel runs (the barrier's relaunch saved, no weight stream beside the producer).
 // PRELOAD_FIRST (0/1; staged x in one pass, subgroups, one column, no gate): the WAIT_GATE
 // path's order without the wait: each lane's weight blocks are loaded before x is staged, so their
 // DRAM latency overlaps the staging (q_a / kv_a: one row per subgroup, two blocks per lane).
@@ -60,6 +62,9 @@
 #endif
 #ifndef PRELOAD_FIRST
 #define PRELOAD_FIRST 0
+#endif
+#ifndef GATE_LATE
+#define GATE_LATE 0
 #endif
 #if SIGNAL_GATE && NUM_COLS != 1
 #error "matvec_q8.comp: SIGNAL_GATE takes one column"
@@ -163,7 +168,7 @@ layout(push_constant) uniform Push { MatvecArgs args; };
 #error "matvec_q8.comp: the router fold takes one column"
 #endif
 #define RF_ROWS ROWS_PER_WG
-#define RF_PRELOAD WAIT_GATE
+#define RF_PRELOAD (WAIT_GATE && !GATE_LATE)
 #include "router_partial.glsl"
 #endif
 
@@ -223,7 +228,7 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
     }
   }
 }
-#if WAIT_GATE
+#if WAIT_GATE && !GATE_LATE
 // global_dot with the lane's weight blocks loaded before the gate opens (row `row + r` clamped to
 // a valid one, blocks past the row repeating its last; neither is added).
 shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (TS_MATVEC_ACCUMULATE)
@@ -368,7 +373,7 @@ void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes
 // y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
 void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
-#if WAIT_GATE && X_Q8
+#if WAIT_GATE && X_Q8 && !GATE_LATE
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? gate_y[row - row0] + v : v;  // one column
 #else
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
@@ -415,9 +420,12 @@ void main() {
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) acc[r][c] = 0.0;
   }
-#if WAIT_GATE && X_Q8
+#if WAIT_GATE && GATE_LATE
+  wait_gate(0u);  // nothing loaded ahead: the wait, then the ungated kernel
+#endif
+#if WAIT_GATE && X_Q8 && !GATE_LATE
   gated_dot(row, nvalid, nb, lane, nlanes, row0, row_end, acc);
-#elif WAIT_GATE || PRELOAD_FIRST
+#elif (WAIT_GATE && !GATE_LATE) || PRELOAD_FIRST
   preloaded_staged_dot(row, nvalid, nb, lane, nlanes, acc, scale);
 #elif X_Q8
   global_dot(row, nvalid, nb, lane, nlanes, acc);

@@ -281,6 +281,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["GATE_WORD"] = std::to_string(gate.word);
       const uint32_t gx = gate_x_of(tuning);
       desc.defines["GATE_X"] = std::to_string(gx);
+      if (tuning.gate_late) {
+        desc.defines["GATE_LATE"] = "1";
+        desc.name += ".late";
+      }
       if (gate_stats.buffer) {
         desc.defines["GATE_STATS"] = "1";
         const DeviceFeatures& f = ctx.device().enabled();

@@ -52,6 +52,9 @@ struct MatvecTuning {
   // (matvec_q8.comp GATE_X: 0 each lane coherent from L2, 1 copied once per workgroup into shared
   // memory, 2 each lane plain); 0: auto (plain, kernels_matvec.cpp kAutoGateX).
   uint32_t gate_x = 0;
+  // Early start: 1 waits first and loads nothing ahead (matvec_q8.comp GATE_LATE: the barrier's
+  // relaunch saved without a weight stream beside the producer); 0 loads the weights first.
+  uint32_t gate_late = 0;
   // Decode, staged x in one pass: each lane's weight blocks loaded before x is staged
   // (matvec_q8.comp PRELOAD_FIRST) where a lane holds at most this many (rows x blocks); 0 off;
   // -1 auto: 2 (q_a / kv_a; H100, GLM tg128 +1.3-2.5 % at depth 0, H200 +3.5-5 %; PERFORMANCE.md

@@ -264,11 +264,13 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny", "q4_0", "all");
   TsrFile tsr = TsrFile::open(f.tsr);
-  std::vector<float> logits[2];
-  std::vector<int32_t> tokens[2];
-  uint32_t barriers[2] = {}, layers = 0;
-  for (bool early : {false, true}) {
+  std::vector<float> logits[3];
+  std::vector<int32_t> tokens[3];
+  uint32_t barriers[3] = {}, layers = 0;
+  for (int variant : {0, 1, 2}) {  // barriers; early starts; early starts that wait first (gate_late)
+    const bool early = variant > 0;
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.matvec.gate_late = variant == 2 ? 1u : 0u;
     o.early_vo = early;
     o.early_down = early;
     o.early_next = early;  // off by default: tested here
@@ -278,10 +280,10 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     o.attention.mid_max_kv = 9;
     o.attention.mid_groups = 3;
     model::GpuModel m(context(), tsr, o);
-    barriers[early] = m.stats().barriers;
+    barriers[variant] = m.stats().barriers;
     layers = m.stats().layers;
-    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
-    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+    logits[variant] = m.forward(prompt(m.n_vocab(), 5), false);
+    for (int i = 0; i < 12; ++i) tokens[variant].push_back(m.decode_step());
     // No wait gave up (a gate whose target its producer never reaches: the model would have
     // fallen back to barriers, with the same logits).
     EXPECT_EQ(m.early_starts(), early);
@@ -300,8 +302,11 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     moe_then_layer += cfg.is_moe(l) && l + 1 < cfg.n_layer ? 1 : 0;
   }
   EXPECT_EQ(barriers[0] - barriers[1], 2 * layers + moe_layers + moe_then_layer);
-  EXPECT_EQ(logits[0], logits[1]);
-  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(barriers[2], barriers[1]);
+  for (int v : {1, 2}) {
+    EXPECT_EQ(logits[0], logits[v]) << "variant " << v;
+    EXPECT_EQ(tokens[0], tokens[v]) << "variant " << v;
+  }
 }
 
 // A wait that gives up (here forced: W_vo's gate target one above what the attention counts) makes

@@ -23,11 +23,12 @@ struct GateCase {
   bool accumulate = true;
   uint32_t gate_x = 0;  // MatvecTuning::gate_x
   bool staged = false;  // x as floats, staged with the fused norm (the next layer's q_a / kv_a), not x_q8
+  bool late = false;    // MatvecTuning::gate_late: the wait first, nothing loaded ahead
 };
 
 std::string describe(const GateCase& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
-             c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "");
+             c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "", c.late ? " late" : "");
 }
 
 struct GateRun {
@@ -68,6 +69,7 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   op.tuning.ksplit = c.ksplit;
   op.tuning.rows = c.nrows;
   op.tuning.gate_x = c.gate_x;
+  op.tuning.gate_late = c.late ? 1u : 0u;
   if (gated) {
     op.gate = {gate.whole(), 0, target, err.whole()};
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".gate"), std::string::npos) << describe(c);
@@ -126,9 +128,10 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
   };
   uint32_t seed = 7, ran = 0, ran_staged = 0;
   for (const GateCase& base : cases) {
-    for (uint32_t gx : {0u, 1u, 2u, 3u}) {  // auto, coherent per lane, staged, plain per lane
+    for (uint32_t gx : {0u, 1u, 2u, 3u, 4u}) {  // auto, coherent per lane, staged, plain per lane; late
       GateCase c = base;
-      c.gate_x = gx;
+      c.gate_x = gx % 4;
+      c.late = gx == 4;
       SCOPED_TRACE(describe(c));
       if (!vk::q8_activations_type(*g.ctx, c.type)) continue;
       std::unique_ptr<vktest::DeviceMatrix> dm;
@@ -144,8 +147,8 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
       for (size_t i = 0; i < plain.y.size(); ++i) ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
     }
   }
-  EXPECT_GE(ran, 16u) << "too few cases took the gate";
-  EXPECT_GE(ran_staged, 8u) << "too few staged cases took the gate";
+  EXPECT_GE(ran, 20u) << "too few cases took the gate";
+  EXPECT_GE(ran_staged, 10u) << "too few staged cases took the gate";
 }
 
 // The producer's side (MatvecOp::signal, matvec_q8.comp SIGNAL_GATE): q_a opening W_qk's gate.

@@ -24,8 +24,9 @@
 layout(local_size_x = WG) in;
 
 #if WAIT_GATE
-// Written by kv_a while this dispatch starts: coherent (no stale L1 lines).
-layout(std430, binding = 0) coherent readonly buffer KvIn { float kv[]; };  // R + Dr
+// Written by kv_a while this dispatch starts; plain loads after the wait's fence: no SM has read
+// kv's lines since the last barrier (coherent loads are slow on the H100).
+layout(std430, binding = 0) readonly buffer KvIn { float kv[]; };  // R + Dr
 layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error[]; };
 #define WG_SIZE WG

@@ -33,10 +33,12 @@
 // lane + j * nlanes, j < PRELOAD), then invocation 0 polls the gate until it reaches GATE_TARGET
 // (a wait of more than kGateSpins polls gives up and sets the error word: a device that did not
 // run the producer beside this dispatch), and only then is x read (staged x: in one pass, KSPLIT
-// 1, coherent loads). The sums run in the same order as without the gate: the same bits. GATE_X: how x's blocks are read after the gate: 0
-// each lane its own, coherent (L2); 1 the workgroup copies them once into shared memory
-// (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2 (default) each lane its own,
-// plain loads ordered by the fence after the poll (the teams share them through L1).
+// 1). The sums run in the same order as without the gate: the same bits. GATE_X: how x's int8
+// blocks are read after the gate: 0 each lane its own, coherent (L2); 1 the workgroup copies them
+// once into shared memory (coherent; Q8_BLOCKS >= the row's blocks), the teams read that; 2
+// (default) each lane its own, plain loads ordered by the fence after the poll (the teams share
+// them through L1). Staged x: 2 plain loads (right where no SM has read x's lines since the last
+// barrier: q_a's output for W_qk), 0 / 1 coherent loads (the MoE down's x for the next q_a).
 // GATE_LATE (0/1; with WAIT_GATE): the wait comes first and nothing is loaded ahead of it; then
 // the ungated kernel runs (the barrier's relaunch saved, no weight stream beside the producer).
 // PRELOAD_FIRST (0/1; staged x in one pass, subgroups, one column, no gate): the WAIT_GATE
@@ -108,9 +110,10 @@ layout(std430, binding = 2) coherent readonly restrict buffer XQ8 { uvec4 xq[]; 
 #else
 layout(std430, binding = 2) readonly restrict buffer XQ8 { uvec4 xq[]; };
 #endif
-#elif WAIT_GATE
-// Written by the producer while this dispatch runs, and read by it into L1 on the same SMs (the
-// MoE down keeps the old x rows): coherent.
+#elif WAIT_GATE && GATE_X != 2
+// Written by the producer while this dispatch runs, whose sectors other SMs may hold in L1 (the
+// MoE down reads its old x rows, 32-byte sectors spanning other workgroups' rows): coherent.
+// Coherent loads are slow on the H100 (PERFORMANCE.md session 11: W_qk gated with them lost 9 %).
 layout(std430, binding = 2) coherent readonly restrict buffer XBuf { float x[]; };
 layout(std430, binding = 2) coherent readonly restrict buffer XBuf4 { vec4 x4[]; };
 #else

@@ -141,6 +141,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     for (const Stage1& s : s1) {
       s1_ops.push_back(matvec_op(s.name, w.x.whole(), s.y, attn_norm, false));
       s1_ops.back().gate = x_gate;
+      // x from the MoE down: other SMs' L1 may hold its sectors (the down read its old rows), so
+      // coherent loads (matvec_q8.comp GATE_X 0) unless --tune gate_x says otherwise.
+      if (x_gate.enabled() && !options_.matvec.gate_x) s1_ops.back().tuning.gate_x = 1;
       early_qk = early_qk && s1_ops.back().signal_supported(ctx_);
     }
     for (size_t i = 0; i < s1.size(); ++i) {

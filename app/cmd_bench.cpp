@@ -50,52 +50,81 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
   }
 }
 
-// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset): the decode kernels'
-// work split, for tuning runs.
+// One --tune knob: its key, the largest value it takes, what the values mean (the help text and
+// errors show it), and where the value goes. Work splits take 0 for automatic; the ops check the
+// finer rules (e.g. matvec_unroll 2 or 4) when they record.
+struct TuneKnob {
+  const char* key;
+  uint32_t most;
+  const char* meaning;
+  void (*set)(model::BenchOptions&, uint32_t);
+};
+
+using O = model::BenchOptions;
+const TuneKnob kTuneKnobs[] = {
+    {"matvec_teams", 16, "subgroups per workgroup of the one-vector int8 matvec", [](O& o, uint32_t v) { o.matvec.teams = v; }},
+    {"matvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.rows = v; }},
+    {"matvec_unroll", 4, "weight blocks per lane and loop iteration, 2 or 4", [](O& o, uint32_t v) { o.matvec.blocks_per_iter = v; }},
+    {"matvec_ksplit", 4, "subgroups per long row, 1, 2 or 4", [](O& o, uint32_t v) { o.matvec.ksplit = v; }},
+    {"matvec_preload", 8,
+     "staged decode matvecs holding at most N weight blocks per lane load them before staging x; 0 off; default 2 (q_a / kv_a)",
+     [](O& o, uint32_t v) { o.matvec.preload_blocks = int32_t(v); }},
+    {"pmatvec_teams", 16, "subgroups per workgroup of the prefill matvec", [](O& o, uint32_t v) { o.matvec.batch_teams = v; }},
+    {"pmatvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.batch_rows = v; }},
+    {"gateup_teams", 32, "subgroups per int8 gate-up workgroup", [](O& o, uint32_t v) { o.moe.q8_gateup_teams = v; }},
+    {"down_rows", 64, "rows per int8 down workgroup", [](O& o, uint32_t v) { o.moe.q8_down_rows = v; }},
+    {"gateup_overlap", 1, "1, default: the router fold's gate-up reads input, sums and bias in one phase",
+     [](O& o, uint32_t v) { o.moe.q8_fold_overlap = v ? 1u : 2u; }},
+    {"prefetch", model::kPrefetchAll, "L2 prefetch bits: 1 W_vo, 2 router + shared expert, 4 W_qk",
+     [](O& o, uint32_t v) { o.prefetch = v; }},
+    {"router", 1, "0: the router's own dispatch instead of the router fold", [](O& o, uint32_t v) { o.fused_router = v != 0; }},
+    {"olat_q8", 1, "0: W_vo quantizes olat itself; default 1", [](O& o, uint32_t v) { o.olat_q8 = v != 0; }},
+    {"moe_fused", 1, "1: the MoE down fused into the gate-up", [](O& o, uint32_t v) { o.fused_down = v != 0; }},
+    {"head_q8", 1, "1: the LM head reads the output norm's int8 blocks", [](O& o, uint32_t v) { o.head_q8 = v != 0; }},
+    {"dense_down", 1, "1, default: the dense FFN's down as the int8 matvec", [](O& o, uint32_t v) { o.dense_down_matvec = v != 0; }},
+    {"step_local", 1, "1, default: the layers read a device copy of the per-token words",
+     [](O& o, uint32_t v) { o.step_local = v != 0; }},
+    {"early_vo", 1, "1, default: W_vo starts beside the attention and waits on its gate", [](O& o, uint32_t v) { o.early_vo = v != 0; }},
+    {"early_down", 1, "1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane",
+     [](O& o, uint32_t v) { o.early_down = v != 0; }},
+    {"early_next", 1, "1: the next layer's q_a / kv_a start beside the down; default 0", [](O& o, uint32_t v) { o.early_next = v != 0; }},
+    {"early_qk", 1, "1: W_qk / q_b and kv_write start beside q_a / kv_a; default 0", [](O& o, uint32_t v) { o.early_qk = v != 0; }},
+    {"gate_x", 3, "how a gated matvec reads x after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto (3)",
+     [](O& o, uint32_t v) { o.matvec.gate_x = v; }},
+    {"gate_late", 1, "1: gated matvecs wait first and load nothing ahead; default 0", [](O& o, uint32_t v) { o.matvec.gate_late = v; }},
+    {"gate_backoff", 4096, "integer steps between two polls of a gate; default 0", [](O& o, uint32_t v) { o.gate_backoff = v; }},
+    {"gate_stats", 1, "1: count and time the early W_vo's waits", [](O& o, uint32_t v) { o.gate_stats = v != 0; }},
+    {"barrier", 2, "the barrier scope of the decode step and prefill: 0 full, 1 compute, 2 compute only (default)",
+     [](O& o, uint32_t v) { o.barrier_scope = static_cast<vk::BarrierScope>(v); }},
+};
+
+// The knobs' keys, comma-separated (errors), and "key=0..N (meaning)" for each (--help).
+std::string tune_keys() {
+  std::string k;
+  for (const TuneKnob& t : kTuneKnobs) k += (k.empty() ? "" : ", ") + std::string(t.key);
+  return k;
+}
+std::string tune_help() {
+  std::string h = "Kernels' work splits and decode-step choices, for tuning; KEY=N,... (any subset): ";
+  bool first = true;
+  for (const TuneKnob& t : kTuneKnobs) {
+    h += cat(first ? "" : "; ", t.key, "=0..", t.most, " (", t.meaning, ")");
+    first = false;
+  }
+  return h;
+}
+
+// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset; kTuneKnobs) -> o.
 void parse_tune(const std::string& text, model::BenchOptions& o) {
-  vk::MatvecTuning& mv = o.matvec;
-  vk::MoeTuning& moe = o.moe;
-  parse_knobs(text, "--tune",
-              "matvec_teams, matvec_rows, matvec_unroll, matvec_ksplit, pmatvec_teams, pmatvec_rows, gateup_teams, down_rows, gateup_overlap, prefetch, router, barrier, olat_q8, moe_fused, head_q8, dense_down, step_local, early_vo, gate_x, gate_stats, early_down, early_next, early_qk, gate_backoff, matvec_preload, gate_late",
-              [&](const std::string& k, uint32_t v) {
-    if (k == "matvec_teams") mv.teams = v;
-    else if (k == "matvec_rows") mv.rows = v;
-    else if (k == "matvec_unroll") mv.blocks_per_iter = v;
-    else if (k == "matvec_ksplit") mv.ksplit = v;
-    else if (k == "pmatvec_teams") mv.batch_teams = v;
-    else if (k == "pmatvec_rows") mv.batch_rows = v;
-    else if (k == "gateup_teams") moe.q8_gateup_teams = v;
-    else if (k == "down_rows") moe.q8_down_rows = v;
-    else if (k == "gateup_overlap" && v <= 1) moe.q8_fold_overlap = v ? 1u : 2u;
-    else if (k == "gateup_overlap") usage_error("--tune: gateup_overlap=", v, " is not 0 or 1");
-    else if (k == "prefetch" && v <= model::kPrefetchAll) o.prefetch = v;
-    else if (k == "router" && v <= 1) o.fused_router = v != 0;
-    else if (k == "olat_q8" && v <= 1) o.olat_q8 = v != 0;
-    else if (k == "moe_fused" && v <= 1) o.fused_down = v != 0;
-    else if (k == "head_q8" && v <= 1) o.head_q8 = v != 0;
-    else if (k == "dense_down" && v <= 1) o.dense_down_matvec = v != 0;
-    else if (k == "step_local" && v <= 1) o.step_local = v != 0;
-    else if (k == "step_local") usage_error("--tune: step_local=", v, " is not 0 (layers read the host step buffer) or 1 (a device copy)");
-    else if (k == "early_vo" && v <= 1) o.early_vo = v != 0;
-    else if (k == "gate_x") o.matvec.gate_x = v;
-    else if (k == "gate_stats" && v <= 1) o.gate_stats = v != 0;
-    else if (k == "early_down" && v <= 1) o.early_down = v != 0;
-    else if (k == "early_next" && v <= 1) o.early_next = v != 0;
-    else if (k == "early_qk" && v <= 1) o.early_qk = v != 0;
-    else if (k == "gate_backoff" && v <= 4096) o.gate_backoff = v;
-    else if (k == "matvec_preload" && v <= 8) o.matvec.preload_blocks = int32_t(v);
-    else if (k == "gate_late" && v <= 1) o.matvec.gate_late = v;
-    else if (k == "early_vo") usage_error("--tune: early_vo=", v, " is not 0 (a barrier before W_vo) or 1 (W_vo started early)");
-    else if (k == "dense_down") usage_error("--tune: dense_down=", v, " is not 0 (moe_down's dense form) or 1 (the int8 matvec)");
-    else if (k == "head_q8") usage_error("--tune: head_q8=", v, " is not 0 (the LM head quantizes its input) or 1 (the output norm's int8 blocks)");
-    else if (k == "moe_fused") usage_error("--tune: moe_fused=", v, " is not 0 (the down's own dispatch) or 1 (the down fused into the gate-up)");
-    else if (k == "barrier" && v <= 2) o.barrier_scope = static_cast<vk::BarrierScope>(v);
-    else if (k == "router") usage_error("--tune: router=", v, " is not 0 (router dispatch) or 1 (router fold)");
-    else if (k == "olat_q8") usage_error("--tune: olat_q8=", v, " is not 0 (W_vo quantizes olat) or 1 (the merge's int8 olat)");
-    else if (k == "barrier") usage_error("--tune: barrier=", v, " is not 0 (full), 1 (compute) or 2 (compute only)");
-    else if (k == "prefetch") usage_error("--tune: prefetch=", v, " is not a set of bits 1 (W_vo), 2 (router and shared expert), 4 (W_qk)");
-    else return false;
-    return true;
+  const std::string keys = tune_keys();
+  parse_knobs(text, "--tune", keys.c_str(), [&](const std::string& k, uint32_t v) {
+    for (const TuneKnob& t : kTuneKnobs) {
+      if (k != t.key) continue;
+      if (v > t.most) usage_error("--tune: ", k, "=", v, " is outside 0..", t.most, " (", t.meaning, ")");
+      t.set(o, v);
+      return true;
+    }
+    return false;
   });
 }
 
@@ -161,11 +190,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--attention", a->attention,
                  "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
                  "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B,single_early=0|1,mid=0|1,mid_max=N,mid_groups=G,mid_subgroups=S (any subset; short_heads implies short_rows=0)");
-  sub.add_option("--tune", a->tune,
-                 "Kernels' work split, for tuning: matvec_teams=T,matvec_rows=R,matvec_unroll=2|4, matvec_ksplit=1|2|4 (decode; subgroups per long row), pmatvec_teams=T,pmatvec_rows=R "
-                 "(prefill), gateup_teams=G,down_rows=D,gateup_overlap=0|1 (1, default: the router fold's gate-up reads input, sums and bias in one phase), prefetch=BITS (L2 prefetch: 1 W_vo, 2 router + shared "
-                 "expert, 4 W_qk), router=0|1 (0: the router's own dispatch instead of the router fold), olat_q8=0|1 (0: W_vo quantizes olat itself; default 1), moe_fused=0|1 (1: the MoE down fused into the gate-up), head_q8=0|1 (1: the LM head reads the output norm's int8 blocks), dense_down=0|1 (1, default: the dense FFN's down as the int8 matvec), step_local=0|1 (1, default: the layers read a device copy of the per-token words), early_vo=0|1 (1, default: W_vo starts beside the attention and waits on its gate), early_down=0|1 (1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane), early_next=0|1 (1: the next layer's q_a / kv_a start beside the down; default 0), early_qk=0|1 (1: W_qk / q_b and kv_write start beside q_a / kv_a; default 0), gate_backoff=N (integer steps between two polls of a gate, <= 4096; default 0), gate_late=0|1 (1: gated matvecs wait first and load nothing ahead; default 0), matvec_preload=N (staged decode matvecs holding at most N weight blocks per lane load them before staging x; 0 off; default 2: q_a / kv_a), gate_x=0..3 (how the early W_vo reads olat after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto = 3), barrier=0|1|2 (the barrier "
-                 "scope of the decode step and prefill: full, compute, compute only = default) (any subset)");
+  sub.add_option("--tune", a->tune, tune_help());
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");

@@ -21,7 +21,11 @@
 // MODE 4 (fenced grid barrier): MODE 3 as a persistent kernel needs it: each workgroup's writes
 //   are released before it arrives (memoryBarrierBuffer) and acquired after the wait, which polls
 //   with a volatile load instead of an atomic add of zero.
-// Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3: the counters, uint), 1 = dst (uint[]).
+// MODE 5 (chained by gates; subgroups): MODE 2 as the decode step's early starts do it
+//   (gate.glsl): dispatch i waits on word i - 1 by relaxed atomic loads and fences after it
+//   (gate_wait), then each workgroup counts itself in word i (gate_signal). A wait that gives up
+//   sets dst[0] = 1 (and dst[1] = what it saw); the dispatches after it do not wait.
+// Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]).
 
 #include "common.glsl"
 
@@ -33,10 +37,18 @@ layout(std430, binding = 0) coherent volatile restrict buffer CounterBuf { uint 
 #if MODE == 2 || MODE == 3
 layout(std430, binding = 0) coherent restrict buffer CounterBuf { uint counters[]; };
 #endif
-#if MODE >= 2
+#if MODE == 5
+#extension GL_KHR_memory_scope_semantics : require
+layout(std430, binding = 0) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 1) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_WAIT 1
+#include "gate.glsl"
+shared bool gave_up;
+#endif
+#if MODE >= 2 && MODE <= 4
 layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
 const uint kSpinLimit = 1u << 20;
-#else
+#elif MODE <= 1
 layout(std430, binding = 0) readonly restrict buffer SrcBuf { uvec4 src[]; };
 layout(std430, binding = 1) restrict buffer DstBuf { uint dst[]; };
 #endif
@@ -92,6 +104,13 @@ void main() {
     barrier();
     memoryBarrierBuffer();
   }
+#elif MODE == 5
+  const uint i = args.n_vec4;
+  // A give-up before this dispatch: do not wait again (read once, for the whole workgroup).
+  if (gl_LocalInvocationIndex == 0u) gave_up = gate_error[0] != 0u;
+  barrier();
+  if (i > 0u && !gave_up) gate_wait(i - 1u, args.never, 0u, args.pad0);  // pad0 is zero
+  gate_signal(i, 1u);
 #else
   const uint i = args.n_vec4;
   if (i > 0u) {

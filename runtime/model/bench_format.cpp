@@ -186,6 +186,9 @@ std::string bench_json(const BenchReport& r) {
          ", \"dispatch_chained_us\": " + jn(q.dispatch_chained_us) +
          ", \"dispatch_chained_wide_us\": " + jn(q.dispatch_chained_wide_us) +
          ", \"chained_timed_out\": " + (q.chained_timed_out ? "true" : "false") +
+         ", \"dispatch_gated_us\": " + jn(q.dispatch_gated_us) +
+         ", \"dispatch_gated_wide_us\": " + jn(q.dispatch_gated_wide_us) +
+         ", \"gated_timed_out\": " + (q.gated_timed_out ? "true" : "false") +
          ", \"grid_groups\": " + ju(q.grid_groups) + ", \"grid_barrier_us\": " + jn(q.grid_barrier_us) +
          ", \"grid_barrier_fenced_us\": " + jn(q.grid_barrier_fenced_us) +
          ", \"grid_timed_out\": " + (q.grid_timed_out ? "true" : "false") +

@@ -45,14 +45,16 @@ double now_us() {
 
 const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
   vk::PipelineDesc desc;
-  desc.name = mode == 0 ? "roofline.read" : mode == 1 ? "roofline.tiny" : mode == 2 ? "roofline.chained"
-                                                             : mode == 3 ? "roofline.grid" : "roofline.grid_fenced";
+  static const char* const kNames[] = {"roofline.read", "roofline.tiny", "roofline.chained",
+                                       "roofline.grid", "roofline.grid_fenced", "roofline.gated"};
+  desc.name = kNames[mode];
   desc.file = "roofline.comp";
   desc.defines = {{"MODE", std::to_string(mode)},
                   {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
                   {"UNROLL", std::to_string(kReadUnroll)}};
   desc.num_buffers = 2;
   desc.push_bytes = sizeof(RooflineArgs);
+  desc.full_subgroups = mode == 5;  // gate.glsl indexes subgroups
   return ctx.pipeline(desc);
 }
 
@@ -219,6 +221,25 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   };
   r.dispatch_chained_us = chained_us(1);
   r.dispatch_chained_wide_us = chained_us(r.wide_groups);
+  // The same through the early starts' gates (gate.glsl: atomic-load polls), where they run.
+  if (ctx.pipelines().use_subgroup()) {
+    const vk::Pipeline& gated = roofline_pipeline(ctx, 5);
+    const auto gated_us = [&](uint32_t groups) {
+      const double us = counted_run_us(
+          [&](vk::CommandRecorder& rec) {
+            for (uint32_t i = 0; i < n; ++i) {
+              RooflineArgs a;
+              a.n_vec4 = i;
+              a.never = groups;
+              rec.dispatch(gated, cbufs, a, groups, 1, 1, "roofline.gated", 4);
+            }
+          },
+          &r.gated_timed_out);
+      return std::max(0.0, (us - r.submit_us) / n);
+    };
+    r.dispatch_gated_us = gated_us(1);
+    r.dispatch_gated_wide_us = gated_us(r.wide_groups);
+  }
 
   // A grid-wide barrier among resident workgroups (one per SM on an H100: 128 < 132): rounds of
   // it inside one dispatch, less the same dispatch with no rounds, per round.
@@ -264,6 +285,13 @@ std::string roofline_markdown(const RooflineResult& r) {
                   r.wide_groups, r.dispatch_chained_us, r.dispatch_chained_wide_us,
                   r.chained_timed_out ? " (a wait timed out: not run in order)" : "");
     s += line;
+    if (r.dispatch_gated_us > 0 || r.dispatch_gated_wide_us > 0 || r.gated_timed_out) {
+      std::snprintf(line, sizeof line,
+                    "| the same chained by gates (atomic-load polls, gate.glsl; 1 / %u workgroups) | %.3f / %.3f µs each%s |\n",
+                    r.wide_groups, r.dispatch_gated_us, r.dispatch_gated_wide_us,
+                    r.gated_timed_out ? " (a wait gave up: not run in order)" : "");
+      s += line;
+    }
     std::snprintf(line, sizeof line,
                   "| grid-wide barrier among %u resident workgroups, inside one dispatch (atomic poll / fenced, load poll) | %.3f / %.3f µs each%s |\n",
                   r.grid_groups, r.grid_barrier_us, r.grid_barrier_fenced_us, r.grid_timed_out ? " (a wait timed out: not all resident)" : "");

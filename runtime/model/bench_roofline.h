@@ -46,6 +46,11 @@ struct RooflineResult {
   double dispatch_chained_us = 0;
   double dispatch_chained_wide_us = 0;
   bool chained_timed_out = false;   // a counter wait gave up (the driver did not run them in order)
+  // The same through the early starts' gates (roofline.comp MODE 5: relaxed atomic-load polls and
+  // fences, gate.glsl; 0 where the device has no subgroups).
+  double dispatch_gated_us = 0;
+  double dispatch_gated_wide_us = 0;
+  bool gated_timed_out = false;
   // A grid-wide barrier among grid_groups workgroups of one dispatch (roofline.comp MODE 3), per
   // barrier: what a persistent kernel would pay per stage.
   uint32_t grid_groups = 0;

@@ -428,6 +428,10 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_barrier_wide_us"].num, 0);
   EXPECT_GE(q["dispatch_chained_us"].num, 0);  // dispatches ordered by counters in memory ...
   EXPECT_GE(q["dispatch_chained_wide_us"].num, 0);
+  EXPECT_GE(q["dispatch_gated_us"].num, 0);  // ... and by the early starts' gates
+  EXPECT_GE(q["dispatch_gated_wide_us"].num, 0);
+  EXPECT_EQ(q["gated_timed_out"].kind, Value::Bool);
+  EXPECT_FALSE(q["gated_timed_out"].b) << "a gate's wait gave up";
   EXPECT_EQ(q["chained_timed_out"].kind, Value::Bool);
   EXPECT_FALSE(q["chained_timed_out"].b) << "a counter wait gave up";  // ... every wait was met
   EXPECT_GE(q["dispatch_us"].num, 0);
@@ -441,6 +445,7 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("indirect dispatches"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("grid-wide barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("chained by a counter"), std::string::npos) << md.out;
+  if (q["dispatch_gated_wide_us"].num > 0) EXPECT_NE(md.out.find("chained by gates"), std::string::npos) << md.out;
 }
 
 // The profiler's per-kernel times add up to the measured token time (within 10 %), every

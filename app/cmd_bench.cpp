@@ -50,18 +50,20 @@ void parse_knobs(const std::string& text, const char* what, const char* keys, Se
   }
 }
 
-// One --tune knob: its key, the largest value it takes, what the values mean (the help text and
-// errors show it), and where the value goes. Work splits take 0 for automatic; the ops check the
-// finer rules (e.g. matvec_unroll 2 or 4) when they record.
-struct TuneKnob {
+// One tuning knob of `T`: its key, the largest value it takes, what the values mean (the help
+// text and errors show it), and where the value goes. Work splits take 0 for automatic; the ops
+// check the finer rules (e.g. matvec_unroll 2 or 4) when they record.
+template <class T>
+struct Knob {
   const char* key;
   uint32_t most;
   const char* meaning;
-  void (*set)(model::BenchOptions&, uint32_t);
+  void (*set)(T&, uint32_t);
 };
 
+// --tune.
 using O = model::BenchOptions;
-const TuneKnob kTuneKnobs[] = {
+const Knob<O> kTuneKnobs[] = {
     {"matvec_teams", 16, "subgroups per workgroup of the one-vector int8 matvec", [](O& o, uint32_t v) { o.matvec.teams = v; }},
     {"matvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.rows = v; }},
     {"matvec_unroll", 4, "weight blocks per lane and loop iteration, 2 or 4", [](O& o, uint32_t v) { o.matvec.blocks_per_iter = v; }},
@@ -98,71 +100,64 @@ const TuneKnob kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.barrier_scope = static_cast<vk::BarrierScope>(v); }},
 };
 
-// The knobs' keys, comma-separated (errors), and "key=0..N (meaning)" for each (--help).
-std::string tune_keys() {
+// --attention (0 is automatic for the counts).
+using A = vk::AttentionTuning;
+constexpr uint32_t kAnyCount = 1u << 24;  // counts with no bound of their own (positions, groups)
+const Knob<A> kAttentionKnobs[] = {
+    {"heads", 32, "heads per workgroup of the split kernel", [](A& t, uint32_t v) { t.heads_per_group = v; }},
+    {"tile", 16, "rows staged per step, 4, 8 or 16", [](A& t, uint32_t v) { t.tile = v; }},
+    {"slice", 8, "vec4 of a row per score thread, 4 or 8", [](A& t, uint32_t v) { t.score_slice = v; }},
+    {"groups", kAnyCount, "workgroups along the context", [](A& t, uint32_t v) { t.n_groups = v; }},
+    {"min_chunk", kAnyCount, "fewest positions per chunk", [](A& t, uint32_t v) { t.min_chunk = v; }},
+    {"short", 1, "0: no short-context variant", [](A& t, uint32_t v) { t.short_variant = v != 0; }},
+    {"short_rows", 1, "the short variant as the rows kernel", [](A& t, uint32_t v) { t.short_rows = v != 0; }},
+    {"short_groups", kAnyCount, "its workgroups along the context", [](A& t, uint32_t v) { t.short_groups = v; }},
+    {"short_heads", 32, "its heads per workgroup (implies short_rows=0)", [](A& t, uint32_t v) { t.short_heads_per_group = v; }},
+    {"short_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.short_max_kv = v; }},
+    {"rows_subgroups", 16, "subgroups per rows-kernel workgroup", [](A& t, uint32_t v) { t.rows_subgroups = v; }},
+    {"rows_round", 8, "rows a subgroup loads per round", [](A& t, uint32_t v) { t.rows_round = v; }},
+    {"rows_heads", 4, "heads per rows-kernel workgroup", [](A& t, uint32_t v) { t.rows_heads = v; }},
+    {"merge_sg", 1, "the merge with subgroup reductions", [](A& t, uint32_t v) { t.merge_subgroup = v != 0; }},
+    {"merge_tail", 1, "the merge folded into the rows kernel's last workgroup", [](A& t, uint32_t v) { t.merge_tail = v != 0; }},
+    {"direct", 1, "the split kernel as a direct dispatch", [](A& t, uint32_t v) { t.direct_partial = v != 0; }},
+    {"single", 1, "one workgroup per head for short contexts", [](A& t, uint32_t v) { t.single = v != 0; }},
+    {"single_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.single_max_kv = v; }},
+    {"single_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.single_subgroups = v; }},
+    {"single_round", 8, "rows its subgroups load per round", [](A& t, uint32_t v) { t.single_round = v; }},
+    {"single_early", 1, "its first rows loaded before the step word", [](A& t, uint32_t v) { t.single_early = v != 0; }},
+    {"mid", 1, "the merging rows kernel for the next range", [](A& t, uint32_t v) { t.mid = v != 0; }},
+    {"mid_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.mid_max_kv = v; }},
+    {"mid_groups", kAnyCount, "its workgroups per head", [](A& t, uint32_t v) { t.mid_groups = v; }},
+    {"mid_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.mid_subgroups = v; }},
+};
+
+// The keys of a knob table, comma-separated (errors), and "key=0..N (meaning); ..." (--help).
+template <class T, size_t N>
+std::string knob_keys(const Knob<T> (&knobs)[N]) {
   std::string k;
-  for (const TuneKnob& t : kTuneKnobs) k += (k.empty() ? "" : ", ") + std::string(t.key);
+  for (const Knob<T>& t : knobs) k += (k.empty() ? "" : ", ") + std::string(t.key);
   return k;
 }
-std::string tune_help() {
-  std::string h = "Kernels' work splits and decode-step choices, for tuning; KEY=N,... (any subset): ";
-  bool first = true;
-  for (const TuneKnob& t : kTuneKnobs) {
-    h += cat(first ? "" : "; ", t.key, "=0..", t.most, " (", t.meaning, ")");
-    first = false;
-  }
+template <class T, size_t N>
+std::string knob_help(const Knob<T> (&knobs)[N]) {
+  std::string h;
+  for (const Knob<T>& t : knobs) h += cat(h.empty() ? "" : "; ", t.key, "=0..", t.most, " (", t.meaning, ")");
   return h;
 }
 
-// "matvec_teams=8,matvec_rows=1,gateup_teams=16,down_rows=4" (any subset; kTuneKnobs) -> o.
-void parse_tune(const std::string& text, model::BenchOptions& o) {
-  const std::string keys = tune_keys();
-  parse_knobs(text, "--tune", keys.c_str(), [&](const std::string& k, uint32_t v) {
-    for (const TuneKnob& t : kTuneKnobs) {
+// "KEY=N,..." against a knob table: each value within its knob's range, set into `target`.
+template <class T, size_t N>
+void parse_table(const std::string& text, const char* what, const Knob<T> (&knobs)[N], T& target) {
+  const std::string keys = knob_keys(knobs);
+  parse_knobs(text, what, keys.c_str(), [&](const std::string& k, uint32_t v) {
+    for (const Knob<T>& t : knobs) {
       if (k != t.key) continue;
-      if (v > t.most) usage_error("--tune: ", k, "=", v, " is outside 0..", t.most, " (", t.meaning, ")");
-      t.set(o, v);
+      if (v > t.most) usage_error(what, ": ", k, "=", v, " is outside 0..", t.most, " (", t.meaning, ")");
+      t.set(target, v);
       return true;
     }
     return false;
   });
-}
-
-// "heads=4,tile=8,slice=8,groups=128,min_chunk=16,short_heads=10,short_max=1024" (any subset)
-// -> AttentionTuning.
-vk::AttentionTuning parse_attention(const std::string& text) {
-  vk::AttentionTuning t;
-  parse_knobs(text, "--attention", "heads, tile, slice, groups, min_chunk, short (0/1), short_rows (0/1), rows_subgroups, rows_round, rows_heads, merge_sg (0/1), merge_tail (0/1), direct (0/1), short_groups, short_heads, short_max, single (0/1), single_max, single_subgroups, single_round, single_early (0/1), mid (0/1), mid_max, mid_groups, mid_subgroups",
-              [&](const std::string& k, uint32_t v) {
-                if (k == "heads") t.heads_per_group = v;
-                else if (k == "tile") t.tile = v;
-                else if (k == "slice") t.score_slice = v;
-                else if (k == "groups") t.n_groups = v;
-                else if (k == "min_chunk") t.min_chunk = v;
-                else if (k == "short") t.short_variant = v != 0;
-                else if (k == "short_rows") t.short_rows = v != 0;
-                else if (k == "rows_subgroups") t.rows_subgroups = v;
-                else if (k == "rows_round") t.rows_round = v;
-                else if (k == "rows_heads") t.rows_heads = v;
-                else if (k == "merge_sg") t.merge_subgroup = v != 0;
-                else if (k == "merge_tail") t.merge_tail = v != 0;
-                else if (k == "direct") t.direct_partial = v != 0;
-                else if (k == "short_groups") t.short_groups = v;
-                else if (k == "short_heads") t.short_heads_per_group = v;
-                else if (k == "short_max") t.short_max_kv = v;
-                else if (k == "single") t.single = v != 0;
-                else if (k == "single_max") t.single_max_kv = v;
-                else if (k == "single_subgroups") t.single_subgroups = v;
-                else if (k == "single_round") t.single_round = v;
-                else if (k == "single_early") t.single_early = v != 0;
-                else if (k == "mid") t.mid = v != 0;
-                else if (k == "mid_max") t.mid_max_kv = v;
-                else if (k == "mid_groups") t.mid_groups = v;
-                else if (k == "mid_subgroups") t.mid_subgroups = v;
-                else return false;
-                return true;
-              });
-  return t;
 }
 
 Action setup(CLI::App& sub, const Globals& globals) {
@@ -188,9 +183,9 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,
-                 "Decode attention work split, for tuning: heads=H,tile=T,slice=S,groups=G,min_chunk=M,"
-                 "short=0|1,short_rows=0|1,rows_subgroups=S,rows_round=B,rows_heads=RH,merge_sg=0|1,merge_tail=0|1,direct=0|1,short_groups=G,short_heads=H2,short_max=N,single=0|1,single_max=N,single_subgroups=S,single_round=B,single_early=0|1,mid=0|1,mid_max=N,mid_groups=G,mid_subgroups=S (any subset; short_heads implies short_rows=0)");
-  sub.add_option("--tune", a->tune, tune_help());
+                 "Decode attention work split, for tuning; KEY=N,... (any subset, 0: automatic): " + knob_help(kAttentionKnobs));
+  sub.add_option("--tune", a->tune,
+                 "Kernels' work splits and decode-step choices, for tuning; KEY=N,... (any subset): " + knob_help(kTuneKnobs));
   sub.add_option("--profile-out", a->profile_out, "Also draw the profile as an SVG bar chart into FILE (implies --profile)");
   sub.add_option("--json", a->json_out, "Also write the JSON report into FILE");
   sub.add_flag("--roofline", b.roofline, "Measure the device's read bandwidth and dispatch costs");
@@ -209,8 +204,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
     o.roofline_options.read_bytes = a->roofline_mib << 20;
     if (!a->profile_out.empty()) o.profile = true;
     o.int8_activations = !a->f32_activations;
-    if (!a->attention.empty()) o.attention = parse_attention(a->attention);
-    if (!a->tune.empty()) parse_tune(a->tune, o);
+    if (!a->attention.empty()) parse_table(a->attention, "--attention", kAttentionKnobs, o.attention);
+    if (!a->tune.empty()) parse_table(a->tune, "--tune", kTuneKnobs, o);
     o.log = [](const std::string& s) { std::fprintf(stderr, "bench: %s\n", s.c_str()); };
     const model::BenchReport r = model::run_bench(o);
     const std::string text = a->output == "json" ? model::bench_json(r)

@@ -297,8 +297,8 @@ TEST(BenchCli, TuneRouterChoosesTheRouterPath) {
   EXPECT_EQ(run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --tune router=2").rc, 1);
 }
 
-// --tune refuses, before loading anything, a value past a knob's range (naming the range and what
-// the values mean) and an unknown key (listing the keys); usage errors exit 1.
+// --tune and --attention refuse, before loading anything, a value past a knob's range (naming the
+// range and what the values mean) and an unknown key (listing the keys); usage errors exit 1.
 TEST(BenchCli, TuneRefusesValuesOutsideAKnobsRangeAndUnknownKeys) {
   EXPECT_EQ(run_tessera("bench no-such-model.tsr --tune early_down=2").rc, 1);
   EXPECT_EQ(run_tessera("bench no-such-model.tsr --tune nope=1").rc, 1);
@@ -307,6 +307,10 @@ TEST(BenchCli, TuneRefusesValuesOutsideAKnobsRangeAndUnknownKeys) {
   const std::string unknown = run_tessera("bench no-such-model.tsr --tune nope=1 2>&1 | cat").out;
   EXPECT_NE(unknown.find("unknown key 'nope'"), std::string::npos) << unknown;
   EXPECT_NE(unknown.find("gate_late"), std::string::npos) << "the keys are listed: " << unknown;
+  // --attention's knobs the same way.
+  const std::string attn = run_tessera("bench no-such-model.tsr --attention rows_round=2,single=2 2>&1 | cat").out;
+  EXPECT_NE(attn.find("--attention: single=2 is outside 0..1"), std::string::npos) << attn;
+  EXPECT_EQ(run_tessera("bench no-such-model.tsr --attention single=2").rc, 1);
 }
 
 // --tune barrier=N widens the barriers from the default compute-only scope (said in the header).

@@ -41,6 +41,14 @@
 // barrier: q_a's output for W_qk), 0 / 1 coherent loads (the MoE down's x for the next q_a).
 // GATE_LATE (0/1; with WAIT_GATE): the wait comes first and nothing is loaded ahead of it; then
 // the ungated kernel runs (the barrier's relaunch saved, no weight stream beside the producer).
+// OUT_Q8 (0/1; one column, subgroups, ROWS_PER_WG a multiple of 32): the producer of the next
+// matvec's pre-quantized input. Besides y, each workgroup writes its rows times the next norm's
+// weight (binding 13) as int8 blocks (binding 12, q8_quantize.glsl layout, block (row_begin +
+// row0) / 32 + t) and the sum of its rows' squares, added in row order, to float (row_begin +
+// row0) / ROWS_PER_WG of binding 14: q_a for W_qk.
+// X_SS (0/1; with X_Q8): x_q8 holds x times the norm weight, quantized (OUT_Q8); the finished dot
+// products are scaled by 1 / rms(x), from the X_SS_PARTS sums of squares of binding 4 added in
+// order (the same in every workgroup) and norm_eps.
 // PRELOAD_FIRST (0/1; staged x in one pass, subgroups, one column, no gate): the WAIT_GATE
 // path's order without the wait: each lane's weight blocks are loaded before x is staged, so their
 // DRAM latency overlaps the staging (q_a / kv_a: one row per subgroup, two blocks per lane).
@@ -50,7 +58,8 @@
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
 // (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats), 11 = the word
-// opened (SIGNAL_GATE).
+// opened (SIGNAL_GATE), 12..14 = int8 y, its norm weight, the sums of squares (OUT_Q8); with
+// X_SS binding 4 holds x's sums of squares.
 
 #include "common.glsl"
 #ifndef X_Q8
@@ -67,6 +76,12 @@
 #endif
 #ifndef GATE_LATE
 #define GATE_LATE 0
+#endif
+#ifndef OUT_Q8
+#define OUT_Q8 0
+#endif
+#ifndef X_SS
+#define X_SS 0
 #endif
 #if SIGNAL_GATE && NUM_COLS != 1
 #error "matvec_q8.comp: SIGNAL_GATE takes one column"
@@ -142,6 +157,21 @@ void gate_time(uint i, uint64_t t) { atomicMax(gate_times[2u + i], t); }
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 #if NORM_INPUT
 layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
+#endif
+#if X_SS
+#if !X_Q8
+#error "matvec_q8.comp: X_SS scales pre-quantized x"
+#endif
+layout(std430, binding = 4) readonly restrict buffer XSumSq { float x_ss[]; };
+#endif
+#if OUT_Q8
+#if NUM_COLS != 1 || !USE_SUBGROUP
+#error "matvec_q8.comp: OUT_Q8 takes one column and subgroups"
+#endif
+// Read by the next matvec beside this one where it starts early: coherent (reaches the L2).
+layout(std430, binding = 12) coherent writeonly restrict buffer YQ8 { uvec4 yq[]; };
+layout(std430, binding = 13) readonly restrict buffer OutNorm4 { vec4 onw4[]; };
+layout(std430, binding = 14) coherent writeonly restrict buffer YSumSq { float y_ss[]; };
 #endif
 
 layout(push_constant) uniform Push { MatvecArgs args; };
@@ -373,6 +403,47 @@ void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes
 #endif
 #endif  // X_Q8
 
+#if OUT_Q8
+#if ROWS_PER_WG % 32 != 0
+#error "matvec_q8.comp: OUT_Q8 needs whole blocks of rows per workgroup"
+#endif
+shared float oq_y[ROWS_PER_WG];  // the workgroup's outputs (store)
+
+// The workgroup's rows as int8 blocks of y * the next norm's weight, and the sum of their squares
+// in row order (rows past the matrix: none, the host checks rows % 32 == 0). Uniform control flow.
+void write_out_q8(uint row0, uint nrows) {
+  barrier();  // every team's rows stored
+  const uint first = (args.row_begin + row0) / 32u;
+  for (uint t = gl_LocalInvocationIndex; t < nrows / 32u; t += WG_SIZE) {
+    vec4 v[8];
+    [[unroll]] for (uint k = 0; k < 8; ++k) {
+      const uint r = 32u * t + 4u * k;
+      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]) * onw4[(args.row_begin + row0 + r) >> 2];
+    }
+    uvec4 lo, hi;
+    vec4 ds;
+    q8_quantize32(v, lo, hi, ds);
+    yq[3u * (first + t)] = lo;
+    yq[3u * (first + t) + 1u] = hi;
+    yq[3u * (first + t) + 2u] = floatBitsToUint(ds);
+  }
+  if (gl_LocalInvocationIndex == 0u) {
+    float ss = 0.0;
+    for (uint r = 0u; r < nrows; ++r) ss += oq_y[r] * oq_y[r];
+    y_ss[(args.row_begin + row0) / uint(ROWS_PER_WG)] = ss;
+  }
+}
+#endif
+
+#if X_SS
+// 1 / rms(x) from the producer's sums of squares, added in order.
+float x_inv_rms() {
+  float s = 0.0;
+  for (uint p = 0u; p < uint(X_SS_PARTS); ++p) s += x_ss[p];
+  return inversesqrt(s / float(args.cols) + args.norm_eps);
+}
+#endif
+
 // y row `row` (of the bound rows) of column c; row0: the workgroup's first row (the fold's copy).
 void store(uint row, uint c, float v, uint row0) {
   const uint i = c * args.y_stride + args.row_begin + row;
@@ -384,6 +455,9 @@ void store(uint row, uint c, float v, uint row0) {
   y[i] = r;
 #if ROUTER_FOLD
   rf_x[row - row0] = r;
+#endif
+#if OUT_Q8
+  oq_y[row - row0] = r;
 #endif
 }
 
@@ -444,6 +518,8 @@ void main() {
 #if NORM_INPUT
   workgroup_sum_cols(scale);
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = inversesqrt(scale[c] / float(args.cols) + args.norm_eps);
+#elif X_SS
+  scale[0] = x_inv_rms();  // after the dots: with a gate, the sums are the producer's too
 #else
   [[unroll]] for (uint c = 0; c < NUM_COLS; ++c) scale[c] = 1.0;
 #endif
@@ -496,6 +572,9 @@ void main() {
 #endif
 #if GATE_STATS && GATE_CLOCK
   if (gl_LocalInvocationIndex == 0u) gate_time(3u, clockRealtimeEXT());
+#endif
+#if OUT_Q8
+  write_out_q8(row0, row_end - row0);
 #endif
 #if SIGNAL_GATE
   gate_signal(uint(SIGNAL_WORD), 1u);

@@ -26,7 +26,7 @@ constexpr uint32_t kAutoPreloadBlocks = 2;
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8, gated, signals;
+  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -40,7 +40,9 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool xq8 = q8 && op.x_q8.buffer != VK_NULL_HANDLE && op.batch == 1 && !norm && op.x_offset % 32 == 0;
   const bool gated = q8 && op.batch == 1 && op.gate.enabled();
   const bool signals = q8 && op.batch == 1 && op.signal.buffer != VK_NULL_HANDLE;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals};
+  const bool oq8 = q8 && op.batch == 1 && op.out_q8.buffer != VK_NULL_HANDLE;
+  const bool xss = xq8 && op.x_ss.buffer != VK_NULL_HANDLE;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss};
 }
 
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
@@ -67,7 +69,8 @@ uint32_t q8_decode_teams(const MatvecOp& op) {
 struct DecodeSplit {
   uint32_t teams, nrows, ksplit;
 };
-DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx) {
+// whole_blocks (OUT_Q8): 32 rows per workgroup where the teams allow it.
+DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, bool whole_blocks) {
   const uint32_t nb = op.w.cols / 32;
   const uint32_t tpr = ctx.pipelines().use_subgroup() ? ctx.info().subgroup_size : kSharedThreadsPerRow;
   const bool few = op.w.rows <= kFewRows;
@@ -75,7 +78,10 @@ DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx) {
   uint32_t nrows = op.tuning.rows ? op.tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
   if (!op.tuning.rows)
     while (nrows > 1 && (op.w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
-  return {teams, nrows, ksplit_of(op, ctx, teams)};
+  const uint32_t ksplit = ksplit_of(op, ctx, teams);
+  // OUT_Q8: whole blocks of 32 rows per workgroup (one subgroup per row).
+  if (whole_blocks && ksplit == 1 && teams <= 32 && 32 % teams == 0) nrows = 32 / teams;
+  return {teams, nrows, ksplit};
 }
 
 // Blocks per staging pass of the int8 kernel: a power of two, at most what the columns need and
@@ -99,7 +105,7 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   probe.gate = {};
   const Variant v = variant_of(probe, &ctx);
   if (!v.q8 || batch != 1 || !ctx.pipelines().use_subgroup()) return false;
-  const DecodeSplit s = q8_decode_split(probe, ctx);
+  const DecodeSplit s = q8_decode_split(probe, ctx, probe.out_q8.buffer != VK_NULL_HANDLE);
   if (!v.xq8) {  // staged x: one pass over the whole row, one subgroup per row
     if (s.ksplit != 1 || q8_kchunk(w.cols / 32, 1) < w.cols / 32) return false;
   } else if (gate_x_of(tuning) == 1 && !q8_activations_usable(ctx, w.type, w.cols)) {
@@ -114,9 +120,24 @@ bool MatvecOp::signal_supported(Context& ctx) const {
   return variant_of(probe, &ctx).q8 && batch == 1;
 }
 
+bool MatvecOp::out_q8_supported(Context& ctx) const {
+  MatvecOp probe = *this;
+  probe.out_q8 = {};
+  const Variant v = variant_of(probe, &ctx);
+  if (!v.q8 || batch != 1 || !ctx.pipelines().use_subgroup() || w.rows % 32 != 0) return false;
+  const DecodeSplit s = q8_decode_split(probe, ctx, true);
+  return s.ksplit == 1 && (s.teams * s.nrows) % 32 == 0 && s.nrows <= 4 &&
+         row_chunks(w, ctx.info(), max_binding_bytes).size() == 1;
+}
+
+uint32_t MatvecOp::out_parts(Context& ctx) const {
+  const DecodeSplit s = q8_decode_split(*this, ctx, true);
+  return (w.rows + s.teams * s.nrows - 1) / (s.teams * s.nrows);
+}
+
 uint32_t MatvecOp::signal_count(Context& ctx) const {
   const uint32_t per_wg = [&] {
-    const DecodeSplit s = q8_decode_split(*this, ctx);
+    const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
     return s.teams / s.ksplit * s.nrows;
   }();
   uint32_t n = 0;
@@ -160,6 +181,8 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (router_fold.enabled()) n += ".rfold";
   if (v.gated) n += ".gate";
   if (v.signals) n += ".open";
+  if (v.oq8) n += ".oq8";
+  if (v.xss) n += ".rms";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
     if (k > 1) n += cat(".ks", k);
@@ -202,6 +225,20 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     " weight blocks per lane)");
     if (!gate.valid() || (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
+  }
+  if (out_q8.buffer != VK_NULL_HANDLE) {
+    if (!out_q8_supported(ctx))
+      runtime_error(what, ": no int8 output here (it needs the int8 kernel for one vector, subgroups, rows in "
+                    "whole blocks of 32 and one binding)");
+    if (out_q8.size < uint64_t(w.rows) / 32 * 48 || out_q8_norm.size < uint64_t(w.rows) * 4 ||
+        out_ss.size < uint64_t(out_parts(ctx)) * 4)
+      runtime_error(what, ": int8 output bindings too small (", w.rows / 32 * 48, " bytes of blocks, ", w.rows * 4,
+                    " of norm weight, ", out_parts(ctx) * 4, " of sums)");
+  }
+  if (x_ss.buffer != VK_NULL_HANDLE) {
+    if (!v.xss) runtime_error(what, ": sums of squares of x come with int8 x (x_q8) and no norm weight");
+    if (x_ss_parts == 0 || x_ss.size < uint64_t(x_ss_parts) * 4)
+      runtime_error(what, ": x's sums of squares: ", x_ss_parts, " parts in ", x_ss.size, " bytes");
   }
   if (signal.buffer != VK_NULL_HANDLE) {
     if (!signal_supported(ctx)) runtime_error(what, ": only the int8 kernel for one vector opens a gate");
@@ -255,7 +292,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       teams = tuning.batch_teams ? tuning.batch_teams : 8u;
       nrows = tuning.batch_rows ? tuning.batch_rows : batch > 8 ? 2u : 4u;
     } else {
-      const DecodeSplit s = q8_decode_split(*this, ctx);
+      const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
       teams = s.teams;
       nrows = s.nrows;
       ksplit = s.ksplit;
@@ -303,6 +340,11 @@ void MatvecOp::record(CommandRecorder& rec) const {
         desc.name += ".pre";
       }
     }
+    if (v.oq8) desc.defines["OUT_Q8"] = "1";
+    if (v.xss) {
+      desc.defines["X_SS"] = "1";
+      desc.defines["X_SS_PARTS"] = std::to_string(x_ss_parts);
+    }
     if (v.signals) {
       desc.defines["SIGNAL_GATE"] = "1";
       desc.defines["SIGNAL_WORD"] = std::to_string(signal_word);
@@ -331,7 +373,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm ? 5 : 4;
+  desc.num_buffers = v.oq8 ? 15 : v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm || v.xss ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -350,18 +392,21 @@ void MatvecOp::record(CommandRecorder& rec) const {
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
     // Bindings a variant does not declare are filled with x.
-    const BufferSlice bufs[12] = {c.q,
+    const BufferSlice bufs[15] = {c.q,
                                   c.m,
                                   v.xq8 ? x_q8 : x,
                                   y,
-                                  v.norm ? norm_weight : x,
+                                  v.norm ? norm_weight : v.xss ? x_ss : x,
                                   fold ? rw : x,
                                   fold ? router_fold.norm_weight : x,
                                   fold ? router_fold.acc : x,
                                   v.gated ? gate.words : x,
                                   v.gated ? gate.error : x,
                                   gate_stats.buffer ? gate_stats : x,
-                                  signal.buffer ? signal : x};
+                                  signal.buffer ? signal : x,
+                                  v.oq8 ? out_q8 : x,
+                                  v.oq8 ? out_q8_norm : x,
+                                  v.oq8 ? out_ss : x};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -116,6 +116,18 @@ struct MatvecOp {
   // kMaxGatePreload weight blocks per lane to hold while waiting.
   bool gate_supported(Context& ctx) const;
   static constexpr uint32_t kMaxGatePreload = 8;
+  // Set: this matvec also writes the next matvec's pre-quantized input (matvec_q8.comp OUT_Q8):
+  // y times out_q8_norm (rows floats: the next matvec's input norm) as int8 blocks (3 uvec4 per 32
+  // rows, q8_quantize.glsl) into out_q8, and per workgroup the sum of its rows' squares into
+  // out_ss (out_parts() floats). The next matvec takes them as x_q8 and x_ss (its norm applied
+  // without staging). Only where out_q8_supported(); its workgroups then hold 32 rows.
+  BufferSlice out_q8, out_q8_norm, out_ss;
+  bool out_q8_supported(Context& ctx) const;
+  uint32_t out_parts(Context& ctx) const;
+  // Set with x_q8: x_q8 holds x times the norm weight, quantized (a producer's out_q8), and x_ss
+  // its x_ss_parts sums of squares; the dot products are scaled by 1 / rms(x) (norm_eps).
+  BufferSlice x_ss;
+  uint32_t x_ss_parts = 0;
   // Set: this matvec opens a gate (matvec_q8.comp SIGNAL_GATE): each workgroup adds 1 to word
   // signal_word of `signal` once its y rows are stored, so the word reaches signal_count(). A
   // consumer recorded after it with no barrier waits on that (W_qk on q_a). Only where

@@ -1,0 +1,169 @@
+// A matvec that writes the next matvec's input pre-quantized (matvec_q8.comp OUT_Q8 / X_SS,
+// MatvecOp::out_q8 / x_ss): q_a writes cq times q_a_norm as int8 blocks and its sums of squares,
+// W_qk reads them with no staging. Checked against the CPU quantization of the producer's own y,
+// and the consumer against the staged kernel with the fused norm on the same y (the int8 blocks
+// are the same; only the order of the sum of squares differs); with a gate between the two the
+// bits of the pair without one.
+#include <cmath>
+#include <random>
+
+#include "runtime/vulkan/kernels_matvec.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using vktest::Gpu;
+
+struct Chain {
+  GgmlType a, b;
+  uint32_t embd, mid, out;  // producer embd -> mid rows (the consumer's row length), consumer -> out rows
+};
+
+TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  uint32_t ran = 0, ran_gated = 0;
+  // q_a -> W_qk-like; a producer of one block of rows; a consumer of many rows.
+  for (const Chain ch : {Chain{GgmlType::Q4_0, GgmlType::Q8_0, 256, 96, 70}, Chain{GgmlType::Q8_0, GgmlType::Q4_0, 64, 32, 5},
+                         Chain{GgmlType::Q4_K, GgmlType::Q8_0, 512, 160, 2100}}) {
+    SCOPED_TRACE(cat(type_name(ch.a), " ", ch.embd, " -> ", ch.mid, " -> ", type_name(ch.b), " ", ch.out));
+    if (!vk::q8_activations_type(*g.ctx, ch.a) || !vk::q8_activations_type(*g.ctx, ch.b)) continue;
+    std::mt19937 rng(ch.embd * 7 + ch.mid);
+    auto wa = vktest::upload_matrix(g, ch.a, ch.mid, ch.embd, vktest::random_matrix(rng, ch.a, ch.mid, ch.embd));
+    auto wb = vktest::upload_matrix(g, ch.b, ch.out, ch.mid, vktest::random_matrix(rng, ch.b, ch.out, ch.mid));
+    const std::vector<float> xv = vktest::random_values(rng, ch.embd), n1 = vktest::random_values(rng, ch.embd),
+                             n2 = vktest::random_values(rng, ch.mid);
+    auto buffer = [&](const std::vector<float>& v, const char* name) {
+      vk::Buffer b = vktest::make_buffer(g, v.size() * 4, name);
+      vktest::upload_bytes(g, b, v.data(), v.size() * 4);
+      return b;
+    };
+    vk::Buffer x = buffer(xv, "x"), nw1 = buffer(n1, "norm 1"), nw2 = buffer(n2, "norm 2");
+
+    vk::MatvecOp a;
+    a.w = wa->ref;
+    a.x = x.whole();
+    a.norm_weight = nw1.whole();
+    ASSERT_TRUE(a.out_q8_supported(*g.ctx));
+    const uint32_t parts = a.out_parts(*g.ctx);
+    EXPECT_EQ(parts, ch.mid / 32) << "32 rows per workgroup";
+    vk::Buffer y1 = vktest::make_buffer(g, ch.mid * 4ull, "y1"), y1_plain = vktest::make_buffer(g, ch.mid * 4ull, "y1 plain");
+    vk::Buffer yq = vktest::make_buffer(g, ch.mid / 32 * 48ull, "y1 int8"), ss = vktest::make_buffer(g, parts * 4ull, "sums");
+    for (vk::Buffer* b : {&y1, &y1_plain, &yq, &ss}) vktest::poison(g, *b);
+    vk::MatvecOp a_plain = a;
+    a_plain.y = y1_plain.whole();
+    a.y = y1.whole();
+    a.out_q8 = yq.whole();
+    a.out_q8_norm = nw2.whole();
+    a.out_ss = ss.whole();
+    EXPECT_NE(a.kernel_name(g.ctx.get()).find(".oq8"), std::string::npos);
+
+    // Consumers: int8 x with the sums (ungated, and gated on the producer's word), and the staged
+    // kernel with the fused norm on the producer's y.
+    vk::Buffer gate = vktest::make_buffer(g, 16, "gate", true), err = vktest::make_buffer(g, 16, "gate error", true);
+    const uint32_t zero[4] = {};
+    vktest::upload_bytes(g, gate, zero, sizeof zero);
+    vktest::upload_bytes(g, err, zero, sizeof zero);
+    vk::Buffer y2[3] = {vktest::make_buffer(g, ch.out * 4ull, "y2 int8"), vktest::make_buffer(g, ch.out * 4ull, "y2 gated"),
+                        vktest::make_buffer(g, ch.out * 4ull, "y2 staged")};
+    vk::MatvecOp b[3];
+    for (int k = 0; k < 3; ++k) {
+      vktest::poison(g, y2[k]);
+      b[k].w = wb->ref;
+      b[k].x = y1.whole();
+      b[k].y = y2[k].whole();
+      b[k].norm_eps = 1e-5f;
+      if (k < 2) {
+        b[k].x_q8 = yq.whole();
+        b[k].x_ss = ss.whole();
+        b[k].x_ss_parts = parts;
+      } else {
+        b[k].norm_weight = nw2.whole();
+      }
+    }
+    EXPECT_NE(b[0].kernel_name(g.ctx.get()).find(".xq8.rms"), std::string::npos);
+    const bool gated = b[1].gate_supported(*g.ctx);
+    if (gated) {
+      a.signal = gate.whole();
+      b[1].gate = {gate.whole(), 0, a.signal_count(*g.ctx), err.whole()};
+    }
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    a_plain.record(rec);
+    a.record(rec);
+    if (gated) b[1].record(rec);  // no barrier: waits on the producer's gate
+    rec.barrier();
+    b[0].record(rec);
+    b[2].record(rec);
+    rec.end();
+    rec.run();
+    ++ran;
+
+    // The producer's y is the plain kernel's (32 rows per workgroup change no sum's order).
+    const std::vector<float> yv = vktest::download_floats(g, y1, ch.mid), yp = vktest::download_floats(g, y1_plain, ch.mid);
+    for (uint32_t i = 0; i < ch.mid; ++i) ASSERT_EQ(yv[i], yp[i]) << "row " << i;
+    // Its int8 blocks are those of y times the next norm's weight; the sums add up to sum(y^2).
+    std::vector<float> scaled(ch.mid);
+    double want_ss = 0;
+    for (uint32_t i = 0; i < ch.mid; ++i) {
+      scaled[i] = yv[i] * n2[i];
+      want_ss += double(yv[i]) * yv[i];
+    }
+    std::vector<uint32_t> got_q(ch.mid / 32 * 12);
+    yq.read(0, got_q.data(), got_q.size() * 4);
+    vktest::expect_q8_blocks_close(got_q, vktest::q8_blocks(scaled), "the producer's int8 output");
+    const std::vector<float> parts_v = vktest::download_floats(g, ss, parts);
+    double got_ss = 0;
+    for (float p : parts_v) got_ss += p;
+    EXPECT_NEAR(got_ss, want_ss, 1e-5 * want_ss);
+    // The consumer on int8 x equals the staged one up to the rounding of 1/rms; gated, the same bits.
+    const std::vector<float> y_int8 = vktest::download_floats(g, y2[0], ch.out), y_staged = vktest::download_floats(g, y2[2], ch.out);
+    float most = 0;
+    for (float v : y_staged) most = std::max(most, std::fabs(v));
+    for (uint32_t i = 0; i < ch.out; ++i) ASSERT_NEAR(y_int8[i], y_staged[i], 1e-5f * most) << "row " << i;
+    if (gated) {
+      ++ran_gated;
+      const std::vector<float> y_gated = vktest::download_floats(g, y2[1], ch.out);
+      for (uint32_t i = 0; i < ch.out; ++i) ASSERT_EQ(y_gated[i], y_int8[i]) << "gated row " << i;
+      uint32_t e[2];
+      err.read(0, e, sizeof e);
+      EXPECT_EQ(e[0], 0u) << "the gated consumer gave up";
+    }
+  }
+  EXPECT_GE(ran, 2u);
+  EXPECT_GE(ran_gated, 1u);
+}
+
+// Refused where it cannot work: rows that are not whole blocks of 32, the f32 kernel; sums of
+// squares without int8 x.
+TEST(MatvecInt8Output, RefusedWhereItDoesNotApply) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  std::mt19937 rng(5);
+  auto m = vktest::upload_matrix(g, GgmlType::Q4_0, 40, 64, vktest::random_matrix(rng, GgmlType::Q4_0, 40, 64));
+  vk::Buffer x = vktest::make_buffer(g, 64 * 4, "x"), y = vktest::make_buffer(g, 64 * 4, "y"), q = vktest::make_buffer(g, 4096, "q");
+  vk::MatvecOp op;
+  op.w = m->ref;
+  op.x = x.whole();
+  op.y = y.whole();
+  op.out_q8 = q.whole();
+  op.out_q8_norm = q.whole();
+  op.out_ss = q.whole();
+  EXPECT_FALSE(op.out_q8_supported(*g.ctx)) << "40 rows";
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(op.record(rec), Error);
+  op.out_q8 = {};
+  op.x_ss = q.whole();
+  op.x_ss_parts = 1;
+  EXPECT_THROW(op.record(rec), Error) << "sums without int8 x";
+  rec.end();
+}
+
+}  // namespace
+}  // namespace tessera

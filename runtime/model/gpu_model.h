@@ -125,6 +125,11 @@ struct GpuModelOptions {
   // 9.4 MB stream slows the latency-bound q_a it waits for; PERFORMANCE.md session 11).
   // bench --tune early_qk=0|1.
   bool early_qk = false;
+  // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
+  // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
+  // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet
+  // measured on a GPU (session 11): off. bench --tune qk_q8=0|1.
+  bool qk_q8 = false;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).

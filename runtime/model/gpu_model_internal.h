@@ -50,6 +50,8 @@ struct GpuModel::Weights {
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
   vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's int8 kernel)
+  vk::Buffer cq_q8, cq_ss;   // GpuModelOptions::qk_q8: cq times attn_q_a_norm as int8 blocks, and
+                             // q_a's per-workgroup sums of squares (W_qk / q_b reads them)
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart

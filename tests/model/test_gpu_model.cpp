@@ -309,6 +309,45 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   }
 }
 
+// q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the
+// same int8 blocks W_qk stages itself, only the sum of squares added in another order, so logits
+// within rounding and the same greedy tokens; gated on q_a (early_qk) the bits of the ungated
+// hand-over.
+TEST(GpuModel, QLoraHandsW_qkInt8Blocks) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[3];
+  std::vector<int32_t> tokens[3];
+  std::string names[3];
+  for (int variant : {0, 1, 2}) {  // staged; int8 hand-over; the same gated on q_a
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.qk_q8 = variant > 0;
+    o.early_qk = variant == 2;
+    model::GpuModel m(context(), tsr, o);
+    logits[variant] = m.forward(prompt(m.n_vocab(), 5), false);
+    for (int i = 0; i < 10; ++i) tokens[variant].push_back(m.decode_step());
+    EXPECT_EQ(m.early_starts(), true) << "no wait gave up";
+  }
+  const std::vector<std::string> kernels = [] {
+    std::vector<std::string> k;
+    for (const vk::Pipeline* p : context().pipelines().all()) k.push_back(p->name());
+    return k;
+  }();
+  const bool handed = std::any_of(kernels.begin(), kernels.end(), [](const std::string& n) { return n.find(".oq8") != std::string::npos; });
+  if (!handed) GTEST_SKIP() << "no int8 hand-over here (int8 kernels with subgroups)";
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  float most = 0, diff = 0;
+  for (size_t i = 0; i < logits[0].size(); ++i) {
+    most = std::max(most, std::fabs(logits[0][i]));
+    diff = std::max(diff, std::fabs(logits[0][i] - logits[1][i]));
+  }
+  EXPECT_LE(diff, 1e-3f * most);
+  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(logits[1], logits[2]);
+  EXPECT_EQ(tokens[1], tokens[2]);
+}
+
 // A wait that gives up (here forced: W_vo's gate target one above what the attention counts) makes
 // the model print a warning, re-record the step without early starts and run the step again:
 // the logits and tokens of the model without early starts, bit for bit.

@@ -32,6 +32,20 @@ Files files(const std::string& preset, const std::string& type, const std::strin
   return fixture.files(preset, type, compose, composed_type);
 }
 
+// max |a[i] - b[i]| (worst) and max |a[i]| (scale) over [begin, end) (end 0: to the end).
+struct Gap {
+  float worst = 0, scale = 0;
+};
+Gap gap(const std::vector<float>& a, const std::vector<float>& b, size_t begin = 0, size_t end = 0) {
+  EXPECT_EQ(a.size(), b.size());
+  Gap g;
+  for (size_t i = begin; i < std::min(end ? end : a.size(), std::min(a.size(), b.size())); ++i) {
+    g.scale = std::max(g.scale, std::fabs(a[i]));
+    g.worst = std::max(g.worst, std::fabs(a[i] - b[i]));
+  }
+  return g;
+}
+
 std::vector<int32_t> prompt(uint32_t n_vocab, size_t n) {
   std::vector<int32_t> p;
   for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13) % n_vocab));
@@ -172,12 +186,8 @@ TEST(GpuModel, Int8InputsFromTheProducersGiveTheSameLogits) {
     }
     for (int v = 1; v < 8; ++v) {
       ASSERT_EQ(logits[0].size(), logits[v].size());
-      float scale = 0, worst = 0;
-      for (size_t i = 0; i < logits[0].size(); ++i) {
-        scale = std::max(scale, std::fabs(logits[0][i]));
-        worst = std::max(worst, std::fabs(logits[0][i] - logits[v][i]));
-      }
-      EXPECT_LE(worst, 1e-4f * scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << ((v >> 1) & 1)
+      const Gap d = gap(logits[0], logits[v]);
+      EXPECT_LE(d.worst, 1e-4f * d.scale) << preset << " olat_q8 " << (v & 1) << " head_q8 " << ((v >> 1) & 1)
                                       << " dense_down_matvec " << (v >> 2);
     }
   }
@@ -217,12 +227,8 @@ TEST(GpuModel, FusedDownMatchesTheDownDispatch) {
     EXPECT_EQ(stats[1].dispatches + moe_layers, stats[0].dispatches);
     EXPECT_EQ(stats[1].barriers + moe_layers, stats[0].barriers);
     ASSERT_EQ(logits[0].size(), logits[1].size());
-    float scale = 0, worst = 0;
-    for (size_t i = 0; i < logits[0].size(); ++i) {
-      scale = std::max(scale, std::fabs(logits[0][i]));
-      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
-    }
-    EXPECT_LE(worst, 1e-3f * scale);
+    const Gap d = gap(logits[0], logits[1]);
+    EXPECT_LE(d.worst, 1e-3f * d.scale);
     EXPECT_EQ(tokens[0], tokens[1]);
   }
 }
@@ -337,12 +343,8 @@ TEST(GpuModel, QLoraHandsW_qkInt8Blocks) {
   const bool handed = std::any_of(kernels.begin(), kernels.end(), [](const std::string& n) { return n.find(".oq8") != std::string::npos; });
   if (!handed) GTEST_SKIP() << "no int8 hand-over here (int8 kernels with subgroups)";
   ASSERT_EQ(logits[0].size(), logits[1].size());
-  float most = 0, diff = 0;
-  for (size_t i = 0; i < logits[0].size(); ++i) {
-    most = std::max(most, std::fabs(logits[0][i]));
-    diff = std::max(diff, std::fabs(logits[0][i] - logits[1][i]));
-  }
-  EXPECT_LE(diff, 1e-3f * most);
+  const Gap d = gap(logits[0], logits[1]);
+  EXPECT_LE(d.worst, 1e-3f * d.scale);
   EXPECT_EQ(tokens[0], tokens[1]);
   EXPECT_EQ(logits[1], logits[2]);
   EXPECT_EQ(tokens[1], tokens[2]);
@@ -396,12 +398,8 @@ TEST(GpuModel, AttentionRangesGiveTheSameLogits) {
   ASSERT_EQ(logits[0].size(), logits[1].size());
   const size_t V = logits[0].size() / 14;
   for (size_t t = 0; t < 14; ++t) {
-    float scale = 0, worst = 0;
-    for (size_t i = t * V; i < (t + 1) * V; ++i) {
-      scale = std::max(scale, std::fabs(logits[0][i]));
-      worst = std::max(worst, std::fabs(logits[0][i] - logits[1][i]));
-    }
-    EXPECT_LE(worst, 2e-3f * scale) << "position " << t;
+    const Gap d = gap(logits[0], logits[1], t * V, (t + 1) * V);
+    EXPECT_LE(d.worst, 2e-3f * d.scale) << "position " << t;
   }
 }
 
@@ -480,18 +478,14 @@ TEST(GpuModel, FusedRouterMatchesTheSeparateRouter) {
       EXPECT_EQ(fs.barriers + moe_layers, ps.barriers) << m.preset << " " << m.type;
       EXPECT_LE(fs.dispatches, 12 * cfg.n_layer + 4);
       const size_t V = cfg.n_vocab;
-      float scale = 0, worst = 0;
+      const Gap d = gap(b, a);
       size_t top1 = 0;
-      for (size_t i = 0; i < a.size(); ++i) {
-        scale = std::max(scale, std::fabs(b[i]));
-        worst = std::max(worst, std::fabs(a[i] - b[i]));
-      }
       for (size_t r = 0; r < a.size() / V; ++r)
         top1 += std::max_element(a.begin() + r * V, a.begin() + (r + 1) * V) - a.begin() ==
                 std::max_element(b.begin() + r * V, b.begin() + (r + 1) * V) - b.begin();
       std::printf("%s %s %s %s: fused vs router dispatch max |diff| %.3g of max |logit| %.3g, top-1 %zu / %zu\n",
-                  m.preset, m.type, m.compose, int8 ? "int8" : "f32", worst, scale, top1, a.size() / V);
-      EXPECT_LE(worst, 1e-3f * scale) << m.preset << " " << m.type << (int8 ? " int8" : " f32");
+                  m.preset, m.type, m.compose, int8 ? "int8" : "f32", d.worst, d.scale, top1, a.size() / V);
+      EXPECT_LE(d.worst, 1e-3f * d.scale) << m.preset << " " << m.type << (int8 ? " int8" : " f32");
       EXPECT_EQ(top1, a.size() / V);
     }
   }

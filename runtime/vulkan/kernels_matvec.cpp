@@ -74,13 +74,22 @@ DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, bool whole_blocks)
   const uint32_t nb = op.w.cols / 32;
   const uint32_t tpr = ctx.pipelines().use_subgroup() ? ctx.info().subgroup_size : kSharedThreadsPerRow;
   const bool few = op.w.rows <= kFewRows;
-  const uint32_t teams = q8_decode_teams(op);
+  uint32_t teams = q8_decode_teams(op);
   uint32_t nrows = op.tuning.rows ? op.tuning.rows : few ? 1u : nb <= 2 * tpr ? 4u : 2u;
   if (!op.tuning.rows)
     while (nrows > 1 && (op.w.rows + teams * nrows - 1) / (teams * nrows) < kMinWorkgroups) nrows /= 2;
   const uint32_t ksplit = ksplit_of(op, ctx, teams);
-  // OUT_Q8: whole blocks of 32 rows per workgroup (one subgroup per row).
-  if (whole_blocks && ksplit == 1 && teams <= 32 && 32 % teams == 0) nrows = 32 / teams;
+  // OUT_Q8: whole blocks of 32 rows per workgroup: 32 subgroups of one row where the device
+  // allows the workgroup (one row per subgroup keeps q_a's 2 blocks per lane, loaded before the
+  // staging), else more rows per subgroup.
+  if (whole_blocks && ksplit == 1 && (teams * nrows) % 32 != 0) {
+    if (!op.tuning.teams && 32 * tpr <= ctx.info().max_compute_workgroup_invocations) {
+      teams = 32;
+      nrows = 1;
+    } else if (teams <= 32 && 32 % teams == 0) {
+      nrows = 32 / teams;
+    }
+  }
   return {teams, nrows, ksplit};
 }
 

@@ -3,6 +3,10 @@
 // makes its outputs visible (memoryBarrierBuffer, then a barrier) before its atomicAdd
 // (gate_signal); the consumer polls, then fences, then reads them (gate_poll, gate_wait). No
 // deadlock: the queue launches the producer's workgroups before any of the consumer's.
+// How the consumer reads the producer's output after the fence (PERFORMANCE.md sessions 10-11):
+// plain loads where no SM has read those lines since the last barrier (olat_q8, hq, q_a's cq);
+// coherent loads where one may hold them in L1 (the down's x: its workgroups read their old rows,
+// whose 32-byte sectors span other workgroups' rows). Coherent loads are slow on the H100.
 //
 // The including kernel declares, before including:
 //   coherent buffer gate[]        the gate words (or names another array GATE_SIGNAL_BUFFER for

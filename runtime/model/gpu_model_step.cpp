@@ -131,10 +131,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice qk_words = gate_slice(l, kGateQk, 8);
     vk::MatvecOp query;
     const vk::BufferSlice q_a_norm = c.q_lora_rank ? w.vec(L + "attn_q_a_norm.weight", c.q_lora_rank) : vk::BufferSlice{};
-    if (c.q_lora_rank) {
-      query = matvec_op(qname, w.cq.whole(), qdst, q_a_norm, false);
-      query.gate = gate_wait(qk_words, 0, 1);
-    }
+    if (c.q_lora_rank) query = matvec_op(qname, w.cq.whole(), qdst, q_a_norm, false);
     // The q LoRA's output handed over as int8 blocks and sums of squares (qk_q8), where both ends
     // take them.
     bool qk_q8 = false;

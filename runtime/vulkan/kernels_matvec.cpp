@@ -93,6 +93,9 @@ DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, bool whole_blocks)
   return {teams, nrows, ksplit};
 }
 
+// Rows of one workgroup of the int8 decode kernel under split `s`.
+uint32_t rows_per_workgroup(const DecodeSplit& s) { return s.teams / s.ksplit * s.nrows; }
+
 // Blocks per staging pass of the int8 kernel: a power of two, at most what the columns need and
 // what fits kQ8StageBytes of shared memory (48 bytes per block and column).
 uint32_t q8_kchunk(uint32_t nb, uint32_t batch) {
@@ -140,15 +143,12 @@ bool MatvecOp::out_q8_supported(Context& ctx) const {
 }
 
 uint32_t MatvecOp::out_parts(Context& ctx) const {
-  const DecodeSplit s = q8_decode_split(*this, ctx, true);
-  return (w.rows + s.teams * s.nrows - 1) / (s.teams * s.nrows);
+  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, true));
+  return (w.rows + per_wg - 1) / per_wg;
 }
 
 uint32_t MatvecOp::signal_count(Context& ctx) const {
-  const uint32_t per_wg = [&] {
-    const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
-    return s.teams / s.ksplit * s.nrows;
-  }();
+  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE));
   uint32_t n = 0;
   for (const RowChunk& c : row_chunks(w, ctx.info(), max_binding_bytes)) n += (c.rows + per_wg - 1) / per_wg;
   return n;
@@ -307,7 +307,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       ksplit = s.ksplit;
     }
     const uint32_t kchunk = v.xq8 ? 1u : q8_kchunk(nb, batch);
-    rows_per_wg = teams / ksplit * nrows;
+    rows_per_wg = rows_per_workgroup({teams, nrows, ksplit});
     desc.file = "matvec_q8.comp";
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
                     {"WG_SIZE", std::to_string(tpr * teams)},

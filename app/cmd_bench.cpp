@@ -1,8 +1,8 @@
 // tessera bench [MODEL] [-p N,..] [-n N,..] [-d D,..] [-r R] [-o md|json|csv] [--json FILE] [--backend vulkan|cpu]
-//   [--device N] [--threads N] [--profile] [--profile-out FILE.svg] [--roofline] [--roofline-mib M]
+//   [--device N] [--threads N] [--profile] [--profile-out FILE.svg] [--timeline] [--roofline] [--roofline-mib M]
 // Throughput like llama-bench (prefill pp<N>, decode tg<N>, at cache depths), a per-kernel profile
 // of a decoded token, and the device's ceilings. Results to stdout, progress to stderr.
-// Logic: runtime/model/bench.h, profile.h, bench_roofline.h.
+// Logic: runtime/model/bench.h, profile.h, timeline.h, bench_roofline.h.
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -182,6 +182,9 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--prefill-chunk", b.prefill_chunk, "Vulkan: prompt tokens per batched prefill chunk (0: token by token)")
       ->capture_default_str();
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
+  sub.add_flag("--timeline", b.timeline,
+               "Device-clock timeline of a decoded token at each depth: every kernel's workgroups record their start and "
+               "end (the tests then run with that recording too); needs a shader clock");
   sub.add_flag("--f32-activations", a->f32_activations,
                "f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K)");
   sub.add_option("--attention", a->attention,

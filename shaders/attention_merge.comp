@@ -24,6 +24,7 @@
 // a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full
 // subgroups), Q8_OUT (0/1; 1 needs COLS and R multiples of 32), GATE_SIGNAL (0/1).
 #extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
 #ifndef Q8_OUT

@@ -23,6 +23,7 @@
 // workgroup, <= 32), SV (vec4 per score slice), OH (heads per value thread, a multiple of 4).
 // The host sizes WG >= NS * ceil(HW/4), WG >= (R/4) * ceil(HW/OH), WG >= HW.
 #extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
 #include "rope.glsl"

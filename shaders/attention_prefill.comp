@@ -42,6 +42,7 @@
 // OH (pairs per value thread, multiple of 4). The host sizes WG >= NS * ceil(P/4),
 // WG >= (R/4) * ceil(P/OH), WG >= P (P = GQ*HW).
 #extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
 #include "attention_args.h"
 #include "rope.glsl"

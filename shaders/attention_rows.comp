@@ -49,6 +49,7 @@
 // SINGLE: 3 = olat (f32 [N_HEAD][R]); Q8_OUT: 4 = olat_q8 (3 uvec4 per block of 32 values).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (runtime/vulkan/kernels_attention.h).
 #extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require

@@ -23,6 +23,7 @@
 #endif
 
 #include "kernel_args.h"
+#include "timeline.glsl"  // before the kernel's main(): bench --timeline
 
 // Linear workgroup index of a dispatch whose group count was split over x and y (the host does
 // that when a count exceeds maxComputeWorkGroupCount[0]).

@@ -10,6 +10,7 @@
 // barrier after the kv_a matvec, which opens word GATE_WORD of binding 4 (GATE_TARGET arrivals);
 // the workgroup waits on it (a wait that gives up sets the error words, binding 5), then reads kv.
 #extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
 #endif

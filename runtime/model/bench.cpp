@@ -259,6 +259,30 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
   return out;
 }
 
+// The device-clock timeline of one decoded token per depth (GpuModel::timeline_step): a warm-up,
+// then one token per repetition, each at the depth's position.
+std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m) {
+  std::vector<uint32_t> depths = o.depths;
+  std::sort(depths.begin(), depths.end());
+  depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
+  GpuTarget t(m);
+  std::vector<TokenTimeline> out;
+  for (uint32_t d : depths) {
+    say(o, cat("timeline of a decoded token at depth ", d));
+    t.set_depth(d);
+    std::vector<std::vector<DispatchSpan>> steps;
+    std::vector<double> wall_us;
+    m.timeline_step(d + 1);
+    for (int r = 0; r < std::max(o.repetitions, 1); ++r) {
+      double wall = 0;
+      steps.push_back(m.timeline_step(d + 1, &wall));
+      wall_us.push_back(wall);
+    }
+    out.push_back(summarize_timeline(steps, wall_us, d, m.timeline_untimed()));
+  }
+  return out;
+}
+
 uint32_t max_of(const std::vector<uint32_t>& v) { return v.empty() ? 0 : *std::max_element(v.begin(), v.end()); }
 
 void check_options(const BenchOptions& o) {
@@ -268,7 +292,7 @@ void check_options(const BenchOptions& o) {
     return;
   }
   if (o.depths.empty()) usage_error("bench: -d needs at least one depth");
-  if (max_of(o.prompt_sizes) == 0 && max_of(o.decode_sizes) == 0 && !o.profile)
+  if (max_of(o.prompt_sizes) == 0 && max_of(o.decode_sizes) == 0 && !o.profile && !o.timeline)
     usage_error("bench: nothing to run: every -p and -n value is 0");
 }
 
@@ -308,8 +332,8 @@ BenchReport run_bench(const BenchOptions& o) {
   if (h.backend == "vulkan" && !o.model_path.empty() && !tsr)
     usage_error("bench: ", o.model_path, " is not a packed .tsr file; the Vulkan runtime runs .tsr files (make one with "
                 "`tessera convert`), or use --backend cpu for the CPU reference");
-  if (h.backend == "cpu" && (o.profile || o.roofline || o.kernel_stats))
-    usage_error("bench: --profile, --roofline and --kernel-stats need the Vulkan backend");
+  if (h.backend == "cpu" && (o.profile || o.timeline || o.roofline || o.kernel_stats))
+    usage_error("bench: --profile, --timeline, --roofline and --kernel-stats need the Vulkan backend");
 
   const uint32_t need_ctx = max_of(o.depths) + std::max(std::max(max_of(o.prompt_sizes), max_of(o.decode_sizes)), 1u);
   h.model_path = o.model_path;
@@ -378,8 +402,11 @@ BenchReport run_bench(const BenchOptions& o) {
   go.gate_backoff = o.gate_backoff;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
+  go.timeline = o.timeline;
+  if (o.timeline && !ctx.device().enabled().device_clock)
+    runtime_error("bench --timeline: ", h.device, " has no device clock in shaders (VK_KHR_shader_clock)");
   if (o.profile && !ctx.device().has_timestamps()) runtime_error("bench --profile: ", h.device, " has no timestamp queries");
-  if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0 || o.profile) {
+  if (max_of(o.prompt_sizes) > 0 || max_of(o.decode_sizes) > 0 || o.profile || o.timeline) {
     say(o, cat("loading ", o.model_path, " onto ", h.device));
     GpuModel model(ctx, file, go);
     h.n_ctx = uint32_t(model.n_ctx());
@@ -408,6 +435,8 @@ BenchReport run_bench(const BenchOptions& o) {
     }
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
+    if (o.timeline) report.timelines = run_timelines(o, model);
+    h.timeline = o.timeline;
   }
   if (o.kernel_stats) collect_kernel_stats(ctx, report);
   return report;

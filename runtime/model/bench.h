@@ -13,6 +13,8 @@
 //
 // With `profile` (Vulkan only), the loaded model profiles one decoded token per depth with GPU
 // timestamps (a second recording of the step) (profile.h); the floor uses the read bandwidth measured by bench_roofline.h.
+// With `timeline`, every kernel records its workgroups' device-clock times and one decoded token
+// per depth is shown as it ran (timeline.h).
 //
 //   BenchOptions o; o.model_path = "glm.tsr"; o.depths = {0, 4096};
 //   BenchReport r = run_bench(o);
@@ -29,6 +31,7 @@
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/model/profile.h"
+#include "runtime/model/timeline.h"
 
 namespace tessera::model {
 
@@ -43,6 +46,9 @@ struct BenchOptions {
   unsigned threads = 0;                   // CPU backend threads (0: all)
   uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
+  // The device-clock timeline of a decoded token per depth (timeline.h; Vulkan with a shader
+  // clock). Every kernel then records its workgroups' times, in the throughput tests too.
+  bool timeline = false;
   bool roofline = false;                  // measure the device's ceilings (bench_roofline.h)
   // Decode feeds fixed pseudo-random ids (bench_tokens) instead of each sampled token: every
   // variant then routes the same experts, whatever its rounding (--forced-tokens).
@@ -88,6 +94,7 @@ struct BenchHeader {
   std::string activations;     // "int8 (...)" or "f32": the matvec/expert input path (Vulkan)
   std::string router;          // "fused" (router fold) or "dispatch" (router kernel) (Vulkan MoE models)
   bool forced_tokens = false;  // decode fed fixed ids (BenchOptions::forced_tokens)
+  bool timeline = false;       // every kernel recorded its device-clock times (BenchOptions::timeline)
   std::string barrier_scope;   // the decode step's barrier scope where not the default ("compute", "compute only")
   std::string early_start;     // --tune gate_stats=1: how many early-started W_vo workgroups waited
   uint64_t weight_bytes_per_token = 0;    // declared by the kernels (Vulkan)
@@ -121,6 +128,7 @@ struct BenchReport {
   std::string kernel_stats_note;          // --kernel-stats where the device reports none: why
   std::vector<BenchResult> results;
   std::vector<TokenProfile> profiles;   // one per depth with profile
+  std::vector<TokenTimeline> timelines; // one per depth with timeline
   std::optional<RooflineResult> roofline;
 };
 

@@ -96,6 +96,7 @@ std::string bench_markdown(const BenchReport& r) {
     if (!h.barrier_scope.empty()) s += "barriers:   " + h.barrier_scope + "\n";
     if (!h.early_start.empty()) s += "early W_vo: " + h.early_start + "\n";
     if (h.forced_tokens) s += "decode:     fed fixed token ids, not its own samples (--forced-tokens)\n";
+    if (h.timeline) s += "timeline:   every kernel records its workgroups' device-clock times, in these tests too (--timeline)\n";
     if (h.backend == "vulkan" && h.prefill_chunk)
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +
            " dispatches, " + std::to_string(h.prefill_barriers) + " barriers, " +
@@ -113,6 +114,7 @@ std::string bench_markdown(const BenchReport& r) {
     }
   }
   for (const TokenProfile& p : r.profiles) s += "\n" + profile_markdown(p);
+  for (const TokenTimeline& t : r.timelines) s += "\n" + timeline_markdown(t);
   if (r.roofline) s += "\ndevice ceilings\n\n" + roofline_markdown(*r.roofline);
   if (!r.kernel_stats_note.empty()) s += "\nkernel statistics: " + r.kernel_stats_note + "\n";
   if (!r.kernel_stats.empty()) {
@@ -169,6 +171,34 @@ std::string bench_json(const BenchReport& r) {
              ", \"us_per_call\": " + jn(q.us_per_call) + ", \"us_per_token\": " + jn(q.us_per_token) +
              ", \"bytes_per_call\": " + jn(q.bytes_per_call) + ", \"gbps\": " + jn(q.gbps) + ", \"share\": " +
              jn(q.share) + "}";
+      }
+      s += "]}";
+    }
+    s += "\n  ]";
+  }
+  if (!r.timelines.empty()) {
+    s += ",\n  \"timelines\": [";
+    for (size_t i = 0; i < r.timelines.size(); ++i) {
+      const TokenTimeline& t = r.timelines[i];
+      s += i ? ",\n    " : "\n    ";
+      s += "{\"depth\": " + ju(t.depth) + ", \"tokens\": " + ju(uint64_t(t.tokens)) + ", \"dispatches\": " +
+           ju(t.dispatches) + ", \"device_us\": " + jn(t.device_us) + ", \"token_us\": " + jn(t.token_us) +
+           ", \"bytes_per_token\": " + ju(t.bytes_per_token) + ", \"layer\": " + std::to_string(t.layer) +
+           ", \"layer_us\": " + jn(t.layer_us) + ", \"kernels\": [";
+      for (size_t k = 0; k < t.families.size(); ++k) {
+        const TimelineFamily& f = t.families[k];
+        s += (k ? ",\n      " : "\n      ");
+        s += "{\"kernel\": " + js(f.family) + ", \"calls_per_token\": " + jn(f.calls_per_token) +
+             ", \"us_per_call\": " + jn(f.us_per_call) + ", \"launch_us_per_call\": " + jn(f.launch_us_per_call) +
+             ", \"bytes_per_call\": " + jn(f.bytes_per_call) + ", \"gbps\": " + jn(f.gbps) + "}";
+      }
+      s += "], \"layer_dispatches\": [";
+      for (size_t k = 0; k < t.layer_rows.size(); ++k) {
+        const LayerRow& l = t.layer_rows[k];
+        s += (k ? ",\n      " : "\n      ");
+        s += "{\"label\": " + js(l.label) + ", \"bytes\": " + ju(l.bytes) + ", \"workgroups\": " + ju(l.workgroups) +
+             ", \"start_us\": " + jn(l.start_us) + ", \"last_start_us\": " + jn(l.last_start_us) +
+             ", \"end_us\": " + jn(l.end_us) + "}";
       }
       s += "]}";
     }

@@ -33,7 +33,10 @@ void progress(bool on, uint64_t done, uint64_t total) {
 }  // namespace
 
 GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions& options)
-    : ctx_(ctx), options_(options), config_(ModelConfig::from_metadata(file.metadata())) {
+    : ctx_(ctx),
+      options_(options),
+      timeline_scope_(ctx.pipelines(), options.timeline),
+      config_(ModelConfig::from_metadata(file.metadata())) {
   n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
   if (options_.gate_backoff) ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
@@ -94,8 +97,12 @@ void GpuModel::record_steps() {
 }
 
 std::unique_ptr<vk::CommandRecorder> GpuModel::step_recorder(bool timestamps) const {
-  return std::make_unique<vk::CommandRecorder>(
-      ctx_, vk::RecorderOptions{.timestamps = timestamps, .barrier_scope = options_.barrier_scope});
+  vk::RecorderOptions o{.timestamps = timestamps, .barrier_scope = options_.barrier_scope};
+  if (options_.timeline) {
+    o.timeline = w_->timeline.whole();
+    o.timeline_region = kTimelineRegionBytes;
+  }
+  return std::make_unique<vk::CommandRecorder>(ctx_, o);
 }
 
 void GpuModel::record_aside(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
@@ -190,6 +197,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.step_local, "step values (device copy)", kStepBytes},
       {&w.gates, "early-start gates", uint64_t(kGateStride) * kGateSlices * std::max<uint32_t>(c.n_layer, 1)},
       {&w.gate_stats, "early-start counters", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
+      {&w.timeline, "timeline records", options_.timeline ? kTimelineRegionBytes * kTimelineRegions : 16},
   };
 
   vk::MemoryPlan plan;
@@ -260,12 +268,14 @@ bool GpuModel::fold_router(uint32_t layer) const {
          r.offset % std::max<uint64_t>(ctx_.info().min_storage_buffer_offset_alignment, 4) == 0;
 }
 
-void GpuModel::run_step(int32_t token, uint32_t pos) {
+vk::CommandRecorder& GpuModel::step_recording(uint32_t pos) {
   const auto ranges = attn_->decode_ranges();
   size_t i = 0;
   while (i + 1 < ranges.size() && pos + 1 > ranges[i].second) ++i;
-  run_step(i == 0 ? *rec_ : *rec_more_.at(i - 1), token, pos);
+  return i == 0 ? *rec_ : *rec_more_.at(i - 1);
 }
+
+void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(step_recording(pos), token, pos); }
 
 void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   if (pos >= n_ctx_)
@@ -361,6 +371,67 @@ std::vector<vk::DispatchTiming> GpuModel::profile_step(uint32_t kv_len, double* 
   // Leave the step buffer as it was for the session (position n_past, same token).
   write_step(uint32_t(token), n_past_);
   return t;
+}
+
+std::vector<DispatchSpan> GpuModel::timeline_step(uint32_t kv_len, double* wall_us) {
+  if (!options_.timeline) usage_error("timeline_step: the model was made without GpuModelOptions::timeline");
+  if (kv_len == 0 || kv_len > n_ctx_) usage_error("timeline_step: context length ", kv_len, " outside 1..", n_ctx_);
+  {
+    vk::CommandRecorder zero(ctx_);  // records from earlier steps must not count
+    zero.begin();
+    zero.fill(w_->timeline.whole(), 0);
+    zero.end();
+    zero.run();
+  }
+  const uint32_t pos = kv_len - 1;
+  const int32_t token = sampled_token();
+  const auto t0 = std::chrono::steady_clock::now();
+  run_step(token, pos);
+  if (wall_us) *wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  write_step(uint32_t(token), n_past_);  // the step buffer as it was for the session
+  const vk::CommandRecorder& rec = step_recording(pos);  // (re-recorded if an early start gave up)
+  const uint32_t timed = std::min<uint32_t>(rec.dispatch_count(), rec.timeline_dispatches());
+  std::vector<uint32_t> raw(size_t(timed) * kTimelineRegionBytes / 4);
+  if (!raw.empty()) read_back(w_->timeline, raw.data(), raw.size() * 4);
+  std::vector<DispatchSpan> out;
+  uint64_t origin = UINT64_MAX;
+  struct Ticks {
+    uint64_t first = UINT64_MAX, last = 0, end = 0;
+  };
+  std::vector<Ticks> ticks(timed);
+  for (uint32_t d = 0; d < timed; ++d) {
+    const vk::DispatchInfo& info = rec.dispatches()[d];
+    DispatchSpan sp;
+    sp.label = info.label;
+    sp.bytes = info.bytes;
+    sp.workgroups = info.groups[0] * info.groups[1] * info.groups[2];
+    const uint64_t n = sp.workgroups ? std::min<uint64_t>(sp.workgroups, kTimelineRegionRecords) : kTimelineRegionRecords;
+    const uint32_t* r = raw.data() + size_t(d) * (kTimelineRegionBytes / 4);
+    for (uint64_t g = 0; g < n; ++g) {
+      const uint64_t start = uint64_t(r[4 * g]) | uint64_t(r[4 * g + 1]) << 32;
+      const uint64_t end = uint64_t(r[4 * g + 2]) | uint64_t(r[4 * g + 3]) << 32;
+      if (end == 0) continue;  // no record (a workgroup past the region, or none ran)
+      sp.recorded += 1;
+      ticks[d].first = std::min(ticks[d].first, start);
+      ticks[d].last = std::max(ticks[d].last, start);
+      ticks[d].end = std::max(ticks[d].end, end);
+    }
+    if (sp.recorded) origin = std::min(origin, ticks[d].first);
+    out.push_back(std::move(sp));
+  }
+  for (uint32_t d = 0; d < timed; ++d) {
+    if (!out[d].recorded) continue;
+    out[d].start_us = double(ticks[d].first - origin) / 1e3;  // device clock ticks read as ns
+    out[d].last_start_us = double(ticks[d].last - origin) / 1e3;
+    out[d].end_us = double(ticks[d].end - origin) / 1e3;
+  }
+  return out;
+}
+
+uint32_t GpuModel::timeline_untimed() const {
+  if (!options_.timeline) return 0;
+  const uint32_t own = rec_->timeline_dispatches();
+  return rec_->dispatch_count() > own ? rec_->dispatch_count() - own : 0;
 }
 
 vk::MatrixRef GpuModel::weight_matrix(std::string_view name) const { return w_->matrix(name); }

@@ -26,9 +26,9 @@
 #include "format/model_config.h"
 #include "format/tsr.h"
 #include "runtime/cpu/generate.h"
+#include "runtime/model/timeline.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_attention.h"
-#include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_sample.h"
@@ -141,6 +141,10 @@ struct GpuModelOptions {
   // A process-wide shader define: set on the context's pipeline library by the constructor.
   // bench --tune gate_backoff=N.
   uint32_t gate_backoff = 0;
+  // Every kernel of the model writes its workgroups' device-clock start and end
+  // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
+  // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.
+  bool timeline = false;
 };
 
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.
@@ -227,6 +231,13 @@ class GpuModel : public LanguageModel {
   // later), and returns per-dispatch timings; *wall_us: submit to done. Error(Usage) without a
   // prefill graph or when the chunk does not fit the context.
   std::vector<vk::DispatchTiming> profile_prefill(double* wall_us = nullptr);
+  // With GpuModelOptions::timeline: runs one decode step (the recording the decode runs for that
+  // context, unchanged) at position kv_len - 1 without advancing the session, and returns every
+  // dispatch's device-clock span (timeline.h); *wall_us: host time from submit to done.
+  // Error(Usage) without the option or for kv_len outside 1..n_ctx().
+  std::vector<DispatchSpan> timeline_step(uint32_t kv_len, double* wall_us = nullptr);
+  // Dispatches of the step past the timeline's regions (their records are not their own).
+  uint32_t timeline_untimed() const;
 
  private:
   struct Weights;
@@ -261,6 +272,7 @@ class GpuModel : public LanguageModel {
   bool fold_router(uint32_t layer) const;
   void run_step(int32_t token, uint32_t pos);
   void run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos);
+  vk::CommandRecorder& step_recording(uint32_t pos);  // the recording run_step(token, pos) runs
   // The LM head of one token, shared by the decode step and the prefill's last chunk:
   // normed = RMSNorm(x; output_norm) (its own dispatch), barrier, logits = W_out . normed, barrier,
   // the GPU sampler (the next token and position into the step buffer). `what` ends the labels.
@@ -269,6 +281,7 @@ class GpuModel : public LanguageModel {
 
   vk::Context& ctx_;
   GpuModelOptions options_;
+  vk::PipelineLibrary::TimelineScope timeline_scope_;  // timeline mode while the model lives (options_.timeline)
   ModelConfig config_;
   uint32_t n_ctx_ = 0;
   uint32_t n_past_ = 0;

@@ -29,6 +29,11 @@ constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
 static_assert(TS_DOWN_GATE_WORDS * 4 <= kGateStride, "the MoE down's gate words fit a gate slice");
 constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
+// GpuModelOptions::timeline: one region of records per dispatch (16 bytes per workgroup, up to
+// kTimelineRegionRecords workgroups), kTimelineRegions regions (the decode step has < 400 dispatches).
+constexpr uint64_t kTimelineRegionRecords = 16384;
+constexpr uint64_t kTimelineRegionBytes = kTimelineRegionRecords * 16;
+constexpr uint32_t kTimelineRegions = 512;
 
 }  // namespace tessera::model::gpu_detail
 
@@ -60,6 +65,7 @@ struct GpuModel::Weights {
                              // the q LoRA's for W_qk / q_b and kv_a's for kv_write)
   vk::Buffer gate_stats;     // GpuModelOptions::gate_stats: per layer (kGateStride apart) the gated
                              // W_vo's counters and times, zeroed each step, summed on the host
+  vk::Buffer timeline;       // GpuModelOptions::timeline: kTimelineRegions regions of records (timeline.glsl)
   uint64_t fold_stride = 0;  // bytes per layer (0: no router fold)
   std::vector<vk::Buffer> cache;  // per layer: f16 [n_ctx][kv_lora + rope]
   vk::Buffer step, ring;          // host-visible

@@ -66,19 +66,24 @@ std::string statistic_text(VkPipelineExecutableStatisticFormatKHR format, const 
 
 Pipeline::Pipeline(const Device& device, const PipelineDesc& desc, const std::vector<uint32_t>& spirv,
                    VkPipelineCache cache)
-    : device_(device.handle()), num_buffers_(desc.num_buffers), push_bytes_(desc.push_bytes), name_(desc.name) {
+    : device_(device.handle()),
+      num_buffers_(desc.num_buffers),
+      push_bytes_(desc.push_bytes),
+      timeline_(desc.timeline),
+      name_(desc.name) {
   if (desc.push_bytes % 4 != 0 || desc.push_bytes > device.info().max_push_constants_size)
     runtime_error("pipeline ", desc.name, ": push-constant size ", desc.push_bytes, " is not a multiple of 4 <= ",
                   device.info().max_push_constants_size);
-  std::vector<VkDescriptorSetLayoutBinding> bindings(desc.num_buffers);
-  for (uint32_t i = 0; i < desc.num_buffers; ++i) {
+  const uint32_t n_bindings = desc.num_buffers + (desc.timeline ? 1 : 0);
+  std::vector<VkDescriptorSetLayoutBinding> bindings(n_bindings);
+  for (uint32_t i = 0; i < n_bindings; ++i) {
     bindings[i].binding = i;
     bindings[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     bindings[i].descriptorCount = 1;
     bindings[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }
   auto dl = vk_struct<VkDescriptorSetLayoutCreateInfo>(VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO);
-  dl.bindingCount = desc.num_buffers;
+  dl.bindingCount = n_bindings;
   dl.pBindings = bindings.data();
   check(vkCreateDescriptorSetLayout(device_, &dl, nullptr, &set_layout_), "vkCreateDescriptorSetLayout");
 
@@ -164,10 +169,22 @@ ShaderDefines PipelineLibrary::device_defines() const {
   };
 }
 
-const Pipeline& PipelineLibrary::get(const PipelineDesc& desc) {
+void PipelineLibrary::set_timeline(bool on) {
+  if (on && !device_.enabled().device_clock)
+    runtime_error("timeline: ", device_.info().name, " has no device clock in shaders (VK_KHR_shader_clock shaderDeviceClock)");
+  timeline_ = on;
+}
+
+const Pipeline& PipelineLibrary::get(const PipelineDesc& desc_in) {
+  PipelineDesc desc = desc_in;
+  desc.timeline = timeline_;
   ShaderDefines defines = device_defines();
   for (const auto& [k, v] : global_defines_) defines[k] = v;
   for (const auto& [k, v] : desc.defines) defines[k] = v;
+  if (desc.timeline) {
+    defines["TS_TIMELINE"] = "1";
+    defines["TS_TIMELINE_BINDING"] = std::to_string(desc.num_buffers);
+  }
   std::string key = desc.file;
   for (const auto& [k, v] : defines) key += cat(";", k, "=", v);
   key += cat(";nb=", desc.num_buffers, ";pc=", desc.push_bytes, ";fs=", desc.full_subgroups);

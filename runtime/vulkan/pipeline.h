@@ -4,6 +4,9 @@
 //  - PipelineLibrary owns every Pipeline created on a device (deduplicated by file + defines) and
 //    the VkPipelineCache, loaded from and saved to <cache dir>/pipelines-<device key>.bin.
 //    It adds the device defines to every shader (see device_defines()).
+//  - Timeline mode (PipelineLibrary::set_timeline, bench --timeline): pipelines made while it is
+//    on have one more binding, at index num_buffers, where the recorder binds this dispatch's
+//    range of the timeline records (shaders/timeline.glsl, RecorderOptions::timeline).
 #pragma once
 #include <vulkan/vulkan.h>
 
@@ -26,6 +29,8 @@ struct PipelineDesc {
   uint32_t push_bytes = 0;      // push-constant block size (multiple of 4, <= 128)
   bool full_subgroups = false;  // the kernel indexes subgroups: ask for full subgroups of
                                 // SUBGROUP_SIZE when the device allows fixing it
+  bool timeline = false;        // set by PipelineLibrary in timeline mode: binding num_buffers
+                                // takes the timeline records (TS_TIMELINE, TS_TIMELINE_BINDING)
 };
 
 // One statistic the driver reports for a compiled kernel (VK_KHR_pipeline_executable_properties),
@@ -51,6 +56,8 @@ class Pipeline {
   VkDescriptorSetLayout set_layout() const { return set_layout_; }
   uint32_t num_buffers() const { return num_buffers_; }
   uint32_t push_bytes() const { return push_bytes_; }
+  // Whether the kernel writes timeline records (binding num_buffers(); PipelineDesc::timeline).
+  bool timeline() const { return timeline_; }
   const std::string& name() const { return name_; }
   // The driver's statistics of the compute executable; empty unless the device has
   // enabled().pipeline_statistics (ContextOptions::kernel_statistics).
@@ -63,6 +70,7 @@ class Pipeline {
   VkPipelineLayout layout_ = VK_NULL_HANDLE;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
   uint32_t num_buffers_, push_bytes_;
+  bool timeline_;
   std::string name_;
 };
 
@@ -86,6 +94,26 @@ class PipelineLibrary {
   // A define every shader gets from now on, after the device's (a process-wide tuning knob, e.g.
   // GATE_BACKOFF from bench --tune gate_backoff); pipelines made before keep theirs.
   void set_global_define(const std::string& name, const std::string& value) { global_defines_[name] = value; }
+  // Timeline mode: pipelines made from now on (until it is turned off) write the device-clock
+  // timeline (shaders/timeline.glsl: TS_TIMELINE=1, TS_TIMELINE_BINDING = the desc's num_buffers,
+  // one binding more). They are other pipelines than the same descs made without it. Throws
+  // Error(Runtime) when the device has no shader device clock (DeviceFeatures::device_clock).
+  void set_timeline(bool on);
+  bool timeline() const { return timeline_; }
+  // Timeline mode on (when `on`) for the scope's lifetime, then as it was before.
+  class TimelineScope {
+   public:
+    TimelineScope(PipelineLibrary& lib, bool on) : lib_(lib), before_(lib.timeline()) {
+      if (on) lib.set_timeline(true);
+    }
+    ~TimelineScope() { lib_.timeline_ = before_; }
+    TimelineScope(const TimelineScope&) = delete;
+    TimelineScope& operator=(const TimelineScope&) = delete;
+
+   private:
+    PipelineLibrary& lib_;
+    bool before_;
+  };
   // The value of USE_SUBGROUP in device_defines().
   bool use_subgroup() const { return device_.enabled().subgroup_arithmetic && !no_subgroup_ops_; }
   // Writes the VkPipelineCache to disk now (also done by the destructor).
@@ -101,6 +129,7 @@ class PipelineLibrary {
   VkPipelineCache cache_ = VK_NULL_HANDLE;
   std::map<std::string, std::unique_ptr<Pipeline>> pipelines_;
   ShaderDefines global_defines_;
+  bool timeline_ = false;
 };
 
 }  // namespace tessera::vk

@@ -38,6 +38,13 @@ CommandRecorder::CommandRecorder(Context& ctx, RecorderOptions options)
   ai.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
   ai.commandBufferCount = 1;
   check(vkAllocateCommandBuffers(device_, &ai, &cmd_), "vkAllocateCommandBuffers");
+  if (options_.timeline.buffer != VK_NULL_HANDLE &&
+      (timeline_dispatches() == 0 || options_.timeline_region % ctx.info().min_storage_buffer_offset_alignment != 0 ||
+       options_.timeline_region > ctx.info().max_storage_buffer_range))
+    runtime_error("CommandRecorder: timeline regions of ", options_.timeline_region, " bytes in a buffer of ",
+                  options_.timeline.size, " (a region must fit, be a multiple of ",
+                  ctx.info().min_storage_buffer_offset_alignment, " and at most ", ctx.info().max_storage_buffer_range,
+                  " bytes)");
   auto fi = vk_struct<VkFenceCreateInfo>(VK_STRUCTURE_TYPE_FENCE_CREATE_INFO);
   check(vkCreateFence(device_, &fi, nullptr, &fence_), "vkCreateFence");
   if (options_.timestamps && ctx.device().has_timestamps() && options_.max_timed > 0) {
@@ -46,6 +53,12 @@ CommandRecorder::CommandRecorder(Context& ctx, RecorderOptions options)
     qi.queryCount = options_.max_timed + 1;
     check(vkCreateQueryPool(device_, &qi, nullptr, &query_pool_), "vkCreateQueryPool");
   }
+}
+
+uint32_t CommandRecorder::timeline_dispatches() const {
+  if (options_.timeline.buffer == VK_NULL_HANDLE || options_.timeline_region == 0) return 0;
+  const uint64_t regions = options_.timeline.size / options_.timeline_region;
+  return regions ? uint32_t(regions - 1) : 0;
 }
 
 CommandRecorder::~CommandRecorder() {
@@ -114,7 +127,16 @@ void CommandRecorder::bind(const Pipeline& pipeline, std::span<const BufferSlice
   if (push_size != pipeline.push_bytes())
     runtime_error("dispatch '", label, "': push constants of ", push_size, " bytes, pipeline ", pipeline.name(),
                   " declares ", pipeline.push_bytes());
-  std::vector<VkDescriptorBufferInfo> infos(buffers.size());
+  const bool timeline = pipeline.timeline();
+  if (timeline && options_.timeline.buffer == VK_NULL_HANDLE)
+    runtime_error("dispatch '", label, "': pipeline ", pipeline.name(),
+                  " writes timeline records (made in timeline mode) and this recorder has no timeline buffer");
+  std::vector<VkDescriptorBufferInfo> infos(buffers.size() + (timeline ? 1 : 0));
+  if (timeline) {
+    const uint64_t region = uint64_t(std::min<size_t>(dispatches_.size(), timeline_dispatches()));
+    const BufferSlice t = options_.timeline.sub(region * options_.timeline_region, options_.timeline_region);
+    infos.back() = {t.buffer, t.offset, t.size};
+  }
   for (size_t i = 0; i < buffers.size(); ++i) {
     const BufferSlice& b = buffers[i];
     if (b.buffer == VK_NULL_HANDLE || b.size == 0) runtime_error("dispatch '", label, "': binding ", i, " is empty");
@@ -127,8 +149,8 @@ void CommandRecorder::bind(const Pipeline& pipeline, std::span<const BufferSlice
     infos[i] = {b.buffer, b.offset, b.size};
   }
   VkDescriptorSet set = allocate_set(pipeline.set_layout());
-  std::vector<VkWriteDescriptorSet> writes(buffers.size());
-  for (size_t i = 0; i < buffers.size(); ++i) {
+  std::vector<VkWriteDescriptorSet> writes(infos.size());
+  for (size_t i = 0; i < infos.size(); ++i) {
     writes[i] = vk_struct<VkWriteDescriptorSet>(VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET);
     writes[i].dstSet = set;
     writes[i].dstBinding = static_cast<uint32_t>(i);

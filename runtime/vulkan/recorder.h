@@ -43,6 +43,14 @@ struct RecorderOptions {
   BarrierScope barrier_scope = BarrierScope::Full;
   uint32_t max_timed = 4096;     // dispatches timed per recording (later ones are not timed)
   double fence_timeout_s = 300;  // wait() gives up with Error(Runtime) after this long
+  // The timeline records (shaders/timeline.glsl), for pipelines made in timeline mode
+  // (Pipeline::timeline(); a dispatch of one without them throws): dispatch i of a recording gets
+  // [i * timeline_region, +timeline_region) bound at binding num_buffers, one 16-byte record per
+  // workgroup; dispatches from timeline_dispatches() on all share the last region (their records
+  // are not their own). timeline_region: a multiple of minStorageBufferOffsetAlignment; the
+  // buffer holds at least two regions.
+  BufferSlice timeline{};
+  uint64_t timeline_region = 0;
 };
 
 struct DispatchInfo {
@@ -115,6 +123,9 @@ class CommandRecorder {
   uint32_t barrier_count() const { return barriers_; }
   const std::vector<DispatchInfo>& dispatches() const { return dispatches_; }
   bool timing() const { return query_pool_ != VK_NULL_HANDLE; }
+  // How many dispatches of a recording have timeline records of their own (the first ones):
+  // the regions less the shared last one (RecorderOptions::timeline). 0 without a timeline.
+  uint32_t timeline_dispatches() const;
   // Per-dispatch GPU times of the last completed submission (call after wait(); empty when
   // timestamps are off or unsupported).
   std::vector<DispatchTiming> timings() const;

@@ -1,0 +1,186 @@
+// The device-clock timeline: statistics and markdown. See timeline.h.
+#include "runtime/model/timeline.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+
+#include "format/error.h"
+#include "runtime/model/profile.h"
+
+namespace tessera::model {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// The layer a label names ("... blk.12.attn_q_a.weight" -> 12), or -1.
+int label_layer(const std::string& label) {
+  const size_t at = label.find("blk.");
+  if (at == std::string::npos) return -1;
+  size_t i = at + 4;
+  int n = 0;
+  bool digits = false;
+  while (i < label.size() && label[i] >= '0' && label[i] <= '9') {
+    n = n * 10 + (label[i++] - '0');
+    digits = true;
+  }
+  return digits ? n : -1;
+}
+
+}  // namespace
+
+TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
+                                 uint32_t depth, uint32_t untimed) {
+  if (steps.empty() || steps[0].empty()) runtime_error("timeline: no dispatch spans to summarize");
+  const size_t n = steps[0].size();
+  for (const auto& s : steps)
+    if (s.size() != n) runtime_error("timeline: the steps disagree on their dispatch count (", s.size(), " vs ", n, ")");
+
+  TokenTimeline t;
+  t.depth = depth;
+  t.tokens = int(steps.size());
+  t.dispatches = uint32_t(n);
+  t.untimed = untimed;
+  t.token_us = median(std::vector<double>(token_wall_us.begin(), token_wall_us.end()));
+
+  struct Acc {
+    uint32_t calls = 0;
+    uint64_t bytes = 0;  // per token
+    std::vector<double> span, launch;
+    double span_sum = 0;
+  };
+  std::map<std::string, Acc> acc;
+  std::vector<double> device;
+  for (const auto& s : steps) {
+    double end = 0;
+    for (const DispatchSpan& d : s)
+      if (d.recorded) end = std::max(end, d.end_us);
+    device.push_back(end);
+  }
+  t.device_us = median(device);
+  for (size_t d = 0; d < n; ++d) {
+    Acc& a = acc[kernel_family(steps[0][d].label)];
+    a.calls += 1;
+    a.bytes += steps[0][d].bytes;
+    t.bytes_per_token += steps[0][d].bytes;
+    for (const auto& s : steps) {
+      if (!s[d].recorded) continue;
+      a.span.push_back(s[d].span_us());
+      a.launch.push_back(s[d].last_start_us - s[d].start_us);
+      a.span_sum += s[d].span_us();
+    }
+  }
+  for (auto& [family, a] : acc) {
+    TimelineFamily f;
+    f.family = family;
+    f.calls_per_token = a.calls;
+    f.us_per_call = median(a.span);
+    f.launch_us_per_call = median(a.launch);
+    f.bytes_per_call = double(a.bytes) / a.calls;
+    const double timed_calls = double(a.span.size());
+    f.gbps = a.span_sum > 0 ? f.bytes_per_call * timed_calls / (a.span_sum * 1e3) : 0;
+    t.families.push_back(std::move(f));
+  }
+  std::sort(t.families.begin(), t.families.end(), [](const TimelineFamily& a, const TimelineFamily& b) {
+    return a.us_per_call * a.calls_per_token > b.us_per_call * b.calls_per_token;
+  });
+
+  // The middle layer: its dispatches relative to its first start, medians over the steps.
+  int max_layer = -1;
+  for (const DispatchSpan& d : steps[0]) max_layer = std::max(max_layer, label_layer(d.label));
+  if (max_layer < 0) return t;
+  t.layer = max_layer / 2;
+  std::vector<size_t> rows;
+  for (size_t d = 0; d < n; ++d)
+    if (label_layer(steps[0][d].label) == t.layer) rows.push_back(d);
+  std::vector<double> layer_us;
+  std::vector<std::vector<double>> start(rows.size()), last(rows.size()), end(rows.size());
+  for (const auto& s : steps) {
+    double origin = 1e300, next = 1e300;
+    for (size_t d = 0; d < n; ++d) {
+      if (!s[d].recorded) continue;
+      const int l = label_layer(s[d].label);
+      if (l == t.layer) origin = std::min(origin, s[d].start_us);
+      if (l == t.layer + 1) next = std::min(next, s[d].start_us);
+    }
+    if (origin == 1e300) continue;
+    if (next != 1e300) layer_us.push_back(next - origin);
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const DispatchSpan& d = s[rows[i]];
+      if (!d.recorded) continue;
+      start[i].push_back(d.start_us - origin);
+      last[i].push_back(d.last_start_us - origin);
+      end[i].push_back(d.end_us - origin);
+    }
+  }
+  t.layer_us = median(layer_us);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const DispatchSpan& d = steps[0][rows[i]];
+    t.layer_rows.push_back({d.label, d.bytes, d.workgroups, median(start[i]), median(last[i]), median(end[i])});
+  }
+  return t;
+}
+
+std::string timeline_markdown(const TokenTimeline& t) {
+  std::string s;
+  char line[640];
+  std::snprintf(line, sizeof line,
+                "device-clock timeline of one decoded token at depth %u (%d tokens, %u dispatches; every workgroup's "
+                "start and end, nothing serialized)\n\n",
+                t.depth, t.tokens, t.dispatches);
+  s += line;
+  s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | bytes/call | "
+       "GB/s |\n|---|---:|---:|---:|---:|---:|\n";
+  for (const TimelineFamily& f : t.families) {
+    std::snprintf(line, sizeof line, f.gbps < 10 ? "| %s | %.0f | %.2f | %.2f | %.0f | %.3f |\n"
+                                                 : "| %s | %.0f | %.2f | %.2f | %.0f | %.1f |\n",
+                  f.family.c_str(), f.calls_per_token, f.us_per_call, f.launch_us_per_call, f.bytes_per_call, f.gbps);
+    s += line;
+  }
+  s += "\n| token | value |\n|---|---:|\n";
+  std::snprintf(line, sizeof line, "| device span (first start -> last end, median) | %.1f µs |\n", t.device_us);
+  s += line;
+  std::snprintf(line, sizeof line, "| host time (submit to done, median) | %.1f µs |\n", t.token_us);
+  s += line;
+  std::snprintf(line, sizeof line, "| bytes per token (declared by the kernels) | %.3f MB (%.1f GB/s over the device span) |\n",
+                t.bytes_per_token / 1e6, t.device_us > 0 ? t.bytes_per_token / (t.device_us * 1e3) : 0.0);
+  s += line;
+  if (t.untimed) {
+    std::snprintf(line, sizeof line, "| dispatches without records (past the timeline's regions) | %u |\n", t.untimed);
+    s += line;
+  }
+  if (t.layer < 0 || t.layer_rows.empty()) return s;
+  // Bar scale: a round number of µs per character that fits the layer into ~80 characters.
+  double layer_end = 0;
+  for (const LayerRow& r : t.layer_rows) layer_end = std::max(layer_end, r.end_us);
+  double per_char = 0.25;
+  for (const double step : {0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0}) {
+    per_char = step;
+    if (layer_end / step <= 80) break;
+  }
+  std::snprintf(line, sizeof line,
+                "\nlayer %d, µs from its first start (median; %.2f µs to the next layer's first start); bar: %g µs per "
+                "character, '-' while its workgroups start, '#' all started\n\n",
+                t.layer, t.layer_us, per_char);
+  s += line;
+  s += "| dispatch | workgroups | start | last start | end | GB/s | |\n|---|---:|---:|---:|---:|---:|---|\n";
+  for (const LayerRow& r : t.layer_rows) {
+    std::string bar;
+    const auto col = [&](double us) { return size_t(std::max(0.0, std::floor(us / per_char))); };
+    for (size_t c = 0; c < std::min<size_t>(col(r.end_us) + 1, 120); ++c)
+      bar += c < col(r.start_us) ? '.' : c < col(r.last_start_us) ? '-' : '#';
+    const double span = r.end_us - r.start_us;
+    std::snprintf(line, sizeof line, "| %s | %u | %.2f | %.2f | %.2f | %.1f | `%s` |\n", r.label.c_str(), r.workgroups,
+                  r.start_us, r.last_start_us, r.end_us, span > 0 ? r.bytes / (span * 1e3) : 0.0, bar.c_str());
+    s += line;
+  }
+  return s;
+}
+
+}  // namespace tessera::model

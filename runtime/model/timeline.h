@@ -1,0 +1,73 @@
+// The device-clock timeline of a decoded token (bench --timeline, GpuModelOptions::timeline):
+// every workgroup of every kernel writes when it started and ended (shaders/timeline.glsl), and the
+// step runs as the throughput tests run it, so kernels that overlap (the early starts' gated
+// pairs) are seen overlapping, where the timestamp profile (profile.h) serializes them and adds
+// each timestamp's cost. Per dispatch: the first start, the last start and the last end.
+//
+//   std::vector<std::vector<DispatchSpan>> steps = ...;   // GpuModel::timeline_step, per token
+//   TokenTimeline t = summarize_timeline(steps, wall_us, depth);
+//   std::puts(timeline_markdown(t).c_str());
+//
+// Units: the device clock is read as nanoseconds (NVIDIA's global timer, Mesa's CPU clock); the
+// table also gives the device span next to the host's submit-to-done time as a check.
+#pragma once
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace tessera::model {
+
+struct DispatchSpan {
+  std::string label;           // the recorder's label, e.g. "moe_gateup.q8act blk.3."
+  uint64_t bytes = 0;          // bytes the kernel declares
+  uint32_t workgroups = 0;     // workgroups dispatched (0: an indirect dispatch, count unknown)
+  uint32_t recorded = 0;       // workgroups that wrote a record (0: the dispatch ran no workgroup)
+  double start_us = 0;         // first workgroup start, from the step's first start
+  double last_start_us = 0;    // last workgroup start
+  double end_us = 0;           // last workgroup end
+  double span_us() const { return end_us - start_us; }
+};
+
+struct TimelineFamily {
+  std::string family;          // kernel_family() of the labels (profile.h)
+  double calls_per_token = 0;
+  double us_per_call = 0;      // median span (first start -> last end) over every call
+  double launch_us_per_call = 0;  // median first start -> last start: how long the workgroups took to start
+  double bytes_per_call = 0;
+  double gbps = 0;             // declared bytes / span, over all calls (1e9 B/s)
+};
+
+// One dispatch of the middle layer, relative to that layer's first start (medians over tokens).
+struct LayerRow {
+  std::string label;
+  uint64_t bytes = 0;
+  uint32_t workgroups = 0;
+  double start_us = 0, last_start_us = 0, end_us = 0;
+};
+
+struct TokenTimeline {
+  uint32_t depth = 0;
+  int tokens = 0;
+  uint32_t dispatches = 0;     // per token
+  uint32_t untimed = 0;        // dispatches past the timeline's regions (no records of their own)
+  double device_us = 0;        // median: the step's first start -> last end, device clock
+  double token_us = 0;         // median: host time from submit to done
+  uint64_t bytes_per_token = 0;
+  std::vector<TimelineFamily> families;  // longest us_per_call x calls first
+  int layer = -1;              // the layer of `layer_rows` (the middle one; -1: no layer labels)
+  double layer_us = 0;         // its first start -> the next layer's first start (median)
+  std::vector<LayerRow> layer_rows;
+};
+
+// Summarizes timeline steps (each the spans of one decode step; all of the same recording) with
+// their host times. Throws Error(Runtime) when `steps` is empty, a step has no dispatch, or the
+// steps disagree on their dispatch count.
+TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
+                                 uint32_t depth, uint32_t untimed = 0);
+
+// The per-family table, the token's device span against its host time, and the middle layer's
+// dispatches as a waterfall (start, last start, end, GB/s, and a bar of 1 µs per character).
+std::string timeline_markdown(const TokenTimeline& t);
+
+}  // namespace tessera::model

@@ -1,0 +1,37 @@
+// The device-clock timeline (bench --timeline, GpuModelOptions::timeline; docs/PERFORMANCE.md §3):
+// with TS_TIMELINE=1 every workgroup of every kernel writes when it started and when its last
+// invocation finished, read from the device clock (VK_KHR_shader_clock, clockRealtime2x32EXT),
+// into its own record: record `linear workgroup id` of the range the recorder binds at binding
+// TS_TIMELINE_BINDING for this dispatch (runtime/vulkan/recorder.h, RecorderOptions::timeline).
+//
+//   record (uvec4):  x, y = start (low, high 32 bits)   z, w = end (low, high 32 bits)
+//
+// Unlike timestamps between dispatches, nothing is serialized: the step runs as recorded, and the
+// host reads each dispatch's first start, last start and last end (runtime/model/timeline.h).
+// The kernel's own main() becomes ts_kernel_main() (the define below); this file must be included
+// before it (common.glsl includes it; the kernels that do not include common.glsl include it).
+// Without TS_TIMELINE this file declares nothing.
+#ifndef TESSERA_TIMELINE_GLSL
+#define TESSERA_TIMELINE_GLSL
+#if defined(TS_TIMELINE)
+#if TS_TIMELINE
+#extension GL_EXT_shader_realtime_clock : require
+
+layout(std430, binding = TS_TIMELINE_BINDING) writeonly restrict buffer TsTimelineBuf { uvec4 ts_timeline[]; };
+
+void ts_kernel_main();
+
+void main() {
+  const uvec2 start = clockRealtime2x32EXT();
+  ts_kernel_main();
+  barrier();  // every invocation has returned from the kernel (uniform control flow again)
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint wg = (gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
+    if (wg < uint(ts_timeline.length())) ts_timeline[wg] = uvec4(start, clockRealtime2x32EXT());
+  }
+}
+
+#define main ts_kernel_main
+#endif
+#endif
+#endif  // TESSERA_TIMELINE_GLSL

@@ -1,0 +1,167 @@
+// The device-clock timeline (bench --timeline): the summary's arithmetic on made-up spans, and on
+// lavapipe a model whose kernels record their workgroups: every workgroup of every dispatch
+// recorded, spans in order and in the host's time, and the same bits and tokens as without it.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "format/error.h"
+#include "format/tsr.h"
+#include "runtime/model/gpu_model.h"
+#include "runtime/model/timeline.h"
+#include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/memory.h"
+#include "tests/model/model_fixture.h"
+
+namespace tessera {
+namespace {
+
+testfx::ModelFixture fixture("timeline");
+
+model::DispatchSpan span(std::string label, uint64_t bytes, uint32_t wgs, double start, double last, double end) {
+  model::DispatchSpan d;
+  d.label = std::move(label);
+  d.bytes = bytes;
+  d.workgroups = wgs;
+  d.recorded = wgs;
+  d.start_us = start;
+  d.last_start_us = last;
+  d.end_us = end;
+  return d;
+}
+
+TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
+  // Two tokens, three layers of two dispatches (a matvec, then a gate-up beside it), and a sampler.
+  auto token = [](double skew) {
+    std::vector<model::DispatchSpan> s;
+    for (int l = 0; l < 3; ++l) {
+      const double o = 20.0 * l + skew;
+      s.push_back(span(cat("matvec.q4_0 blk.", l, ".attn_q_a.weight"), 4000, 8, o, o + 1, o + 8));
+      s.push_back(span(cat("moe_gateup blk.", l, "."), 10000, 16, o + 6, o + 7, o + 16));
+    }
+    s.push_back(span("sample", 100, 1, 60 + skew, 60 + skew, 61 + skew));
+    return s;
+  };
+  const std::vector<std::vector<model::DispatchSpan>> steps = {token(0), token(0)};
+  const std::vector<double> wall = {70, 80};
+  const model::TokenTimeline t = model::summarize_timeline(steps, wall, 9);
+  EXPECT_EQ(t.depth, 9u);
+  EXPECT_EQ(t.tokens, 2);
+  EXPECT_EQ(t.dispatches, 7u);
+  EXPECT_DOUBLE_EQ(t.device_us, 61.0);
+  EXPECT_DOUBLE_EQ(t.token_us, 75.0);
+  EXPECT_EQ(t.bytes_per_token, 3u * 14000u + 100u);
+  ASSERT_EQ(t.families.size(), 3u);
+  EXPECT_EQ(t.families[0].family, "moe_gateup");  // 3 calls x 10 µs
+  EXPECT_DOUBLE_EQ(t.families[0].us_per_call, 10.0);
+  EXPECT_DOUBLE_EQ(t.families[0].launch_us_per_call, 1.0);
+  EXPECT_DOUBLE_EQ(t.families[0].gbps, 10000 / (10.0 * 1e3));
+  EXPECT_EQ(t.families[1].family, "matvec.q4_0");
+  EXPECT_DOUBLE_EQ(t.families[1].us_per_call, 8.0);
+  EXPECT_EQ(t.families[2].family, "sample");
+  // The middle layer of 0..2 is 1: both dispatches relative to its first start; 20 µs to layer 2.
+  EXPECT_EQ(t.layer, 1);
+  EXPECT_DOUBLE_EQ(t.layer_us, 20.0);
+  ASSERT_EQ(t.layer_rows.size(), 2u);
+  EXPECT_EQ(t.layer_rows[1].label, "moe_gateup blk.1.");
+  EXPECT_DOUBLE_EQ(t.layer_rows[1].start_us, 6.0);
+  EXPECT_DOUBLE_EQ(t.layer_rows[1].last_start_us, 7.0);
+  EXPECT_DOUBLE_EQ(t.layer_rows[1].end_us, 16.0);
+  const std::string md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("| moe_gateup | 3 | 10.00 | 1.00 | 10000 | 1.000 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("layer 1, µs from its first start"), std::string::npos) << md;
+  EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | 16.00 | 1.0 |"), std::string::npos) << md;
+}
+
+TEST(Timeline, RefusesEmptyOrMismatchedSteps) {
+  const std::vector<double> wall = {1};
+  EXPECT_THROW(model::summarize_timeline({}, wall, 0), Error);
+  const std::vector<std::vector<model::DispatchSpan>> uneven = {{span("a", 1, 1, 0, 0, 1), span("b", 1, 1, 1, 1, 2)},
+                                                                {span("a", 1, 1, 0, 0, 1)}};
+  EXPECT_THROW(model::summarize_timeline(uneven, wall, 0), Error);
+}
+
+// A model made with the timeline: the same logits (bit for bit) and tokens as without it, and a
+// timeline step in the middle of a session changes nothing for the session. Every workgroup of
+// every dispatch leaves a record; a dispatch ends after its last workgroup starts; the device span
+// is the host's time, read as nanoseconds.
+TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
+  vk::Context* ctx = fixture.context();
+  if (ctx == nullptr) GTEST_SKIP() << "no Vulkan device";
+  if (!ctx->device().enabled().device_clock) GTEST_SKIP() << "no shader device clock";
+  const testfx::ModelFiles f = fixture.files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  const std::vector<int32_t> prompt = {3, 17, 42, 5, 99};
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  for (bool timeline : {false, true}) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.timeline = timeline;
+    model::GpuModel m(*ctx, tsr, o);
+    logits[timeline] = m.forward(prompt, true);
+    for (int i = 0; i < 4; ++i) tokens[timeline].push_back(m.decode_step());
+    if (timeline) {
+      EXPECT_EQ(m.timeline_untimed(), 0u);
+      double wall = 0;
+      const std::vector<model::DispatchSpan> spans = m.timeline_step(uint32_t(m.n_past()) + 1, &wall);
+      ASSERT_EQ(spans.size(), m.stats().dispatches);
+      double end = 0;
+      for (const model::DispatchSpan& d : spans) {
+        SCOPED_TRACE(d.label);
+        EXPECT_GT(d.workgroups, 0u);  // the decode step's dispatches are direct
+        EXPECT_EQ(d.recorded, d.workgroups);
+        EXPECT_LE(d.start_us, d.last_start_us);
+        EXPECT_LE(d.last_start_us, d.end_us);
+        end = std::max(end, d.end_us);
+      }
+      EXPECT_DOUBLE_EQ(spans.front().start_us, 0.0);  // the embedding starts the step
+      EXPECT_GT(end, 0.0);
+      EXPECT_LE(end, wall * 1.05 + 50.0) << "device clock ticks are not nanoseconds here";
+      EXPECT_GE(end, wall * 0.2) << "device clock ticks are not nanoseconds here";
+    }
+    for (int i = 0; i < 4; ++i) tokens[timeline].push_back(m.decode_step());
+  }
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
+TEST(GpuTimeline, Errors) {
+  vk::Context* ctx = fixture.context();
+  if (ctx == nullptr) GTEST_SKIP() << "no Vulkan device";
+  const testfx::ModelFiles f = fixture.files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  {
+    model::GpuModel m(*ctx, tsr, model::GpuModelOptions{.n_ctx = 16, .prefill_chunk = 0});
+    EXPECT_THROW(m.timeline_step(1), Error);  // made without the option
+    EXPECT_EQ(m.timeline_untimed(), 0u);
+  }
+  if (!ctx->device().enabled().device_clock) GTEST_SKIP() << "no shader device clock";
+  // A kernel made in timeline mode needs a recorder with the timeline's records.
+  vk::MemoryPool pool(ctx->device(), vk::MemoryKind::Host);
+  vk::Buffer x = pool.create_buffer(64 * 4, "x"), w = pool.create_buffer(64 * 4, "w");
+  vk::RmsNormOp norm{.x = x.whole(), .weight = w.whole(), .y = x.whole(), .n = 64};
+  {
+    vk::PipelineLibrary::TimelineScope on(ctx->pipelines(), true);
+    vk::CommandRecorder rec(*ctx);
+    rec.begin();
+    try {
+      norm.record(rec);
+      ADD_FAILURE() << "a timeline kernel recorded without a timeline buffer";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("timeline"), std::string::npos) << e.what();
+    }
+    rec.end();
+  }
+  EXPECT_FALSE(ctx->pipelines().timeline());  // the scope ended
+  vk::CommandRecorder rec(*ctx);  // made outside timeline mode: the plain kernel
+  rec.begin();
+  norm.record(rec);
+  rec.end();
+  rec.run();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -311,6 +311,7 @@ void main() {
   }
 #endif
 
+  TS_MARK();  // bench --timeline: the rows attended
   // Combine the subgroups (a subgroup without rows has m = kNegHuge, l = 0, o = 0).
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     if (subgroupElect()) {

@@ -111,6 +111,7 @@ void gate_wait(uint i, uint target, uint dep, uint zero_mask) {
   }
   barrier();
   memoryBarrierBuffer();
+  TS_MARK();  // bench --timeline: the wait's end
 }
 #endif  // GATE_WAIT
 

@@ -424,6 +424,7 @@ void gateup_main() {
                               : args.down_shared_offset;
 #endif
 
+  TS_MARK();  // bench --timeline: the prologue's end (the route, the staged input)
 #if USE_SUBGROUP && Q8ACT
   // Two outputs per iteration (the second clamped to the range, stored only when valid): four
   // independent weight loads per lane and block.

@@ -4,8 +4,12 @@
 // into its own record: record `linear workgroup id` of the range the recorder binds at binding
 // TS_TIMELINE_BINDING for this dispatch (runtime/vulkan/recorder.h, RecorderOptions::timeline).
 //
-//   record (uvec4):  x, y = start (low, high 32 bits)   z, w = end (low, high 32 bits)
+//   record (uvec4):  x, y = start (low, high 32 bits)
+//                    z = the mark - start + 1 (0: no mark), w = end - start (32-bit offsets)
 //
+// A kernel may mark one point of its work with TS_MARK() (e.g. where a gated consumer's wait
+// ended, or where a prologue ends): invocation 0's last mark is recorded. Without TS_TIMELINE the
+// mark compiles to nothing.
 // Unlike timestamps between dispatches, nothing is serialized: the step runs as recorded, and the
 // host reads each dispatch's first start, last start and last end (runtime/model/timeline.h).
 // The kernel's own main() becomes ts_kernel_main() (the define below); this file must be included
@@ -18,6 +22,11 @@
 #extension GL_EXT_shader_realtime_clock : require
 
 layout(std430, binding = TS_TIMELINE_BINDING) writeonly restrict buffer TsTimelineBuf { uvec4 ts_timeline[]; };
+uvec2 ts_mark_clock = uvec2(0u);  // TS_MARK()
+#define TS_MARK() (ts_mark_clock = clockRealtime2x32EXT())
+
+// b - a of two clock readings, as 32 bits (spans under 4 s).
+uint ts_since(uvec2 a, uvec2 b) { return b.x - a.x; }
 
 void ts_kernel_main();
 
@@ -27,11 +36,16 @@ void main() {
   barrier();  // every invocation has returned from the kernel (uniform control flow again)
   if (gl_LocalInvocationIndex == 0u) {
     const uint wg = (gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
-    if (wg < uint(ts_timeline.length())) ts_timeline[wg] = uvec4(start, clockRealtime2x32EXT());
+    const uvec2 end = clockRealtime2x32EXT();
+    const uint mark = ts_mark_clock == uvec2(0u) ? 0u : ts_since(start, ts_mark_clock) + 1u;
+    if (wg < uint(ts_timeline.length())) ts_timeline[wg] = uvec4(start, mark, ts_since(start, end));
   }
 }
 
 #define main ts_kernel_main
 #endif
+#endif
+#ifndef TS_MARK
+#define TS_MARK()
 #endif
 #endif  // TESSERA_TIMELINE_GLSL

@@ -23,6 +23,12 @@ using namespace gpu_detail;
 
 namespace {
 
+double median_of(std::vector<double>& v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 void progress(bool on, uint64_t done, uint64_t total) {
   if (!on || total == 0) return;
   const int pct = int(100.0 * double(done) / double(total));
@@ -396,7 +402,7 @@ std::vector<DispatchSpan> GpuModel::timeline_step(uint32_t kv_len, double* wall_
   std::vector<DispatchSpan> out;
   uint64_t origin = UINT64_MAX;
   struct Ticks {
-    uint64_t first = UINT64_MAX, last = 0, end = 0;
+    uint64_t first = UINT64_MAX, last = 0, end = 0, first_mark = UINT64_MAX, last_mark = 0;
   };
   std::vector<Ticks> ticks(timed);
   for (uint32_t d = 0; d < timed; ++d) {
@@ -407,23 +413,38 @@ std::vector<DispatchSpan> GpuModel::timeline_step(uint32_t kv_len, double* wall_
     sp.workgroups = info.groups[0] * info.groups[1] * info.groups[2];
     const uint64_t n = sp.workgroups ? std::min<uint64_t>(sp.workgroups, kTimelineRegionRecords) : kTimelineRegionRecords;
     const uint32_t* r = raw.data() + size_t(d) * (kTimelineRegionBytes / 4);
-    for (uint64_t g = 0; g < n; ++g) {
+    Ticks& k = ticks[d];
+    std::vector<double> wg_ns, tail_ns;
+    for (uint64_t g = 0; g < n; ++g) {  // shaders/timeline.glsl's record
       const uint64_t start = uint64_t(r[4 * g]) | uint64_t(r[4 * g + 1]) << 32;
-      const uint64_t end = uint64_t(r[4 * g + 2]) | uint64_t(r[4 * g + 3]) << 32;
-      if (end == 0) continue;  // no record (a workgroup past the region, or none ran)
+      if (start == 0) continue;  // no record (a workgroup past the region, or none ran)
       sp.recorded += 1;
-      ticks[d].first = std::min(ticks[d].first, start);
-      ticks[d].last = std::max(ticks[d].last, start);
-      ticks[d].end = std::max(ticks[d].end, end);
+      k.first = std::min(k.first, start);
+      k.last = std::max(k.last, start);
+      k.end = std::max(k.end, start + r[4 * g + 3]);
+      wg_ns.push_back(r[4 * g + 3]);
+      if (r[4 * g + 2] == 0) continue;
+      tail_ns.push_back(double(r[4 * g + 3]) - double(r[4 * g + 2] - 1));
+      sp.marked += 1;
+      const uint64_t mark = start + r[4 * g + 2] - 1;
+      k.first_mark = std::min(k.first_mark, mark);
+      k.last_mark = std::max(k.last_mark, mark);
     }
-    if (sp.recorded) origin = std::min(origin, ticks[d].first);
+    if (sp.recorded) origin = std::min(origin, k.first);
+    sp.wg_us = median_of(wg_ns) / 1e3;
+    sp.wg_tail_us = median_of(tail_ns) / 1e3;
     out.push_back(std::move(sp));
   }
-  for (uint32_t d = 0; d < timed; ++d) {
-    if (!out[d].recorded) continue;
-    out[d].start_us = double(ticks[d].first - origin) / 1e3;  // device clock ticks read as ns
-    out[d].last_start_us = double(ticks[d].last - origin) / 1e3;
-    out[d].end_us = double(ticks[d].end - origin) / 1e3;
+  for (uint32_t d = 0; d < timed; ++d) {  // device clock ticks read as nanoseconds
+    const Ticks& k = ticks[d];
+    DispatchSpan& sp = out[d];
+    if (!sp.recorded) continue;
+    sp.start_us = double(k.first - origin) / 1e3;
+    sp.last_start_us = double(k.last - origin) / 1e3;
+    sp.end_us = double(k.end - origin) / 1e3;
+    if (!sp.marked) continue;
+    sp.first_mark_us = double(k.first_mark - origin) / 1e3;
+    sp.last_mark_us = double(k.last_mark - origin) / 1e3;
   }
   return out;
 }

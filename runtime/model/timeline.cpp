@@ -33,6 +33,12 @@ int label_layer(const std::string& label) {
   return digits ? n : -1;
 }
 
+std::string fmt2(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return b;
+}
+
 }  // namespace
 
 TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
@@ -52,7 +58,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
   struct Acc {
     uint32_t calls = 0;
     uint64_t bytes = 0;  // per token
-    std::vector<double> span, launch;
+    std::vector<double> span, launch, tail;
     double span_sum = 0;
   };
   std::map<std::string, Acc> acc;
@@ -73,6 +79,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
       if (!s[d].recorded) continue;
       a.span.push_back(s[d].span_us());
       a.launch.push_back(s[d].last_start_us - s[d].start_us);
+      if (s[d].marked) a.tail.push_back(s[d].end_us - s[d].last_mark_us);
       a.span_sum += s[d].span_us();
     }
   }
@@ -82,6 +89,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
     f.calls_per_token = a.calls;
     f.us_per_call = median(a.span);
     f.launch_us_per_call = median(a.launch);
+    f.tail_us_per_call = median(a.tail);
     f.bytes_per_call = double(a.bytes) / a.calls;
     const double timed_calls = double(a.span.size());
     f.gbps = a.span_sum > 0 ? f.bytes_per_call * timed_calls / (a.span_sum * 1e3) : 0;
@@ -101,6 +109,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
     if (label_layer(steps[0][d].label) == t.layer) rows.push_back(d);
   std::vector<double> layer_us;
   std::vector<std::vector<double>> start(rows.size()), last(rows.size()), end(rows.size());
+  std::vector<std::vector<double>> mark0(rows.size()), mark1(rows.size()), wg(rows.size()), wg_tail(rows.size());
   for (const auto& s : steps) {
     double origin = 1e300, next = 1e300;
     for (size_t d = 0; d < n; ++d) {
@@ -117,12 +126,18 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
       start[i].push_back(d.start_us - origin);
       last[i].push_back(d.last_start_us - origin);
       end[i].push_back(d.end_us - origin);
+      wg[i].push_back(d.wg_us);
+      if (!d.marked) continue;
+      wg_tail[i].push_back(d.wg_tail_us);
+      mark0[i].push_back(d.first_mark_us - origin);
+      mark1[i].push_back(d.last_mark_us - origin);
     }
   }
   t.layer_us = median(layer_us);
   for (size_t i = 0; i < rows.size(); ++i) {
     const DispatchSpan& d = steps[0][rows[i]];
-    t.layer_rows.push_back({d.label, d.bytes, d.workgroups, median(start[i]), median(last[i]), median(end[i])});
+    t.layer_rows.push_back({d.label, d.bytes, d.workgroups, median(start[i]), median(last[i]), median(end[i]),
+                            !mark1[i].empty(), median(mark0[i]), median(mark1[i]), median(wg[i]), median(wg_tail[i])});
   }
   return t;
 }
@@ -135,12 +150,14 @@ std::string timeline_markdown(const TokenTimeline& t) {
                 "start and end, nothing serialized)\n\n",
                 t.depth, t.tokens, t.dispatches);
   s += line;
-  s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | bytes/call | "
-       "GB/s |\n|---|---:|---:|---:|---:|---:|\n";
+  s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | µs from the "
+       "last mark to the end | bytes/call | GB/s |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (const TimelineFamily& f : t.families) {
-    std::snprintf(line, sizeof line, f.gbps < 10 ? "| %s | %.0f | %.2f | %.2f | %.0f | %.3f |\n"
-                                                 : "| %s | %.0f | %.2f | %.2f | %.0f | %.1f |\n",
-                  f.family.c_str(), f.calls_per_token, f.us_per_call, f.launch_us_per_call, f.bytes_per_call, f.gbps);
+    const std::string tail = f.tail_us_per_call > 0 ? fmt2(f.tail_us_per_call) : "-";
+    std::snprintf(line, sizeof line, f.gbps < 10 ? "| %s | %.0f | %.2f | %.2f | %s | %.0f | %.3f |\n"
+                                                 : "| %s | %.0f | %.2f | %.2f | %s | %.0f | %.1f |\n",
+                  f.family.c_str(), f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(),
+                  f.bytes_per_call, f.gbps);
     s += line;
   }
   s += "\n| token | value |\n|---|---:|\n";
@@ -165,19 +182,25 @@ std::string timeline_markdown(const TokenTimeline& t) {
     if (layer_end / step <= 80) break;
   }
   std::snprintf(line, sizeof line,
-                "\nlayer %d, µs from its first start (median; %.2f µs to the next layer's first start); bar: %g µs per "
-                "character, '-' while its workgroups start, '#' all started\n\n",
+                "\nlayer %d, µs from its first start (median; %.2f µs to the next layer's first start); marks: the "
+                "kernel's TS_MARK (e.g. a gated wait's end); bar: %g µs per character, '-' while its workgroups start, "
+                "'#' all started, '+' after the last mark; a workgroup: the median workgroup's start -> end (and its "
+                "mark -> end)\n\n",
                 t.layer, t.layer_us, per_char);
   s += line;
-  s += "| dispatch | workgroups | start | last start | end | GB/s | |\n|---|---:|---:|---:|---:|---:|---|\n";
+  s += "| dispatch | workgroups | start | last start | first mark | last mark | end | a workgroup | GB/s | |\n"
+       "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   for (const LayerRow& r : t.layer_rows) {
     std::string bar;
     const auto col = [&](double us) { return size_t(std::max(0.0, std::floor(us / per_char))); };
     for (size_t c = 0; c < std::min<size_t>(col(r.end_us) + 1, 120); ++c)
-      bar += c < col(r.start_us) ? '.' : c < col(r.last_start_us) ? '-' : '#';
+      bar += c < col(r.start_us) ? '.' : c < col(r.last_start_us) ? '-' : r.marked && c > col(r.last_mark_us) ? '+' : '#';
     const double span = r.end_us - r.start_us;
-    std::snprintf(line, sizeof line, "| %s | %u | %.2f | %.2f | %.2f | %.1f | `%s` |\n", r.label.c_str(), r.workgroups,
-                  r.start_us, r.last_start_us, r.end_us, span > 0 ? r.bytes / (span * 1e3) : 0.0, bar.c_str());
+    const std::string m0 = r.marked ? fmt2(r.first_mark_us) : "-", m1 = r.marked ? fmt2(r.last_mark_us) : "-";
+    const std::string one = r.marked ? fmt2(r.wg_us) + " (" + fmt2(r.wg_tail_us) + ")" : fmt2(r.wg_us);
+    std::snprintf(line, sizeof line, "| %s | %u | %.2f | %.2f | %s | %s | %.2f | %s | %.1f | `%s` |\n", r.label.c_str(),
+                  r.workgroups, r.start_us, r.last_start_us, m0.c_str(), m1.c_str(), r.end_us, one.c_str(),
+                  span > 0 ? r.bytes / (span * 1e3) : 0.0, bar.c_str());
     s += line;
   }
   return s;

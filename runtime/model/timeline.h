@@ -26,6 +26,10 @@ struct DispatchSpan {
   double start_us = 0;         // first workgroup start, from the step's first start
   double last_start_us = 0;    // last workgroup start
   double end_us = 0;           // last workgroup end
+  uint32_t marked = 0;         // workgroups that passed the kernel's TS_MARK() (timeline.glsl)
+  double first_mark_us = 0, last_mark_us = 0;  // the first and the last of those marks
+  double wg_us = 0;            // median over its workgroups of start -> end (one workgroup's time)
+  double wg_tail_us = 0;       // median over its marked workgroups of mark -> end
   double span_us() const { return end_us - start_us; }
 };
 
@@ -34,6 +38,7 @@ struct TimelineFamily {
   double calls_per_token = 0;
   double us_per_call = 0;      // median span (first start -> last end) over every call
   double launch_us_per_call = 0;  // median first start -> last start: how long the workgroups took to start
+  double tail_us_per_call = 0;    // median last mark -> last end, over marked calls (0: none marked)
   double bytes_per_call = 0;
   double gbps = 0;             // declared bytes / span, over all calls (1e9 B/s)
 };
@@ -44,6 +49,9 @@ struct LayerRow {
   uint64_t bytes = 0;
   uint32_t workgroups = 0;
   double start_us = 0, last_start_us = 0, end_us = 0;
+  bool marked = false;
+  double first_mark_us = 0, last_mark_us = 0;
+  double wg_us = 0, wg_tail_us = 0;  // DispatchSpan's, medians over tokens
 };
 
 struct TokenTimeline {

@@ -41,6 +41,9 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
       const double o = 20.0 * l + skew;
       s.push_back(span(cat("matvec.q4_0 blk.", l, ".attn_q_a.weight"), 4000, 8, o, o + 1, o + 8));
       s.push_back(span(cat("moe_gateup blk.", l, "."), 10000, 16, o + 6, o + 7, o + 16));
+      s.back().marked = 16;  // its prologue ends at o + 9 .. o + 12
+      s.back().first_mark_us = o + 9;
+      s.back().last_mark_us = o + 12;
     }
     s.push_back(span("sample", 100, 1, 60 + skew, 60 + skew, 61 + skew));
     return s;
@@ -59,8 +62,10 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
   EXPECT_DOUBLE_EQ(t.families[0].us_per_call, 10.0);
   EXPECT_DOUBLE_EQ(t.families[0].launch_us_per_call, 1.0);
   EXPECT_DOUBLE_EQ(t.families[0].gbps, 10000 / (10.0 * 1e3));
+  EXPECT_DOUBLE_EQ(t.families[0].tail_us_per_call, 4.0);
   EXPECT_EQ(t.families[1].family, "matvec.q4_0");
   EXPECT_DOUBLE_EQ(t.families[1].us_per_call, 8.0);
+  EXPECT_DOUBLE_EQ(t.families[1].tail_us_per_call, 0.0);  // no marks
   EXPECT_EQ(t.families[2].family, "sample");
   // The middle layer of 0..2 is 1: both dispatches relative to its first start; 20 µs to layer 2.
   EXPECT_EQ(t.layer, 1);
@@ -70,10 +75,14 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
   EXPECT_DOUBLE_EQ(t.layer_rows[1].start_us, 6.0);
   EXPECT_DOUBLE_EQ(t.layer_rows[1].last_start_us, 7.0);
   EXPECT_DOUBLE_EQ(t.layer_rows[1].end_us, 16.0);
+  EXPECT_TRUE(t.layer_rows[1].marked);
+  EXPECT_DOUBLE_EQ(t.layer_rows[1].first_mark_us, 9.0);
+  EXPECT_DOUBLE_EQ(t.layer_rows[1].last_mark_us, 12.0);
+  EXPECT_FALSE(t.layer_rows[0].marked);
   const std::string md = model::timeline_markdown(t);
-  EXPECT_NE(md.find("| moe_gateup | 3 | 10.00 | 1.00 | 10000 | 1.000 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| moe_gateup | 3 | 10.00 | 1.00 | 4.00 | 10000 | 1.000 |"), std::string::npos) << md;
   EXPECT_NE(md.find("layer 1, µs from its first start"), std::string::npos) << md;
-  EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | 16.00 | 1.0 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | 9.00 | 12.00 | 16.00 | 0.00 (0.00) | 1.0 |"), std::string::npos) << md;
 }
 
 TEST(Timeline, RefusesEmptyOrMismatchedSteps) {
@@ -109,6 +118,7 @@ TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
       const std::vector<model::DispatchSpan> spans = m.timeline_step(uint32_t(m.n_past()) + 1, &wall);
       ASSERT_EQ(spans.size(), m.stats().dispatches);
       double end = 0;
+      uint32_t gateups = 0;
       for (const model::DispatchSpan& d : spans) {
         SCOPED_TRACE(d.label);
         EXPECT_GT(d.workgroups, 0u);  // the decode step's dispatches are direct
@@ -116,7 +126,21 @@ TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
         EXPECT_LE(d.start_us, d.last_start_us);
         EXPECT_LE(d.last_start_us, d.end_us);
         end = std::max(end, d.end_us);
+        EXPECT_GT(d.wg_us, 0.0);
+        EXPECT_LE(d.wg_us, d.span_us() + 1e-9);
+        if (d.marked) {  // a gated wait's end or the gate-up's prologue: inside the dispatch
+          EXPECT_LE(d.wg_tail_us, d.wg_us + 1e-9);
+          EXPECT_LE(d.start_us, d.first_mark_us);
+          EXPECT_LE(d.first_mark_us, d.last_mark_us);
+          EXPECT_LE(d.last_mark_us, d.end_us);
+          EXPECT_LE(d.marked, d.recorded);
+        }
+        if (d.label.rfind("moe_gateup", 0) == 0) {
+          ++gateups;
+          EXPECT_GT(d.marked, 0u);  // its routed workgroups mark the prologue's end
+        }
       }
+      EXPECT_GT(gateups, 0u);
       EXPECT_DOUBLE_EQ(spans.front().start_us, 0.0);  // the embedding starts the step
       EXPECT_GT(end, 0.0);
       EXPECT_LE(end, wall * 1.05 + 50.0) << "device clock ticks are not nanoseconds here";

@@ -276,6 +276,7 @@ void main() {
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
   const uint end = kv_len;
   rope_query(pos);
+  TS_MARK_EARLY();  // bench --timeline: the query loaded and roped
 #if SINGLE_EARLY
   [[unroll]] for (uint b = 0; b < RB; ++b)
     [[unroll]] for (uint t = 0; t < kWpl; ++t) w0[b][t] = g * RB + b < end ? w0[b][t] : 0u;

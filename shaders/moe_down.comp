@@ -210,6 +210,7 @@ void main() {
   if (gl_LocalInvocationIndex == 0u) gate_poll(0u, 1u, 0u);
   barrier();
   memoryBarrierBuffer();
+  TS_MARK_EARLY();  // bench --timeline: the route seen
   const uint s = gl_SubgroupID;
   Mat m;
   float weight = 0.0;

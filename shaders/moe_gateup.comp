@@ -349,6 +349,7 @@ void gateup_main() {
   fold_sum(with_logits, 0u);
 #endif
   fold_finish();
+  TS_MARK_EARLY();  // bench --timeline: the input staged and the accumulators summed
   scale = rf_inv_rms;
 #else
   if (norm_input()) {

@@ -4,12 +4,13 @@
 // into its own record: record `linear workgroup id` of the range the recorder binds at binding
 // TS_TIMELINE_BINDING for this dispatch (runtime/vulkan/recorder.h, RecorderOptions::timeline).
 //
-//   record (uvec4):  x, y = start (low, high 32 bits)
-//                    z = the mark - start + 1 (0: no mark), w = end - start (32-bit offsets)
+//   record (uvec4):  x = start (the clock's low 32 bits; a step is far shorter than their wrap)
+//                    y = the early mark - start + 1, z = the mark - start + 1 (0: no mark)
+//                    w = end - start
 //
-// A kernel may mark one point of its work with TS_MARK() (e.g. where a gated consumer's wait
-// ended, or where a prologue ends): invocation 0's last mark is recorded. Without TS_TIMELINE the
-// mark compiles to nothing.
+// A kernel may mark two points of its work, TS_MARK_EARLY() and TS_MARK() (e.g. where its inputs
+// are loaded, and where a gated consumer's wait ended or a prologue ends): invocation 0's last
+// marks are recorded. Without TS_TIMELINE the marks compile to nothing.
 // Unlike timestamps between dispatches, nothing is serialized: the step runs as recorded, and the
 // host reads each dispatch's first start, last start and last end (runtime/model/timeline.h).
 // The kernel's own main() becomes ts_kernel_main() (the define below); this file must be included
@@ -22,11 +23,14 @@
 #extension GL_EXT_shader_realtime_clock : require
 
 layout(std430, binding = TS_TIMELINE_BINDING) writeonly restrict buffer TsTimelineBuf { uvec4 ts_timeline[]; };
-uvec2 ts_mark_clock = uvec2(0u);  // TS_MARK()
+uvec2 ts_mark_clock = uvec2(0u), ts_early_clock = uvec2(0u);  // TS_MARK(), TS_MARK_EARLY()
 #define TS_MARK() (ts_mark_clock = clockRealtime2x32EXT())
+#define TS_MARK_EARLY() (ts_early_clock = clockRealtime2x32EXT())
 
 // b - a of two clock readings, as 32 bits (spans under 4 s).
 uint ts_since(uvec2 a, uvec2 b) { return b.x - a.x; }
+// A mark as recorded: its offset from start + 1, or 0 where the kernel did not pass it.
+uint ts_mark_word(uvec2 start, uvec2 mark) { return mark == uvec2(0u) ? 0u : ts_since(start, mark) + 1u; }
 
 void ts_kernel_main();
 
@@ -37,8 +41,9 @@ void main() {
   if (gl_LocalInvocationIndex == 0u) {
     const uint wg = (gl_WorkGroupID.z * gl_NumWorkGroups.y + gl_WorkGroupID.y) * gl_NumWorkGroups.x + gl_WorkGroupID.x;
     const uvec2 end = clockRealtime2x32EXT();
-    const uint mark = ts_mark_clock == uvec2(0u) ? 0u : ts_since(start, ts_mark_clock) + 1u;
-    if (wg < uint(ts_timeline.length())) ts_timeline[wg] = uvec4(start, mark, ts_since(start, end));
+    if (wg < uint(ts_timeline.length()))
+      ts_timeline[wg] = uvec4(start.x, ts_mark_word(start, ts_early_clock), ts_mark_word(start, ts_mark_clock),
+                              ts_since(start, end));
   }
 }
 
@@ -47,5 +52,6 @@ void main() {
 #endif
 #ifndef TS_MARK
 #define TS_MARK()
+#define TS_MARK_EARLY()
 #endif
 #endif  // TESSERA_TIMELINE_GLSL

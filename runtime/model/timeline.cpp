@@ -110,6 +110,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
   std::vector<double> layer_us;
   std::vector<std::vector<double>> start(rows.size()), last(rows.size()), end(rows.size());
   std::vector<std::vector<double>> mark0(rows.size()), mark1(rows.size()), wg(rows.size()), wg_tail(rows.size());
+  std::vector<std::vector<double>> early0(rows.size()), early1(rows.size()), wg_early(rows.size());
   for (const auto& s : steps) {
     double origin = 1e300, next = 1e300;
     for (size_t d = 0; d < n; ++d) {
@@ -127,6 +128,11 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
       last[i].push_back(d.last_start_us - origin);
       end[i].push_back(d.end_us - origin);
       wg[i].push_back(d.wg_us);
+      if (d.early_marked) {
+        early0[i].push_back(d.first_early_us - origin);
+        early1[i].push_back(d.last_early_us - origin);
+        wg_early[i].push_back(d.wg_early_us);
+      }
       if (!d.marked) continue;
       wg_tail[i].push_back(d.wg_tail_us);
       mark0[i].push_back(d.first_mark_us - origin);
@@ -137,7 +143,9 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
   for (size_t i = 0; i < rows.size(); ++i) {
     const DispatchSpan& d = steps[0][rows[i]];
     t.layer_rows.push_back({d.label, d.bytes, d.workgroups, median(start[i]), median(last[i]), median(end[i]),
-                            !mark1[i].empty(), median(mark0[i]), median(mark1[i]), median(wg[i]), median(wg_tail[i])});
+                            !mark1[i].empty(), median(mark0[i]), median(mark1[i]), !early1[i].empty(),
+                            median(early0[i]), median(early1[i]), median(wg[i]), median(wg_tail[i]),
+                            median(wg_early[i])});
   }
   return t;
 }
@@ -183,23 +191,25 @@ std::string timeline_markdown(const TokenTimeline& t) {
   }
   std::snprintf(line, sizeof line,
                 "\nlayer %d, µs from its first start (median; %.2f µs to the next layer's first start); marks: the "
-                "kernel's TS_MARK (e.g. a gated wait's end); bar: %g µs per character, '-' while its workgroups start, "
-                "'#' all started, '+' after the last mark; a workgroup: the median workgroup's start -> end (and its "
-                "mark -> end)\n\n",
+                "kernel's TS_MARK_EARLY and TS_MARK (e.g. the route seen, a gated wait's end); bar: %g µs per character, '-' while its workgroups start, "
+                "'#' all started, '+' after the last mark; a workgroup: medians over its workgroups of the times from "
+                "their start to their early mark, their mark and their end\n\n",
                 t.layer, t.layer_us, per_char);
   s += line;
-  s += "| dispatch | workgroups | start | last start | first mark | last mark | end | a workgroup | GB/s | |\n"
+  s += "| dispatch | workgroups | start | last start | early marks | marks | end | a workgroup: early, mark, end | GB/s | |\n"
        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
+  const auto range = [](bool on, double a, double b) { return on ? fmt2(a) + " - " + fmt2(b) : std::string("-"); };
   for (const LayerRow& r : t.layer_rows) {
     std::string bar;
     const auto col = [&](double us) { return size_t(std::max(0.0, std::floor(us / per_char))); };
     for (size_t c = 0; c < std::min<size_t>(col(r.end_us) + 1, 120); ++c)
       bar += c < col(r.start_us) ? '.' : c < col(r.last_start_us) ? '-' : r.marked && c > col(r.last_mark_us) ? '+' : '#';
     const double span = r.end_us - r.start_us;
-    const std::string m0 = r.marked ? fmt2(r.first_mark_us) : "-", m1 = r.marked ? fmt2(r.last_mark_us) : "-";
-    const std::string one = r.marked ? fmt2(r.wg_us) + " (" + fmt2(r.wg_tail_us) + ")" : fmt2(r.wg_us);
+    const std::string one = (r.early_marked ? fmt2(r.wg_early_us) : std::string("-")) + ", " +
+                            (r.marked ? fmt2(r.wg_us - r.wg_tail_us) : std::string("-")) + ", " + fmt2(r.wg_us);
     std::snprintf(line, sizeof line, "| %s | %u | %.2f | %.2f | %s | %s | %.2f | %s | %.1f | `%s` |\n", r.label.c_str(),
-                  r.workgroups, r.start_us, r.last_start_us, m0.c_str(), m1.c_str(), r.end_us, one.c_str(),
+                  r.workgroups, r.start_us, r.last_start_us, range(r.early_marked, r.first_early_us, r.last_early_us).c_str(),
+                  range(r.marked, r.first_mark_us, r.last_mark_us).c_str(), r.end_us, one.c_str(),
                   span > 0 ? r.bytes / (span * 1e3) : 0.0, bar.c_str());
     s += line;
   }

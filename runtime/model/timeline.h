@@ -28,8 +28,11 @@ struct DispatchSpan {
   double end_us = 0;           // last workgroup end
   uint32_t marked = 0;         // workgroups that passed the kernel's TS_MARK() (timeline.glsl)
   double first_mark_us = 0, last_mark_us = 0;  // the first and the last of those marks
-  double wg_us = 0;            // median over its workgroups of start -> end (one workgroup's time)
-  double wg_tail_us = 0;       // median over its marked workgroups of mark -> end
+  bool early_marked = false;   // some workgroup passed TS_MARK_EARLY()
+  double first_early_us = 0, last_early_us = 0;
+  // One workgroup's times, medians over the dispatch's workgroups: start -> end, mark -> end,
+  // start -> early mark.
+  double wg_us = 0, wg_tail_us = 0, wg_early_us = 0;
   double span_us() const { return end_us - start_us; }
 };
 
@@ -51,7 +54,9 @@ struct LayerRow {
   double start_us = 0, last_start_us = 0, end_us = 0;
   bool marked = false;
   double first_mark_us = 0, last_mark_us = 0;
-  double wg_us = 0, wg_tail_us = 0;  // DispatchSpan's, medians over tokens
+  bool early_marked = false;
+  double first_early_us = 0, last_early_us = 0;
+  double wg_us = 0, wg_tail_us = 0, wg_early_us = 0;  // DispatchSpan's, medians over tokens
 };
 
 struct TokenTimeline {

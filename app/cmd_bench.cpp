@@ -75,10 +75,8 @@ const Knob<O> kTuneKnobs[] = {
     {"pmatvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.batch_rows = v; }},
     {"gateup_teams", 32, "subgroups per int8 gate-up workgroup", [](O& o, uint32_t v) { o.moe.q8_gateup_teams = v; }},
     {"down_rows", 64, "rows per int8 down workgroup", [](O& o, uint32_t v) { o.moe.q8_down_rows = v; }},
-    {"gateup_overlap", 2,
-     "1, default: the router fold's gate-up reads input, sums and bias in one phase; 2: its last subgroup also "
-     "routes in that phase",
-     [](O& o, uint32_t v) { o.moe.q8_fold_overlap = v == 0 ? 2u : v == 1 ? 1u : 3u; }},
+    {"gateup_overlap", 1, "1, default: the router fold's gate-up reads input, sums and bias in one phase",
+     [](O& o, uint32_t v) { o.moe.q8_fold_overlap = v ? 1u : 2u; }},
     {"prefetch", model::kPrefetchAll, "L2 prefetch bits: 1 W_vo, 2 router + shared expert, 4 W_qk",
      [](O& o, uint32_t v) { o.prefetch = v; }},
     {"router", 1, "0: the router's own dispatch instead of the router fold", [](O& o, uint32_t v) { o.fused_router = v != 0; }},

@@ -34,12 +34,9 @@
 // logits[e] = acc[e] / rms and run routing.glsl; with TS_MOE_ROUTE_WRITE workgroup 0 writes the K
 // (expert, weight) pairs to route (binding 3, for the down kernel after the barrier) and the E
 // logits to binding 5.
-// FOLD_OVERLAP (0/1/2; ROUTER_FOLD with Q8ACT): 1: the input staging, the accumulator sums and the
+// FOLD_OVERLAP (0/1; ROUTER_FOLD with Q8ACT): the input staging, the accumulator sums and the
 // expert bias (into shared memory, for the routing) are read by different invocations in one
 // phase with one barrier, instead of the sums, a barrier, then the staging and another barrier.
-// 2 (subgroups): the last subgroup sums the accumulators and computes the route itself
-// (routing.glsl's subgroup path, each lane its own experts) while the others stage the input: one
-// barrier for both, no route_compute after it. The same sums and arithmetic: the same bits.
 // FUSED_DOWN (0/1; needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD; the down matrices of the same type
 // in the same binding): no down dispatch follows. Each workgroup quantizes its outputs (one int8
 // block per 32) into shared memory, multiplies them by the matching columns of its slot's down
@@ -83,9 +80,6 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
 #endif
-#if FOLD_OVERLAP == 2 && (!USE_SUBGROUP || WG_SIZE < 2 * SUBGROUP_SIZE)
-#error "moe_gateup.comp: FOLD_OVERLAP 2 needs subgroups and at least two per workgroup"
-#endif
 #if FUSED_DOWN
 #if !Q8ACT || !USE_SUBGROUP || !ROUTER_FOLD
 #error "moe_gateup.comp: FUSED_DOWN needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD"
@@ -109,9 +103,6 @@ float rf_inv_rms;                       // 1/rms of x (every invocation, after f
 #if FOLD_OVERLAP
 shared float rf_bias[TS_ROUTE_MAX_E];  // the expert bias, read beside the sums
 #define ROUTE_BIAS(e) rf_bias[e]
-#endif
-#if FOLD_OVERLAP == 2
-shared int64_t rf_ss_part[TS_ROUTER_FOLD_SLOTS];  // the router subgroup's copies of sum(x^2)
 #endif
 #else
 layout(std430, binding = 3) readonly restrict buffer RouteBuf { uint route[]; };
@@ -141,45 +132,11 @@ void fold_sum(bool with_logits, uint first) {
   }
 }
 
-// 1/rms from sum(x^2); `precise`: the same bits wherever it is computed.
-float fold_inv_rms(float ss) {
-  precise float r = inversesqrt(ss / float(args.n_embd) + args.norm_eps);
-  return r;
-}
-
 // After fold_sum (and whatever else shares its barrier): rf_inv_rms. Uniform control flow.
 void fold_finish() {
   barrier();
-  rf_inv_rms = fold_inv_rms(rf_ss);
+  rf_inv_rms = inversesqrt(rf_ss / float(args.n_embd) + args.norm_eps);
 }
-
-#if FOLD_OVERLAP == 2
-// The router subgroup (FOLD_OVERLAP 2): sum(x^2) from the accumulators (its lanes load the
-// TS_ROUTER_FOLD_SLOTS copies, every lane adds them in order), and for routed
-// workgroups each lane's experts e = lane + j * subgroup size (their logits and bias into shared
-// memory, read back by the same lane), then the route (rt_id, rt_w). No workgroup barrier.
-void fold_route_subgroup(bool with_logits) {
-  const uint E = args.n_expert, lane = gl_SubgroupInvocationID;
-  for (uint k = lane; k < TS_ROUTER_FOLD_SLOTS; k += gl_SubgroupSize) rf_ss_part[k] = rf_acc[k * (E + 1u) + E];
-  const bool bias = with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u;
-  if (with_logits) {
-    [[dont_unroll]] for (uint e = lane; e < E; e += gl_SubgroupSize) {
-      int64_t s = 0;
-      [[unroll]] for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) s += rf_acc[k * (E + 1u) + e];
-      rf_logit[e] = float(s) * (1.0 / float(TS_ROUTER_FOLD_LOGIT_SCALE));
-      if (bias) rf_bias[e] = route_bias[e];
-    }
-  }
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-  int64_t ss = 0;
-  [[unroll]] for (uint k = 0; k < TS_ROUTER_FOLD_SLOTS; ++k) ss += rf_ss_part[k];
-  const float ssf = float(ss) * (1.0 / float(TS_ROUTER_FOLD_SS_SCALE));
-  if (subgroupElect()) rf_ss = ssf;
-  rf_inv_rms = fold_inv_rms(ssf);
-  if (with_logits) route_subgroup(E, args.n_used, args.gating, args.route_flags, args.weights_scale);
-}
-#endif
 #else
 bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
 // Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
@@ -199,10 +156,9 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
-// The input (h2, or x times the norm weight) as int8 blocks in shared memory, by the
-// invocations below `invocations`; no barrier.
-void stage_input(uint invocations) {
-  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += invocations) {
+// The input (h2, or x times the norm weight) as int8 blocks in shared memory; no barrier.
+void stage_input() {
+  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
     vec4 v[8];
     [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
     q8_stage_block(b, v);
@@ -379,18 +335,11 @@ void gateup_main() {
   float scale = 1.0;
 #if ROUTER_FOLD
   const bool with_logits = (args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed;
-#if FOLD_OVERLAP == 2
-  // One phase: the last subgroup sums the accumulators and routes, the others stage the input.
-  if (gl_SubgroupID + 1u == gl_NumSubgroups) fold_route_subgroup(with_logits);
-  else stage_input(WG_SIZE - gl_SubgroupSize);
-  barrier();
-  rf_inv_rms = fold_inv_rms(rf_ss);
-  TS_MARK_EARLY();  // bench --timeline: the input staged and the route computed
-#elif FOLD_OVERLAP
+#if FOLD_OVERLAP
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).
   const uint nb_in = args.n_embd / 32u;
-  stage_input(WG_SIZE);
+  stage_input();
   fold_sum(with_logits, nb_in);
   if (with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u) {
     const uint t = (gl_LocalInvocationIndex + WG_SIZE - (nb_in + args.n_expert + 1u) % WG_SIZE) % WG_SIZE;
@@ -399,10 +348,8 @@ void gateup_main() {
 #else
   fold_sum(with_logits, 0u);
 #endif
-#if FOLD_OVERLAP != 2
   fold_finish();
   TS_MARK_EARLY();  // bench --timeline: the input staged and the accumulators summed
-#endif
   scale = rf_inv_rms;
 #else
   if (norm_input()) {
@@ -412,7 +359,7 @@ void gateup_main() {
   }
 #endif
 #if Q8ACT && !FOLD_OVERLAP
-  stage_input(WG_SIZE);
+  stage_input();
   barrier();
 #endif
 
@@ -436,9 +383,7 @@ void gateup_main() {
   Mat gmat, umat;
   uint gate_mul, up_add;  // gate row = gate_mul * i, up row = gate_mul * i + up_add
   if (routed) {
-#if FOLD_OVERLAP != 2  // (2: the router subgroup computed it before the barrier)
     if (recompute_route()) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
-#endif
 #if ROUTER_FOLD
     // The route for the down kernel, and the logits (for tests and tools), from workgroup 0.
     if ((args.flags & TS_MOE_ROUTE_WRITE) != 0u && wg == 0u) {

@@ -40,8 +40,7 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
-  if (r.q8_fold_overlap > 3)
-    runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on), 2 (off) or 3 (route beside)");
+  if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
@@ -103,13 +102,9 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
                                  bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false) {
-  // FOLD_OVERLAP: 0 off, 1 one phase, 2 the router subgroup beside the staging (needs subgroups
-  // and two of them per workgroup).
-  uint32_t overlap = !fold || t.q8_fold_overlap == 2 ? 0 : 1;
-  if (overlap && t.q8_fold_overlap == 3 && ctx.pipelines().use_subgroup() && t.q8_gateup_teams >= 2) overlap = 2;
+  const bool overlap = fold && t.q8_fold_overlap != 2;
   return row_kernel(ctx,
-                    cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap == 1 ? ".ovl" : "",
-                        overlap == 2 ? ".ovl2" : "",
+                    cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : ""),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1,
                     {{"OUT_PER_WG", std::to_string(outs)},
@@ -117,7 +112,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
                      {"ROUTER_FOLD", fold ? "1" : "0"},
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
-                     {"FOLD_OVERLAP", std::to_string(overlap)},
+                     {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}},
                     gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -108,8 +108,7 @@ struct MoeTuning {
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
   uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4)
   // The router fold's gate-up reads its input, the accumulators and the expert bias in one phase
-  // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off, 3 the last subgroup also routes in that phase
-  // (FOLD_OVERLAP 2; devices with subgroups, else 1); auto (0): 1 (H100, GLM: gate-up 17.5 -> 14.9
+  // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
 };

@@ -488,30 +488,6 @@ TEST(GpuModel, FusedRouterMatchesTheSeparateRouter) {
   }
 }
 
-// The router fold's gate-up with its last subgroup routing beside the staging (fold overlap 3):
-// the same sums and arithmetic as the default one-phase prologue, so the same logits bit for bit
-// and the same greedy tokens, on the GLM-like (sigmoid + bias) and the V2-Lite-like (softmax) file.
-TEST(GpuModel, RouteBesideTheStagingGivesTheSameBits) {
-  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  if (!vk::router_fold_supported(context())) GTEST_SKIP() << "no 64-bit integer buffer atomics";
-  for (const char* preset : {"tiny", "tiny-lite"}) {
-    const Files f = files(preset, "q4_0", "all");
-    TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[2];
-    std::vector<int32_t> tokens[2];
-    for (int beside : {0, 1}) {
-      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-      if (beside) o.moe.q8_fold_overlap = 3;
-      model::GpuModel m(context(), tsr, o);
-      if (!m.stats().int8_activations || !m.stats().fused_router) GTEST_SKIP() << "no int8 path or router fold here";
-      logits[beside] = m.forward(prompt(m.n_vocab(), 5), true);
-      for (int i = 0; i < 8; ++i) tokens[beside].push_back(m.decode_step());
-    }
-    EXPECT_EQ(logits[0], logits[1]) << preset;
-    EXPECT_EQ(tokens[0], tokens[1]) << preset;
-  }
-}
-
 // Without 64-bit integer buffer atomics the model records the router dispatch (fused_router is
 // ignored): the same recording, the same logits as fused_router = false.
 TEST(GpuModel, FusedRouterFallsBackWithoutInt64Atomics) {

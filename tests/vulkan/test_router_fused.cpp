@@ -39,15 +39,13 @@ struct FoldCase {
   bool fused_down = false;  // the down projection fused into the gate-up
   bool overlap_off = false;  // the gate-up's fold sums, staging and bias in separate phases (not the default)
   bool x_q8 = false;         // the matvec reads its input as int8 blocks (MatvecOp::x_q8; long rows: two subgroups each)
-  bool route_beside = false; // the gate-up's last subgroup sums and routes beside the staging (fold overlap 3)
 };
 
 std::string describe(const FoldCase& c) {
   return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
              type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
-             c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "",
-             c.route_beside ? " route-beside" : "");
+             c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "");
 }
 
 struct FoldResult {
@@ -145,7 +143,7 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     EXPECT_TRUE(vk::moe_q8_usable(*g.ctx, ht.g, c.n_used));
     gu.hq = hq_b.whole();
   }
-  gu.tuning.q8_fold_overlap = c.route_beside ? 3u : c.overlap_off ? 2u : 0u;
+  gu.tuning.q8_fold_overlap = c.overlap_off ? 2u : 0u;
   if (c.fused_down) {
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
@@ -317,19 +315,6 @@ TEST(RouterFold, Int8ActivationKernels) {
   run_fold(g, {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true}, 19);
   run_fold(g, {224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true, false, false, true}, 4);
   run_fold(g, {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true, false, false, true}, 5);
-  // The router subgroup beside the staging: sigmoid + bias, softmax with E 70 and 200 (several
-  // experts per lane), no shared expert.
-  // (The seeds of the cases above: random softmax logits can tie in float where the CPU's
-  // reference routing of the same logits does not.)
-  const std::pair<FoldCase, uint32_t> beside[] = {
-      {{224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true}, 4},
-      {{96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true}, 5},
-      {{544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true}, 19},
-      {{160, 96, 37, 3, 64, 0, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true}, 13}};
-  for (auto [c, seed] : beside) {
-    c.route_beside = true;
-    run_fold(g, c, seed);
-  }
   // W_vo's default form: the input as int8 blocks, rows long enough for two subgroups each (more
   // than 2 x 2 x subgroup size blocks), with the fold's epilogue.
   if (vk::q8_activations_type(*g.ctx, GgmlType::Q8_0))
@@ -352,24 +337,6 @@ TEST(RouterFold, SameBitsEveryRun) {
   ASSERT_EQ(a.logits.size(), b.logits.size());
   EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0);
   EXPECT_EQ(a.route, b.route);
-}
-
-// The router subgroup beside the staging sums the same integers and runs the same routing
-// arithmetic as the one-phase default: the same route, logits and h, bit for bit.
-TEST(RouterFold, RouteBesideTheStagingGivesTheSameBits) {
-  Gpu& g = vktest::gpu();
-  REQUIRE_FOLD(g);
-  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product";
-  if (!g.ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroup arithmetic";
-  FoldCase c{224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true};
-  const FoldResult a = run_fold(g, c, 22, nullptr, false);
-  c.route_beside = true;
-  const FoldResult b = run_fold(g, c, 22, nullptr, false);
-  EXPECT_EQ(a.route, b.route);
-  ASSERT_EQ(a.logits.size(), b.logits.size());
-  EXPECT_EQ(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * 4), 0);
-  ASSERT_EQ(a.h.size(), b.h.size());
-  EXPECT_EQ(std::memcmp(a.h.data(), b.h.data(), a.h.size() * 4), 0);
 }
 
 TEST(RouterFold, NanAndInfInXStayInRange) {

@@ -27,10 +27,6 @@
 // WAIT_GATE): after its rows of x, each workgroup arrives on gate word 2 through a group word
 // (gate_signal_tree; moe_args.h TS_DOWN_X_GROUP_WORD), which the next layer's first matvecs
 // (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
-// DOWN_PREFETCH (0..3; with WAIT_GATE): the first 1 / (DOWN_PREFETCH + 1) of the workgroups, which
-// start beside the gate-up, also read one word of every 32-byte sector of the weight rows of
-// workgroups id + k * that share (k = 1 .. DOWN_PREFETCH) before their wait, so that those, which
-// start only when the gate-up's workgroups leave, find their weights in the L2.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
 // 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT),
 // 7 = gate words, 8 = error words (WAIT_GATE).
@@ -49,12 +45,6 @@ layout(local_size_x = WG_SIZE) in;
 #endif
 #ifndef X_SIGNAL
 #define X_SIGNAL 0
-#endif
-#ifndef DOWN_PREFETCH
-#define DOWN_PREFETCH 0
-#endif
-#if DOWN_PREFETCH && !WAIT_GATE
-#error "moe_down.comp: DOWN_PREFETCH is for the early-started down (WAIT_GATE)"
 #endif
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
@@ -183,31 +173,6 @@ bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
   return true;
 }
 
-#if DOWN_PREFETCH
-// Region M bytes per block of W_BLOCK values (the int8 path's types; weights.glsl's layouts).
-#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0
-#define W_MBYTES 2u
-#elif WTYPE == TS_TYPE_Q4_K
-#define W_MBYTES 16u
-#elif WTYPE == TS_TYPE_Q6_K
-#define W_MBYTES 82u
-#else
-#error "moe_down.comp: DOWN_PREFETCH needs a Q4_0 / Q8_0 / Q4_K / Q6_K down"
-#endif
-
-// One word of every 32-byte sector of rows [r0, r0 + n) of m (regions Q and M), read by the
-// subgroup's lanes and OR-ed together: the caller folds the result into what it waits on.
-uint touch_rows(Mat m, uint r0, uint n, uint lane, uint nl) {
-  const uint bpr = m.cols / W_BLOCK;
-  uint dep = 0u;
-  const uint q0 = m.qbase + r0 * bpr * W_QVEC, qn = n * bpr * W_QVEC;  // 16-byte units
-  for (uint v = 2u * lane; v < qn; v += 2u * nl) dep |= w_q[q0 + v].x;
-  const uint m0 = m.mbase * 4u + r0 * bpr * W_MBYTES, mn = n * bpr * W_MBYTES;  // bytes
-  for (uint b = 32u * lane; b < mn; b += 32u * nl) dep |= w_m[(m0 + b) >> 2];
-  return dep;
-}
-#endif
-
 // part[r][s]: slot s's weighted dot product for row r of the workgroup.
 shared float part[ROWS_PER_WG][TEAMS];
 #if WAIT_GATE
@@ -263,19 +228,6 @@ void main() {
       }
     }
   }
-#if DOWN_PREFETCH
-  {
-    const uint n_wg = gl_NumWorkGroups.x * gl_NumWorkGroups.y;
-    const uint share = (n_wg + uint(DOWN_PREFETCH)) / uint(DOWN_PREFETCH + 1);
-    const uint wg = linear_workgroup_id();
-    if (nb > 0u && wg < share) {
-      [[unroll]] for (uint k = 1; k <= uint(DOWN_PREFETCH); ++k) {
-        const uint t0 = (wg + k * share) * ROWS_PER_WG;
-        if (t0 < args.n_embd) dep |= touch_rows(m, t0, min(uint(ROWS_PER_WG), args.n_embd - t0), lane, nl);
-      }
-    }
-  }
-#endif
   if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
   gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
   if (s < n_slots) {

@@ -41,7 +41,6 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
-  if (r.q8_down_prefetch > 3) runtime_error("MoE kernels: down prefetch ", r.q8_down_prefetch, " is not 0..3");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
@@ -135,7 +134,7 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
 
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t gate_h_target = 0, bool x_signal = false, uint32_t prefetch = 0) {
+                               uint32_t rows, uint32_t gate_h_target = 0, bool x_signal = false) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -146,10 +145,9 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
     d["WAIT_GATE"] = "1";
     d["GATE_H_TARGET"] = std::to_string(gate_h_target);
     d["X_SIGNAL"] = x_signal ? "1" : "0";
-    d["DOWN_PREFETCH"] = std::to_string(prefetch);
   }
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
-                             x_signal ? ".xsig" : "", gate_h_target && prefetch ? cat(".pf", prefetch) : ""),
+                             x_signal ? ".xsig" : ""),
                     "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
@@ -594,7 +592,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
                                                std::max(g.w_routed, g.w_shared), rows_per_wg, gated ? gate_h_target : 0,
-                                               gated && gate_signal_x, t.q8_down_prefetch)
+                                               gated && gate_signal_x)
                               : down_kernel(ctx, p.type, vec8, slots, t);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

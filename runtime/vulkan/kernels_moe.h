@@ -111,9 +111,6 @@ struct MoeTuning {
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
-  // The early-started down (moe_down.comp DOWN_PREFETCH): the first 1 / (N + 1) of its workgroups
-  // pull the weights of N later ones into the L2 while they wait (0 off, 1..3).
-  uint32_t q8_down_prefetch = 0;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -488,30 +488,6 @@ TEST(GpuModel, FusedRouterMatchesTheSeparateRouter) {
   }
 }
 
-// The early down's first workgroups pulling later ones' weights into the L2 (q8_down_prefetch
-// 1..3) read nothing they use: the same logits and greedy tokens, bit for bit, for Q4_0 / Q8_0
-// and K-quant downs.
-TEST(GpuModel, DownPrefetchChangesNoBit) {
-  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  for (const char* type : {"q4_0", "q8_0", "q4_k_m"}) {
-    const Files f = files("tiny", type, "all");
-    TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[4];
-    std::vector<int32_t> tokens[4];
-    for (uint32_t pf : {0u, 1u, 3u}) {
-      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-      o.moe.q8_down_prefetch = pf;
-      model::GpuModel m(context(), tsr, o);
-      logits[pf] = m.forward(prompt(m.n_vocab(), 5), true);
-      for (int i = 0; i < 8; ++i) tokens[pf].push_back(m.decode_step());
-    }
-    for (uint32_t pf : {1u, 3u}) {
-      EXPECT_EQ(logits[pf], logits[0]) << type << " prefetch " << pf;
-      EXPECT_EQ(tokens[pf], tokens[0]) << type << " prefetch " << pf;
-    }
-  }
-}
-
 // Without 64-bit integer buffer atomics the model records the router dispatch (fused_router is
 // ignored): the same recording, the same logits as fused_router = false.
 TEST(GpuModel, FusedRouterFallsBackWithoutInt64Atomics) {

@@ -42,6 +42,11 @@
 // the number of heads it finished to the gate word (binding OLAT_Q8_BINDING + 1): the consumer
 // (W_vo, matvec_q8.comp WAIT_GATE) is recorded with no barrier after this dispatch and waits
 // until the word reaches N_HEAD (docs/DECODE.md "Early start").
+// WAIT_GATE (0/1, with GATE_SIGNAL; the decode step's `--tune early_attn`): recorded with no
+// barrier after the query's matvec and kv_write, which count word GATE_WORD of binding
+// OLAT_Q8_BINDING + 2 up to GATE_TARGET; every workgroup waits for it first (a wait that gives up
+// sets the error words, binding OLAT_Q8_BINDING + 3), then reads the query and the cache with
+// plain loads (no SM has read their lines since the last barrier).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),
@@ -73,6 +78,15 @@
 #if GATE_SIGNAL && !Q8_OUT
 #error "attention_rows.comp: GATE_SIGNAL needs Q8_OUT (the gate opens on olat's int8 blocks)"
 #endif
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE && !GATE_SIGNAL
+#error "attention_rows.comp: WAIT_GATE is built with GATE_SIGNAL (the early W_vo's attention)"
+#endif
+#if WAIT_GATE
+#extension GL_KHR_memory_scope_semantics : require
+#endif
 // Read by a consumer that runs beside this dispatch: coherent (the stores reach the device level).
 #if GATE_SIGNAL
 #define OUT_QUAL coherent writeonly
@@ -82,8 +96,13 @@
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
+#if WAIT_GATE  // written beside this dispatch before the gate opens: not restrict
+layout(std430, binding = 0) readonly buffer Query { float q[]; };
+layout(std430, binding = 1) readonly buffer Cache { uint cache_w[]; };
+#else
 layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
+#endif
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 #if SINGLE
 layout(std430, binding = 3) OUT_QUAL buffer Out { float olat[]; };
@@ -103,7 +122,15 @@ layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[
 #endif
 #include "q8_quantize.glsl"
 layout(std430, binding = OLAT_Q8_BINDING) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
-#if GATE_SIGNAL
+#if WAIT_GATE  // W_vo's gate opened here, the query's polled (gate.glsl polls gate[])
+layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer VoGate { uint vo_gate[]; };
+layout(std430, binding = OLAT_Q8_BINDING + 2) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = OLAT_Q8_BINDING + 3) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_SIGNAL_BUFFER vo_gate
+#define WG_SIZE (NSG * SUBGROUP_SIZE)
+#define GATE_WAIT 1
+#include "gate.glsl"
+#elif GATE_SIGNAL
 layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
 #endif
@@ -253,6 +280,9 @@ void rope_query(uint pos) {
 }
 
 void main() {
+#if WAIT_GATE
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing loaded ahead
+#endif
   const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
   const uint lane = gl_SubgroupInvocationID, g = gl_SubgroupID;
   const uint d0 = lane * kDpl;  // this lane's first value of a row

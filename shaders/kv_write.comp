@@ -9,10 +9,19 @@
 // of two). WAIT_GATE (0/1; decode, subgroups; docs/DECODE.md "Early start"): recorded with no
 // barrier after the kv_a matvec, which opens word GATE_WORD of binding 4 (GATE_TARGET arrivals);
 // the workgroup waits on it (a wait that gives up sets the error words, binding 5), then reads kv.
+// SIGNAL_GATE (0/1; decode, one token; not with WAIT_GATE): the attention is recorded with no
+// barrier after this: once the row is written, the workgroup adds 1 to word SIGNAL_WORD of
+// binding 4 (gate.glsl gate_signal).
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
+#endif
+#ifndef SIGNAL_GATE
+#define SIGNAL_GATE 0
+#endif
+#if SIGNAL_GATE && WAIT_GATE
+#error "kv_write.comp: SIGNAL_GATE and WAIT_GATE are not built together"
 #endif
 #if WAIT_GATE
 #extension GL_KHR_shader_subgroup_basic : require
@@ -36,9 +45,16 @@ layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error
 #else
 layout(std430, binding = 0) readonly buffer KvIn { float kv[]; };         // R + Dr
 #endif
+#if SIGNAL_GATE
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
+#define CACHE_QUAL coherent writeonly  // read beside this dispatch once the gate opens
+#else
+#define CACHE_QUAL writeonly
+#endif
 layout(std430, binding = 1) readonly buffer NormW { float norm_w[]; };    // R
 layout(std430, binding = 2) readonly buffer Step { uint step_words[]; };  // per-token values
-layout(std430, binding = 3) writeonly buffer Cache { uint cache[]; };     // n_ctx x (R+Dr)/2 half pairs
+layout(std430, binding = 3) CACHE_QUAL buffer Cache { uint cache[]; };    // n_ctx x (R+Dr)/2 half pairs
 
 layout(push_constant) uniform Push { KvWriteArgs args; };
 
@@ -77,4 +93,7 @@ void main() {
     const vec2 pe = vec2(kv[kv0 + KV_LORA + 2 * k], kv[kv0 + KV_LORA + 2 * k + 1]);
     cache[row + KV_LORA / 2 + k] = packHalf2x16(rope_rotate(pe, rope_cos_sin(pos, k)));
   }
+#if SIGNAL_GATE
+  gate_signal(uint(SIGNAL_WORD), 1u);  // (the decode step: one token, pos < n_ctx, so every workgroup gets here)
+#endif
 }

@@ -127,6 +127,16 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
     // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
     // query's matvec and kv_write wait on them: word 0 q_a's, word 1 kv_a's.
+    // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
+    const vk::DecodeRange range = attn.decode_range(profile_kv_len);
+    vk::BufferSlice olat_q8;
+    if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
+        vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
+      olat_q8 = w.olat_q8.whole();
+    // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
+    const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
+                       matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
+    const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     const std::vector<Stage1> s1 = stage1(l);
     const vk::BufferSlice qk_words = gate_slice(l, kGateQk, 8);
     vk::MatvecOp query;
@@ -175,14 +185,20 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     x_gate = {};
     if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
     if (!early_qk) rec.barrier();
-    // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query.
+    // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query. The
+    // attention started early (no barrier after stage 2) where W_qk and kv_write open its gate.
+    const bool early_attn = options_.early_attn && early && qk && c.q_lora_rank && !early_qk &&
+                            attn.decode_waits(range) && query.signal_supported(ctx_) &&
+                            vk::KvWriteOp::gate_supported(ctx_);
+    const vk::BufferSlice attn_words = early_attn ? gate_slice(l, kGateAttn, 4) : vk::BufferSlice{};
     if (c.q_lora_rank) {
       query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
+      query.signal = attn_words;
       record_matvec(query, qname);
     }
     kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
-                    early_qk ? "kv_write.gate " + L : "kv_write " + L,
-                    early_qk ? gate_wait(qk_words, 1, s1_ops[1].signal_count(ctx_)) : vk::GateWait{});
+                    early_qk ? "kv_write.gate " + L : early_attn ? "kv_write.signal " + L : "kv_write " + L,
+                    early_qk ? gate_wait(qk_words, 1, s1_ops[1].signal_count(ctx_)) : vk::GateWait{}, attn_words);
     if (!qk) {
       if (c.q_lora_rank) rec.barrier();  // the absorb reads q_b's output
       vk::AbsorbOp a = vk::AbsorbOp::query(w.matrix(L + "attn_k_b.weight"), H, c.n_rot, w.qfull.whole(), w.q.whole());
@@ -190,20 +206,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       a.record(rec);
       weight_bytes += a.w.read_bytes();
     }
-    rec.barrier();
-    // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
-    const vk::DecodeRange range = attn.decode_range(profile_kv_len);
-    vk::BufferSlice olat_q8;
-    if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
-        vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
-      olat_q8 = w.olat_q8.whole();
-    // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
-    const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
-                       matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
-    const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
+    if (!early_attn) rec.barrier();
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
-                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate);
+                       w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate,
+                       early_attn ? gate_wait(attn_words, 0, query.signal_count(ctx_) + 1) : vk::GateWait{});
     {
       std::vector<vk::BufferSlice> spans;
       if (options_.prefetch & kPrefetchAttnOut) {

@@ -199,7 +199,25 @@ KvWriteOp::KvWriteOp(Context& ctx, const AttentionShape& shape) : ctx_(ctx), sha
 bool KvWriteOp::gate_supported(Context& ctx) { return ctx.pipelines().use_subgroup(); }
 
 void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
-                       BufferSlice cache, std::string_view label, const GateWait& gate) const {
+                       BufferSlice cache, std::string_view label, const GateWait& gate, BufferSlice signal,
+                       uint32_t signal_word) const {
+  if (signal.buffer != VK_NULL_HANDLE) {
+    if (gate.enabled()) runtime_error(label, ": kv_write waits on a gate or opens one, not both");
+    if (!gate_supported(ctx_)) runtime_error(label, ": no gate-opening kv_write here (it needs subgroups)");
+    if (signal.size < (signal_word + 1) * 4ull) runtime_error(label, ": gate binding has no word ", signal_word);
+    PipelineDesc d = kv_write_desc(shape_);
+    d.name = "kv_write.signal";
+    d.defines["SIGNAL_GATE"] = "1";
+    d.defines["SIGNAL_WORD"] = std::to_string(signal_word);
+    d.num_buffers = 5;
+    if (kv.size < uint64_t(shape_.row()) * 4 || kv_norm_w.size < uint64_t(shape_.kv_lora) * 4 ||
+        step.size < uint64_t(pos_word + 1) * 4 || cache.size < shape_.cache_bytes())
+      runtime_error(label, ": kv, kv norm, step or cache binding too small");
+    const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, QueryBatch{}.word(), shape_.row(), 0, 0, 0};
+    const BufferSlice b[] = {kv, kv_norm_w, step, cache, signal};
+    rec.dispatch(ctx_.pipeline(d), b, args, 1, 1, 1, label, bytes());
+    return;
+  }
   if (!gate.enabled()) return record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
   if (!gate_supported(ctx_)) runtime_error(label, ": no early start for kv_write here (it needs subgroups)");
   if (!gate.valid()) runtime_error(label, ": early start needs a gate word, an error word and a target above 0");
@@ -285,7 +303,18 @@ AttentionOp::OlatPipelines AttentionOp::olat_pipelines(Context& ctx, PipelineDes
   d.defines["GATE_SIGNAL"] = "1";
   d.num_buffers += 1;
   p.gate = &ctx.pipeline(d);
+  p.gate_desc = d;
   return p;
+}
+
+const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait) {
+  PipelineDesc d = p.gate_desc;
+  d.name += ".wait";
+  d.defines["WAIT_GATE"] = "1";
+  d.defines["GATE_WORD"] = std::to_string(wait.word);
+  d.defines["GATE_TARGET"] = std::to_string(wait.target);
+  d.num_buffers += 2;  // the polled words, the error words
+  return ctx.pipeline(d);
 }
 
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {

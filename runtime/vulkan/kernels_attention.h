@@ -119,8 +119,12 @@ class KvWriteOp {
   // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows. With a
   // gate (decode; gate_supported): recorded with no barrier after the kv_a matvec that opens it;
   // the workgroup waits on it before reading kv.
+  // With `signal` (decode; gate_supported; not with a gate): once the row is written the workgroup
+  // adds 1 to word signal_word of it, so that the attention can be recorded with no barrier after
+  // (AttentionOp::record_decode's `wait`).
   void record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
-              BufferSlice cache, std::string_view label, const GateWait& gate = {}) const;
+              BufferSlice cache, std::string_view label, const GateWait& gate = {}, BufferSlice signal = {},
+              uint32_t signal_word = 0) const;
   // The gated kernel runs here (subgroups).
   static bool gate_supported(Context& ctx);
   // The rows of batch.n tokens (kv: [n][R+Dr] floats), token t at position step[pos_word] + t.
@@ -238,10 +242,17 @@ class AttentionOp {
   // too): each workgroup that finishes heads adds their number to the word at `gate` after writing
   // olat and its int8 blocks, so that W_vo can be recorded with no barrier before it
   // (MatvecOp::gate, target n_head); the word must be zero before the dispatch.
+  // wait (enabled, with gate, where decode_waits(range)): recorded with no barrier after the
+  // kernels that write q and the cache row, which count wait's word up to its target; every
+  // workgroup waits for it before reading them.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
-                     BufferSlice gate = {}) const;
+                     BufferSlice gate = {}, const GateWait& wait = {}) const;
+  // Whether record_decode for `range` can wait on a gate (the single and mid kernels that open one).
+  bool decode_waits(DecodeRange range) const {
+    return (range == DecodeRange::Single && single_.gate) || (range == DecodeRange::Mid && mid_.gate);
+  }
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
   // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none;
@@ -324,8 +335,11 @@ class AttentionOp {
   // built.
   struct OlatPipelines {
     const Pipeline *plain = nullptr, *q8 = nullptr, *gate = nullptr;
+    PipelineDesc gate_desc;  // gate's: its waiting variant (WAIT_GATE) is made by record_decode
     explicit operator bool() const { return plain != nullptr; }
   };
+  // The waiting variant of p.gate for `wait` (its word and target as defines).
+  static const Pipeline& wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait);
   // The variant of `p` that record_decode dispatches: its pipeline, its bindings (`base` and the
   // int8 / gate ones) and its profile name suffix.
   struct OlatVariant {

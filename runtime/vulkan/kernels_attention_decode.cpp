@@ -47,12 +47,21 @@ std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
                                 BufferSlice olat, DecodeRange range, std::string_view label,
-                                BufferSlice olat_q8, BufferSlice gate) const {
+                                BufferSlice olat_q8, BufferSlice gate, const GateWait& wait) const {
   const std::string what = std::string(label) + " partial";
   const bool gated = gate.buffer != VK_NULL_HANDLE;
   if (gated && (!decode_signals_gate(range) || olat_q8.buffer == VK_NULL_HANDLE || gate.size < 4))
     runtime_error(label, ": no gate-opening attention kernel for this range (it needs gate_signal, a range that "
                   "writes olat's int8 blocks in its last dispatch, and a gate word)");
+  if (wait.enabled() && (!gated || !decode_waits(range) || !wait.valid()))
+    runtime_error(label, ": the attention waits on a gate only in the single and mid ranges, opening W_vo's, with a "
+                  "gate word, error words and a target above 0");
+  // The waiting variant: the gate-opening one plus the polled words and the error words.
+  const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
+    OlatVariant v = olat_variant(p, q8, gated, base);
+    if (wait.enabled()) v = {&wait_pipeline(rec.context(), p, wait), base + 4, ".q8out.gate.wait"};
+    return v;
+  };
   if (range == DecodeRange::Single) {
     const std::string name = std::string(label) + " single";
     if (!single_) runtime_error(name, ": no single-workgroup variant to record");
@@ -60,8 +69,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const bool q8 = check_olat_bindings(name, olat, olat_q8, single_.q8 != nullptr);
     // The whole context is one chunk: n_groups 1. Contexts past the range leave the workgroups idle.
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, single_max_kv_};
-    const BufferSlice b[] = {q, cache, step, olat, olat_q8, gate};
-    const OlatVariant v = olat_variant(single_, q8, gated, 4);
+    const BufferSlice b[] = {q, cache, step, olat, olat_q8, gate, wait.words, wait.error};
+    const OlatVariant v = variant(single_, q8, 4);
     rec.dispatch(*v.pipe, std::span<const BufferSlice>(b, v.bindings), &args, sizeof args, 1, shape_.n_head, 1,
                  name + v.suffix, single_bytes(profile_kv_len_) + (q8 ? olat_q8_bytes() : 0));
     return;
@@ -74,8 +83,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     const bool q8 = check_olat_bindings(name, olat, olat_q8, mid_.q8 != nullptr);
     // Contexts past the range leave the workgroups idle (and the counters untouched).
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, mid_groups_, min_chunk_, shape_.kq_scale, TS_ATTN_NO_COUNT, 0, mid_max_kv_};
-    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8, gate};
-    const OlatVariant v = olat_variant(mid_, q8, gated, 6);
+    const BufferSlice b[] = {q, cache, step, partials, arrivals, olat, olat_q8, gate, wait.words, wait.error};
+    const OlatVariant v = variant(mid_, q8, 6);
     rec.dispatch(*v.pipe, std::span<const BufferSlice>(b, v.bindings), &args, sizeof args, mid_groups_, shape_.n_head, 1,
                  name + v.suffix,
                  partial_bytes(profile_kv_len_, mid_groups_) + merge_bytes(profile_kv_len_, mid_groups_) +

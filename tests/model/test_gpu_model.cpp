@@ -315,6 +315,36 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   }
 }
 
+// The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
+// the same logits and tokens bit for bit, through the single range (up to 3 positions) and the
+// mid range (up to 9), then the split one; one barrier less per layer in the single range's
+// recording (the stats describe it).
+TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  uint32_t barriers[2] = {}, layers = 0;
+  for (int early : {0, 1}) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.early_attn = early;
+    o.attention.single_max_kv = 3;
+    o.attention.mid_max_kv = 9;
+    o.attention.mid_groups = 3;
+    model::GpuModel m(context(), tsr, o);
+    barriers[early] = m.stats().barriers;
+    layers = m.stats().layers;
+    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
+    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+    EXPECT_TRUE(m.early_starts()) << "no wait gave up";
+  }
+  if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early attention here (int8 kernels with subgroups)";
+  EXPECT_EQ(barriers[0] - barriers[1], layers);
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the
 // same int8 blocks W_qk stages itself, only the sum of squares added in another order, so logits
 // within rounding and the same greedy tokens; gated on q_a (early_qk) the bits of the ungated
@@ -361,6 +391,7 @@ TEST(GpuModel, GateThatNeverOpensFallsBackToBarriers) {
     o.early_vo = fault;  // the reference: no early starts at all
     o.early_down = fault;
     o.early_qk = fault;
+    o.early_attn = fault;
     o.fault_gate_never_opens = fault;
     model::GpuModel m(context(), tsr, o);
     if (fault && m.stats().barriers == 0) GTEST_SKIP();

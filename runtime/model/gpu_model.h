@@ -128,8 +128,9 @@ struct GpuModelOptions {
   // The attention without the barrier after stage 2 (composed W_qk, a q LoRA, early_vo, not
   // early_qk; the single and mid ranges): W_qk's workgroups and kv_write open a gate
   // (matvec_q8.comp SIGNAL_GATE, kv_write.comp SIGNAL_GATE), the attention's workgroups wait on it
-  // (attention_rows.comp WAIT_GATE). bench --tune early_attn=0|1.
-  bool early_attn = false;
+  // (attention_rows.comp WAIT_GATE). H100, GLM Q4_0: +2.0 % tg128 at depth 0, +2.2 % at 512
+  // (PERFORMANCE.md session 12). bench --tune early_attn=0|1.
+  bool early_attn = true;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
   // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet
@@ -197,10 +198,9 @@ class GpuModel : public LanguageModel {
   int n_past() const override { return int(n_past_); }
   uint32_t n_vocab() const override { return config_.n_vocab; }
   const DecodeStats& stats() const { return stats_; }
-  // Whether the decode step is recorded with early starts (false once a wait gave up).
-  bool early_starts() const {
-    return options_.early_vo || options_.early_down || options_.early_qk || options_.early_attn;
-  }
+  // Whether the decode step is recorded with early starts (false once a wait gave up; early_attn
+  // needs early_vo).
+  bool early_starts() const { return options_.early_vo || options_.early_down || options_.early_qk; }
   // GpuModelOptions::gate_stats: the early-started W_vo since the model was made (GateTrace).
   const GateTrace& gate_trace() const { return gate_trace_; }
   const PrefillStats& prefill_stats() const { return prefill_stats_; }

@@ -6,13 +6,16 @@
 #   Vulkan loader from debs/, `tessera devices`, `tessera bench --roofline`,
 #   for GLM-4.7-Flash q4_0, DeepSeek-V2-Lite q4_0, GLM-4.7-Flash q4_k_m (full size): synth ->
 #   convert --compose all and none -> verify (bytes level; q4_0 files) -> on each file
-#   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the composed profile).
+#   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the composed profile), and on
+#   the composed file `tessera bench -p 0 -n 8 -r 2 --timeline` (the device-clock timeline per depth;
+#   TIMELINE=0 skips it).
 # Results in $OUT: summary.md, log.txt and results.tar.gz (each bench's JSON and profile SVG: the
 # device tool brings back few files); a short summary table is printed last.
 # Environment: OUT (results folder, default /tmp/tessera-out), WORK (models, default /tmp/tessera-work,
 # never under $OUT), BUDGET_S (seconds for everything, default 530), DEPTHS (default 0,8192),
 # PROMPT (default 512), GEN (default 128), REPS (default 3),
-# PRESET / PRESET_LITE (default glm47flash / ds2lite), SKIP_VERIFY (set: no verify stage).
+# PRESET / PRESET_LITE (default glm47flash / ds2lite), SKIP_VERIFY (set: no verify stage), TIMELINE
+# (0: no timeline stage).
 set -uo pipefail
 
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -123,6 +126,12 @@ model() {
     stage "convert $name --compose none" 40 "$T" convert "$gguf" -o "$none" --compose none --threads "$THREADS"
     rm -f "$gguf"
     [ -e "$all" ] && bench_model "$name-all" all "$all" --profile --profile-out "$RESULTS/$name-all-profile.svg"
+    if [ -e "$all" ] && [ "${TIMELINE:-1}" != 0 ]; then
+      : >"$WORK/$name-timeline.md"
+      STAGE_STDOUT="$WORK/$name-timeline.md" stage "timeline $name-all" 30 "$T" bench "$all" -p 0 -n 8 -d "$DEPTHS" -r 2 \
+        --timeline --json "$RESULTS/$name-all-timeline.json"
+      sed -n '/^device-clock timeline/,$p' "$WORK/$name-timeline.md" >>"$SUMMARY"
+    fi
     rm -f "$all"
     [ -e "$none" ] && bench_model "$name-none" none "$none" --profile
   fi

@@ -47,6 +47,11 @@
 // GATE_SIGNAL (0/1; ROUTER_FOLD with Q8ACT, not FUSED_DOWN; docs/DECODE.md "Early start"): the
 // down kernel is recorded with no barrier after this dispatch. Workgroup 0 adds 1 to gate word 0
 // (binding 11) once the route is written, every workgroup adds 1 to word 1 once its h and hq are.
+// WAIT_GATE (0/1; with GATE_SIGNAL; `--tune early_gateup`): recorded with no barrier after the
+// matvec that writes x and the fold's accumulators (W_vo / attn_output), whose workgroups count
+// word GATE_WORD of binding 12 up to GATE_TARGET; every workgroup waits for it first (a wait that
+// gives up sets the error words, binding 13), then reads x and the accumulators with plain loads
+// (no SM has read their lines since the last barrier but the writers' own rows).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -70,7 +75,22 @@ layout(local_size_x = WG_SIZE) in;
 #error "moe_gateup.comp: GATE_SIGNAL needs ROUTER_FOLD and Q8ACT, without FUSED_DOWN"
 #endif
 // Outputs read by a consumer that runs beside this dispatch: coherent (they reach the device level).
-#if GATE_SIGNAL
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE && !GATE_SIGNAL
+#error "moe_gateup.comp: WAIT_GATE is built with GATE_SIGNAL"
+#endif
+#if WAIT_GATE
+#extension GL_KHR_memory_scope_semantics : require
+#define OUT_QUAL coherent writeonly
+layout(std430, binding = 11) coherent restrict buffer DownGate { uint down_gate[]; };  // opened here
+layout(std430, binding = 12) coherent restrict buffer Gate { uint gate[]; };          // polled here
+layout(std430, binding = 13) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_SIGNAL_BUFFER down_gate
+#define GATE_WAIT 1
+#include "gate.glsl"
+#elif GATE_SIGNAL
 #define OUT_QUAL coherent writeonly
 layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
@@ -85,6 +105,8 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #error "moe_gateup.comp: FUSED_DOWN needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD"
 #endif
 #define IN_QUALIFIERS readonly  // x is also written (binding 10), by the last workgroup
+#elif WAIT_GATE
+#define IN_QUALIFIERS readonly  // written beside this dispatch before the gate opens
 #else
 #define IN_QUALIFIERS readonly restrict
 #endif
@@ -95,7 +117,11 @@ layout(std430, binding = 2) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 #if ROUTER_FOLD
 layout(std430, binding = 3) OUT_QUAL buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) writeonly restrict buffer LogitBuf { float route_logits[]; };
+#if WAIT_GATE
+layout(std430, binding = 8) readonly buffer RfAccBuf { int64_t rf_acc[]; };  // added to beside this dispatch
+#else
 layout(std430, binding = 8) readonly restrict buffer RfAccBuf { int64_t rf_acc[]; };
+#endif
 shared float rf_logit[TS_ROUTE_MAX_E];  // the summed accumulators, before 1/rms
 shared float rf_ss;                     // sum(x^2)
 float rf_inv_rms;                       // 1/rms of x (every invocation, after fold_read)
@@ -498,6 +524,9 @@ void gateup_main() {
 }
 
 void main() {
+#if WAIT_GATE
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
+#endif
   gateup_main();
 #if FUSED_DOWN
   fused_down_finish();

@@ -131,6 +131,11 @@ struct GpuModelOptions {
   // (attention_rows.comp WAIT_GATE). H100, GLM Q4_0: +2.0 % tg128 at depth 0, +2.2 % at 512
   // (PERFORMANCE.md session 12). bench --tune early_attn=0|1.
   bool early_attn = true;
+  // The MoE gate-up without the barrier after W_vo (with early_vo and early_down, the router
+  // fold): W_vo's workgroups open a gate once their rows of x and their fold sums are written
+  // (matvec_q8.comp SIGNAL_GATE), the gate-up's wait on it (moe_gateup.comp WAIT_GATE) and read x
+  // and the accumulators with plain loads. bench --tune early_gateup=0|1.
+  bool early_gateup = false;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
   // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet

@@ -22,8 +22,8 @@ constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: emb
 constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early start that gave up waiting
                                          // (byte 256: any storage-buffer offset alignment)
 constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding offsets)
-constexpr uint32_t kGateSlices = 4;     // gate slices per layer: W_vo's, the MoE down's, stage 2's, the attention's
-constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3;
+constexpr uint32_t kGateSlices = 5;  // gate slices per layer: W_vo's, the MoE down's, stage 2's, the attention's, the FFN's
+constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and the gate it saw
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
@@ -63,7 +63,7 @@ struct GpuModel::Weights {
   vk::Buffer gates;          // early-start gate words, kGateSlices slices of kGateStride bytes per layer
                              // (kGateVo: W_vo's; kGateDown: the MoE down's route, h and x; kGateQk:
                              // the q LoRA's for W_qk / q_b and kv_a's for kv_write; kGateAttn: W_qk's
-                             // and kv_write's for the attention)
+                             // and kv_write's for the attention; kGateFfn: W_vo's for the gate-up)
   vk::Buffer gate_stats;     // GpuModelOptions::gate_stats: per layer (kGateStride apart) the gated
                              // W_vo's counters and times, zeroed each step, summed on the host
   vk::Buffer timeline;       // GpuModelOptions::timeline: kTimelineRegions regions of records (timeline.glsl)

@@ -117,6 +117,61 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   };
   vk::GateWait x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
 
+  // The MoE FFN's gate-up and down of layer l, set up (nothing recorded): fuse_down where the down
+  // is fused into the gate-up, early_down where the down starts beside the gate-up.
+  struct MoeOps {
+    vk::MoeGateUpOp gu;
+    vk::MoeDownOp down;
+    bool fuse_down = false, early_down = false;
+  };
+  auto moe_ops = [&](uint32_t l, bool fold, const vk::RouterFold& rfold, vk::BufferSlice ffn_norm) {
+    const std::string L = cat("blk.", l, ".");
+    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    MoeOps m;
+    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
+    if (tile.tensor->layout != TsrLayout::MoeTile1)
+      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
+    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
+    vk::MoeGateUpOp gu;
+    gu.tile = tref;
+    gu.n_used = c.n_expert_used;
+    gu.h2 = w.h2.whole();
+    gu.route = w.route.whole();
+    gu.h = w.h.whole();
+    if (fold) {  // routing and h2 from the fold's accumulators; workgroup 0 writes the route
+      gu.fold_acc = rfold.acc;
+      gu.x = w.x.whole();
+      gu.norm_weight = ffn_norm;
+      gu.eps = c.eps;
+      gu.routing = routing;
+      gu.bias = bias;
+      gu.logits = w.router_logits.whole();
+    }
+    if (options_.int8_activations && vk::moe_q8_usable(ctx_, tref.geometry, c.n_expert_used)) {
+      gu.hq = w.hq.whole();
+      stats_.int8_activations = true;
+    }
+    gu.tuning = options_.moe;
+    const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
+                           vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
+    if (fuse_down) gu.down_acc = w.down_acc.whole();
+    vk::MoeDownOp down;
+    down.tile = tref;
+    down.n_used = c.n_expert_used;
+    down.h = w.h.whole();
+    down.route = w.route.whole();
+    down.x = w.x.whole();
+    down.hq = gu.hq;
+    down.tuning = options_.moe;
+    // The down started early (no barrier after the gate-up) where both kernels take the gate.
+    const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    m.gu = gu;
+    m.down = down;
+    m.fuse_down = fuse_down;
+    m.early_down = early_down;
+    return m;
+  };
+
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
     const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
@@ -237,11 +292,23 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rfold.norm_weight = ffn_norm;
       rfold.acc = w.fold_acc.slice(l * w.fold_stride, vk::router_fold_acc_bytes(c.n_expert));
     }
+    // The MoE FFN's kernels, set up before W_vo: the gate-up started early (no barrier after the
+    // gated W_vo, which opens its gate once its rows of x and its fold sums are written) where the
+    // gate-up also opens the down's (early_down).
+    MoeOps moe;
+    if (c.is_moe(l)) moe = moe_ops(l, fold, rfold, ffn_norm);
+    const bool early_gateup = options_.early_gateup && vo && early && fold && moe.early_down;
+    const vk::BufferSlice ffn_words = early_gateup ? gate_slice(l, kGateFfn, 4) : vk::BufferSlice{};
+    uint32_t ffn_target = 0;
     if (vo) {
       vk::MatvecOp op = matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
       if (early) {
         op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
         if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
+      }
+      if (early_gateup && op.signal_supported(ctx_)) {
+        op.signal = ffn_words;
+        ffn_target = op.signal_count(ctx_);
       }
       record_matvec(op, L + "attn_vo.weight");
     } else {
@@ -252,7 +319,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rec.barrier();
       matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, rfold);
     }
-    rec.barrier();
+    if (ffn_target == 0) rec.barrier();
     if (!c.is_moe(l)) {
       vk::DenseGateUpOp gu;
       gu.gate = w.matrix(L + "ffn_gate.weight");
@@ -302,43 +369,10 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rec.barrier();
       weight_bytes += router.w.read_bytes();
     }
-    const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
-    if (tile.tensor->layout != TsrLayout::MoeTile1)
-      bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
-    const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
-    vk::MoeGateUpOp gu;
-    gu.tile = tref;
-    gu.n_used = c.n_expert_used;
-    gu.h2 = w.h2.whole();
-    gu.route = w.route.whole();
-    gu.h = w.h.whole();
-    if (fold) {  // routing and h2 from the fold's accumulators; workgroup 0 writes the route
-      gu.fold_acc = rfold.acc;
-      gu.x = w.x.whole();
-      gu.norm_weight = ffn_norm;
-      gu.eps = c.eps;
-      gu.routing = routing;
-      gu.bias = bias;
-      gu.logits = w.router_logits.whole();
-    }
-    if (options_.int8_activations && vk::moe_q8_usable(ctx_, tref.geometry, c.n_expert_used)) {
-      gu.hq = w.hq.whole();
-      stats_.int8_activations = true;
-    }
-    gu.tuning = options_.moe;
-    const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
-                           vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
-    if (fuse_down) gu.down_acc = w.down_acc.whole();
-    vk::MoeDownOp down;
-    down.tile = tref;
-    down.n_used = c.n_expert_used;
-    down.h = w.h.whole();
-    down.route = w.route.whole();
-    down.x = w.x.whole();
-    down.hq = gu.hq;
-    down.tuning = options_.moe;
-    // The down started early (no barrier after the gate-up) where both kernels take the gate.
-    const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    vk::MoeGateUpOp& gu = moe.gu;
+    vk::MoeDownOp& down = moe.down;
+    const bool fuse_down = moe.fuse_down, early_down = moe.early_down;
+    if (ffn_target) gu.wait = gate_wait(ffn_words, 0, ffn_target);
     // ... and the next layer's stage 1 after it, where its matvecs can wait.
     bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
     if (next_early)
@@ -355,7 +389,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
-               (fuse_down ? ".fdown " : early_down ? ".gate " : " ") + L;
+               (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : " ") + L;
     gu.record(rec);
     if (!early_down) rec.barrier();
     if (fuse_down) {

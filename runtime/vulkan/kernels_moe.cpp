@@ -101,20 +101,27 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
-                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false) {
+                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false,
+                                 const GateWait& wait = {}) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
-  return row_kernel(ctx,
-                    cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
-                        fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : ""),
-                    "moe_gateup.comp", type, false, t.q8_gateup_teams, 1,
-                    {{"OUT_PER_WG", std::to_string(outs)},
+  ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
                      {"ROUTER_FOLD", fold ? "1" : "0"},
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
-                     {"GATE_SIGNAL", gate ? "1" : "0"}},
-                    gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
+                     {"GATE_SIGNAL", gate ? "1" : "0"}};
+  if (wait.enabled()) {  // moe_gateup.comp WAIT_GATE: bindings 12, 13 = the polled words, the error words
+    d["WAIT_GATE"] = "1";
+    d["GATE_WORD"] = std::to_string(wait.word);
+    d["GATE_TARGET"] = std::to_string(wait.target);
+  }
+  return row_kernel(ctx,
+                    cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
+                        fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
+                        wait.enabled() ? ".wait" : ""),
+                    "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
+                    wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
@@ -511,11 +518,14 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   if (gated && (!gate_supported(ctx) || gate.size < 8))
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
                   "and two gate words)");
+  if (wait.enabled() && (!gated || !wait.valid()))
+    runtime_error(what, ": an early-started gate-up also opens the down's gate and needs a gate word, error words "
+                  "and a target above 0");
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated, wait)
                               : gateup_kernel(ctx, p.type, vec8, t, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -530,7 +540,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.down_shared_offset = uint32_t(g.shared_down_offset);
     }
     const uint64_t n_groups = gateup_groups(g, n_used, outs, p.routed, p.shared);
-    const BufferSlice bufs[12] = {p.w,
+    const BufferSlice bufs[14] = {p.w,
                                  fold ? x : h2,
                                  fold ? norm_weight : h2,
                                  fold ? route : src.route,
@@ -541,14 +551,17 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
                                  fold ? fold_acc : h,
                                  fused ? down_acc : h,
                                  x,
-                                 gate};
+                                 gate,
+                                 wait.words,
+                                 wait.error};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7), a, gc.x, gc.y,
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, wait.enabled() ? 14 : gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7),
+                 a, gc.x, gc.y,
                  1, what, part_bytes);
   }
 }

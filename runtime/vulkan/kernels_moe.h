@@ -74,6 +74,7 @@
 
 #include "format/model_config.h"
 #include "format/tsr_layout.h"
+#include "runtime/vulkan/gate.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
 
@@ -197,6 +198,10 @@ struct MoeGateUpOp {
   BufferSlice gate;
   bool gate_supported(Context& ctx) const;  // the router fold, int8 h, no fused down, one dispatch
   uint32_t gate_h_target(Context& ctx) const;  // the workgroups of the dispatch
+  // Early start of this dispatch (with `gate`; moe_gateup.comp WAIT_GATE): recorded with no barrier
+  // after the matvec that writes x and the fold's accumulators, whose workgroups count wait's word
+  // up to its target; every workgroup waits for it first.
+  GateWait wait;
 
   // Bytes of one call: K routed + the shared gate-up matrices, h2, route, h written (with
   // down_acc: + the down matrices and x).

@@ -345,6 +345,34 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   EXPECT_EQ(tokens[0], tokens[1]);
 }
 
+// The MoE gate-up started beside W_vo (early_gateup): the same arithmetic, the same bits; one
+// barrier less per MoE layer.
+TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Files f = files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  std::vector<float> logits[2];
+  std::vector<int32_t> tokens[2];
+  uint32_t barriers[2] = {};
+  for (int early : {0, 1}) {
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.early_gateup = early;
+    o.attention.single_max_kv = 3;
+    model::GpuModel m(context(), tsr, o);
+    barriers[early] = m.stats().barriers;
+    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
+    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
+    EXPECT_TRUE(m.early_starts()) << "no wait gave up";
+  }
+  if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early gate-up here (int8 kernels with subgroups, the router fold)";
+  const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
+  uint32_t moe_layers = 0;
+  for (uint32_t l = 0; l < cfg.n_layer; ++l) moe_layers += cfg.is_moe(l) ? 1 : 0;
+  EXPECT_EQ(barriers[0] - barriers[1], moe_layers);
+  EXPECT_EQ(logits[0], logits[1]);
+  EXPECT_EQ(tokens[0], tokens[1]);
+}
+
 // q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the
 // same int8 blocks W_qk stages itself, only the sum of squares added in another order, so logits
 // within rounding and the same greedy tokens; gated on q_a (early_qk) the bits of the ungated
@@ -392,6 +420,7 @@ TEST(GpuModel, GateThatNeverOpensFallsBackToBarriers) {
     o.early_down = fault;
     o.early_qk = fault;
     o.early_attn = fault;
+    o.early_gateup = fault;
     o.fault_gate_never_opens = fault;
     model::GpuModel m(context(), tsr, o);
     if (fault && m.stats().barriers == 0) GTEST_SKIP();

@@ -10,6 +10,7 @@
 
 #include "format/error.h"
 #include "runtime/model/gpu_model_internal.h"
+#include "runtime/model/profile.h"
 #include "shaders/moe_args.h"
 #include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_basic.h"
@@ -22,12 +23,6 @@ namespace tessera::model {
 using namespace gpu_detail;
 
 namespace {
-
-double median_of(std::vector<double>& v) {
-  if (v.empty()) return 0;
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
 
 void progress(bool on, uint64_t done, uint64_t total) {
   if (!on || total == 0) return;
@@ -446,9 +441,9 @@ std::vector<DispatchSpan> GpuModel::timeline_step(uint32_t kv_len, double* wall_
         tail_ns.push_back(double(rec_g[3]) - double(rec_g[2] - 1));
       }
     }
-    sp.wg_us = median_of(wg_ns) / 1e3;
-    sp.wg_tail_us = median_of(tail_ns) / 1e3;
-    sp.wg_early_us = median_of(early_ns) / 1e3;
+    sp.wg_us = median(wg_ns) / 1e3;
+    sp.wg_tail_us = median(tail_ns) / 1e3;
+    sp.wg_early_us = median(early_ns) / 1e3;
     out.push_back(std::move(sp));
   }
   int64_t origin = INT64_MAX;

@@ -11,13 +11,6 @@
 namespace tessera::model {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // A word of a label that names a tensor or a block rather than a kernel.
 bool names_tensor(std::string_view w) {
   auto ends = [&](std::string_view s) { return w.size() >= s.size() && w.substr(w.size() - s.size()) == s; };
@@ -45,6 +38,13 @@ std::string fmt(const char* f, double a) {
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 std::string kernel_family(std::string_view label) {
   std::string family;

@@ -17,6 +17,9 @@
 
 namespace tessera::model {
 
+// The median of v (the mean of the middle two for an even count); 0 for none.
+double median(std::vector<double> v);
+
 // The kernel family of a dispatch label: its words that do not name a tensor or a block, joined
 // by '.': "matvec.q4_0.norm blk.3.attn_q_a.weight" -> "matvec.q4_0.norm",
 // "attention blk.3. partial" -> "attention.partial", "moe_gateup blk.1." -> "moe_gateup".

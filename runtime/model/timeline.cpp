@@ -12,13 +12,6 @@
 namespace tessera::model {
 namespace {
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // The layer a label names ("... blk.12.attn_q_a.weight" -> 12), or -1.
 int label_layer(const std::string& label) {
   const size_t at = label.find("blk.");

@@ -404,10 +404,50 @@ TEST(BenchCli, CpuReferenceRunsTheGguf) {
 TEST(BenchCli, UsageErrors) {
   EXPECT_EQ(run_tessera("bench").rc, 1);                                          // no model, no --roofline
   EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --profile").rc, 1);          // CPU backend
+  EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --timeline").rc, 1);         // CPU backend
   EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' --backend vulkan").rc, 1);   // not a .tsr
   EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' -p 0 -n 0").rc, 1);         // nothing to run
   EXPECT_EQ(run_tessera("bench '" + tiny_gguf() + "' -d 100000000 -n 1").rc, 1);  // beyond the context
   EXPECT_EQ(run_tessera("bench /nonexistent/model.tsr").rc, 2);
+}
+
+// --timeline: every decoded dispatch of each depth in the JSON's families, the device span within
+// the host's time (the clock read as ns), the middle layer's dispatches from its first start; the
+// markdown carries the table and the waterfall; -p 0 -n 0 with --timeline alone runs only the timeline.
+TEST(BenchCli, TimelineJsonAndMarkdown) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  {
+    vk::Context ctx;
+    if (!ctx.device().enabled().device_clock) GTEST_SKIP() << "no shader device clock";
+  }
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 0 -d 0,4 -r 2 --timeline -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  ASSERT_EQ(j["timelines"].arr.size(), 2u);
+  for (const Value& t : j["timelines"].arr) {
+    double calls = 0;
+    for (const Value& k : t["kernels"].arr) {
+      calls += k["calls_per_token"].num;
+      EXPECT_GT(k["us_per_call"].num, 0) << k["kernel"].str;
+    }
+    EXPECT_EQ(calls, t["dispatches"].num);
+    EXPECT_EQ(t["dispatches"].num, j["model"]["dispatches_per_token"].num);
+    EXPECT_GT(t["device_us"].num, 0);
+    EXPECT_LE(t["device_us"].num, t["token_us"].num * 1.05 + 50);
+    EXPECT_GE(t["layer"].num, 0);
+    for (const Value& d : t["layer_dispatches"].arr) {
+      EXPECT_NE(d["label"].str.find(cat("blk.", int(t["layer"].num), ".")), std::string::npos) << d["label"].str;
+      EXPECT_GE(d["start_us"].num, 0);  // from the layer's first start
+      EXPECT_LE(d["start_us"].num, d["last_start_us"].num);
+      EXPECT_LE(d["last_start_us"].num, d["end_us"].num);
+    }
+    EXPECT_FALSE(t["layer_dispatches"].arr.empty());
+  }
+  const RunResult md = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --timeline");
+  ASSERT_EQ(md.rc, 0) << md.out;
+  EXPECT_NE(md.out.find("timeline:   every kernel records"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("device-clock timeline of one decoded token at depth 0"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("µs from its first start"), std::string::npos) << md.out;
 }
 
 TEST(BenchCli, RooflineRuns) {

@@ -47,11 +47,6 @@
 // GATE_SIGNAL (0/1; ROUTER_FOLD with Q8ACT, not FUSED_DOWN; docs/DECODE.md "Early start"): the
 // down kernel is recorded with no barrier after this dispatch. Workgroup 0 adds 1 to gate word 0
 // (binding 11) once the route is written, every workgroup adds 1 to word 1 once its h and hq are.
-// DOWN_AFTER (0/1; with GATE_SIGNAL, subgroups, the whole tile in one part, not WAIT_GATE;
-// `--tune down_in_gateup`): no down dispatch follows. Every workgroup computes the route; after
-// its h, hq and its arrival on word 1, it does rows of the down itself (moe_down_rows.glsl: its
-// rows' weights loaded, a wait for every workgroup's arrival, hq read, x updated). Binding 10 = x
-// (its rows written), 12 = the error words of that wait. DOWN_ROWS, DOWN_TASKS, DOWN_OWN: there.
 // WAIT_GATE (0/1; with GATE_SIGNAL; `--tune early_gateup`): recorded with no barrier after the
 // matvec that writes x and the fold's accumulators (W_vo / attn_output), whose workgroups count
 // word GATE_WORD of binding 12 up to GATE_TARGET; every workgroup waits for it first (a wait that
@@ -83,23 +78,10 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
 #endif
-#ifndef DOWN_AFTER
-#define DOWN_AFTER 0
-#endif
 #if WAIT_GATE && !GATE_SIGNAL
 #error "moe_gateup.comp: WAIT_GATE is built with GATE_SIGNAL"
 #endif
-#if DOWN_AFTER && (!GATE_SIGNAL || WAIT_GATE || !USE_SUBGROUP)
-#error "moe_gateup.comp: DOWN_AFTER needs GATE_SIGNAL and subgroups, not WAIT_GATE"
-#endif
-#if DOWN_AFTER
-#extension GL_KHR_memory_scope_semantics : require
-#define OUT_QUAL coherent writeonly
-layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
-layout(std430, binding = 12) coherent restrict buffer GateError { uint gate_error[]; };
-#define GATE_WAIT 1
-#include "gate.glsl"
-#elif WAIT_GATE
+#if WAIT_GATE
 #extension GL_KHR_memory_scope_semantics : require
 #define OUT_QUAL coherent writeonly
 layout(std430, binding = 11) coherent restrict buffer DownGate { uint down_gate[]; };  // opened here
@@ -123,8 +105,8 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #error "moe_gateup.comp: FUSED_DOWN needs Q8ACT, USE_SUBGROUP and ROUTER_FOLD"
 #endif
 #define IN_QUALIFIERS readonly  // x is also written (binding 10), by the last workgroup
-#elif WAIT_GATE || DOWN_AFTER
-#define IN_QUALIFIERS readonly  // written beside this dispatch before the gate opens (DOWN_AFTER: its rows by this one)
+#elif WAIT_GATE
+#define IN_QUALIFIERS readonly  // written beside this dispatch before the gate opens
 #else
 #define IN_QUALIFIERS readonly restrict
 #endif
@@ -216,19 +198,6 @@ void h_out_block(uint t, out vec4 v[8]) {
 }
 #endif
 
-#if FUSED_DOWN || DOWN_AFTER
-// The down matrix of n_embd rows x `cols` at byte `base` of the weight binding: its region Q (in
-// 16-byte units) and region M (in words).
-uvec2 down_mat(uint base, uint cols) {
-  const uint nb = cols / W_BLOCK;
-  return uvec2(base >> 4, (base + ((args.n_embd * nb * (16u * W_QVEC) + 255u) & ~255u)) >> 2);
-}
-#endif
-#if DOWN_AFTER
-layout(std430, binding = 7) readonly buffer HqIn { uvec4 hq_in[]; };  // the same int8 h, read after the wait
-layout(std430, binding = 10) buffer XOutBuf { float x_out[]; };        // this workgroup's rows of x
-#include "moe_down_rows.glsl"
-#endif
 #if FUSED_DOWN
 layout(std430, binding = 9) coherent restrict buffer DownAccBuf { int64_t down_acc[]; };
 layout(std430, binding = 9) coherent restrict buffer DownCountBuf { uint down_count[]; };
@@ -237,6 +206,12 @@ shared uvec4 fd_lo[OUT_PER_WG / 32], fd_hi[OUT_PER_WG / 32];  // this workgroup'
 shared vec4 fd_ds[OUT_PER_WG / 32];
 shared bool fd_last;
 
+// The down matrix of n_embd rows x `cols` at byte `base` of the weight binding: its region Q (in
+// 16-byte units) and region M (in words).
+uvec2 down_mat(uint base, uint cols) {
+  const uint nb = cols / W_BLOCK;
+  return uvec2(base >> 4, (base + ((args.n_embd * nb * (16u * W_QVEC) + 255u) & ~255u)) >> 2);
+}
 
 // Adds (weight x the down matrix's columns [i0, i0 + 32 n_blocks) . this workgroup's outputs) for
 // every row into the accumulators. The down matrix: n_embd rows x `cols`, at byte `base` of the
@@ -385,11 +360,7 @@ void gateup_main() {
   // flow, before any early exit.
   float scale = 1.0;
 #if ROUTER_FOLD
-#if DOWN_AFTER  // every workgroup routes: its rows of the down take every slot
-  const bool with_logits = (args.flags & TS_MOE_ROUTED) != 0u;
-#else
   const bool with_logits = (args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed;
-#endif
 #if FOLD_OVERLAP
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).
@@ -406,9 +377,6 @@ void gateup_main() {
   fold_finish();
   TS_MARK_EARLY();  // bench --timeline: the input staged and the accumulators summed
   scale = rf_inv_rms;
-#if DOWN_AFTER
-  if (with_logits) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
-#endif
 #else
   if (norm_input()) {
     float ss = 0.0;
@@ -441,9 +409,7 @@ void gateup_main() {
   Mat gmat, umat;
   uint gate_mul, up_add;  // gate row = gate_mul * i, up row = gate_mul * i + up_add
   if (routed) {
-#if !DOWN_AFTER  // (computed above for every workgroup)
     if (recompute_route()) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
-#endif
 #if ROUTER_FOLD
     // The route for the down kernel, and the logits (for tests and tools), from workgroup 0.
     if ((args.flags & TS_MOE_ROUTE_WRITE) != 0u && wg == 0u) {
@@ -567,8 +533,5 @@ void main() {
 #endif
 #if GATE_SIGNAL
   gate_signal(1u, 1u);  // every workgroup (those that returned early too): its h and hq written
-#endif
-#if DOWN_AFTER
-  down_rows(args.flags & 0xFFFF0000u);  // the high half of flags is zero
 #endif
 }

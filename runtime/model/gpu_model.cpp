@@ -303,7 +303,6 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
   options_.early_qk = false;
   options_.early_attn = false;
   options_.early_gateup = false;
-  options_.down_in_gateup = false;
   const bool profiled = &rec == prof_rec_.get();
   record_steps();
   if (!profiled) return run_step(token, pos);

@@ -136,11 +136,6 @@ struct GpuModelOptions {
   // (matvec_q8.comp SIGNAL_GATE), the gate-up's wait on it (moe_gateup.comp WAIT_GATE) and read x
   // and the accumulators with plain loads. bench --tune early_gateup=0|1.
   bool early_gateup = false;
-  // The MoE down done by the gate-up's own workgroups after their gate-up (with early_down, not
-  // early_gateup): no down dispatch; each workgroup takes rows of x, loads their down weights,
-  // waits until every gate-up workgroup wrote its h (all must be resident at once: a wait that
-  // gives up falls back) and adds them (moe_gateup.comp DOWN_AFTER). bench --tune down_in_gateup=0|1.
-  bool down_in_gateup = false;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
   // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet

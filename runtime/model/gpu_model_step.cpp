@@ -374,9 +374,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const bool fuse_down = moe.fuse_down, early_down = moe.early_down;
     if (ffn_target) gu.wait = gate_wait(ffn_words, 0, ffn_target);
     // ... and the next layer's stage 1 after it, where its matvecs can wait.
-    // The down in the gate-up's own workgroups (no down dispatch) where the gate-up can take it.
-    const bool down_after = options_.down_in_gateup && early_down && ffn_target == 0 && gu.down_after_supported(ctx_);
-    bool next_early = early_down && !down_after && options_.early_next && l + 1 < c.n_layer;
+    bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
     if (next_early)
       for (const Stage1& s : stage1(l + 1))
         next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
@@ -390,15 +388,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       down.gate_signal_x = next_early;
       if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
-    if (down_after) {
-      gu.down_after = true;
-      gu.gate_error = host_step.sub(kGateErrorWord * 4, 8);
-    }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
-               (fuse_down ? ".fdown " : down_after ? ".down " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : " ") + L;
+               (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : " ") + L;
     gu.record(rec);
-    if (!early_down || down_after) rec.barrier();
-    if (fuse_down || down_after) {
+    if (!early_down) rec.barrier();
+    if (fuse_down) {
       weight_bytes += gu.bytes();
       continue;
     }

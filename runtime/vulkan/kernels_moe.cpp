@@ -102,7 +102,7 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
                                  bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false,
-                                 const GateWait& wait = {}, const ShaderDefines& down_after = {}) {
+                                 const GateWait& wait = {}) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
@@ -116,13 +116,12 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["GATE_WORD"] = std::to_string(wait.word);
     d["GATE_TARGET"] = std::to_string(wait.target);
   }
-  for (const auto& [k, v] : down_after) d[k] = v;  // DOWN_AFTER: binding 12 = the error words
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", down_after.empty() ? "" : ".down"),
+                        wait.enabled() ? ".wait" : ""),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
-                    wait.enabled() ? 14 : !down_after.empty() ? 13 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
+                    wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
@@ -265,21 +264,6 @@ std::vector<TilePart> op_parts(Context& ctx, const MoeTileRef& t, bool down, uin
 uint64_t gateup_groups(const MoeTileGeometry& g, uint32_t n_used, uint64_t outs, bool routed, bool shared) {
   return (routed ? n_used * ((g.w_routed + outs - 1) / outs) : 0) + (shared ? (g.w_shared + outs - 1) / outs : 0);
 }
-
-// The split of the down in the gate-up's workgroups (moe_down_rows.glsl): rows per workgroup,
-// (row, slot) tasks per subgroup, blocks per lane of the widest slot.
-ShaderDefines down_after_defines(Context& ctx, const MoeTileGeometry& g, uint32_t n_used, const MoeTuning& t) {
-  const GroupCounts gc = split_workgroups(gateup_groups(g, n_used, kQ8GateUpOutputs, true, g.has_shared()), ctx.info());
-  const uint64_t n_wg = uint64_t(gc.x) * gc.y;
-  const uint64_t rows = (g.n_embd + n_wg - 1) / n_wg;
-  const uint64_t slots = n_used + (g.has_shared() ? 1 : 0);
-  const uint64_t sg = ctx.info().subgroup_size;
-  const uint64_t tasks = (rows * slots + t.q8_gateup_teams - 1) / t.q8_gateup_teams;
-  const uint64_t own = (std::max(g.w_routed, g.w_shared) / 32 + sg - 1) / sg;
-  return {{"DOWN_AFTER", "1"}, {"DOWN_ROWS", std::to_string(rows)}, {"DOWN_TASKS", std::to_string(tasks)},
-          {"DOWN_OWN", std::to_string(own)}};
-}
-
 
 // Workgroups of a down dispatch: `rows` rows of x per workgroup.
 uint32_t down_groups(const MoeTileGeometry& g, uint32_t rows) { return uint32_t((g.n_embd + rows - 1) / rows); }
@@ -477,7 +461,7 @@ uint64_t MoeGateUpOp::bytes() const {
   if (g.has_shared()) b += read_bytes(g.gateup(g.n_expert));
   b += g.n_embd * 4 + uint64_t(n_used) * 8;
   b += (uint64_t(n_used) * g.w_routed + g.w_shared) * 4;
-  if (down_acc.buffer != VK_NULL_HANDLE || down_after) {
+  if (down_acc.buffer != VK_NULL_HANDLE) {
     b += uint64_t(n_used) * read_bytes(g.down(0)) + g.n_embd * 8;
     if (g.has_shared()) b += read_bytes(g.down(g.n_expert));
   }
@@ -534,13 +518,6 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   if (gated && (!gate_supported(ctx) || gate.size < 8))
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
                   "and two gate words)");
-  ShaderDefines down_defines;
-  if (down_after) {
-    if (!gated || wait.enabled() || !down_after_supported(ctx) || gate_error.size < 8)
-      runtime_error(what, ": the down in the gate-up's workgroups needs the down's gate (gate_supported), no wait of "
-                    "its own, error words, subgroups and a split that fits (down_after_supported)");
-    down_defines = down_after_defines(ctx, g, n_used, t);
-  }
   if (wait.enabled() && (!gated || !wait.valid()))
     runtime_error(what, ": an early-started gate-up also opens the down's gate and needs a gate word, error words "
                   "and a target above 0");
@@ -548,8 +525,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated,
-                                                 wait, down_defines)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated, wait)
                               : gateup_kernel(ctx, p.type, vec8, t, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -559,7 +535,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.flags |= TS_MOE_NORM_INPUT | (i == 0 ? TS_MOE_ROUTE_WRITE : 0u);  // parts[0] is routed
       a.norm_eps = eps;
     }
-    if (fused || down_after) {  // one part: the whole tile (moe_fused_down_supported, gate_supported)
+    if (fused) {  // one part: the whole tile (moe_fused_down_supported)
       a.down_routed_offset = uint32_t(g.down_offset);
       a.down_shared_offset = uint32_t(g.shared_down_offset);
     }
@@ -576,7 +552,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
                                  fused ? down_acc : h,
                                  x,
                                  gate,
-                                 down_after ? gate_error : wait.words,
+                                 wait.words,
                                  wait.error};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
@@ -584,8 +560,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe,
-                 std::span<const BufferSlice>(bufs, wait.enabled() ? 14 : down_after ? 13 : gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7),
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, wait.enabled() ? 14 : gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7),
                  a, gc.x, gc.y,
                  1, what, part_bytes);
   }
@@ -673,16 +648,6 @@ bool MoeGateUpOp::gate_supported(Context& ctx) const {
   if (fold_acc.buffer == VK_NULL_HANDLE || hq.buffer == VK_NULL_HANDLE || down_acc.buffer != VK_NULL_HANDLE) return false;
   if (!moe_q8_usable(ctx, g, k)) return false;
   return op_parts(ctx, tile, false, max_binding_bytes, "moe_gateup").size() == 1;
-}
-
-bool MoeGateUpOp::down_after_supported(Context& ctx) const {
-  if (!gate_supported(ctx) || !ctx.pipelines().use_subgroup()) return false;
-  const MoeTileGeometry& g = tile.geometry;
-  const uint32_t k = n_used ? n_used : routing.n_used;
-  if (k + 1 > TS_ROUTE_MAX_K + 1 || g.w_routed % 32 != 0 || g.w_shared % 32 != 0) return false;
-  const ShaderDefines d = down_after_defines(ctx, g, k, resolve(tuning));
-  // Registers: tasks x blocks per lane held across the wait (the early down holds up to 8).
-  return std::stoul(d.at("DOWN_TASKS")) * std::stoul(d.at("DOWN_OWN")) <= 8 && std::stoul(d.at("DOWN_ROWS")) <= 64;
 }
 
 uint32_t MoeGateUpOp::gate_h_target(Context& ctx) const {

@@ -198,15 +198,6 @@ struct MoeGateUpOp {
   BufferSlice gate;
   bool gate_supported(Context& ctx) const;  // the router fold, int8 h, no fused down, one dispatch
   uint32_t gate_h_target(Context& ctx) const;  // the workgroups of the dispatch
-  // The down done by this dispatch's own workgroups after their gate-up (with `gate`; no MoeDownOp
-  // after it; moe_gateup.comp DOWN_AFTER, moe_down_rows.glsl): every workgroup also routes, then
-  // after its h takes ceil(n_embd / workgroups) rows of x, loads their down weights, waits until
-  // every workgroup's h is written and adds the down products to x. Needs every workgroup resident
-  // at once (a wait that gives up writes `gate_error`, 8 bytes, host-visible). Only where
-  // down_after_supported().
-  bool down_after = false;
-  BufferSlice gate_error;
-  bool down_after_supported(Context& ctx) const;
   // Early start of this dispatch (with `gate`; moe_gateup.comp WAIT_GATE): recorded with no barrier
   // after the matvec that writes x and the fold's accumulators, whose workgroups count wait's word
   // up to its target; every workgroup waits for it first.

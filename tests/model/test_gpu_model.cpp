@@ -373,47 +373,6 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(tokens[0], tokens[1]);
 }
 
-// The MoE down in the gate-up's workgroups (down_in_gateup): the early down's arithmetic (the same
-// blocks per lane, the slots summed in order), so the same logits and tokens; one dispatch less
-// per MoE layer. Its workgroups wait for each other: on a device that does not hold them all at
-// once (lavapipe runs a dispatch's workgroups a few at a time) the wait gives up and the model
-// falls back to the down dispatch, and the test checks that fallback's bits instead.
-TEST(GpuModel, DownInTheGateUpGivesTheSameBits) {
-  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  for (const char* type : {"q4_0", "q8_0"}) {
-    SCOPED_TRACE(type);
-    const Files f = files("tiny", type, "all");
-    TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[2];
-    std::vector<int32_t> tokens[2];
-    uint32_t dispatches[2] = {};
-    for (int after : {0, 1}) {
-      model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-      o.down_in_gateup = after;
-      model::GpuModel m(context(), tsr, o);
-      dispatches[after] = m.stats().dispatches;
-      logits[after] = m.forward(prompt(m.n_vocab(), 5), false);
-      for (int i = 0; i < 12; ++i) tokens[after].push_back(m.decode_step());
-      if (after && !m.early_starts()) {  // the wait gave up: the step re-recorded without early starts
-        std::printf("%s: the gate-up's workgroups were not all resident here: checked the fallback\n", type);
-        dispatches[1] = dispatches[0];  // compare the fallback's bits below
-      }
-    }
-    if (dispatches[0] == dispatches[1]) {
-      EXPECT_EQ(logits[0], logits[1]);
-      EXPECT_EQ(tokens[0], tokens[1]);
-      continue;
-    }
-    const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
-    uint32_t moe_layers = 0;
-    for (uint32_t l = 0; l < cfg.n_layer; ++l) moe_layers += cfg.is_moe(l) ? 1 : 0;
-    EXPECT_EQ(dispatches[0] - dispatches[1], moe_layers);
-    const Gap d = gap(logits[0], logits[1]);
-    EXPECT_LE(d.worst, 1e-5f * d.scale);
-    EXPECT_EQ(tokens[0], tokens[1]);
-  }
-}
-
 // q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the
 // same int8 blocks W_qk stages itself, only the sum of squares added in another order, so logits
 // within rounding and the same greedy tokens; gated on q_a (early_qk) the bits of the ungated
@@ -462,7 +421,6 @@ TEST(GpuModel, GateThatNeverOpensFallsBackToBarriers) {
     o.early_qk = fault;
     o.early_attn = fault;
     o.early_gateup = fault;
-    o.down_in_gateup = fault;
     o.fault_gate_never_opens = fault;
     model::GpuModel m(context(), tsr, o);
     if (fault && m.stats().barriers == 0) GTEST_SKIP();

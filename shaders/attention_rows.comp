@@ -42,12 +42,11 @@
 // the number of heads it finished to the gate word (binding OLAT_Q8_BINDING + 1): the consumer
 // (W_vo, matvec_q8.comp WAIT_GATE) is recorded with no barrier after this dispatch and waits
 // until the word reaches N_HEAD (docs/DECODE.md "Early start").
-// WAIT_GATE (0/1; the decode step's `--tune early_attn`: the single and mid kernels, which also
-// open W_vo's gate, and the short range's partial kernel): recorded with no barrier after the
-// query's matvec and kv_write, which count word GATE_WORD of binding WAIT_BINDING up to
-// GATE_TARGET; every workgroup waits for it first (a wait that gives up sets the error words,
-// binding WAIT_BINDING + 1), then reads the query and the cache with plain loads (no SM has read
-// their lines since the last barrier).
+// WAIT_GATE (0/1, with GATE_SIGNAL; the decode step's `--tune early_attn`): recorded with no
+// barrier after the query's matvec and kv_write, which count word GATE_WORD of binding
+// OLAT_Q8_BINDING + 2 up to GATE_TARGET; every workgroup waits for it first (a wait that gives up
+// sets the error words, binding OLAT_Q8_BINDING + 3), then reads the query and the cache with
+// plain loads (no SM has read their lines since the last barrier).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),
@@ -82,6 +81,9 @@
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
 #endif
+#if WAIT_GATE && !GATE_SIGNAL
+#error "attention_rows.comp: WAIT_GATE is built with GATE_SIGNAL (the early W_vo's attention)"
+#endif
 #if WAIT_GATE
 #extension GL_KHR_memory_scope_semantics : require
 #endif
@@ -114,24 +116,21 @@ layout(std430, binding = 5) OUT_QUAL buffer Out { float olat[]; };
 #else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
 #endif
-#if WAIT_GATE  // the gate of the query's and the cache row's writers, polled first (gate.glsl polls gate[])
-layout(std430, binding = WAIT_BINDING) coherent restrict buffer Gate { uint gate[]; };
-layout(std430, binding = WAIT_BINDING + 1) coherent restrict buffer GateError { uint gate_error[]; };
-#if GATE_SIGNAL  // W_vo's gate, opened here
-layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer VoGate { uint vo_gate[]; };
-#define GATE_SIGNAL_BUFFER vo_gate
-#endif
-#define WG_SIZE (NSG * SUBGROUP_SIZE)
-#define GATE_WAIT 1
-#include "gate.glsl"
-#endif
 #if Q8_OUT
 #ifndef OLAT_Q8_BINDING
 #error "attention_rows.comp: Q8_OUT needs SINGLE or MERGE_TAIL (the kernel that writes olat)"
 #endif
 #include "q8_quantize.glsl"
 layout(std430, binding = OLAT_Q8_BINDING) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
-#if GATE_SIGNAL && !WAIT_GATE
+#if WAIT_GATE  // W_vo's gate opened here, the query's polled (gate.glsl polls gate[])
+layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer VoGate { uint vo_gate[]; };
+layout(std430, binding = OLAT_Q8_BINDING + 2) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = OLAT_Q8_BINDING + 3) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_SIGNAL_BUFFER vo_gate
+#define WG_SIZE (NSG * SUBGROUP_SIZE)
+#define GATE_WAIT 1
+#include "gate.glsl"
+#elif GATE_SIGNAL
 layout(std430, binding = OLAT_Q8_BINDING + 1) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
 #endif

@@ -307,13 +307,12 @@ AttentionOp::OlatPipelines AttentionOp::olat_pipelines(Context& ctx, PipelineDes
   return p;
 }
 
-const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const PipelineDesc& desc, const GateWait& wait) {
-  PipelineDesc d = desc;
+const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait) {
+  PipelineDesc d = p.gate_desc;
   d.name += ".wait";
   d.defines["WAIT_GATE"] = "1";
   d.defines["GATE_WORD"] = std::to_string(wait.word);
   d.defines["GATE_TARGET"] = std::to_string(wait.target);
-  d.defines["WAIT_BINDING"] = std::to_string(d.num_buffers);
   d.num_buffers += 2;  // the polled words, the error words
   return ctx.pipeline(d);
 }
@@ -390,7 +389,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);
     pr.full_subgroups = true;
     partial_short_ = &ctx.pipeline(pr);
-    rows_short_desc_ = pr;
     short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultShortGroups);
     if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
       usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",

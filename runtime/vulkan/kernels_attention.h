@@ -244,15 +244,13 @@ class AttentionOp {
   // (MatvecOp::gate, target n_head); the word must be zero before the dispatch.
   // wait (enabled, with gate, where decode_waits(range)): recorded with no barrier after the
   // kernels that write q and the cache row, which count wait's word up to its target; every
-  // workgroup of the (first) dispatch waits for it before reading them.
+  // workgroup waits for it before reading them.
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
                      BufferSlice gate = {}, const GateWait& wait = {}) const;
-  // Whether record_decode for `range` can wait on a gate (the single and mid kernels that open one,
-  // the short range's rows kernel before a merge that opens one).
+  // Whether record_decode for `range` can wait on a gate (the single and mid kernels that open one).
   bool decode_waits(DecodeRange range) const {
-    if (range == DecodeRange::Short) return !rows_short_desc_.file.empty() && !merge_folded(range) && merge_gate_;
     return (range == DecodeRange::Single && single_.gate) || (range == DecodeRange::Mid && mid_.gate);
   }
   static constexpr uint32_t kDecodeCountWords = 6;
@@ -340,10 +338,8 @@ class AttentionOp {
     PipelineDesc gate_desc;  // gate's: its waiting variant (WAIT_GATE) is made by record_decode
     explicit operator bool() const { return plain != nullptr; }
   };
-  // The waiting variant of the kernel `desc` for `wait` (WAIT_GATE; its word, target and binding as
-  // defines).
-  static const Pipeline& wait_pipeline(Context& ctx, const PipelineDesc& desc, const GateWait& wait);
-  PipelineDesc rows_short_desc_;  // the short range's rows kernel (its waiting variant), where built
+  // The waiting variant of p.gate for `wait` (its word and target as defines).
+  static const Pipeline& wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait);
   // The variant of `p` that record_decode dispatches: its pipeline, its bindings (`base` and the
   // int8 / gate ones) and its profile name suffix.
   struct OlatVariant {

@@ -59,7 +59,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   // The waiting variant: the gate-opening one plus the polled words and the error words.
   const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
     OlatVariant v = olat_variant(p, q8, gated, base);
-    if (wait.enabled()) v = {&wait_pipeline(rec.context(), p.gate_desc, wait), base + 4, ".q8out.gate.wait"};
+    if (wait.enabled()) v = {&wait_pipeline(rec.context(), p, wait), base + 4, ".q8out.gate.wait"};
     return v;
   };
   if (range == DecodeRange::Single) {
@@ -110,15 +110,10 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     if (arrivals.size < arrivals_bytes()) runtime_error(what, ": arrival-counter binding holds ", arrivals.size, " bytes, needs ", arrivals_bytes());
     check_olat_bindings(what, olat, {}, false);
   }
-  // The short range's rows kernel waiting on the query's and the cache row's writers: bindings 4, 5.
-  const bool waits = wait.enabled();
-  const BufferSlice b[] = {q, cache, step, partials, waits ? wait.words : arrivals, waits ? wait.error : olat};
-  const std::span<const BufferSlice> bufs(b, folded || waits ? 6 : 4);
-  const Pipeline& pipe = waits         ? wait_pipeline(rec.context(), rows_short_desc_, wait)
-                         : folded      ? *partial_short_tail_
-                         : short_range ? *partial_short_
-                                       : *partial_;
-  const std::string name = folded ? what + " short+merge" : short_range ? what + (waits ? " short.wait" : " short") : what;
+  const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
+  const std::span<const BufferSlice> bufs(b, folded ? 6 : 4);
+  const Pipeline& pipe = folded ? *partial_short_tail_ : short_range ? *partial_short_ : *partial_;
+  const std::string name = folded ? what + " short+merge" : short_range ? what + " short" : what;
   const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups) : bytes;
   if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, head_groups, 1, name, moved);
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);

@@ -316,8 +316,8 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
 }
 
 // The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
-// the same logits and tokens bit for bit, through the single range (up to 3 positions), the mid
-// range (up to 9) and the short split one; one barrier less per layer in the single range's
+// the same logits and tokens bit for bit, through the single range (up to 3 positions) and the
+// mid range (up to 9), then the split one; one barrier less per layer in the single range's
 // recording (the stats describe it).
 TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
@@ -341,12 +341,6 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   }
   if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early attention here (int8 kernels with subgroups)";
   EXPECT_EQ(barriers[0] - barriers[1], layers);
-  // The three ranges' waiting kernels were built: single, mid (their W_vo-gate variants) and short.
-  int waiting = 0;
-  for (const vk::Pipeline* p : context().pipelines().all())
-    waiting += p->name() == "attention_single.q8out.gate.wait" || p->name() == "attention_mid.q8out.gate.wait" ||
-               p->name() == "attention_rows.wait";
-  EXPECT_EQ(waiting, 3);
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(tokens[0], tokens[1]);
 }

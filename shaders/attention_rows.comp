@@ -310,7 +310,7 @@ void main() {
   const uint end = kv_len;
   rope_query(pos);
   TS_MARK_EARLY();  // bench --timeline: the query loaded and roped
-#if defined(QUERY_SIGNAL) && QUERY_SIGNAL && GATE_SIGNAL
+#if defined(QUERY_SIGNAL) && QUERY_SIGNAL
   if (gl_LocalInvocationIndex == 0u) atomicAdd(GATE_SIGNAL_BUFFER[1], n_heads);  // W_vo may load now
 #endif
 #if SINGLE_EARLY

@@ -42,9 +42,6 @@
 // the number of heads it finished to the gate word (binding OLAT_Q8_BINDING + 1): the consumer
 // (W_vo, matvec_q8.comp WAIT_GATE) is recorded with no barrier after this dispatch and waits
 // until the word reaches N_HEAD (docs/DECODE.md "Early start").
-// QUERY_SIGNAL (0/1; SINGLE with GATE_SIGNAL; `--tune vo_after_query`): once its query is
-// loaded and roped, invocation 0 adds the workgroup's heads to word 1 of W_vo's gate, on which
-// W_vo polls before loading its weights (gate.h pre_target).
 // WAIT_GATE (0/1, with GATE_SIGNAL; the decode step's `--tune early_attn`): recorded with no
 // barrier after the query's matvec and kv_write, which count word GATE_WORD of binding
 // OLAT_Q8_BINDING + 2 up to GATE_TARGET; every workgroup waits for it first (a wait that gives up
@@ -310,9 +307,6 @@ void main() {
   const uint end = kv_len;
   rope_query(pos);
   TS_MARK_EARLY();  // bench --timeline: the query loaded and roped
-#if defined(QUERY_SIGNAL) && QUERY_SIGNAL
-  if (gl_LocalInvocationIndex == 0u) atomicAdd(GATE_SIGNAL_BUFFER[1], n_heads);  // W_vo may load now
-#endif
 #if SINGLE_EARLY
   [[unroll]] for (uint b = 0; b < RB; ++b)
     [[unroll]] for (uint t = 0; t < kWpl; ++t) w0[b][t] = g * RB + b < end ? w0[b][t] : 0u;

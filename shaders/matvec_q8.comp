@@ -268,11 +268,6 @@ shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (
 
 void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0, uint row_end,
                inout float acc[NUM_ROWS][NUM_COLS]) {
-#if defined(GATE_PRE_TARGET)
-  // First the producer's early word (GATE_WORD + 1): nothing loaded before it (gate.h pre_target).
-  if (gl_LocalInvocationIndex == 0u) gate_poll(uint(GATE_WORD) + 1u, uint(GATE_PRE_TARGET), 0u);
-  barrier();
-#endif
   Q8W w[NUM_ROWS][PRELOAD];
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);

@@ -400,7 +400,6 @@ BenchReport run_bench(const BenchOptions& o) {
   go.early_qk = o.early_qk;
   go.early_attn = o.early_attn;
   go.early_gateup = o.early_gateup;
-  go.vo_after_query = o.vo_after_query;
   go.qk_q8 = o.qk_q8;
   go.gate_backoff = o.gate_backoff;
   go.barrier_scope = o.barrier_scope;

@@ -73,7 +73,6 @@ struct BenchOptions {
   bool early_qk = false;                  // GpuModelOptions::early_qk (--tune early_qk=0|1)
   bool early_attn = true;                 // GpuModelOptions::early_attn (--tune early_attn=0|1)
   bool early_gateup = false;              // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
-  bool vo_after_query = false;            // GpuModelOptions::vo_after_query (--tune vo_after_query=0|1)
   bool qk_q8 = false;                     // GpuModelOptions::qk_q8 (--tune qk_q8=0|1)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)

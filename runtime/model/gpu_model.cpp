@@ -67,7 +67,6 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   if (most > budget && attn_->short_max_kv()) {
     vk::AttentionTuning t = options_.attention;
     t.gate_signal = options_.early_vo;
-    t.query_signal = options_.vo_after_query;
     t.short_variant = false;
     std::unique_ptr<vk::AttentionOp> with_short = std::move(attn_);
     attn_ = std::make_unique<vk::AttentionOp>(ctx_, vk::AttentionShape::from_config(config_, n_ctx_), t);
@@ -160,7 +159,6 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   vk::AttentionTuning at = options_.attention;
   at.gate_signal = options_.early_vo;
-  at.query_signal = options_.vo_after_query;
   attn_ = std::make_unique<vk::AttentionOp>(ctx_, ashape, at);
   // The router fold's accumulators (one array per layer, at 256-byte aligned offsets).
   if (options_.fused_router && vk::router_fold_supported(ctx_) && c.n_expert > 0 && c.n_expert <= TS_ROUTE_MAX_E)

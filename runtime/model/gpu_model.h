@@ -136,10 +136,6 @@ struct GpuModelOptions {
   // (matvec_q8.comp SIGNAL_GATE), the gate-up's wait on it (moe_gateup.comp WAIT_GATE) and read x
   // and the accumulators with plain loads. bench --tune early_gateup=0|1.
   bool early_gateup = false;
-  // W_vo beside the single-range attention loads its weights only once every head's query is
-  // loaded (attention_rows.comp QUERY_SIGNAL, gate.h pre_target): the attention's first round trips
-  // without W_vo's stream beside them. bench --tune vo_after_query=0|1.
-  bool vo_after_query = false;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
   // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet

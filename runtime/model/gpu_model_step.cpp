@@ -191,7 +191,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
                        matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
-    const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 8) : vk::BufferSlice{};  // word 1: QUERY_SIGNAL
+    const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     const std::vector<Stage1> s1 = stage1(l);
     const vk::BufferSlice qk_words = gate_slice(l, kGateQk, 8);
     vk::MatvecOp query;
@@ -304,7 +304,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       vk::MatvecOp op = matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
       if (early) {
         op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
-        if (options_.vo_after_query && range == vk::DecodeRange::Single) op.gate.pre_target = c.n_head;
         if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
       }
       if (early_gateup && op.signal_supported(ctx_)) {

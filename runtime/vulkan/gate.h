@@ -15,15 +15,9 @@ struct GateWait {
   uint32_t word = 0;    // the word polled (binding offsets must be aligned: the slice starts lower)
   uint32_t target = 0;  // arrivals that open it (above 0)
   BufferSlice error;
-  // Above 0 (a matvec's wait): before loading anything, the consumer first polls word + 1 until it
-  // reaches pre_target (e.g. the attention's heads that have loaded their query), so that its
-  // weight stream does not compete with the producer's first round trips.
-  uint32_t pre_target = 0;
   bool enabled() const { return words.buffer != VK_NULL_HANDLE; }
   // The slices hold the words and the target is above 0.
-  bool valid() const {
-    return enabled() && words.size >= (word + 1 + (pre_target ? 1 : 0)) * 4ull && error.size >= 8 && target > 0;
-  }
+  bool valid() const { return enabled() && words.size >= (word + 1) * 4ull && error.size >= 8 && target > 0; }
 };
 
 }  // namespace tessera::vk

@@ -414,10 +414,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
                                    {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
-      if (tuning.gate_signal && tuning.query_signal) {
-        ps.name += ".qs";
-        ps.defines["QUERY_SIGNAL"] = "1";  // (read only with GATE_SIGNAL)
-      }
       single_ = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
       single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);
     }

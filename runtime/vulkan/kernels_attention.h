@@ -201,9 +201,6 @@ struct AttentionTuning {
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).
   bool gate_signal = false;
-  // With gate_signal: the single kernel also counts its heads' loaded queries on word 1 of the gate
-  // (attention_rows.comp QUERY_SIGNAL), for W_vo's pre_target (GpuModelOptions::vo_after_query).
-  bool query_signal = false;
 };
 
 // Which contexts a decode recording serves (AttentionOp::record_decode): the single-workgroup

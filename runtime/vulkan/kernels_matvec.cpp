@@ -325,10 +325,6 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
       desc.defines["GATE_TARGET"] = std::to_string(gate.target);
       desc.defines["GATE_WORD"] = std::to_string(gate.word);
-      if (gate.pre_target) {
-        desc.defines["GATE_PRE_TARGET"] = std::to_string(gate.pre_target);
-        desc.name += ".pre";
-      }
       const uint32_t gx = gate_x_of(tuning);
       desc.defines["GATE_X"] = std::to_string(gx);
       if (tuning.gate_late) {

@@ -329,7 +329,6 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   for (int early : {0, 1}) {
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.early_attn = early;
-    o.vo_after_query = early;  // W_vo waiting for the single range's queries first: the same bits too
     o.attention.single_max_kv = 3;
     o.attention.mid_max_kv = 9;
     o.attention.mid_groups = 3;

@@ -315,62 +315,64 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   }
 }
 
+// A prompt of 5 tokens (its logits) and 12 greedy tokens after it through a model made with `o`.
+struct Decoded {
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  model::DecodeStats stats;  // of the model's first recording
+  bool early_starts = false;  // after the run: false where a wait gave up
+};
+Decoded decode(const TsrFile& tsr, const model::GpuModelOptions& o) {
+  model::GpuModel m(context(), tsr, o);
+  Decoded d;
+  d.stats = m.stats();
+  d.logits = m.forward(prompt(m.n_vocab(), 5), false);
+  for (int i = 0; i < 12; ++i) d.tokens.push_back(m.decode_step());
+  d.early_starts = m.early_starts();
+  return d;
+}
+
 // The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
 // the same logits and tokens bit for bit, through the single range (up to 3 positions) and the
 // mid range (up to 9), then the split one; one barrier less per layer in the single range's
 // recording (the stats describe it).
 TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const Files f = files("tiny", "q4_0", "all");
-  TsrFile tsr = TsrFile::open(f.tsr);
-  std::vector<float> logits[2];
-  std::vector<int32_t> tokens[2];
-  uint32_t barriers[2] = {}, layers = 0;
-  for (int early : {0, 1}) {
-    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-    o.early_attn = early;
-    o.attention.single_max_kv = 3;
-    o.attention.mid_max_kv = 9;
-    o.attention.mid_groups = 3;
-    model::GpuModel m(context(), tsr, o);
-    barriers[early] = m.stats().barriers;
-    layers = m.stats().layers;
-    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
-    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
-    EXPECT_TRUE(m.early_starts()) << "no wait gave up";
-  }
-  if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early attention here (int8 kernels with subgroups)";
-  EXPECT_EQ(barriers[0] - barriers[1], layers);
-  EXPECT_EQ(logits[0], logits[1]);
-  EXPECT_EQ(tokens[0], tokens[1]);
+  TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);
+  model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+  o.attention.single_max_kv = 3;
+  o.attention.mid_max_kv = 9;
+  o.attention.mid_groups = 3;
+  o.early_attn = false;
+  const Decoded ref = decode(tsr, o);
+  o.early_attn = true;
+  const Decoded early = decode(tsr, o);
+  EXPECT_TRUE(early.early_starts) << "no wait gave up";
+  if (ref.stats.barriers == early.stats.barriers) GTEST_SKIP() << "no early attention here (int8 kernels with subgroups)";
+  EXPECT_EQ(ref.stats.barriers - early.stats.barriers, ref.stats.layers);
+  EXPECT_EQ(ref.logits, early.logits);
+  EXPECT_EQ(ref.tokens, early.tokens);
 }
 
 // The MoE gate-up started beside W_vo (early_gateup): the same arithmetic, the same bits; one
 // barrier less per MoE layer.
 TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const Files f = files("tiny", "q4_0", "all");
-  TsrFile tsr = TsrFile::open(f.tsr);
-  std::vector<float> logits[2];
-  std::vector<int32_t> tokens[2];
-  uint32_t barriers[2] = {};
-  for (int early : {0, 1}) {
-    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-    o.early_gateup = early;
-    o.attention.single_max_kv = 3;
-    model::GpuModel m(context(), tsr, o);
-    barriers[early] = m.stats().barriers;
-    logits[early] = m.forward(prompt(m.n_vocab(), 5), false);
-    for (int i = 0; i < 12; ++i) tokens[early].push_back(m.decode_step());
-    EXPECT_TRUE(m.early_starts()) << "no wait gave up";
-  }
-  if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early gate-up here (int8 kernels with subgroups, the router fold)";
+  TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);
+  model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+  o.attention.single_max_kv = 3;
+  const Decoded ref = decode(tsr, o);
+  o.early_gateup = true;
+  const Decoded early = decode(tsr, o);
+  EXPECT_TRUE(early.early_starts) << "no wait gave up";
+  if (ref.stats.barriers == early.stats.barriers)
+    GTEST_SKIP() << "no early gate-up here (int8 kernels with subgroups, the router fold)";
   const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
   uint32_t moe_layers = 0;
   for (uint32_t l = 0; l < cfg.n_layer; ++l) moe_layers += cfg.is_moe(l) ? 1 : 0;
-  EXPECT_EQ(barriers[0] - barriers[1], moe_layers);
-  EXPECT_EQ(logits[0], logits[1]);
-  EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
+  EXPECT_EQ(ref.logits, early.logits);
+  EXPECT_EQ(ref.tokens, early.tokens);
 }
 
 // q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the

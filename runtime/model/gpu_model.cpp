@@ -396,77 +396,14 @@ std::vector<DispatchSpan> GpuModel::timeline_step(uint32_t kv_len, double* wall_
   const uint32_t timed = std::min<uint32_t>(rec.dispatch_count(), rec.timeline_dispatches());
   std::vector<uint32_t> raw(size_t(timed) * kTimelineRegionBytes / 4);
   if (!raw.empty()) read_back(w_->timeline, raw.data(), raw.size() * 4);
-  std::vector<DispatchSpan> out;
-  // Ticks from the first record's start (shaders/timeline.glsl keeps the clock's low 32 bits; a
-  // step is far shorter than their wrap, so signed differences order them).
-  int64_t ref = 0;
-  bool have_ref = false;
-  struct Ticks {
-    int64_t first = INT64_MAX, last = INT64_MIN, end = INT64_MIN;
-    int64_t mark[2][2] = {{INT64_MAX, INT64_MIN}, {INT64_MAX, INT64_MIN}};  // [early, mark][first, last]
-  };
-  std::vector<Ticks> ticks(timed);
+  std::vector<DispatchRecords> records;
   for (uint32_t d = 0; d < timed; ++d) {
     const vk::DispatchInfo& info = rec.dispatches()[d];
-    DispatchSpan sp;
-    sp.label = info.label;
-    sp.bytes = info.bytes;
-    sp.workgroups = info.groups[0] * info.groups[1] * info.groups[2];
-    const uint64_t n = sp.workgroups ? std::min<uint64_t>(sp.workgroups, kTimelineRegionRecords) : kTimelineRegionRecords;
-    const uint32_t* r = raw.data() + size_t(d) * (kTimelineRegionBytes / 4);
-    Ticks& k = ticks[d];
-    std::vector<double> wg_ns, tail_ns, early_ns;
-    for (uint64_t g = 0; g < n; ++g) {  // shaders/timeline.glsl's record
-      const uint32_t* rec_g = r + 4 * g;
-      if (rec_g[3] == 0 && rec_g[0] == 0) continue;  // no record (a workgroup past the region, or none ran)
-      if (!have_ref) {
-        ref = rec_g[0];
-        have_ref = true;
-      }
-      const int64_t start = int64_t(int32_t(rec_g[0] - uint32_t(ref)));
-      sp.recorded += 1;
-      k.first = std::min(k.first, start);
-      k.last = std::max(k.last, start);
-      k.end = std::max(k.end, start + rec_g[3]);
-      wg_ns.push_back(rec_g[3]);
-      for (int m = 0; m < 2; ++m) {
-        if (rec_g[1 + m] == 0) continue;
-        const int64_t at = start + rec_g[1 + m] - 1;
-        k.mark[m][0] = std::min(k.mark[m][0], at);
-        k.mark[m][1] = std::max(k.mark[m][1], at);
-      }
-      if (rec_g[1] != 0) early_ns.push_back(double(rec_g[1] - 1));
-      if (rec_g[2] != 0) {
-        sp.marked += 1;
-        tail_ns.push_back(double(rec_g[3]) - double(rec_g[2] - 1));
-      }
-    }
-    sp.wg_us = median(wg_ns) / 1e3;
-    sp.wg_tail_us = median(tail_ns) / 1e3;
-    sp.wg_early_us = median(early_ns) / 1e3;
-    out.push_back(std::move(sp));
+    const uint32_t wgs = info.groups[0] * info.groups[1] * info.groups[2];
+    records.push_back({info.label, info.bytes, wgs, raw.data() + size_t(d) * (kTimelineRegionBytes / 4),
+                       wgs ? std::min<uint64_t>(wgs, kTimelineRegionRecords) : kTimelineRegionRecords});
   }
-  int64_t origin = INT64_MAX;
-  for (uint32_t d = 0; d < timed; ++d)
-    if (out[d].recorded) origin = std::min(origin, ticks[d].first);
-  const auto us = [&](int64_t t) { return double(t - origin) / 1e3; };  // device clock ticks read as ns
-  for (uint32_t d = 0; d < timed; ++d) {
-    const Ticks& k = ticks[d];
-    DispatchSpan& sp = out[d];
-    if (!sp.recorded) continue;
-    sp.start_us = us(k.first);
-    sp.last_start_us = us(k.last);
-    sp.end_us = us(k.end);
-    if (k.mark[0][1] != INT64_MIN) {
-      sp.early_marked = true;
-      sp.first_early_us = us(k.mark[0][0]);
-      sp.last_early_us = us(k.mark[0][1]);
-    }
-    if (!sp.marked) continue;
-    sp.first_mark_us = us(k.mark[1][0]);
-    sp.last_mark_us = us(k.mark[1][1]);
-  }
-  return out;
+  return spans_from_records(records);
 }
 
 uint32_t GpuModel::timeline_untimed() const {

@@ -34,6 +34,81 @@ std::string fmt2(double v) {
 
 }  // namespace
 
+std::vector<DispatchSpan> spans_from_records(std::span<const DispatchRecords> dispatches) {
+  std::vector<DispatchSpan> out;
+  // Ticks from the first record's start (shaders/timeline.glsl keeps the clock's low 32 bits; a
+  // step is far shorter than their wrap, so signed differences order them).
+  int64_t ref = 0;
+  bool have_ref = false;
+  struct Ticks {
+    int64_t first = INT64_MAX, last = INT64_MIN, end = INT64_MIN;
+    int64_t mark[2][2] = {{INT64_MAX, INT64_MIN}, {INT64_MAX, INT64_MIN}};  // [early, mark][first, last]
+  };
+  const size_t timed = dispatches.size();
+  std::vector<Ticks> ticks(timed);
+  for (size_t d = 0; d < timed; ++d) {
+    const DispatchRecords& in = dispatches[d];
+    DispatchSpan sp;
+    sp.label = in.label;
+    sp.bytes = in.bytes;
+    sp.workgroups = in.workgroups;
+    const uint64_t n = in.n_records;
+    const uint32_t* r = in.words;
+    Ticks& k = ticks[d];
+    std::vector<double> wg_ns, tail_ns, early_ns;
+    for (uint64_t g = 0; g < n; ++g) {  // shaders/timeline.glsl's record
+      const uint32_t* rec_g = r + 4 * g;
+      if (rec_g[3] == 0 && rec_g[0] == 0) continue;  // no record (a workgroup past the region, or none ran)
+      if (!have_ref) {
+        ref = rec_g[0];
+        have_ref = true;
+      }
+      const int64_t start = int64_t(int32_t(rec_g[0] - uint32_t(ref)));
+      sp.recorded += 1;
+      k.first = std::min(k.first, start);
+      k.last = std::max(k.last, start);
+      k.end = std::max(k.end, start + rec_g[3]);
+      wg_ns.push_back(rec_g[3]);
+      for (int m = 0; m < 2; ++m) {
+        if (rec_g[1 + m] == 0) continue;
+        const int64_t at = start + rec_g[1 + m] - 1;
+        k.mark[m][0] = std::min(k.mark[m][0], at);
+        k.mark[m][1] = std::max(k.mark[m][1], at);
+      }
+      if (rec_g[1] != 0) early_ns.push_back(double(rec_g[1] - 1));
+      if (rec_g[2] != 0) {
+        sp.marked += 1;
+        tail_ns.push_back(double(rec_g[3]) - double(rec_g[2] - 1));
+      }
+    }
+    sp.wg_us = median(wg_ns) / 1e3;
+    sp.wg_tail_us = median(tail_ns) / 1e3;
+    sp.wg_early_us = median(early_ns) / 1e3;
+    out.push_back(std::move(sp));
+  }
+  int64_t origin = INT64_MAX;
+  for (size_t d = 0; d < timed; ++d)
+    if (out[d].recorded) origin = std::min(origin, ticks[d].first);
+  const auto us = [&](int64_t t) { return double(t - origin) / 1e3; };  // device clock ticks read as ns
+  for (size_t d = 0; d < timed; ++d) {
+    const Ticks& k = ticks[d];
+    DispatchSpan& sp = out[d];
+    if (!sp.recorded) continue;
+    sp.start_us = us(k.first);
+    sp.last_start_us = us(k.last);
+    sp.end_us = us(k.end);
+    if (k.mark[0][1] != INT64_MIN) {
+      sp.early_marked = true;
+      sp.first_early_us = us(k.mark[0][0]);
+      sp.last_early_us = us(k.mark[0][1]);
+    }
+    if (!sp.marked) continue;
+    sp.first_mark_us = us(k.mark[1][0]);
+    sp.last_mark_us = us(k.mark[1][1]);
+  }
+  return out;
+}
+
 TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
                                  uint32_t depth, uint32_t untimed) {
   if (steps.empty() || steps[0].empty()) runtime_error("timeline: no dispatch spans to summarize");

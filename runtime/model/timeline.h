@@ -36,6 +36,23 @@ struct DispatchSpan {
   double span_us() const { return end_us - start_us; }
 };
 
+// One dispatch's records as its kernel wrote them (shaders/timeline.glsl), one per workgroup:
+//   words[4g]     start: the device clock's low 32 bits
+//   words[4g + 1] the early mark - start + 1, words[4g + 2] the mark - start + 1 (0: none)
+//   words[4g + 3] end - start                              (all four 0: no record)
+struct DispatchRecords {
+  std::string label;
+  uint64_t bytes = 0;
+  uint32_t workgroups = 0;        // dispatched (0: indirect, unknown)
+  const uint32_t* words = nullptr;
+  uint64_t n_records = 0;         // records to read
+};
+
+// The spans of one step's dispatches from their records, in µs from the step's first start (the
+// clock read as ns; starts compared by signed 32-bit differences from the first record's, so a
+// step across the low bits' wrap is ordered right).
+std::vector<DispatchSpan> spans_from_records(std::span<const DispatchRecords> dispatches);
+
 struct TimelineFamily {
   std::string family;          // kernel_family() of the labels (profile.h)
   double calls_per_token = 0;

@@ -85,6 +85,41 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
   EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | - | 9.00 - 12.00 | 16.00 | -, 0.00, 0.00 | 1.0 |"), std::string::npos) << md;
 }
 
+// Records as the kernels write them: the clock's low 32 bits wrap between the two dispatches, a
+// workgroup without a record, marks on some workgroups only.
+TEST(Timeline, SpansFromRecordsAcrossTheClocksWrap) {
+  const uint32_t base = 0xFFFFF000u;  // 4096 ns before the low 32 bits wrap
+  const std::vector<uint32_t> a = {
+      base + 1000, 0, 0, 3000,                       // wg 0: 1000 .. 4000 ns, no marks
+      base + 0, 101, 2001, 5000,                     // wg 1: 0 .. 5000, early mark at 100, mark at 2000
+      0, 0, 0, 0};                                   // wg 2: no record
+  const std::vector<uint32_t> b = {
+      base + 6000, 0, 501, 1000,                     // 6000 .. 7000 (past the wrap), mark at 6500
+      base + 5500, 0, 0, 2500};                      // 5500 .. 8000
+  const std::vector<model::DispatchRecords> in = {{"gateup blk.0.", 100, 3, a.data(), 3},
+                                                  {"down blk.0.", 200, 2, b.data(), 2}};
+  const std::vector<model::DispatchSpan> s = model::spans_from_records(in);
+  ASSERT_EQ(s.size(), 2u);
+  EXPECT_EQ(s[0].label, "gateup blk.0.");
+  EXPECT_EQ(s[0].workgroups, 3u);
+  EXPECT_EQ(s[0].recorded, 2u);
+  EXPECT_DOUBLE_EQ(s[0].start_us, 0.0);
+  EXPECT_DOUBLE_EQ(s[0].last_start_us, 1.0);
+  EXPECT_DOUBLE_EQ(s[0].end_us, 5.0);
+  EXPECT_EQ(s[0].marked, 1u);
+  EXPECT_TRUE(s[0].early_marked);
+  EXPECT_DOUBLE_EQ(s[0].first_early_us, 0.1);
+  EXPECT_DOUBLE_EQ(s[0].first_mark_us, 2.0);
+  EXPECT_DOUBLE_EQ(s[0].last_mark_us, 2.0);
+  EXPECT_DOUBLE_EQ(s[0].wg_us, 4.0);      // the median of 3000 and 5000 ns
+  EXPECT_DOUBLE_EQ(s[1].start_us, 5.5);   // after the wrap, still after the first dispatch
+  EXPECT_DOUBLE_EQ(s[1].last_start_us, 6.0);
+  EXPECT_DOUBLE_EQ(s[1].end_us, 8.0);
+  EXPECT_DOUBLE_EQ(s[1].first_mark_us, 6.5);
+  EXPECT_FALSE(s[1].early_marked);
+  EXPECT_DOUBLE_EQ(s[1].wg_tail_us, 0.5);  // mark -> end of the marked workgroup
+}
+
 TEST(Timeline, RefusesEmptyOrMismatchedSteps) {
   const std::vector<double> wall = {1};
   EXPECT_THROW(model::summarize_timeline({}, wall, 0), Error);

@@ -128,11 +128,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const std::string L = cat("blk.", l, ".");
     const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
     MoeOps m;
+    vk::MoeGateUpOp& gu = m.gu;
+    vk::MoeDownOp& down = m.down;
     const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
     if (tile.tensor->layout != TsrLayout::MoeTile1)
       bad_input("packed model: ", tile.tensor->name, " has layout ", layout_name(tile.tensor->layout), ", expected moe_tile1");
     const vk::MoeTileRef tref{tile.buffer, tile.offset, tile.tensor->moe_tile()};
-    vk::MoeGateUpOp gu;
     gu.tile = tref;
     gu.n_used = c.n_expert_used;
     gu.h2 = w.h2.whole();
@@ -152,10 +153,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       stats_.int8_activations = true;
     }
     gu.tuning = options_.moe;
-    const bool fuse_down = fold && gu.hq.buffer && options_.fused_down &&
-                           vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
-    if (fuse_down) gu.down_acc = w.down_acc.whole();
-    vk::MoeDownOp down;
+    m.fuse_down = fold && gu.hq.buffer && options_.fused_down &&
+                  vk::moe_fused_down_supported(ctx_, tref.geometry, c.n_expert_used);
+    if (m.fuse_down) gu.down_acc = w.down_acc.whole();
     down.tile = tref;
     down.n_used = c.n_expert_used;
     down.h = w.h.whole();
@@ -164,11 +164,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.hq = gu.hq;
     down.tuning = options_.moe;
     // The down started early (no barrier after the gate-up) where both kernels take the gate.
-    const bool early_down = options_.early_down && !fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
-    m.gu = gu;
-    m.down = down;
-    m.fuse_down = fuse_down;
-    m.early_down = early_down;
+    m.early_down = options_.early_down && !m.fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
     return m;
   };
 
@@ -180,8 +176,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice attn_norm = w.vec(L + "attn_norm.weight", c.n_embd);
     const std::string qname = qk ? L + "attn_qk.weight" : (c.q_lora_rank ? L + "attn_q_b.weight" : L + "attn_q.weight");
     const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
-    // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
-    // query's matvec and kv_write wait on them: word 0 q_a's, word 1 kv_a's.
     // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
     const vk::DecodeRange range = attn.decode_range(profile_kv_len);
     vk::BufferSlice olat_q8;
@@ -192,6 +186,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
                        matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
     const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
+    // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
+    // query's matvec and kv_write wait on them: word 0 q_a's, word 1 kv_a's.
     const std::vector<Stage1> s1 = stage1(l);
     const vk::BufferSlice qk_words = gate_slice(l, kGateQk, 8);
     vk::MatvecOp query;

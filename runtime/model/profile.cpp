@@ -31,13 +31,14 @@ std::string xml_escape(std::string_view s) {
   return o;
 }
 
-std::string fmt(const char* f, double a) {
+
+}  // namespace
+
+std::string number_text(const char* f, double a) {
   char b[64];
   std::snprintf(b, sizeof b, f, a);
   return b;
 }
-
-}  // namespace
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -189,14 +190,14 @@ std::string profile_svg(std::span<const TokenProfile> profiles, std::string_view
       s += "<rect x=\"" + std::to_string(x) + "\" y=\"" + std::to_string(y) + "\" width=\"" + std::to_string(w) +
            "\" height=\"" + std::to_string(kBar) + "\" fill=\"" + kColors[i++ % 10] + "\"/>\n";
       s += "<text x=\"" + std::to_string(x + w + 6) + "\" y=\"" + std::to_string(y + kBar - 4) + "\">" +
-           xml_escape(fmt("%.1f µs", k.us_per_token) + fmt(" (%.1f %%", 100 * k.share) +
-                      fmt(", %.0f calls", k.calls_per_token) + fmt(", %.3g GB/s)", k.gbps)) +
+           xml_escape(number_text("%.1f µs", k.us_per_token) + number_text(" (%.1f %%", 100 * k.share) +
+                      number_text(", %.0f calls", k.calls_per_token) + number_text(", %.3g GB/s)", k.gbps)) +
            "</text>\n";
       y += kRow;
     }
-    std::string totals = fmt("kernels %.1f µs", p.kernel_us) + fmt(", token %.1f µs", p.token_us) +
-                         fmt(", outside kernels %.1f µs", p.outside_us);
-    if (p.floor_us > 0) totals += fmt(", floor %.1f µs", p.floor_us) + fmt(" at %.0f GB/s", p.read_gbps);
+    std::string totals = number_text("kernels %.1f µs", p.kernel_us) + number_text(", token %.1f µs", p.token_us) +
+                         number_text(", outside kernels %.1f µs", p.outside_us);
+    if (p.floor_us > 0) totals += number_text(", floor %.1f µs", p.floor_us) + number_text(" at %.0f GB/s", p.read_gbps);
     s += "<text x=\"" + std::to_string(kMargin) + "\" y=\"" + std::to_string(y + kBar - 4) + "\">" +
          xml_escape(totals) + "</text>\n";
     y += 2 * kRow;

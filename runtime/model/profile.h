@@ -19,6 +19,8 @@ namespace tessera::model {
 
 // The median of v (the mean of the middle two for an even count); 0 for none.
 double median(std::vector<double> v);
+// a formatted by the printf format f (one double conversion), e.g. number_text("%.2f", v).
+std::string number_text(const char* f, double a);
 
 // The kernel family of a dispatch label: its words that do not name a tensor or a block, joined
 // by '.': "matvec.q4_0.norm blk.3.attn_q_a.weight" -> "matvec.q4_0.norm",

@@ -26,11 +26,7 @@ int label_layer(const std::string& label) {
   return digits ? n : -1;
 }
 
-std::string fmt2(double v) {
-  char b[32];
-  std::snprintf(b, sizeof b, "%.2f", v);
-  return b;
-}
+std::string fmt2(double v) { return number_text("%.2f", v); }
 
 }  // namespace
 
@@ -69,16 +65,17 @@ std::vector<DispatchSpan> spans_from_records(std::span<const DispatchRecords> di
       k.last = std::max(k.last, start);
       k.end = std::max(k.end, start + rec_g[3]);
       wg_ns.push_back(rec_g[3]);
-      for (int m = 0; m < 2; ++m) {
+      for (int m = 0; m < 2; ++m) {  // m 0: the early mark, 1: the mark
         if (rec_g[1 + m] == 0) continue;
-        const int64_t at = start + rec_g[1 + m] - 1;
-        k.mark[m][0] = std::min(k.mark[m][0], at);
-        k.mark[m][1] = std::max(k.mark[m][1], at);
-      }
-      if (rec_g[1] != 0) early_ns.push_back(double(rec_g[1] - 1));
-      if (rec_g[2] != 0) {
-        sp.marked += 1;
-        tail_ns.push_back(double(rec_g[3]) - double(rec_g[2] - 1));
+        const uint32_t since = rec_g[1 + m] - 1;  // ns after the start
+        k.mark[m][0] = std::min(k.mark[m][0], start + since);
+        k.mark[m][1] = std::max(k.mark[m][1], start + since);
+        if (m == 0) {
+          early_ns.push_back(since);
+        } else {
+          sp.marked += 1;
+          tail_ns.push_back(double(rec_g[3]) - double(since));
+        }
       }
     }
     sp.wg_us = median(wg_ns) / 1e3;

@@ -201,42 +201,35 @@ bool KvWriteOp::gate_supported(Context& ctx) { return ctx.pipelines().use_subgro
 void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,
                        BufferSlice cache, std::string_view label, const GateWait& gate, BufferSlice signal,
                        uint32_t signal_word) const {
-  if (signal.buffer != VK_NULL_HANDLE) {
-    if (gate.enabled()) runtime_error(label, ": kv_write waits on a gate or opens one, not both");
-    if (!gate_supported(ctx_)) runtime_error(label, ": no gate-opening kv_write here (it needs subgroups)");
+  const bool signals = signal.buffer != VK_NULL_HANDLE;
+  if (!gate.enabled() && !signals) return record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
+  if (gate.enabled() && signals) runtime_error(label, ": kv_write waits on a gate or opens one, not both");
+  if (!gate_supported(ctx_)) runtime_error(label, ": no early start for kv_write here (it needs subgroups)");
+  PipelineDesc d = kv_write_desc(shape_);
+  std::vector<BufferSlice> b = {kv, kv_norm_w, step, cache};
+  if (signals) {  // SIGNAL_GATE: binding 4 = the gate words
     if (signal.size < (signal_word + 1) * 4ull) runtime_error(label, ": gate binding has no word ", signal_word);
-    PipelineDesc d = kv_write_desc(shape_);
     d.name = "kv_write.signal";
     d.defines["SIGNAL_GATE"] = "1";
     d.defines["SIGNAL_WORD"] = std::to_string(signal_word);
-    d.num_buffers = 5;
-    if (kv.size < uint64_t(shape_.row()) * 4 || kv_norm_w.size < uint64_t(shape_.kv_lora) * 4 ||
-        step.size < uint64_t(pos_word + 1) * 4 || cache.size < shape_.cache_bytes())
-      runtime_error(label, ": kv, kv norm, step or cache binding too small");
-    const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, QueryBatch{}.word(), shape_.row(), 0, 0, 0};
-    const BufferSlice b[] = {kv, kv_norm_w, step, cache, signal};
-    rec.dispatch(ctx_.pipeline(d), b, args, 1, 1, 1, label, bytes());
-    return;
+    b.push_back(signal);
+  } else {  // WAIT_GATE: bindings 4, 5 = the gate words, the error words
+    if (!gate.valid()) runtime_error(label, ": early start needs a gate word, an error word and a target above 0");
+    d.name = "kv_write.gate";
+    d.defines["WAIT_GATE"] = "1";
+    d.defines["GATE_WORD"] = std::to_string(gate.word);
+    d.defines["GATE_TARGET"] = std::to_string(gate.target);
+    d.full_subgroups = true;
+    b.insert(b.end(), {gate.words, gate.error});
   }
-  if (!gate.enabled()) return record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
-  if (!gate_supported(ctx_)) runtime_error(label, ": no early start for kv_write here (it needs subgroups)");
-  if (!gate.valid()) runtime_error(label, ": early start needs a gate word, an error word and a target above 0");
-  PipelineDesc d = kv_write_desc(shape_);
-  d.name = "kv_write.gate";
-  d.defines["WAIT_GATE"] = "1";
-  d.defines["GATE_WORD"] = std::to_string(gate.word);
-  d.defines["GATE_TARGET"] = std::to_string(gate.target);
-  d.num_buffers = 6;
-  d.full_subgroups = true;
-  const Pipeline& pipe = ctx_.pipeline(d);
+  d.num_buffers = uint32_t(b.size());
   if (kv.size < uint64_t(shape_.row()) * 4)
     runtime_error(label, ": kv binding holds ", kv.size, " bytes, needs ", uint64_t(shape_.row()) * 4);
   if (kv_norm_w.size < uint64_t(shape_.kv_lora) * 4 || step.size < uint64_t(pos_word + 1) * 4 ||
       cache.size < shape_.cache_bytes())
     runtime_error(label, ": kv norm, step or cache binding too small");
   const gpu::KvWriteArgs args{pos_word, shape_.n_ctx, shape_.eps, QueryBatch{}.word(), shape_.row(), 0, 0, 0};
-  const BufferSlice b[] = {kv, kv_norm_w, step, cache, gate.words, gate.error};
-  rec.dispatch(pipe, b, args, 1, 1, 1, label, bytes());
+  rec.dispatch(ctx_.pipeline(d), b, args, 1, 1, 1, label, bytes());
 }
 
 void KvWriteOp::record_rows(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step,

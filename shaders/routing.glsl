@@ -10,10 +10,13 @@
 //   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_ROUTER_NORM_WEIGHTS);
 //            * scale when scale is not 0 or 1
 //
-// With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of subgroup
-// max/min, no barrier inside) and publishes the result through shared memory: the routing then
-// costs one pair of global loads, a few hundred cycles and one workgroup barrier. Without, the
-// whole workgroup computes it through shared memory (ranks of every expert).
+// With subgroup arithmetic, subgroup 0 alone computes it (no workgroup barrier inside) and
+// publishes the result through shared memory: each lane ranks its experts against all E scores
+// (ROUTE_ROUNDS 0, the default: one pass over the scores in shared memory, ~E compares per
+// lane, no reduction on the path) or, with ROUTE_ROUNDS 1 (a process-wide tuning define, bench
+// --tune route_rounds=1), K rounds of three subgroup reductions each (the form before session
+// 13, ~4x longer on an H100). Both give the same ids and the same weight bits. Without subgroup
+// arithmetic the whole workgroup ranks every expert through shared memory.
 //
 // The including kernel defines WG_SIZE and declares the float buffers `route_logits[]` and
 // `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
@@ -50,6 +53,12 @@ float route_factor(float sum, uint flags, float scale) {
 #if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // TS_ROUTE_MAX_E / SUBGROUP_SIZE <= 32
 #define RT_SUBGROUP_PATH 1
 #define RT_PER_LANE ((TS_ROUTE_MAX_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
+#ifndef ROUTE_ROUNDS
+#define ROUTE_ROUNDS 0
+#endif
+#if !ROUTE_ROUNDS
+shared float rt_rank_score[TS_ROUTE_MAX_E];  // every expert's selection score, for the ranks
+#endif
 
 // Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
 void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
@@ -78,6 +87,36 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
     const uint e = lane + j * step;
     score[j] = e < n_expert ? route_score(e, prob[j], flags) : ninf;
   }
+#if !ROUTE_ROUNDS
+  // Expert e's rank = experts ahead of it in (score descending, index ascending), a total order:
+  // ranks 0..K-1 are each written once. Then the weights summed best first, as the rounds do.
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+    const uint e = lane + j * step;
+    if (e < n_expert) rt_rank_score[e] = score[j];
+  }
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+    if (j * step >= n_expert) break;  // uniform: entries past the experts
+    const uint e = lane + j * step;
+    uint rank = 0u;
+    for (uint f = 0; f < n_expert; ++f) {
+      const float t = rt_rank_score[f];
+      rank += (t > score[j] || (t == score[j] && f < e)) ? 1u : 0u;
+    }
+    if (e < n_expert && rank < n_used) {
+      rt_id[rank] = e;
+      rt_w[rank] = prob[j];
+    }
+  }
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+  float wsum = 0.0;
+  for (uint k = 0; k < n_used; ++k) wsum += rt_w[k];
+  const float f = route_factor(wsum, flags, scale);
+  subgroupBarrier();  // every lane has read rt_w before it is scaled
+  for (uint k = lane; k < n_used; k += step) rt_w[k] *= f;
+#else
   // K rounds: the best remaining (score, lower index); its lane marks it taken.
   uint taken = 0u;  // bit j: entry j already chosen
   float wsum = 0.0;
@@ -106,6 +145,7 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   const float f = route_factor(wsum, flags, scale);
   if (subgroupElect())
     for (uint k = 0; k < n_used; ++k) rt_w[k] *= f;
+#endif  // ROUTE_ROUNDS
 }
 #endif
 

@@ -57,7 +57,7 @@ float route_factor(float sum, uint flags, float scale) {
 #define ROUTE_ROUNDS 0
 #endif
 #if !ROUTE_ROUNDS
-shared float rt_rank_score[TS_ROUTE_MAX_E];  // every expert's selection score, for the ranks
+shared vec4 rt_rank_score[TS_ROUTE_MAX_E / 4u];  // every expert's selection score (-inf past them), for the ranks
 #endif
 
 // Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
@@ -89,24 +89,37 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   }
 #if !ROUTE_ROUNDS
   // Expert e's rank = experts ahead of it in (score descending, index ascending), a total order:
-  // ranks 0..K-1 are each written once. Then the weights summed best first, as the rounds do.
+  // ranks 0..K-1 are each written once. The scores are read 16 at a time (four independent
+  // vec4 loads per step: a loop of single loads waits on each). Padding to 16 with -inf ranks
+  // after every expert (index order breaks its ties). Then the weights summed best first, as the
+  // rounds do.
+  const uint n16 = (n_expert + 15u) / 16u;
   [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
     const uint e = lane + j * step;
-    if (e < n_expert) rt_rank_score[e] = score[j];
+    if (e < 16u * n16) rt_rank_score[e >> 2][e & 3u] = score[j];
   }
   subgroupMemoryBarrierShared();
   subgroupBarrier();
-  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
-    if (j * step >= n_expert) break;  // uniform: entries past the experts
-    const uint e = lane + j * step;
-    uint rank = 0u;
-    for (uint f = 0; f < n_expert; ++f) {
-      const float t = rt_rank_score[f];
-      rank += (t > score[j] || (t == score[j] && f < e)) ? 1u : 0u;
+  uint rank[RT_PER_LANE];
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) rank[j] = 0u;
+  for (uint q = 0; q < n16; ++q) {
+    vec4 t[4];
+    [[unroll]] for (uint u = 0; u < 4; ++u) t[u] = rt_rank_score[4u * q + u];
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+      if (j * step >= n_expert) break;  // uniform: entries past the experts
+      const uint e = lane + j * step;
+      [[unroll]] for (uint u = 0; u < 4; ++u)
+        [[unroll]] for (uint c = 0; c < 4; ++c) {
+          const uint f = 16u * q + 4u * u + c;
+          rank[j] += (t[u][c] > score[j] || (t[u][c] == score[j] && f < e)) ? 1u : 0u;
+        }
     }
-    if (e < n_expert && rank < n_used) {
-      rt_id[rank] = e;
-      rt_w[rank] = prob[j];
+  }
+  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+    const uint e = lane + j * step;
+    if (e < n_expert && rank[j] < n_used) {
+      rt_id[rank[j]] = e;
+      rt_w[rank[j]] = prob[j];
     }
   }
   subgroupMemoryBarrierShared();

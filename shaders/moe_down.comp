@@ -78,7 +78,7 @@ layout(std430, binding = 8) coherent restrict buffer GateError { uint gate_error
 
 #include "routing.glsl"
 
-bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
+bool recompute_route() { return ROUTE_RECOMPUTE != 0 && (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
 // Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
 uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
 float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }

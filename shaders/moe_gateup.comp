@@ -142,7 +142,7 @@ layout(push_constant) uniform Push { MoeArgs args; };
 #include "routing.glsl"
 
 #if ROUTER_FOLD
-bool recompute_route() { return true; }  // from the fold's logits
+bool recompute_route() { return ROUTE_RECOMPUTE != 0; }  // from the fold's logits (not in a shared-only part)
 uint slot_expert(uint k) { return route_expert(k); }
 
 // Sums the accumulator copies (routed workgroups: the logits too, into rf_logit), on the
@@ -164,7 +164,7 @@ void fold_finish() {
   rf_inv_rms = inversesqrt(rf_ss / float(args.n_embd) + args.norm_eps);
 }
 #else
-bool recompute_route() { return (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
+bool recompute_route() { return ROUTE_RECOMPUTE != 0 && (args.flags & TS_MOE_ROUTE_RECOMPUTE) != 0u; }
 // Expert and weight of routed slot k: the route buffer, or this workgroup's own routing.
 uint slot_expert(uint k) { return recompute_route() ? route_expert(k) : route[2u * k]; }
 float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBitsToFloat(route[2u * k + 1u]); }
@@ -412,7 +412,7 @@ void gateup_main() {
     if (recompute_route()) route_compute(args.n_expert, args.n_used, args.gating, args.route_flags, args.weights_scale);
 #if ROUTER_FOLD
     // The route for the down kernel, and the logits (for tests and tools), from workgroup 0.
-    if ((args.flags & TS_MOE_ROUTE_WRITE) != 0u && wg == 0u) {
+    if (recompute_route() && (args.flags & TS_MOE_ROUTE_WRITE) != 0u && wg == 0u) {
       const uint tid = gl_LocalInvocationIndex;
       if (tid < args.n_used) {
         route[2u * tid] = route_expert(tid);

@@ -22,10 +22,22 @@
 // `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
 // defines ROUTE_LOGIT(e) to read logit e from elsewhere (the router fold: shared memory).
 // route_compute() must be reached by all invocations (uniform control flow: barriers).
+// ROUTE_E (a multiple of 32, <= TS_ROUTE_MAX_E; default TS_ROUTE_MAX_E): the most experts the
+// kernel routes among (the wrapper's n_expert rounded up); it sizes the per-lane arrays and the
+// unrolled code. ROUTE_RECOMPUTE (0/1, default 1): 0 where the including kernel never routes
+// (it reads the route buffer), so that its recompute_route() is a constant false and none of this
+// code is compiled in (kernels_moe.cpp route_e()).
 #ifndef TESSERA_ROUTING_GLSL
 #define TESSERA_ROUTING_GLSL
 
 #include "moe_args.h"
+
+#ifndef ROUTE_E
+#define ROUTE_E TS_ROUTE_MAX_E
+#endif
+#ifndef ROUTE_RECOMPUTE
+#define ROUTE_RECOMPUTE 1
+#endif
 
 #ifndef ROUTE_LOGIT
 #define ROUTE_LOGIT(e) route_logits[e]
@@ -50,14 +62,14 @@ float route_factor(float sum, uint flags, float scale) {
   return f;
 }
 
-#if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // TS_ROUTE_MAX_E / SUBGROUP_SIZE <= 32
+#if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // ROUTE_E / SUBGROUP_SIZE <= 32
 #define RT_SUBGROUP_PATH 1
-#define RT_PER_LANE ((TS_ROUTE_MAX_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
+#define RT_PER_LANE ((ROUTE_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
 #ifndef ROUTE_ROUNDS
 #define ROUTE_ROUNDS 0
 #endif
 #if !ROUTE_ROUNDS
-shared vec4 rt_rank_score[TS_ROUTE_MAX_E / 4u];  // every expert's selection score (-inf past them), for the ranks
+shared vec4 rt_rank_score[ROUTE_E / 4u];  // every expert's selection score (-inf past them), for the ranks
 #endif
 
 // Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
@@ -163,8 +175,8 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
 #endif
 
 #ifndef RT_SUBGROUP_PATH
-shared float rt_prob[TS_ROUTE_MAX_E];   // probabilities
-shared float rt_score[TS_ROUTE_MAX_E];  // softmax exponentials, then selection scores
+shared float rt_prob[ROUTE_E];   // probabilities
+shared float rt_score[ROUTE_E];  // softmax exponentials, then selection scores
 
 // Whole workgroup: expert e's rank = experts ahead of it in (score descending, index ascending),
 // a total order, so ranks 0..n_used-1 are each written exactly once.
@@ -209,7 +221,7 @@ void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float 
 #endif
 
 // Computes the routing into rt_id / rt_w (ends with a workgroup barrier). n_expert <=
-// TS_ROUTE_MAX_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
+// ROUTE_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
 void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
 #ifdef RT_SUBGROUP_PATH
   if (gl_SubgroupID == 0u) route_subgroup(n_expert, n_used, gating, flags, scale);

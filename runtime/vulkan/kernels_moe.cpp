@@ -90,17 +90,29 @@ const Pipeline& row_kernel(Context& ctx, const std::string& name, const char* fi
   return ctx.pipelines().get(desc);
 }
 
-// fold: the router fold's variant (ROUTER_FOLD 1, binding 8 = the accumulators).
-const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, bool fold = false) {
-  return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : "", fold ? ".rfold" : ""), "moe_gateup.comp",
-                    type, vec8, t.gateup_teams, t.unroll,
-                    {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}, {"ROUTER_FOLD", fold ? "1" : "0"}},
-                    fold ? 9 : 7);
+// The routing code a MoE kernel carries (routing.glsl), from route_e: 0 where it never routes
+// (it reads the route buffer, or has no routed slots: ROUTE_RECOMPUTE 0, no routing code), else
+// the most experts it routes among (ROUTE_E; the tile's count rounded up to 32, so that a lane
+// holds ROUTE_E / subgroup size entries rather than TS_ROUTE_MAX_E's). Session 13: the 256-expert
+// bound and the down's unused routing doubled their code and cost them registers.
+uint32_t route_e(uint32_t n_expert, bool recompute) { return recompute ? (n_expert + 31) / 32 * 32 : 0; }
+std::string route_code(ShaderDefines& d, uint32_t route_e) {
+  d["ROUTE_RECOMPUTE"] = route_e ? "1" : "0";
+  if (route_e) d["ROUTE_E"] = std::to_string(route_e);
+  return route_e ? cat(".e", route_e) : ".noroute";
+}
+
+// fold: the router fold's variant (ROUTER_FOLD 1, binding 8 = the accumulators). re: route_e().
+const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold = false) {
+  ShaderDefines d = {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}, {"ROUTER_FOLD", fold ? "1" : "0"}};
+  const std::string rc = route_code(d, re);
+  return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : "", fold ? ".rfold" : "", rc),
+                    "moe_gateup.comp", type, vec8, t.gateup_teams, t.unroll, d, fold ? 9 : 7);
 }
 
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, bool fold = false,
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold = false,
                                  bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false,
                                  const GateWait& wait = {}) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
@@ -111,6 +123,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
+  const std::string rc = route_code(d, re);
   if (wait.enabled()) {  // moe_gateup.comp WAIT_GATE: bindings 12, 13 = the polled words, the error words
     d["WAIT_GATE"] = "1";
     d["GATE_WORD"] = std::to_string(wait.word);
@@ -119,15 +132,16 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : ""),
+                        wait.enabled() ? ".wait" : "", rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
-const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t) {
-  return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots), "moe_down.comp", type,
-                    vec8, slots, t.unroll,
-                    {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}, {"Q8ACT", "0"}}, 6);
+const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t, uint32_t re) {
+  ShaderDefines d = {{"TEAMS", std::to_string(slots)}, {"ROWS_PER_WG", std::to_string(t.down_rows)}, {"Q8ACT", "0"}};
+  const std::string rc = route_code(d, re);
+  return row_kernel(ctx, cat("moe_down.", type_name(type), vec8 ? ".v8" : "", ".s", slots, rc), "moe_down.comp", type,
+                    vec8, slots, t.unroll, d, 6);
 }
 
 // The int8-activation down: reads the gate-up's int8 h (hq_floats: h floats covered, all slots;
@@ -141,20 +155,21 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
 
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t gate_h_target = 0, bool x_signal = false) {
+                               uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
                      {"Q8ACT", "1"},
                      {"Q8_OWN", std::to_string(down_q8_own(ctx, width))},
                      {"Q8_BLOCKS", std::to_string(ts.subgroup ? 1u : q8_blocks_define(hq_floats))}};
+  const std::string rc = route_code(d, re);
   if (gate_h_target) {
     d["WAIT_GATE"] = "1";
     d["GATE_H_TARGET"] = std::to_string(gate_h_target);
     d["X_SIGNAL"] = x_signal ? "1" : "0";
   }
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
-                             x_signal ? ".xsig" : ""),
+                             x_signal ? ".xsig" : "", rc),
                     "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
@@ -357,6 +372,7 @@ void record_router(CommandRecorder& rec, const MatrixRef* w, uint32_t n_expert, 
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                   {"WG_SIZE", std::to_string(kRouterWgSize)},
                   {"VEC4", vec4 ? "1" : "0"}};
+  desc.name += route_code(desc.defines, route_e(n_expert, true));
   desc.num_buffers = 7;
   desc.push_bytes = sizeof(gpu::RouterArgs);
   const Pipeline& pipe = ctx.pipelines().get(desc);
@@ -525,8 +541,9 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, fold, fused, kQ8GateUpOutputs, gated, wait)
-                              : gateup_kernel(ctx, p.type, vec8, t, fold);
+    const uint32_t re = p.routed ? route_e(g.n_expert, fold || src.recompute) : 0;
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait)
+                              : gateup_kernel(ctx, p.type, vec8, t, re, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
@@ -603,10 +620,11 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const uint32_t groups = down_groups(g, rows_per_wg);
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
+    const uint32_t re = p.routed ? route_e(g.n_expert, src.recompute) : 0;
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
-                                               std::max(g.w_routed, g.w_shared), rows_per_wg, gated ? gate_h_target : 0,
-                                               gated && gate_signal_x)
-                              : down_kernel(ctx, p.type, vec8, slots, t);
+                                               std::max(g.w_routed, g.w_shared), rows_per_wg, re,
+                                               gated ? gate_h_target : 0, gated && gate_signal_x)
+                              : down_kernel(ctx, p.type, vec8, slots, t, re);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
     set_routing(a, src, routing, g);
@@ -721,7 +739,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   const uint32_t q8_outs =
       kQ8GateUpOutputs * std::max<uint32_t>(1, (q8_blocks + kQ8DenseGateUpMaxGroups - 1) / kQ8DenseGateUpMaxGroups);
   const Pipeline& pipe =
-      q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t);
+      q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, 0, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t, 0);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
@@ -763,7 +781,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
   }
   const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type) : t.down_rows;
   const Pipeline& pipe =
-      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg) : down_kernel(ctx, down.type, vec8, 1, t);
+      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, 0) : down_kernel(ctx, down.type, vec8, 1, t, 0);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;

@@ -10,13 +10,11 @@
 //   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_ROUTER_NORM_WEIGHTS);
 //            * scale when scale is not 0 or 1
 //
-// With subgroup arithmetic, subgroup 0 alone computes it (no workgroup barrier inside) and
-// publishes the result through shared memory: each lane ranks its experts against all E scores
-// (ROUTE_ROUNDS 0, the default: one pass over the scores in shared memory, ~E compares per
-// lane, no reduction on the path) or, with ROUTE_ROUNDS 1 (a process-wide tuning define, bench
-// --tune route_rounds=1), K rounds of three subgroup reductions each (the form before session
-// 13, ~4x longer on an H100). Both give the same ids and the same weight bits. Without subgroup
-// arithmetic the whole workgroup ranks every expert through shared memory.
+// With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of subgroup
+// max/min, no barrier inside) and publishes the result through shared memory: the routing then
+// costs one pair of global loads, a few hundred cycles and one workgroup barrier. (Ranking every
+// expert against all scores in shared memory instead was 1.2 us slower on an H100, session 13.)
+// Without, the whole workgroup computes it through shared memory (ranks of every expert).
 //
 // The including kernel defines WG_SIZE and declares the float buffers `route_logits[]` and
 // `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
@@ -65,12 +63,6 @@ float route_factor(float sum, uint flags, float scale) {
 #if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // ROUTE_E / SUBGROUP_SIZE <= 32
 #define RT_SUBGROUP_PATH 1
 #define RT_PER_LANE ((ROUTE_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
-#ifndef ROUTE_ROUNDS
-#define ROUTE_ROUNDS 0
-#endif
-#if !ROUTE_ROUNDS
-shared vec4 rt_rank_score[ROUTE_E / 4u];  // every expert's selection score (-inf past them), for the ranks
-#endif
 
 // Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
 void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
@@ -99,49 +91,6 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
     const uint e = lane + j * step;
     score[j] = e < n_expert ? route_score(e, prob[j], flags) : ninf;
   }
-#if !ROUTE_ROUNDS
-  // Expert e's rank = experts ahead of it in (score descending, index ascending), a total order:
-  // ranks 0..K-1 are each written once. The scores are read 16 at a time (four independent
-  // vec4 loads per step: a loop of single loads waits on each). Padding to 16 with -inf ranks
-  // after every expert (index order breaks its ties). Then the weights summed best first, as the
-  // rounds do.
-  const uint n16 = (n_expert + 15u) / 16u;
-  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
-    const uint e = lane + j * step;
-    if (e < 16u * n16) rt_rank_score[e >> 2][e & 3u] = score[j];
-  }
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-  uint rank[RT_PER_LANE];
-  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) rank[j] = 0u;
-  for (uint q = 0; q < n16; ++q) {
-    vec4 t[4];
-    [[unroll]] for (uint u = 0; u < 4; ++u) t[u] = rt_rank_score[4u * q + u];
-    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
-      if (j * step >= n_expert) break;  // uniform: entries past the experts
-      const uint e = lane + j * step;
-      [[unroll]] for (uint u = 0; u < 4; ++u)
-        [[unroll]] for (uint c = 0; c < 4; ++c) {
-          const uint f = 16u * q + 4u * u + c;
-          rank[j] += (t[u][c] > score[j] || (t[u][c] == score[j] && f < e)) ? 1u : 0u;
-        }
-    }
-  }
-  [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
-    const uint e = lane + j * step;
-    if (e < n_expert && rank[j] < n_used) {
-      rt_id[rank[j]] = e;
-      rt_w[rank[j]] = prob[j];
-    }
-  }
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-  float wsum = 0.0;
-  for (uint k = 0; k < n_used; ++k) wsum += rt_w[k];
-  const float f = route_factor(wsum, flags, scale);
-  subgroupBarrier();  // every lane has read rt_w before it is scaled
-  for (uint k = lane; k < n_used; k += step) rt_w[k] *= f;
-#else
   // K rounds: the best remaining (score, lower index); its lane marks it taken.
   uint taken = 0u;  // bit j: entry j already chosen
   float wsum = 0.0;
@@ -170,7 +119,6 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   const float f = route_factor(wsum, flags, scale);
   if (subgroupElect())
     for (uint k = 0; k < n_used; ++k) rt_w[k] *= f;
-#endif  // ROUTE_ROUNDS
 }
 #endif
 

@@ -75,8 +75,6 @@ struct BenchOptions {
   bool early_gateup = false;              // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
   bool qk_q8 = false;                     // GpuModelOptions::qk_q8 (--tune qk_q8=0|1)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
-  bool route_rounds = false;              // GpuModelOptions::route_rounds (--tune route_rounds=0|1)
-  bool down_late = true;                  // GpuModelOptions::down_late (--tune down_late=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

@@ -40,10 +40,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
       config_(ModelConfig::from_metadata(file.metadata())) {
   n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
-  // Process-wide shader defines, set both ways: a model made earlier in the process may have set them.
+  // A process-wide shader define, set both ways: a model made earlier in the process may have set it.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
-  ctx_.pipelines().set_global_define("ROUTE_ROUNDS", options_.route_rounds ? "1" : "0");
-  ctx_.pipelines().set_global_define("DOWN_LATE", options_.down_late ? "1" : "0");
   w_ = std::make_unique<Weights>();
   for (uint32_t l = 0; l < config_.n_layer; ++l)
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))

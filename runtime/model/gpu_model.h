@@ -152,14 +152,6 @@ struct GpuModelOptions {
   // A process-wide shader define: set on the context's pipeline library by the constructor.
   // bench --tune gate_backoff=N.
   uint32_t gate_backoff = 0;
-  // The MoE routing's top-K as K rounds of subgroup reductions (routing.glsl ROUTE_ROUNDS 1, the
-  // form before session 13) instead of ranks; the same ids and weights. A process-wide shader
-  // define like gate_backoff. bench --tune route_rounds=1.
-  bool route_rounds = false;
-  // The early-started MoE down's workgroups that find the gate-up's h complete when they see the
-  // route load hq beside their weights, without a second wait (moe_down.comp DOWN_LATE). A
-  // process-wide shader define. bench --tune down_late=0.
-  bool down_late = true;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

@@ -4,7 +4,6 @@
 // scale 1.8) and DeepSeek-V2 style (softmax) routing, ties, awkward sizes, every tile type for
 // gate-up and down (mixed routed/shared types included), slot-range bindings, the shared-memory
 // reduction path; h and the route output poisoned with NaN before each run.
-#include <bit>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -333,40 +332,6 @@ TEST(MoeKernels, RoutingTiesPreferLowerExpertIds) {
   c.logits = {1.f, -1.f, 2.f, 1.f, -3.f, 2.f, 0.f, 1.f};
   const Outcome o = run_tile_case(c, 41);
   EXPECT_EQ(o.ids, (std::vector<uint32_t>{2, 5, 0}));
-}
-
-// routing.glsl's two subgroup forms (ranks, the default; K rounds of reductions, ROUTE_ROUNDS 1):
-// the same ids and the same weight bits, at the most experts and slots the kernels take, with
-// ties and a subgroup narrower than K.
-TEST(MoeKernels, RoutingRanksAndRoundsAgree) {
-  REQUIRE_GPU(false);
-  Gpu& g = vktest::gpu(false);
-  if (!g.ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroup arithmetic";
-  const TileTypes t = {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0};
-  struct Shape {
-    uint32_t n_expert, n_used;
-    Style style;
-    bool ties;
-  };
-  const Shape shapes[] = {{256, 16, Style::Glm, false}, {64, 4, Style::Glm, true}, {9, 6, Style::V2, false},
-                          {64, 6, Style::V2, true}};
-  for (const Shape& sh : shapes) {
-    TileCase c = make_case(sh.n_expert, sh.n_used, 32, 32, 64, t, sh.style);
-    if (sh.ties) {  // a few distinct values: ties inside and across the cut
-      c.logits.resize(sh.n_expert);
-      for (uint32_t e = 0; e < sh.n_expert; ++e) c.logits[e] = float((e * 7) % 5) * 0.5f;
-    }
-    std::vector<Outcome> o;
-    for (const char* rounds : {"1", "0"}) {
-      g.ctx->pipelines().set_global_define("ROUTE_ROUNDS", rounds);
-      o.push_back(run_tile_case(c, 70 + sh.n_expert));
-    }
-    EXPECT_EQ(o[0].ids, o[1].ids) << "E" << sh.n_expert << " K" << sh.n_used;
-    ASSERT_EQ(o[0].weights.size(), o[1].weights.size());
-    for (size_t k = 0; k < o[0].weights.size(); ++k)
-      EXPECT_EQ(std::bit_cast<uint32_t>(o[0].weights[k]), std::bit_cast<uint32_t>(o[1].weights[k]))
-          << "E" << sh.n_expert << " K" << sh.n_used << " weight " << k;
-  }
 }
 
 // The int8-activation path (gate-up quantizes h2 and writes h as int8 blocks, down reads them)

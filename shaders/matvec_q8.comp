@@ -46,6 +46,12 @@
 // weight (binding 13) as int8 blocks (binding 12, q8_quantize.glsl layout, block (row_begin +
 // row0) / 32 + t) and the sum of its rows' squares, added in row order, to float (row_begin +
 // row0) / ROWS_PER_WG of binding 14: q_a for W_qk.
+// X_HEAD_ROWS (0 or N; with X_Q8): W is H stacked matrices of N rows each and x holds H vectors
+// of `cols` values (blocks h * cols / 32 ..): row r reads vector (row_begin + r) / N (the
+// factored value path: o_h = Vb_h olat_h for every head in one dispatch). N % NUM_ROWS == 0, so
+// a team's rows share one vector; not with GATE_X 1.
+// OUT_NORM (0/1, default 1; with OUT_Q8): 0 writes y's int8 blocks as they are (no norm weight,
+// binding 13 unused) and no sums of squares (binding 14 unused): o for attn_output.
 // X_SS (0/1; with X_Q8): x_q8 holds x times the norm weight, quantized (OUT_Q8); the finished dot
 // products are scaled by 1 / rms(x), from the X_SS_PARTS sums of squares of binding 4 added in
 // order (the same in every workgroup) and norm_eps.
@@ -82,6 +88,15 @@
 #endif
 #ifndef X_SS
 #define X_SS 0
+#endif
+#ifndef X_HEAD_ROWS
+#define X_HEAD_ROWS 0
+#endif
+#ifndef OUT_NORM
+#define OUT_NORM 1
+#endif
+#if X_HEAD_ROWS && (!X_Q8 || X_HEAD_ROWS % NUM_ROWS != 0 || (WAIT_GATE && GATE_X == 1))
+#error "matvec_q8.comp: X_HEAD_ROWS takes int8 x, whole teams per vector, and not GATE_X 1"
 #endif
 #if SIGNAL_GATE && NUM_COLS != 1
 #error "matvec_q8.comp: SIGNAL_GATE takes one column"
@@ -170,8 +185,10 @@ layout(std430, binding = 4) readonly restrict buffer XSumSq { float x_ss[]; };
 #endif
 // Read by the next matvec beside this one where it starts early: coherent (reaches the L2).
 layout(std430, binding = 12) coherent writeonly restrict buffer YQ8 { uvec4 yq[]; };
+#if OUT_NORM
 layout(std430, binding = 13) readonly restrict buffer OutNorm4 { vec4 onw4[]; };
 layout(std430, binding = 14) coherent writeonly restrict buffer YSumSq { float y_ss[]; };
+#endif
 #endif
 
 layout(push_constant) uniform Push { MatvecArgs args; };
@@ -240,9 +257,18 @@ void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, ar
 #endif  // WAIT_GATE
 
 #if X_Q8
+// The first block of the x vector that bound row `row` reads (X_HEAD_ROWS: its head's).
+uint x_block0(uint row) {
+#if X_HEAD_ROWS
+  return args.x_offset / 32u + (args.row_begin + row) / uint(X_HEAD_ROWS) * (args.cols / 32u);
+#else
+  return args.x_offset / 32u;
+#endif
+}
+
 // acc[r][0] += (weight row `row + r`, this lane's blocks) . x, x's blocks read from binding 2.
 void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS]) {
-  const uint b0 = args.x_offset / 32u;
+  const uint b0 = x_block0(row);
   for (uint b = lane; b < nb; b += BLOCKS_PER_ITER * nlanes) {
     uint bi[BLOCKS_PER_ITER];
     [[unroll]] for (uint u = 0; u < BLOCKS_PER_ITER; ++u) bi[u] = b + u * nlanes < nb ? b + u * nlanes : b;
@@ -291,7 +317,7 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
   router_preload(args.row_begin + row0, row_end - row0);
 #endif
   wait_gate(dep);
-  const uint b0 = args.x_offset / 32u;
+  const uint b0 = x_block0(row);
 #if GATE_X == 1
   // x's blocks read once per workgroup into shared memory (every team reads all of them).
   for (uint b = gl_LocalInvocationIndex; b < nb; b += WG_SIZE) {
@@ -418,7 +444,10 @@ void write_out_q8(uint row0, uint nrows) {
     vec4 v[8];
     [[unroll]] for (uint k = 0; k < 8; ++k) {
       const uint r = 32u * t + 4u * k;
-      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]) * onw4[(args.row_begin + row0 + r) >> 2];
+      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]);
+#if OUT_NORM
+      v[k] *= onw4[(args.row_begin + row0 + r) >> 2];
+#endif
     }
     uvec4 lo, hi;
     vec4 ds;
@@ -427,11 +456,13 @@ void write_out_q8(uint row0, uint nrows) {
     yq[3u * (first + t) + 1u] = hi;
     yq[3u * (first + t) + 2u] = floatBitsToUint(ds);
   }
+#if OUT_NORM
   if (gl_LocalInvocationIndex == 0u) {
     float ss = 0.0;
     for (uint r = 0u; r < nrows; ++r) ss += oq_y[r] * oq_y[r];
     y_ss[(args.row_begin + row0) / uint(ROWS_PER_WG)] = ss;
   }
+#endif
 }
 #endif
 

@@ -26,7 +26,7 @@ constexpr uint32_t kAutoPreloadBlocks = 2;
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss;
+  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss, heads;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -42,7 +42,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool signals = q8 && op.batch == 1 && op.signal.buffer != VK_NULL_HANDLE;
   const bool oq8 = q8 && op.batch == 1 && op.out_q8.buffer != VK_NULL_HANDLE;
   const bool xss = xq8 && op.x_ss.buffer != VK_NULL_HANDLE;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss};
+  const bool heads = xq8 && op.x_head_rows != 0;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads};
 }
 
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
@@ -120,8 +121,8 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   const DecodeSplit s = q8_decode_split(probe, ctx, probe.out_q8.buffer != VK_NULL_HANDLE);
   if (!v.xq8) {  // staged x: one pass over the whole row, one subgroup per row
     if (s.ksplit != 1 || q8_kchunk(w.cols / 32, 1) < w.cols / 32) return false;
-  } else if (gate_x_of(tuning) == 1 && !q8_activations_usable(ctx, w.type, w.cols)) {
-    return false;  // x's blocks copied into shared memory: they must fit
+  } else if (gate_x_of(tuning) == 1 && (v.heads || !q8_activations_usable(ctx, w.type, w.cols))) {
+    return false;  // x's blocks copied into shared memory: they must fit (and be one vector)
   }
   return s.nrows * gate_preload(probe, ctx, s) <= kMaxGatePreload;
 }
@@ -140,6 +141,12 @@ bool MatvecOp::out_q8_supported(Context& ctx) const {
   const DecodeSplit s = q8_decode_split(probe, ctx, true);
   return s.ksplit == 1 && (s.teams * s.nrows) % 32 == 0 && s.nrows <= 4 &&
          row_chunks(w, ctx.info(), max_binding_bytes).size() == 1;
+}
+
+bool MatvecOp::head_x_supported(Context& ctx) const {
+  if (x_head_rows == 0 || w.rows % x_head_rows != 0 || !variant_of(*this, &ctx).xq8) return false;
+  const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
+  return x_head_rows % s.nrows == 0;
 }
 
 uint32_t MatvecOp::out_parts(Context& ctx) const {
@@ -192,6 +199,8 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.signals) n += ".open";
   if (v.oq8) n += ".oq8";
   if (v.xss) n += ".rms";
+  if (v.heads) n += ".hd";
+  if (v.oq8 && out_q8_norm.buffer == VK_NULL_HANDLE) n += ".plain";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
     if (k > 1) n += cat(".ks", k);
@@ -200,7 +209,8 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
 }
 
 uint64_t MatvecOp::bytes() const {
-  uint64_t b = w.read_bytes() + uint64_t(batch) * w.cols * 4 + uint64_t(batch) * w.rows * 4;
+  const uint64_t n_vec = x_head_rows && w.rows % x_head_rows == 0 ? w.rows / x_head_rows : 1;
+  uint64_t b = w.read_bytes() + uint64_t(batch) * n_vec * w.cols * 4 + uint64_t(batch) * w.rows * 4;
   if (accumulate) b += uint64_t(batch) * w.rows * 4;
   if (norm_weight.buffer != VK_NULL_HANDLE) b += uint64_t(w.cols) * 4;
   if (router_fold.enabled()) b += router_fold.router.read_bytes() + uint64_t(w.rows) * 4;
@@ -221,11 +231,15 @@ void MatvecOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": x offset ", x_offset, " and stride ", xs, " must be multiples of 4 for block types");
   if (batch > 1 && (xs < w.cols || ys < w.rows))
     runtime_error(what, ": strides (x ", xs, ", y ", ys, ") smaller than the vectors (", w.cols, ", ", w.rows, ")");
-  const uint64_t x_need = (uint64_t(x_offset) + uint64_t(batch - 1) * xs + w.cols) * 4;
+  if (x_head_rows && !head_x_supported(ctx))
+    runtime_error(what, ": x of ", x_head_rows, "-row heads needs the int8 kernel with int8 x (x_q8), heads that "
+                  "divide the ", w.rows, " rows and whole teams per head");
+  const uint64_t n_vec = x_head_rows ? w.rows / x_head_rows : 1;  // x vectors one column reads
+  const uint64_t x_need = (uint64_t(x_offset) + uint64_t(batch - 1) * xs + n_vec * w.cols) * 4;
   const uint64_t y_need = (uint64_t(batch - 1) * ys + w.rows) * 4;
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
-  const uint64_t xq8_need = (uint64_t(x_offset) + w.cols) / 32 * 48;
+  const uint64_t xq8_need = (uint64_t(x_offset) + n_vec * w.cols) / 32 * 48;
   if (v.xq8 && x_q8.size < xq8_need) runtime_error(what, ": int8 x binding has ", x_q8.size, " bytes, needs ", xq8_need);
   if (gate.enabled()) {
     if (!gate_supported(ctx))
@@ -239,8 +253,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (!out_q8_supported(ctx))
       runtime_error(what, ": no int8 output here (it needs the int8 kernel for one vector, subgroups, rows in "
                     "whole blocks of 32 and one binding)");
-    if (out_q8.size < uint64_t(w.rows) / 32 * 48 || out_q8_norm.size < uint64_t(w.rows) * 4 ||
-        out_ss.size < uint64_t(out_parts(ctx)) * 4)
+    const bool normed = out_q8_norm.buffer != VK_NULL_HANDLE;
+    if (out_q8.size < uint64_t(w.rows) / 32 * 48 || (normed && out_q8_norm.size < uint64_t(w.rows) * 4) ||
+        (normed && out_ss.size < uint64_t(out_parts(ctx)) * 4))
       runtime_error(what, ": int8 output bindings too small (", w.rows / 32 * 48, " bytes of blocks, ", w.rows * 4,
                     " of norm weight, ", out_parts(ctx) * 4, " of sums)");
   }
@@ -349,7 +364,11 @@ void MatvecOp::record(CommandRecorder& rec) const {
         desc.name += ".pre";
       }
     }
-    if (v.oq8) desc.defines["OUT_Q8"] = "1";
+    if (v.oq8) {
+      desc.defines["OUT_Q8"] = "1";
+      desc.defines["OUT_NORM"] = out_q8_norm.buffer != VK_NULL_HANDLE ? "1" : "0";
+    }
+    if (v.heads) desc.defines["X_HEAD_ROWS"] = std::to_string(x_head_rows);
     if (v.xss) {
       desc.defines["X_SS"] = "1";
       desc.defines["X_SS_PARTS"] = std::to_string(x_ss_parts);
@@ -414,8 +433,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                                   gate_stats.buffer ? gate_stats : x,
                                   signal.buffer ? signal : x,
                                   v.oq8 ? out_q8 : x,
-                                  v.oq8 ? out_q8_norm : x,
-                                  v.oq8 ? out_ss : x};
+                                  v.oq8 && out_q8_norm.buffer ? out_q8_norm : x,
+                                  v.oq8 && out_q8_norm.buffer ? out_ss : x};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -98,6 +98,12 @@ struct MatvecOp {
   // without norm_weight: nothing is staged (matvec_q8.comp X_Q8). x stays bound-checked and is the
   // input of the f32 path. Producer: AttentionOp::record_merge's olat_q8.
   BufferSlice x_q8;
+  // Set (with x_q8, on the int8 kernel only): W is H = rows / x_head_rows stacked matrices and x
+  // holds H vectors of cols values; row r reads vector r / x_head_rows (matvec_q8.comp
+  // X_HEAD_ROWS): the factored value path's o_h = Vb_h olat_h for every head in one dispatch.
+  // record() refuses it where the int8 kernel does not run (head_x_supported()).
+  uint32_t x_head_rows = 0;
+  bool head_x_supported(Context& ctx) const;
   // Early start (docs/DECODE.md "Early start"; matvec_q8.comp WAIT_GATE): set, the int8 kernel is
   // recorded with no barrier after the dispatch that writes x (or x_q8), which counts the gate's
   // word up as its workgroups finish. Each workgroup loads its weight blocks, waits until the
@@ -120,7 +126,8 @@ struct MatvecOp {
   // y times out_q8_norm (rows floats: the next matvec's input norm) as int8 blocks (3 uvec4 per 32
   // rows, q8_quantize.glsl) into out_q8, and per workgroup the sum of its rows' squares into
   // out_ss (out_parts() floats). The next matvec takes them as x_q8 and x_ss (its norm applied
-  // without staging). Only where out_q8_supported(); its workgroups then hold 32 rows.
+  // without staging). Without out_q8_norm (and out_ss): y's blocks as they are (OUT_NORM 0), for a
+  // next matvec without a norm. Only where out_q8_supported(); its workgroups then hold 32 rows.
   BufferSlice out_q8, out_q8_norm, out_ss;
   bool out_q8_supported(Context& ctx) const;
   uint32_t out_parts(Context& ctx) const;

@@ -137,6 +137,126 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
   EXPECT_GE(ran_gated, 1u);
 }
 
+// Stacked per-head matrices (MatvecOp::x_head_rows, matvec_q8.comp X_HEAD_ROWS): row r reads x
+// vector r / x_head_rows, as the factored value path's o_h = Vb_h olat_h. Against the CPU on the
+// int8 x; with the plain int8 output (no norm: OUT_NORM 0) where the heads are whole blocks of
+// rows, those blocks are y's; gated on a producer's word, the same bits.
+TEST(MatvecHeadX, EachHeadReadsItsOwnVector) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  struct HeadCase {
+    GgmlType type;
+    uint32_t heads, head_rows, cols;
+    bool out_q8;
+  };
+  for (const HeadCase hc : {HeadCase{GgmlType::Q4_0, 5, 64, 96, true}, HeadCase{GgmlType::Q8_0, 3, 40, 64, false},
+                            HeadCase{GgmlType::Q4_K, 2, 32, 256, true}}) {
+    SCOPED_TRACE(cat(type_name(hc.type), " ", hc.heads, " heads x ", hc.head_rows, " rows x ", hc.cols));
+    if (!vk::q8_activations_type(*g.ctx, hc.type)) continue;
+    const uint32_t rows = hc.heads * hc.head_rows;
+    std::mt19937 rng(rows + hc.cols);
+    const std::vector<uint8_t> wv = vktest::random_matrix(rng, hc.type, rows, hc.cols);
+    auto m = vktest::upload_matrix(g, hc.type, rows, hc.cols, wv);
+    const std::vector<float> xv = vktest::random_values(rng, size_t(hc.heads) * hc.cols);
+    const std::vector<uint32_t> xq = vktest::q8_blocks(xv);
+    vk::Buffer x = vktest::make_buffer(g, xv.size() * 4, "x"), xq8 = vktest::make_buffer(g, xq.size() * 4, "x int8");
+    vktest::poison(g, x);  // the int8 kernel reads x_q8 only
+    vktest::upload_bytes(g, xq8, xq.data(), xq.size() * 4);
+    vk::Buffer y = vktest::make_buffer(g, rows * 4ull, "y"), y_gated = vktest::make_buffer(g, rows * 4ull, "y gated");
+    vk::Buffer yq = vktest::make_buffer(g, std::max(rows / 32, 1u) * 48ull, "y int8");
+    for (vk::Buffer* b : {&y, &y_gated, &yq}) vktest::poison(g, *b);
+    vk::MatvecOp op;
+    op.w = m->ref;
+    op.x = x.whole();
+    op.x_q8 = xq8.whole();
+    op.x_head_rows = hc.head_rows;
+    op.y = y.whole();
+    if (hc.out_q8) op.out_q8 = yq.whole();
+    ASSERT_TRUE(op.head_x_supported(*g.ctx));
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".xq8"), std::string::npos);
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".hd"), std::string::npos);
+    // The same op gated on a word that a one-row producer opens.
+    vk::Buffer gate = vktest::make_buffer(g, 16, "gate", true), err = vktest::make_buffer(g, 16, "gate error", true);
+    const uint32_t zero[4] = {};
+    vktest::upload_bytes(g, gate, zero, sizeof zero);
+    vktest::upload_bytes(g, err, zero, sizeof zero);
+    vk::MatvecOp gated = op;
+    gated.y = y_gated.whole();
+    gated.out_q8 = {};
+    vk::Buffer py = vktest::make_buffer(g, 32 * 4, "producer y");
+    vk::MatvecOp producer;
+    auto pm = vktest::upload_matrix(g, GgmlType::Q8_0, 32, 64, vktest::random_matrix(rng, GgmlType::Q8_0, 32, 64));
+    vk::Buffer px = vktest::make_buffer(g, 64 * 4, "producer x");
+    vktest::upload_bytes(g, px, vktest::random_values(rng, 64).data(), 64 * 4);
+    producer.w = pm->ref;
+    producer.x = px.whole();
+    producer.y = py.whole();
+    const bool can_gate = gated.gate_supported(*g.ctx) && producer.signal_supported(*g.ctx);
+    if (can_gate) {
+      producer.signal = gate.whole();
+      gated.gate = {gate.whole(), 0, producer.signal_count(*g.ctx), err.whole()};
+    }
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    op.record(rec);
+    if (can_gate) {
+      producer.record(rec);
+      gated.record(rec);
+    }
+    rec.end();
+    rec.run();
+
+    const std::vector<float> got = vktest::download_floats(g, y, rows);
+    std::vector<double> want(rows), tol(rows);
+    for (uint32_t r = 0; r < rows; ++r) {
+      const std::vector<float> wr = vktest::dequant_row(hc.type, wv, hc.cols, r);
+      const uint32_t h = r / hc.head_rows;
+      std::vector<double> xin(hc.cols);
+      for (uint32_t k = 0; k < hc.cols; ++k) xin[k] = xv[size_t(h) * hc.cols + k];
+      xin = vktest::q8_round(xin);
+      double s = 0, mag = 0;
+      for (uint32_t k = 0; k < hc.cols; ++k) {
+        s += wr[k] * xin[k];
+        mag += std::fabs(wr[k] * xin[k]);
+      }
+      want[r] = s;
+      tol[r] = 1e-4 * mag + 1e-30;
+    }
+    vktest::expect_close(got, want, tol, "per-head matvec");
+    if (hc.out_q8) {
+      std::vector<uint32_t> got_q(rows / 32 * 12);
+      yq.read(0, got_q.data(), got_q.size() * 4);
+      vktest::expect_q8_blocks_close(got_q, vktest::q8_blocks(got), "its int8 output (no norm)");
+    }
+    if (can_gate) {
+      const std::vector<float> gv = vktest::download_floats(g, y_gated, rows);
+      for (uint32_t r = 0; r < rows; ++r) ASSERT_EQ(gv[r], got[r]) << "gated row " << r;
+      uint32_t e[2];
+      err.read(0, e, sizeof e);
+      EXPECT_EQ(e[0], 0u) << "the gated kernel gave up";
+    }
+  }
+  // Refused: heads that do not divide the rows, and without int8 x.
+  std::mt19937 rng(9);
+  auto m = vktest::upload_matrix(g, GgmlType::Q4_0, 96, 64, vktest::random_matrix(rng, GgmlType::Q4_0, 96, 64));
+  vk::Buffer b = vktest::make_buffer(g, 4096, "any");
+  vk::MatvecOp op;
+  op.w = m->ref;
+  op.x = op.y = b.whole();
+  op.x_head_rows = 32;
+  EXPECT_FALSE(op.head_x_supported(*g.ctx)) << "no int8 x";
+  op.x_q8 = b.whole();
+  EXPECT_TRUE(op.head_x_supported(*g.ctx));
+  op.x_head_rows = 40;
+  EXPECT_FALSE(op.head_x_supported(*g.ctx)) << "40 does not divide 96";
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(op.record(rec), Error);
+  rec.end();
+}
+
 // Refused where it cannot work: rows that are not whole blocks of 32, the f32 kernel; sums of
 // squares without int8 x.
 TEST(MatvecInt8Output, RefusedWhereItDoesNotApply) {

@@ -75,6 +75,7 @@ struct BenchOptions {
   bool early_gateup = false;              // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
   bool qk_q8 = false;                     // GpuModelOptions::qk_q8 (--tune qk_q8=0|1)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
+  bool vb_q8 = true;                      // GpuModelOptions::vb_q8 (--tune vb_q8=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

@@ -193,6 +193,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.prefetch_sink, "prefetch sink", 16},
       {&w.attn_arrivals, "attention arrival counters", std::max<uint64_t>(probe.arrivals_bytes(), 16)},
       {&w.olat_q8, "int8 olat", std::max<uint64_t>(probe.olat_q8_bytes(), 48)},
+      {&w.o_q8, "int8 o", std::max<uint64_t>(H * c.n_v / 32 * 48, 48)},
       {&w.fold_acc, "router fold accumulators", std::max<uint64_t>(w.fold_stride * c.n_layer, 16)},
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},

@@ -152,6 +152,11 @@ struct GpuModelOptions {
   // A process-wide shader define: set on the context's pipeline library by the constructor.
   // bench --tune gate_backoff=N.
   uint32_t gate_backoff = 0;
+  // The factored value path (a file without attn_vo) on the int8 kernels: attn_v_b as one matvec
+  // of stacked per-head matrices on the attention's int8 olat (MatvecOp::x_head_rows), writing o
+  // as int8 blocks that attn_output reads; with early_vo each starts beside its producer and
+  // waits on a gate. Off: the f32 absorb kernel and attn_output staging o. bench --tune vb_q8=0.
+  bool vb_q8 = true;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

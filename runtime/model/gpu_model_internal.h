@@ -22,8 +22,10 @@ constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: emb
 constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early start that gave up waiting
                                          // (byte 256: any storage-buffer offset alignment)
 constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding offsets)
-constexpr uint32_t kGateSlices = 5;  // gate slices per layer: W_vo's, the MoE down's, stage 2's, the attention's, the FFN's
-constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4;
+// Gate slices per layer: W_vo's (or attn_v_b's), the MoE down's, stage 2's, the attention's, the
+// FFN's, attn_output's.
+constexpr uint32_t kGateSlices = 6;
+constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4, kGateVb = 5;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and the gate it saw
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
@@ -54,7 +56,8 @@ struct GpuModel::Weights {
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)
-  vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's int8 kernel)
+  vk::Buffer olat_q8;        // olat as int8 blocks (the merge writes it for W_vo's or attn_v_b's int8 kernel)
+  vk::Buffer o_q8;           // o as int8 blocks (attn_v_b writes it for attn_output's int8 kernel)
   vk::Buffer cq_q8, cq_ss;   // GpuModelOptions::qk_q8: cq times attn_q_a_norm as int8 blocks, and
                              // q_a's per-workgroup sums of squares (W_qk / q_b reads them)
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)

@@ -178,13 +178,26 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const vk::BufferSlice qdst = qk ? w.q.whole() : w.qfull.whole();
     // W_vo's int8 kernel reads olat as the merge's int8 blocks (no staging) where both run.
     const vk::DecodeRange range = attn.decode_range(profile_kv_len);
+    const bool olat_q8_ok = options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range);
+    // The factored value path on the int8 kernels (vb_q8): attn_v_b as one matvec of stacked
+    // per-head matrices on the attention's int8 olat, writing o as int8 blocks for attn_output.
+    vk::MatvecOp vb, out;
+    if (!vo) {
+      vb = matvec_op(L + "attn_v_b.weight", w.olat.whole(), w.o.whole(), {}, false, {}, w.olat_q8.whole());
+      vb.x_head_rows = c.n_v;
+      vb.out_q8 = w.o_q8.whole();
+      out = matvec_op(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, {}, w.o_q8.whole());
+    }
+    const bool vb_q8 = !vo && options_.vb_q8 && olat_q8_ok && vb.head_x_supported(ctx_) && vb.out_q8_supported(ctx_) &&
+                       out.kernel_name(&ctx_).find(".xq8") != std::string::npos;
     vk::BufferSlice olat_q8;
-    if (vo && options_.int8_activations && options_.olat_q8 && attn.decode_writes_olat_q8(range) &&
-        vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type))
+    if ((vo && olat_q8_ok && vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type)) || vb_q8)
       olat_q8 = w.olat_q8.whole();
-    // W_vo started early (no barrier after the attention) where the range's kernel opens a gate.
+    // W_vo (or attn_v_b, then attn_output) started early (no barrier after the attention) where the
+    // range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
-                       matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_);
+                       (vo ? matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_)
+                           : vb.gate_supported(ctx_) && vb.signal_supported(ctx_) && out.gate_supported(ctx_));
     const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
     // query's matvec and kv_write wait on them: word 0 q_a's, word 1 kv_a's.
@@ -293,7 +306,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // gate-up also opens the down's (early_down).
     MoeOps moe;
     if (c.is_moe(l)) moe = moe_ops(l, fold, rfold, ffn_norm);
-    const bool early_gateup = options_.early_gateup && vo && early && fold && moe.early_down;
+    const bool early_gateup = options_.early_gateup && (vo || vb_q8) && early && fold && moe.early_down;
     const vk::BufferSlice ffn_words = early_gateup ? gate_slice(l, kGateFfn, 4) : vk::BufferSlice{};
     uint32_t ffn_target = 0;
     if (vo) {
@@ -307,6 +320,22 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
         ffn_target = op.signal_count(ctx_);
       }
       record_matvec(op, L + "attn_vo.weight");
+    } else if (vb_q8) {
+      // attn_v_b waits on the attention's gate and opens attn_output's (kGateVb), which waits on it.
+      const vk::BufferSlice vb_words = early ? gate_slice(l, kGateVb, 4) : vk::BufferSlice{};
+      if (early) {
+        vb.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
+        vb.signal = vb_words;
+      }
+      record_matvec(vb, L + "attn_v_b.weight");
+      if (!early) rec.barrier();
+      out.router_fold = rfold;
+      if (early) out.gate = gate_wait(vb_words, 0, vb.signal_count(ctx_));
+      if (early_gateup && out.signal_supported(ctx_)) {
+        out.signal = ffn_words;
+        ffn_target = out.signal_count(ctx_);
+      }
+      record_matvec(out, L + "attn_output.weight");
     } else {
       vk::AbsorbOp a = vk::AbsorbOp::value(w.matrix(L + "attn_v_b.weight"), H, w.olat.whole(), w.o.whole());
       a.label = a.kernel_name() + " " + L + "attn_v_b";

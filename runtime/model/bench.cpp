@@ -403,6 +403,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.qk_q8 = o.qk_q8;
   go.gate_backoff = o.gate_backoff;
   go.vb_q8 = o.vb_q8;
+  go.vb_teams = o.vb_teams;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   go.timeline = o.timeline;

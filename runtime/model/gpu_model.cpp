@@ -42,6 +42,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
   // A process-wide shader define, set both ways: a model made earlier in the process may have set it.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
+  if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
+    usage_error("attn_v_b: ", options_.vb_teams, " subgroups per workgroup; expected 8 or 16 (0: automatic)");
   w_ = std::make_unique<Weights>();
   for (uint32_t l = 0; l < config_.n_layer; ++l)
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))

@@ -157,6 +157,9 @@ struct GpuModelOptions {
   // as int8 blocks that attn_output reads; with early_vo each starts beside its producer and
   // waits on a gate. Off: the f32 absorb kernel and attn_output staging o. bench --tune vb_q8=0.
   bool vb_q8 = true;
+  // Subgroups per attn_v_b workgroup on that path (8 or 16: 32 / vb_teams rows each; 0: the
+  // matvec's own split). bench --tune vb_teams=N.
+  uint32_t vb_teams = 8;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

@@ -186,6 +186,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       vb = matvec_op(L + "attn_v_b.weight", w.olat.whole(), w.o.whole(), {}, false, {}, w.olat_q8.whole());
       vb.x_head_rows = c.n_v;
       vb.out_q8 = w.o_q8.whole();
+      // Its int8 output takes 32 rows per workgroup: vb_teams subgroups of 32 / vb_teams rows
+      // (the default split would be 32 subgroups of one row: workgroups of 1024 invocations that
+      // start only as W_qk's leave, H100 timeline, session 13).
+      if (!vb.tuning.teams && !vb.tuning.rows && options_.vb_teams) {
+        vb.tuning.teams = options_.vb_teams;
+        vb.tuning.rows = 32 / options_.vb_teams;
+      }
       out = matvec_op(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, {}, w.o_q8.whole());
     }
     const bool vb_q8 = !vo && options_.vb_q8 && olat_q8_ok && vb.head_x_supported(ctx_) && vb.out_q8_supported(ctx_) &&

@@ -5,9 +5,10 @@
 # Stages (each timed; a stage is skipped when the time left is below what it needs):
 #   Vulkan loader from debs/, `tessera devices`, `tessera bench --roofline`,
 #   for GLM-4.7-Flash q4_0, DeepSeek-V2-Lite q4_0, GLM-4.7-Flash q4_k_m (full size): synth ->
-#   convert --compose all and none -> verify (bytes level; q4_0 files) -> on each file
-#   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the composed profile), and on
-#   the composed file `tessera bench -p 0 -n 8 -r 2 --timeline` (the device-clock timeline per depth;
+#   convert with each --compose word (GLM_COMPOSES "qk all none", LITE_COMPOSES "none all",
+#   GLM_KM_COMPOSES "qk all") -> verify the first (bytes level; q4_0 files) -> on each file
+#   `tessera bench -p 512 -n 128 -d 0,8192 -r 3 --profile` (SVG of the first one's profile), and on
+#   the first file `tessera bench -p 0 -n 8 -r 2 --timeline` (the device-clock timeline per depth;
 #   TIMELINE=0 skips it).
 # Results in $OUT: summary.md, log.txt and results.tar.gz (each bench's JSON and profile SVG: the
 # device tool brings back few files); a short summary table is printed last.
@@ -112,34 +113,39 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 stage "devices" 5 "$T" devices || { note "no usable Vulkan device: stopping"; cat "$STAGES"; exit 3; }
 stage "roofline" 20 "$T" bench --roofline
 
-# --- 2. the grid: GLM-4.7-Flash q4_0 and q4_k_m, DeepSeek-V2-Lite q4_0; each composed and factored
-# model PRESET TYPE NAME VERIFY(0/1): synth -> convert all -> (verify) -> bench (+profile) ->
-# convert none -> bench (+profile); files removed as soon as they are done with (disk).
+# --- 2. the grid: GLM-4.7-Flash q4_0 and q4_k_m, DeepSeek-V2-Lite q4_0, each in several MLA compositions
+# model PRESET TYPE NAME VERIFY COMPOSES: synth -> for each --compose word: convert -> bench
+# (+profile) -> remove; the first word's file is also verified (VERIFY=1), drawn (profile SVG) and
+# timed in the timeline; the GGUF is removed last (disk: the GGUF and one .tsr at a time).
 model() {
-  local preset="$1" type="$2" name="$3" verify="$4"
-  local gguf="$WORK/$name.gguf" all="$WORK/$name-all.tsr" none="$WORK/$name-none.tsr"
+  local preset="$1" type="$2" name="$3" verify="$4" composes="$5"
+  local gguf="$WORK/$name.gguf" first=1 c tsr
   note "disk free in $WORK: $(free_gb) GB"
   if stage "synth $preset $type" 60 "$T" --threads "$THREADS" synth --preset "$preset" --type "$type" -o "$gguf"; then
-    stage "convert $name --compose all" 40 "$T" convert "$gguf" -o "$all" --compose all --threads "$THREADS"
-    [ "$verify" = 1 ] && [ -z "${SKIP_VERIFY:-}" ] && [ -e "$all" ] &&
-      stage "verify $name all" 90 "$T" verify "$gguf" "$all" --threads "$THREADS"
-    stage "convert $name --compose none" 40 "$T" convert "$gguf" -o "$none" --compose none --threads "$THREADS"
-    rm -f "$gguf"
-    [ -e "$all" ] && bench_model "$name-all" all "$all" --profile --profile-out "$RESULTS/$name-all-profile.svg"
-    if [ -e "$all" ] && [ "${TIMELINE:-1}" != 0 ]; then
-      : >"$WORK/$name-timeline.md"
-      STAGE_STDOUT="$WORK/$name-timeline.md" stage "timeline $name-all" 30 "$T" bench "$all" -p 0 -n 8 -d "$DEPTHS" -r 2 \
-        --timeline --json "$RESULTS/$name-all-timeline.json"
-      sed -n '/^device-clock timeline/,$p' "$WORK/$name-timeline.md" >>"$SUMMARY"
-    fi
-    rm -f "$all"
-    [ -e "$none" ] && bench_model "$name-none" none "$none" --profile
+    for c in $composes; do
+      tsr="$WORK/$name-$c.tsr"
+      stage "convert $name --compose $c" 40 "$T" convert "$gguf" -o "$tsr" --compose "$c" --threads "$THREADS"
+      if [ -e "$tsr" ] && [ "$first" = 1 ]; then
+        [ "$verify" = 1 ] && [ -z "${SKIP_VERIFY:-}" ] && stage "verify $name $c" 90 "$T" verify "$gguf" "$tsr" --threads "$THREADS"
+        bench_model "$name-$c" "$c" "$tsr" --profile --profile-out "$RESULTS/$name-$c-profile.svg"
+        if [ "${TIMELINE:-1}" != 0 ]; then
+          : >"$WORK/$name-timeline.md"
+          STAGE_STDOUT="$WORK/$name-timeline.md" stage "timeline $name-$c" 30 "$T" bench "$tsr" -p 0 -n 8 -d "$DEPTHS" -r 2 \
+            --timeline --json "$RESULTS/$name-$c-timeline.json"
+          sed -n '/^device-clock timeline/,$p' "$WORK/$name-timeline.md" >>"$SUMMARY"
+        fi
+      elif [ -e "$tsr" ]; then
+        bench_model "$name-$c" "$c" "$tsr" --profile
+      fi
+      rm -f "$tsr"
+      first=0
+    done
   fi
-  rm -f "$gguf" "$all" "$none"
+  rm -f "$gguf"
 }
-model "$PRESET" q4_0 glm-q4_0 1
-model "$PRESET_LITE" q4_0 ds2lite-q4_0 1
-model "$PRESET" q4_k_m glm-q4_k_m 0
+model "$PRESET" q4_0 glm-q4_0 1 "${GLM_COMPOSES:-qk all none}"
+model "$PRESET_LITE" q4_0 ds2lite-q4_0 1 "${LITE_COMPOSES:-none all}"
+model "$PRESET" q4_k_m glm-q4_k_m 0 "${GLM_KM_COMPOSES:-qk all}"
 
 # --- 4. summary ----------------------------------------------------------------------------
 {

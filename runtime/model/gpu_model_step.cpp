@@ -328,16 +328,17 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       }
       record_matvec(op, L + "attn_vo.weight");
     } else if (vb_q8) {
-      // attn_v_b waits on the attention's gate and opens attn_output's (kGateVb), which waits on it.
-      const vk::BufferSlice vb_words = early ? gate_slice(l, kGateVb, 4) : vk::BufferSlice{};
-      if (early) {
-        vb.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
-        vb.signal = vb_words;
-      }
+      // attn_v_b waits on the attention's gate (early) and opens attn_output's (kGateVb), which
+      // waits on it, wherever both kernels take the gate: also after a range whose attention opens
+      // none (a barrier before attn_v_b, none after it).
+      const bool vb_gate = options_.early_vo && vb.signal_supported(ctx_) && out.gate_supported(ctx_);
+      const vk::BufferSlice vb_words = vb_gate ? gate_slice(l, kGateVb, 4) : vk::BufferSlice{};
+      if (early) vb.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
+      vb.signal = vb_words;
       record_matvec(vb, L + "attn_v_b.weight");
-      if (!early) rec.barrier();
+      if (!vb_gate) rec.barrier();
       out.router_fold = rfold;
-      if (early) out.gate = gate_wait(vb_words, 0, vb.signal_count(ctx_));
+      if (vb_gate) out.gate = gate_wait(vb_words, 0, vb.signal_count(ctx_));
       if (early_gateup && out.signal_supported(ctx_)) {
         out.signal = ffn_words;
         ffn_target = out.signal_count(ctx_);

@@ -19,7 +19,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("-o,--output", opt->out_path, "Destination .tsr")->required();
   sub.add_option("--compose", opt->compose,
                  "Compose MLA weights: all, qk (W_qk), vo (W_vo), none, or auto (all with a q LoRA, else none: "
-                 "what measured faster)")
+                 "what measured faster overall; qk reads fewer bytes per token and decodes Q4_0 files ~3 % faster "
+                 "at short contexts on an H100, prefill ~9 % slower)")
       ->check(CLI::IsMember({"auto", "all", "qk", "vo", "none"}))
       ->capture_default_str();
   sub.add_option("--composed-type", opt->composed_type,

@@ -7,11 +7,13 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "convert/convert.h"
 #include "convert/synth.h"
@@ -101,5 +103,12 @@ class ModelFixture {
   std::once_flag ctx_once_;
   std::unique_ptr<vk::Context> ctx_;
 };
+
+// A prompt of n deterministic token ids spread over the vocabulary (seed: another spread).
+inline std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) {
+  std::vector<int32_t> p;
+  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13 + seed * 104729) % n_vocab));
+  return p;
+}
 
 }  // namespace tessera::testfx

@@ -46,11 +46,7 @@ Gap gap(const std::vector<float>& a, const std::vector<float>& b, size_t begin =
   return g;
 }
 
-std::vector<int32_t> prompt(uint32_t n_vocab, size_t n) {
-  std::vector<int32_t> p;
-  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13) % n_vocab));
-  return p;
-}
+using testfx::prompt;
 
 struct Compare {
   double max_rel = 0;   // max |a-b| / max |b| over all rows

@@ -28,11 +28,7 @@ std::string tsr_file(const std::string& preset, const std::string& type, const s
   return fixture.files(preset, type, compose).tsr;
 }
 
-std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) {
-  std::vector<int32_t> p;
-  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13 + seed * 104729) % n_vocab));
-  return p;
-}
+using testfx::prompt;
 
 model::GpuModelOptions options(uint32_t n_ctx, uint32_t chunk) {
   model::GpuModelOptions o;

@@ -20,11 +20,7 @@ namespace {
 
 testfx::ModelFixture fixture("value");
 
-std::vector<int32_t> prompt(uint32_t n_vocab, size_t n) {
-  std::vector<int32_t> p;
-  for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13) % n_vocab));
-  return p;
-}
+using testfx::prompt;
 
 struct Decoded {
   std::vector<float> logits;

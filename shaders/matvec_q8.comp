@@ -39,10 +39,6 @@
 // (default) each lane its own, plain loads ordered by the fence after the poll (the teams share
 // them through L1). Staged x: 2 plain loads (right where no SM has read x's lines since the last
 // barrier: q_a's output for W_qk), 0 / 1 coherent loads (the MoE down's x for the next q_a).
-// PRE_GATE_WORD / PRE_GATE_TARGET (with WAIT_GATE and X_Q8, not GATE_LATE): before loading its
-// weights, invocation 0 polls word PRE_GATE_WORD of the same binding until PRE_GATE_TARGET, so the
-// weight stream starts once an earlier producer is done (attn_output after the attention, while
-// attn_v_b runs); then the usual wait on GATE_WORD.
 // GATE_LATE (0/1; with WAIT_GATE): the wait comes first and nothing is loaded ahead of it; then
 // the ungated kernel runs (the barrier's relaunch saved, no weight stream beside the producer).
 // OUT_Q8 (0/1; one column, subgroups, ROWS_PER_WG a multiple of 32): the producer of the next
@@ -298,10 +294,6 @@ shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (
 
 void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0, uint row_end,
                inout float acc[NUM_ROWS][NUM_COLS]) {
-#ifdef PRE_GATE_WORD
-  if (gl_LocalInvocationIndex == 0u) gate_poll(uint(PRE_GATE_WORD), uint(PRE_GATE_TARGET), 0u);
-  barrier();
-#endif
   Q8W w[NUM_ROWS][PRELOAD];
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);

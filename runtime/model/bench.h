@@ -77,7 +77,6 @@ struct BenchOptions {
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
   bool vb_q8 = true;                      // GpuModelOptions::vb_q8 (--tune vb_q8=0|1)
   uint32_t vb_teams = 8;                  // GpuModelOptions::vb_teams (--tune vb_teams=N)
-  bool vb_out_late = false;               // GpuModelOptions::vb_out_late (--tune vb_out_late=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

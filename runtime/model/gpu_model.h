@@ -160,10 +160,6 @@ struct GpuModelOptions {
   // Subgroups per attn_v_b workgroup on that path (8 or 16: 32 / vb_teams rows each; 0: the
   // matvec's own split). bench --tune vb_teams=N.
   uint32_t vb_teams = 8;
-  // On that path with early starts: attn_output loads its weights only after the attention's gate
-  // opens (MatvecOp::pre_gate), so its stream runs beside attn_v_b, not beside the attention.
-  // bench --tune vb_out_late=1.
-  bool vb_out_late = false;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

@@ -339,14 +339,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       if (!vb_gate) rec.barrier();
       out.router_fold = rfold;
       if (vb_gate) out.gate = gate_wait(vb_words, 0, vb.signal_count(ctx_));
-      if (vb_gate && early && options_.vb_out_late) {
-        // attn_output's weights loaded after the attention (word 0 of its slice): both words in one
-        // binding, from the attention's slice to attn_v_b's.
-        const uint32_t vb_word = (kGateVb - kGateVo) * kGateStride / 4;
-        const vk::BufferSlice both = gate_slice(l, kGateVo, (vb_word + 1) * 4ull);
-        out.gate = gate_wait(both, vb_word, vb.signal_count(ctx_));
-        out.pre_gate = gate_wait(both, 0, attn.decode_gate_target(range));
-      }
       if (early_gateup && out.signal_supported(ctx_)) {
         out.signal = ffn_words;
         ffn_target = out.signal_count(ctx_);

@@ -249,11 +249,6 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (!gate.valid() || (gate_stats.buffer && gate_stats.size < kGateStatsBytes))
       runtime_error(what, ": early start needs a gate word, an error word and a target above 0");
   }
-  if (pre_gate.enabled() && (!v.gated || !v.xq8 || tuning.gate_late || !pre_gate.valid() ||
-                             pre_gate.words.buffer != gate.words.buffer || pre_gate.words.offset != gate.words.offset ||
-                             pre_gate.word == gate.word))
-    runtime_error(what, ": a wait before the weights needs the gated kernel on int8 x (not gate_late) and another word "
-                  "of the gate's own words");
   if (out_q8.buffer != VK_NULL_HANDLE) {
     if (!out_q8_supported(ctx))
       runtime_error(what, ": no int8 output here (it needs the int8 kernel for one vector, subgroups, rows in "
@@ -350,11 +345,6 @@ void MatvecOp::record(CommandRecorder& rec) const {
       if (tuning.gate_late) {
         desc.defines["GATE_LATE"] = "1";
         desc.name += ".late";
-      }
-      if (pre_gate.enabled()) {
-        desc.defines["PRE_GATE_WORD"] = std::to_string(pre_gate.word);
-        desc.defines["PRE_GATE_TARGET"] = std::to_string(pre_gate.target);
-        desc.name += ".pre_gate";
       }
       if (gate_stats.buffer) {
         desc.defines["GATE_STATS"] = "1";

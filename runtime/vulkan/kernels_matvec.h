@@ -110,10 +110,6 @@ struct MatvecOp {
   // word reaches gate.target, then reads x (a wait that gives up writes gate.error). Only where
   // gate_supported(); record() refuses it elsewhere.
   GateWait gate;
-  // Set (with gate and x_q8; the same words slice, another word): the weights are loaded only once
-  // this word reaches its target, then the kernel waits on `gate` as usual (matvec_q8.comp
-  // PRE_GATE_WORD): its weight stream runs after an earlier producer rather than beside it.
-  GateWait pre_gate;
   // Set (kGateStatsBytes, zero before the dispatch; with gate): diagnostics the gated kernel adds
   // to: two counters, workgroups whose first poll found the gate closed (they ran beside the
   // producer) and all of them; then, where the device has a shader clock and 64-bit atomics,

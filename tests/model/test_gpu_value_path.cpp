@@ -29,10 +29,9 @@ struct Decoded {
   bool early_starts = false;
 };
 
-Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false, bool out_late = false) {
+Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false) {
   model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
   o.vb_q8 = vb_q8;
-  o.vb_out_late = out_late;
   o.early_vo = early;
   o.early_down = early;
   o.early_attn = early;
@@ -76,13 +75,9 @@ TEST(GpuValuePath, Int8ValuePathMatchesTheAbsorbAndGatesKeepTheBits) {
     EXPECT_EQ(barriers.stats.dispatches, absorb.stats.dispatches);
     EXPECT_LT(early.stats.barriers, barriers.stats.barriers);
     EXPECT_TRUE(early.early_starts) << "a gate gave up";
-    // Gates change no arithmetic (also attn_output's weights loaded after the attention's gate).
+    // Gates change no arithmetic.
     EXPECT_EQ(early.logits, barriers.logits);
     EXPECT_EQ(early.tokens, barriers.tokens);
-    const Decoded out_late = run(tsr, true, true, false, true);
-    EXPECT_TRUE(out_late.early_starts) << "a gate gave up (vb_out_late)";
-    EXPECT_EQ(out_late.logits, barriers.logits);
-    EXPECT_EQ(out_late.tokens, barriers.tokens);
     // A gate that never opens (attn_v_b's): the model falls back to barriers, the same bits.
     const Decoded fallback = run(tsr, true, true, true);
     EXPECT_FALSE(fallback.early_starts);

@@ -294,20 +294,14 @@ shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (
 
 void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0, uint row_end,
                inout float acc[NUM_ROWS][NUM_COLS]) {
-  Q8W w[NUM_ROWS][PRELOAD];
+  Q8WRaw w[NUM_ROWS][PRELOAD];  // held across the wait as loaded
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
-    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) w[r][j] = q8_load_block(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
   }
   uint dep = 0u;  // every loaded word of every block (its scale included)
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
-#if WTYPE == TS_TYPE_Q6_K
-      dep |= w[r][j].a.x ^ w[r][j].b.w ^ floatBitsToUint(w[r][j].d.x);
-#else
-      dep |= w[r][j].a.x ^ w[r][j].b.w ^ floatBitsToUint(w[r][j].d);
-#endif
-    }
+    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) dep |= q8_raw_dep(w[r][j]);
   }
   // What the epilogue reads and the gate does not change, into shared memory while the gate is
   // closed: y (the residual) and the router fold's weights.
@@ -338,7 +332,7 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
       const vec4 xd = uintBitsToFloat(xq[3u * (b0 + b) + 2u]);
 #endif
       [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r)
-        if (r < nvalid) acc[r][0] += q8_dot_loaded(w[r][j], xl, xh, xd);
+        if (r < nvalid) acc[r][0] += q8_dot_loaded(q8_unpack(w[r][j]), xl, xh, xd);
     }
   }
 }
@@ -399,13 +393,13 @@ shared uint preload_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; keeps the weight loa
 // Then the dot products, in pass_dot's order: the same bits.
 void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout float acc[NUM_ROWS][NUM_COLS],
                           inout float ss[NUM_COLS]) {
-  Q8W w[NUM_ROWS][PRELOAD];
+  Q8WRaw w[NUM_ROWS][PRELOAD];  // held across the wait / the staging as loaded
   uint dep = 0u;
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
     [[unroll]] for (uint j = 0; j < PRELOAD; ++j) {
-      w[r][j] = q8_load_block(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
-      dep |= w[r][j].a.x ^ w[r][j].b.w;
+      w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+      dep |= q8_raw_dep(w[r][j]);
     }
   }
 #if WAIT_GATE
@@ -422,7 +416,7 @@ void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes
     const uint b = lane + j * nlanes;
     if (b < nb) {
       [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r)
-        if (r < nvalid) acc[r][0] += q8_dot_loaded(w[r][j], q8_lo[b], q8_hi[b], q8_ds[b]);
+        if (r < nvalid) acc[r][0] += q8_dot_loaded(q8_unpack(w[r][j]), q8_lo[b], q8_hi[b], q8_ds[b]);
     }
   }
 }

@@ -217,14 +217,14 @@ void main() {
   const bool has_slot = s < n_slots && slot_matrix(s, n_routed, m, weight);
   const uint lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
   const uint nb = has_slot ? m.cols / 32u : 0u, b0 = has_slot ? m.hoff / 32u : 0u;
-  Q8W w[ROWS_PER_WG][Q8_OWN];
+  Q8WRaw w[ROWS_PER_WG][Q8_OWN];  // held across the wait as loaded
   uint dep = 0u;
   [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
     const uint rr = row0 + min(r, rows - 1u);
     [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
       if (nb > 0u) {
-        w[r][j] = q8_load_block(m.qbase, m.mbase, rr * nb + min(lane + j * nl, nb - 1u));
-        dep |= w[r][j].a.x ^ w[r][j].b.w;
+        w[r][j] = q8_load_raw(m.qbase, m.mbase, rr * nb + min(lane + j * nl, nb - 1u));
+        dep |= q8_raw_dep(w[r][j]);
       }
     }
   }
@@ -247,7 +247,7 @@ void main() {
     [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
       float d = 0.0;
       [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
-        if (lane + j * nl < nb) d += q8_dot_loaded(w[r][j], xl[j], xh[j], xd[j]);
+        if (lane + j * nl < nb) d += q8_dot_loaded(q8_unpack(w[r][j]), xl[j], xh[j], xd[j]);
       d = subgroupAdd(d);
       if (subgroupElect() && r < rows) part[r][s] = weight * d;
     }

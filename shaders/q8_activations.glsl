@@ -121,6 +121,32 @@ Q8W q8_load_block(uint qbase, uint mbase, uint entry) {
 #endif
 }
 
+// A weight block held across a wait (the early starts' preloads): Q4_0's 16 bytes of nibbles
+// and d as loaded (5 registers), unpacked at use (q8_unpack) instead of Q8W's 10; the other types
+// as Q8W. Q8_RAW (a process-wide tuning define, bench --tune q8_raw=0; default 1): 0 holds Q8W.
+#ifndef Q8_RAW
+#define Q8_RAW 1
+#endif
+#if WTYPE == TS_TYPE_Q4_0 && Q8_RAW
+struct Q8WRaw {
+  uvec4 q;
+  float d;
+};
+Q8WRaw q8_load_raw(uint qbase, uint mbase, uint entry) { return Q8WRaw(w_q[qbase + entry], m_half(mbase, entry)); }
+Q8W q8_unpack(Q8WRaw r) { return Q8W(r.q & 0x0F0F0F0Fu, (r.q >> 4) & 0x0F0F0F0Fu, r.d, 8.0 * r.d); }
+// The loaded words folded into a gate's dependence word (gate.glsl gate_wait).
+uint q8_raw_dep(Q8WRaw r) { return r.q.x ^ r.q.w ^ floatBitsToUint(r.d); }
+#else
+#define Q8WRaw Q8W
+Q8W q8_load_raw(uint qbase, uint mbase, uint entry) { return q8_load_block(qbase, mbase, entry); }
+Q8W q8_unpack(Q8W w) { return w; }
+#if WTYPE == TS_TYPE_Q6_K
+uint q8_raw_dep(Q8W w) { return w.a.x ^ w.b.w ^ floatBitsToUint(w.d.x); }
+#else
+uint q8_raw_dep(Q8W w) { return w.a.x ^ w.b.w ^ floatBitsToUint(w.d); }
+#endif
+#endif
+
 // A loaded weight block dotted with an input block given as (lo, hi, ds):
 //   sum_i (d q_i - m) x_i = d * dx * (q . qx) - m * sum(x);
 //   Q6_K: d.x * (dx * (a . qx_lo) - 32 sum(x_lo)) + d.y * (dx * (b . qx_hi) - 32 sum(x_hi)).

@@ -404,6 +404,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.gate_backoff = o.gate_backoff;
   go.vb_q8 = o.vb_q8;
   go.vb_teams = o.vb_teams;
+  go.q8_raw = o.q8_raw;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   go.timeline = o.timeline;

@@ -40,8 +40,9 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
       config_(ModelConfig::from_metadata(file.metadata())) {
   n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
-  // A process-wide shader define, set both ways: a model made earlier in the process may have set it.
+  // Process-wide shader defines, set both ways: a model made earlier in the process may have set them.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
+  ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
   if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
     usage_error("attn_v_b: ", options_.vb_teams, " subgroups per workgroup; expected 8 or 16 (0: automatic)");
   w_ = std::make_unique<Weights>();

@@ -160,6 +160,9 @@ struct GpuModelOptions {
   // Subgroups per attn_v_b workgroup on that path (8 or 16: 32 / vb_teams rows each; 0: the
   // matvec's own split). bench --tune vb_teams=N.
   uint32_t vb_teams = 8;
+  // Weight blocks held across a wait or a staging kept as loaded (Q4_0: 5 registers instead of 10;
+  // q8_activations.glsl Q8_RAW), unpacked at use. A process-wide shader define. bench --tune q8_raw=0.
+  bool q8_raw = true;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

@@ -2,7 +2,8 @@
 // stacked per-head matrices on the attention's int8 olat, writing o as int8 blocks that
 // attn_output reads; with early starts both wait on gates instead of barriers. Checked against
 // the f32 absorb path (the same model up to the int8 rounding of olat and o), the early starts
-// against the barriers (the same kernels: the same bits), and the gate that never opens.
+// against the barriers (the same kernels: the same bits), the preloaded weight blocks held as
+// loaded or unpacked (GpuModelOptions::q8_raw: the same bits), and the gate that never opens.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -29,9 +30,10 @@ struct Decoded {
   bool early_starts = false;
 };
 
-Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false) {
+Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false, bool q8_raw = true) {
   model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
   o.vb_q8 = vb_q8;
+  o.q8_raw = q8_raw;
   o.early_vo = early;
   o.early_down = early;
   o.early_attn = early;
@@ -75,9 +77,12 @@ TEST(GpuValuePath, Int8ValuePathMatchesTheAbsorbAndGatesKeepTheBits) {
     EXPECT_EQ(barriers.stats.dispatches, absorb.stats.dispatches);
     EXPECT_LT(early.stats.barriers, barriers.stats.barriers);
     EXPECT_TRUE(early.early_starts) << "a gate gave up";
-    // Gates change no arithmetic.
+    // Gates change no arithmetic; nor does holding the preloaded blocks unpacked (q8_raw off).
     EXPECT_EQ(early.logits, barriers.logits);
     EXPECT_EQ(early.tokens, barriers.tokens);
+    const Decoded unpacked = run(tsr, true, true, false, false);
+    EXPECT_EQ(unpacked.logits, early.logits);
+    EXPECT_EQ(unpacked.tokens, early.tokens);
     // A gate that never opens (attn_v_b's): the model falls back to barriers, the same bits.
     const Decoded fallback = run(tsr, true, true, true);
     EXPECT_FALSE(fallback.early_starts);

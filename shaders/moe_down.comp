@@ -46,6 +46,9 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef X_SIGNAL
 #define X_SIGNAL 0
 #endif
+#ifndef DOWN_LATE  // a process-wide tuning define (bench --tune down_late=0); see the WAIT_GATE path
+#define DOWN_LATE 1
+#endif
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
@@ -83,6 +86,19 @@ float slot_weight(uint k) { return recompute_route() ? route_weight(k) : uintBit
 #if Q8ACT
 #include "q8_activations.glsl"
 layout(std430, binding = 6) readonly restrict buffer HqBuf { uvec4 hq[]; };
+#if USE_SUBGROUP
+// The int8 blocks lane + j * nl (j < Q8_OWN, those below nb) of the hq slot starting at block b0.
+void hq_load(uint b0, uint nb, uint lane, uint nl, inout uvec4 xl[Q8_OWN], inout uvec4 xh[Q8_OWN], inout vec4 xd[Q8_OWN]) {
+  [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+    const uint b = lane + j * nl;
+    if (b < nb) {
+      xl[j] = hq[3u * (b0 + b)];
+      xh[j] = hq[3u * (b0 + b) + 1u];
+      xd[j] = uintBitsToFloat(hq[3u * (b0 + b) + 2u]);
+    }
+  }
+}
+#endif
 #endif
 
 // A matrix of n_embd rows x `cols` starting at byte `base` of the weight binding, its input at
@@ -177,6 +193,9 @@ bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
 shared float part[ROWS_PER_WG][TEAMS];
 #if WAIT_GATE
 shared float gate_x[ROWS_PER_WG];  // x of the workgroup's rows, read before the gate
+#if DOWN_LATE
+shared bool dn_late;  // the gate-up's h was complete when the route was seen
+#endif
 #endif
 #if !USE_SUBGROUP
 shared float row_partial[WG_SIZE];
@@ -207,16 +226,50 @@ void main() {
 #if WAIT_GATE
   // The route, then every slot's weight blocks for every row and x's rows, while the gate-up
   // still runs; then its h.
+#if DOWN_LATE
+  // Word 1 read beside every poll of word 0: a workgroup that starts after the gate-up's last
+  // workgroup (most of them: only ~300 of 1024 fit beside it on an H100) finds both open at once
+  // and loads hq beside its weights, without a second wait.
+  if (gl_LocalInvocationIndex == 0u) {
+    uint w0 = 0u, w1 = 0u;
+    for (uint spins = 0u; w0 < 1u && spins < kGateSpins; ++spins) {
+      w0 = gate_load(0u);
+      w1 = gate_load(1u);
+    }
+    if (w0 < 1u) {
+      gate_error[1] = w0;
+      gate_error[0] = 1u;
+    }
+    dn_late = w1 >= uint(GATE_H_TARGET);
+  }
+#else
   if (gl_LocalInvocationIndex == 0u) gate_poll(0u, 1u, 0u);
+#endif
   barrier();
   memoryBarrierBuffer();
   TS_MARK_EARLY();  // bench --timeline: the route seen
+#if DOWN_LATE
+  const bool late = dn_late;  // uniform
+#else
+  const bool late = false;
+#endif
   const uint s = gl_SubgroupID;
+  const uint lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
+  // hq's blocks of slot s, which the lane uses (where they sit does not depend on the route).
+  uvec4 xl[Q8_OWN], xh[Q8_OWN];
+  vec4 xd[Q8_OWN];
+  const uint hq_nb = (s < n_routed ? args.w_routed : args.w_shared) / 32u;
+  const uint hq_b0 = (s < n_routed ? s : args.n_used) * (args.h_stride / 32u);
+  [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
+    xl[j] = uvec4(0u);
+    xh[j] = uvec4(0u);
+    xd[j] = vec4(0.0);
+  }
+  if (late && s < n_slots) hq_load(hq_b0, hq_nb, lane, nl, xl, xh, xd);
   Mat m;
   float weight = 0.0;
   const bool has_slot = s < n_slots && slot_matrix(s, n_routed, m, weight);
-  const uint lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
-  const uint nb = has_slot ? m.cols / 32u : 0u, b0 = has_slot ? m.hoff / 32u : 0u;
+  const uint nb = has_slot ? m.cols / 32u : 0u;
   Q8WRaw w[ROWS_PER_WG][Q8_OWN];  // held across the wait as loaded
   uint dep = 0u;
   [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
@@ -229,21 +282,14 @@ void main() {
     }
   }
   if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
-  gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
+  if (late) {
+    barrier();  // gate_x
+    TS_MARK();  // bench --timeline: no wait (h was written before the route was seen)
+  } else {
+    gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
+    if (s < n_slots) hq_load(hq_b0, hq_nb, lane, nl, xl, xh, xd);
+  }
   if (s < n_slots) {
-    uvec4 xl[Q8_OWN], xh[Q8_OWN];
-    vec4 xd[Q8_OWN];
-    [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
-      const uint b = lane + j * nl;
-      xl[j] = uvec4(0u);
-      xh[j] = uvec4(0u);
-      xd[j] = vec4(0.0);
-      if (b < nb) {
-        xl[j] = hq[3u * (b0 + b)];
-        xh[j] = hq[3u * (b0 + b) + 1u];
-        xd[j] = uintBitsToFloat(hq[3u * (b0 + b) + 2u]);
-      }
-    }
     [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
       float d = 0.0;
       [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
@@ -265,16 +311,11 @@ void main() {
     uvec4 xl[Q8_OWN], xh[Q8_OWN];
     vec4 xd[Q8_OWN];
     [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
-      const uint b = lane + j * nl;
       xl[j] = uvec4(0u);
       xh[j] = uvec4(0u);
       xd[j] = vec4(0.0);
-      if (b < nb) {
-        xl[j] = hq[3u * (b0 + b)];
-        xh[j] = hq[3u * (b0 + b) + 1u];
-        xd[j] = uintBitsToFloat(hq[3u * (b0 + b) + 2u]);
-      }
     }
+    hq_load(b0, nb, lane, nl, xl, xh, xd);
     for (uint r = 0; r < rows; r += 4u) {
       float d[4];
       [[unroll]] for (uint k = 0; k < 4; ++k) {

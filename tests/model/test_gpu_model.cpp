@@ -266,13 +266,17 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Files f = files("tiny", "q4_0", "all");
   TsrFile tsr = TsrFile::open(f.tsr);
-  std::vector<float> logits[3];
-  std::vector<int32_t> tokens[3];
-  uint32_t barriers[3] = {}, layers = 0;
-  for (int variant : {0, 1, 2}) {  // barriers; early starts; early starts that wait first (gate_late)
+  std::vector<float> logits[4];
+  std::vector<int32_t> tokens[4];
+  uint32_t barriers[4] = {}, layers = 0;
+  // Barriers; early starts; early starts that wait first (gate_late); early starts whose down
+  // always waits on h (down_late off: lavapipe runs the down after the whole gate-up, so its
+  // workgroups otherwise take the late path).
+  for (int variant : {0, 1, 2, 3}) {
     const bool early = variant > 0;
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.matvec.gate_late = variant == 2 ? 1u : 0u;
+    o.down_late = variant != 3;
     o.early_vo = early;
     o.early_down = early;
     o.early_next = early;  // off by default: tested here
@@ -305,7 +309,8 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   }
   EXPECT_EQ(barriers[0] - barriers[1], 2 * layers + moe_layers + moe_then_layer);
   EXPECT_EQ(barriers[2], barriers[1]);
-  for (int v : {1, 2}) {
+  EXPECT_EQ(barriers[3], barriers[1]);
+  for (int v : {1, 2, 3}) {
     EXPECT_EQ(logits[0], logits[v]) << "variant " << v;
     EXPECT_EQ(tokens[0], tokens[v]) << "variant " << v;
   }

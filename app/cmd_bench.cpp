@@ -107,7 +107,7 @@ const Knob<O> kTuneKnobs[] = {
     {"q8_raw", 1, "1, default: weight blocks held across a wait kept as loaded (Q4_0: half the registers)",
      [](O& o, uint32_t v) { o.q8_raw = v != 0; }},
     {"down_late", 1, "1, default: early MoE down workgroups that find h complete load it beside their weights",
-     [](O& o, uint32_t v) { o.down_late = v != 0; }},
+     [](O& o, uint32_t v) { o.moe.down_late = v != 0; }},
     {"gate_stats", 1, "1: count and time the early W_vo's waits", [](O& o, uint32_t v) { o.gate_stats = v != 0; }},
     {"barrier", 2, "the barrier scope of the decode step and prefill: 0 full, 1 compute, 2 compute only (default)",
      [](O& o, uint32_t v) { o.barrier_scope = static_cast<vk::BarrierScope>(v); }},

@@ -46,8 +46,8 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef X_SIGNAL
 #define X_SIGNAL 0
 #endif
-#ifndef DOWN_LATE  // a process-wide tuning define (bench --tune down_late=0); see the WAIT_GATE path
-#define DOWN_LATE 1
+#ifndef DOWN_LATE  // 0/1, with WAIT_GATE (MoeTuning::down_late); see the WAIT_GATE path
+#define DOWN_LATE 0
 #endif
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };

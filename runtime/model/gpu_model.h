@@ -163,11 +163,6 @@ struct GpuModelOptions {
   // Weight blocks held across a wait or a staging kept as loaded (Q4_0: 5 registers instead of 10;
   // q8_activations.glsl Q8_RAW), unpacked at use. A process-wide shader define. bench --tune q8_raw=0.
   bool q8_raw = true;
-  // The early-started MoE down's workgroups that find the gate-up's h complete when they see the
-  // route load hq beside their weights, without a second wait (moe_down.comp DOWN_LATE; downs of
-  // 32-element block types: K-quant downs keep the single wait). A process-wide shader define.
-  // bench --tune down_late=0.
-  bool down_late = true;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines
   // (one more binding, a barrier and two clock reads per workgroup). Needs a device clock in shaders.

@@ -122,12 +122,14 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   struct MoeOps {
     vk::MoeGateUpOp gu;
     vk::MoeDownOp down;
+    vk::BufferSlice bias;  // the expert selection bias (exp_probs_b), or none
     bool fuse_down = false, early_down = false;
   };
   auto moe_ops = [&](uint32_t l, bool fold, const vk::RouterFold& rfold, vk::BufferSlice ffn_norm) {
     const std::string L = cat("blk.", l, ".");
-    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
     MoeOps m;
+    m.bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
+    const vk::BufferSlice bias = m.bias;
     vk::MoeGateUpOp& gu = m.gu;
     vk::MoeDownOp& down = m.down;
     const Weights::Loc& tile = w.at(L + "ffn_moe_tile");
@@ -385,7 +387,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       rec.barrier();
       continue;
     }
-    const vk::BufferSlice bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
     if (!fold) {
       vk::RouterOp router;
       router.w = w.matrix(L + "ffn_gate_inp.weight");
@@ -393,7 +394,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       router.norm_weight = ffn_norm;
       router.eps = c.eps;
       router.routing = routing;
-      router.bias = bias;
+      router.bias = moe.bias;
       router.logits = w.router_logits.whole();
       router.h2 = w.h2.whole();
       router.route = w.route.whole();

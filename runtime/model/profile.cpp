@@ -40,6 +40,8 @@ std::string number_text(const char* f, double a) {
   return b;
 }
 
+std::string gbps_text(double gbps) { return number_text(gbps < 10 ? "%.3f" : "%.1f", gbps); }
+
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -133,9 +135,8 @@ std::string profile_markdown(const TokenProfile& p) {
   s += "| kernel | calls/token | µs/call (median) | bytes/call | GB/s | µs/token | share |\n";
   s += "|---|---:|---:|---:|---:|---:|---:|\n";
   for (const KernelFamilyStats& k : p.families) {
-    std::snprintf(line, sizeof line, k.gbps < 10 ? "| %s | %.0f | %.2f | %.0f | %.3f | %.1f | %.1f %% |\n"
-                                                 : "| %s | %.0f | %.2f | %.0f | %.1f | %.1f | %.1f %% |\n",
-                  k.family.c_str(), k.calls_per_token, k.us_per_call, k.bytes_per_call, k.gbps, k.us_per_token,
+    std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.0f | %s | %.1f | %.1f %% |\n", k.family.c_str(),
+                  k.calls_per_token, k.us_per_call, k.bytes_per_call, gbps_text(k.gbps).c_str(), k.us_per_token,
                   100 * k.share);
     s += line;
   }

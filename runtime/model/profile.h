@@ -21,6 +21,8 @@ namespace tessera::model {
 double median(std::vector<double> v);
 // a formatted by the printf format f (one double conversion), e.g. number_text("%.2f", v).
 std::string number_text(const char* f, double a);
+// A GB/s figure for the tables: three decimals below 10, one from 10 on.
+std::string gbps_text(double gbps);
 
 // The kernel family of a dispatch label: its words that do not name a tensor or a block, joined
 // by '.': "matvec.q4_0.norm blk.3.attn_q_a.weight" -> "matvec.q4_0.norm",

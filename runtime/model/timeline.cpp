@@ -227,10 +227,9 @@ std::string timeline_markdown(const TokenTimeline& t) {
        "last mark to the end | bytes/call | GB/s |\n|---|---:|---:|---:|---:|---:|---:|\n";
   for (const TimelineFamily& f : t.families) {
     const std::string tail = f.tail_us_per_call > 0 ? fmt2(f.tail_us_per_call) : "-";
-    std::snprintf(line, sizeof line, f.gbps < 10 ? "| %s | %.0f | %.2f | %.2f | %s | %.0f | %.3f |\n"
-                                                 : "| %s | %.0f | %.2f | %.2f | %s | %.0f | %.1f |\n",
-                  f.family.c_str(), f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(),
-                  f.bytes_per_call, f.gbps);
+    std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.2f | %s | %.0f | %s |\n", f.family.c_str(),
+                  f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(), f.bytes_per_call,
+                  gbps_text(f.gbps).c_str());
     s += line;
   }
   s += "\n| token | value |\n|---|---:|\n";

@@ -46,6 +46,11 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads};
 }
 
+// The x vectors one column reads: rows / x_head_rows for stacked per-head matrices, else 1.
+uint64_t x_vectors(const MatvecOp& op) {
+  return op.x_head_rows && op.w.rows % op.x_head_rows == 0 ? op.w.rows / op.x_head_rows : 1;
+}
+
 // Subgroups per row of the int8 decode kernel (MatvecTuning::ksplit where it applies, else 1):
 // `teams` subgroups per workgroup, rows of more than two loop iterations per lane. Auto: 2 where
 // x comes pre-quantized (nothing staged per workgroup, so twice the workgroups cost nothing: H100,
@@ -209,8 +214,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
 }
 
 uint64_t MatvecOp::bytes() const {
-  const uint64_t n_vec = x_head_rows && w.rows % x_head_rows == 0 ? w.rows / x_head_rows : 1;
-  uint64_t b = w.read_bytes() + uint64_t(batch) * n_vec * w.cols * 4 + uint64_t(batch) * w.rows * 4;
+  uint64_t b = w.read_bytes() + uint64_t(batch) * x_vectors(*this) * w.cols * 4 + uint64_t(batch) * w.rows * 4;
   if (accumulate) b += uint64_t(batch) * w.rows * 4;
   if (norm_weight.buffer != VK_NULL_HANDLE) b += uint64_t(w.cols) * 4;
   if (router_fold.enabled()) b += router_fold.router.read_bytes() + uint64_t(w.rows) * 4;
@@ -234,7 +238,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (x_head_rows && !head_x_supported(ctx))
     runtime_error(what, ": x of ", x_head_rows, "-row heads needs the int8 kernel with int8 x (x_q8), heads that "
                   "divide the ", w.rows, " rows and whole teams per head");
-  const uint64_t n_vec = x_head_rows ? w.rows / x_head_rows : 1;  // x vectors one column reads
+  const uint64_t n_vec = x_vectors(*this);  // head_x_supported: x_head_rows divides the rows
   const uint64_t x_need = (uint64_t(x_offset) + uint64_t(batch - 1) * xs + n_vec * w.cols) * 4;
   const uint64_t y_need = (uint64_t(batch - 1) * ys + w.rows) * 4;
   if (x.size < x_need) runtime_error(what, ": x binding has ", x.size, " bytes, needs ", x_need);

@@ -153,9 +153,10 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
   return std::max<uint64_t>((width / 32 + ts.threads_per_row - 1) / ts.threads_per_row, 1);
 }
 
-// gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more).
+// gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false) {
+                               uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false,
+                               bool late = false) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -166,9 +167,7 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
   if (gate_h_target) {
     d["WAIT_GATE"] = "1";
     d["GATE_H_TARGET"] = std::to_string(gate_h_target);
-    // K-quant downs (4 rows x 2 blocks of 10 registers held) keep the single wait: the late path
-    // measured +2.4 % on Q4_0 but the Q4_K_M grid lost 8 % with it (session 13).
-    if (type_info(type).block_elems != 32) d["DOWN_LATE"] = "0";
+    d["DOWN_LATE"] = late && type_info(type).block_elems == 32 ? "1" : "0";  // MoeTuning::down_late
     d["X_SIGNAL"] = x_signal ? "1" : "0";
   }
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
@@ -626,7 +625,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const uint32_t re = p.routed ? route_e(g.n_expert, src.recompute) : 0;
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
                                                std::max(g.w_routed, g.w_shared), rows_per_wg, re,
-                                               gated ? gate_h_target : 0, gated && gate_signal_x)
+                                               gated ? gate_h_target : 0, gated && gate_signal_x, t.down_late)
                               : down_kernel(ctx, p.type, vec8, slots, t, re);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

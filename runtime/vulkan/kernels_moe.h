@@ -112,6 +112,10 @@ struct MoeTuning {
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
+  // The early-started int8 down (32-element block types): a workgroup whose first poll finds every
+  // h written loads hq beside its weights instead of after a second wait (moe_down.comp
+  // DOWN_LATE; H100 +2.4 %). K-quant downs always wait (their Q4_K_M grid lost 8 % with it).
+  bool down_late = true;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -18,6 +18,8 @@
 #include "convert/convert.h"
 #include "convert/synth.h"
 #include "format/error.h"
+#include "format/tsr.h"
+#include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
 
 namespace tessera::testfx {
@@ -109,6 +111,23 @@ inline std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) 
   std::vector<int32_t> p;
   for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13 + seed * 104729) % n_vocab));
   return p;
+}
+
+// A prompt of 5 tokens (its logits) and 12 greedy tokens after it through a model made with `o`.
+struct Decoded {
+  std::vector<float> logits;
+  std::vector<int32_t> tokens;
+  model::DecodeStats stats;   // of the model's first recording
+  bool early_starts = false;  // after the run: false where a wait gave up
+};
+inline Decoded decode(vk::Context& ctx, const TsrFile& tsr, const model::GpuModelOptions& o) {
+  model::GpuModel m(ctx, tsr, o);
+  Decoded d;
+  d.stats = m.stats();
+  d.logits = m.forward(prompt(m.n_vocab(), 5), false);
+  for (int i = 0; i < 12; ++i) d.tokens.push_back(m.decode_step());
+  d.early_starts = m.early_starts();
+  return d;
 }
 
 }  // namespace tessera::testfx

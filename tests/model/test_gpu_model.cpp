@@ -276,7 +276,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     const bool early = variant > 0;
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.matvec.gate_late = variant == 2 ? 1u : 0u;
-    o.down_late = variant != 3;
+    o.moe.down_late = variant != 3;
     o.early_vo = early;
     o.early_down = early;
     o.early_next = early;  // off by default: tested here
@@ -316,22 +316,8 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   }
 }
 
-// A prompt of 5 tokens (its logits) and 12 greedy tokens after it through a model made with `o`.
-struct Decoded {
-  std::vector<float> logits;
-  std::vector<int32_t> tokens;
-  model::DecodeStats stats;  // of the model's first recording
-  bool early_starts = false;  // after the run: false where a wait gave up
-};
-Decoded decode(const TsrFile& tsr, const model::GpuModelOptions& o) {
-  model::GpuModel m(context(), tsr, o);
-  Decoded d;
-  d.stats = m.stats();
-  d.logits = m.forward(prompt(m.n_vocab(), 5), false);
-  for (int i = 0; i < 12; ++i) d.tokens.push_back(m.decode_step());
-  d.early_starts = m.early_starts();
-  return d;
-}
+using testfx::Decoded;
+Decoded decode(const TsrFile& tsr, const model::GpuModelOptions& o) { return testfx::decode(context(), tsr, o); }
 
 // The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
 // the same logits and tokens bit for bit, through the single range (up to 3 positions) and the

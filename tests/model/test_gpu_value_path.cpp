@@ -21,14 +21,7 @@ namespace {
 
 testfx::ModelFixture fixture("value");
 
-using testfx::prompt;
-
-struct Decoded {
-  std::vector<float> logits;
-  std::vector<int32_t> tokens;
-  model::DecodeStats stats;
-  bool early_starts = false;
-};
+using testfx::Decoded;
 
 Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false, bool q8_raw = true) {
   model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
@@ -41,13 +34,7 @@ Decoded run(const TsrFile& tsr, bool vb_q8, bool early, bool never_opens = false
   o.attention.single_max_kv = 3;  // the single range, then the mid one, then the split one
   o.attention.mid_max_kv = 9;
   o.attention.mid_groups = 3;
-  model::GpuModel m(*fixture.context(), tsr, o);
-  Decoded r;
-  r.stats = m.stats();
-  r.logits = m.forward(prompt(m.n_vocab(), 5), false);
-  for (int i = 0; i < 12; ++i) r.tokens.push_back(m.decode_step());
-  r.early_starts = m.early_starts();
-  return r;
+  return testfx::decode(*fixture.context(), tsr, o);
 }
 
 // GLM-like (q LoRA, composed W_qk: compose "qk") and V2-Lite-like (factored: "none") files.

@@ -94,8 +94,11 @@ const Knob<O> kTuneKnobs[] = {
     {"early_gateup", 1, "1: the MoE gate-up starts beside W_vo; default 0", [](O& o, uint32_t v) { o.early_gateup = v != 0; }},
     {"early_attn", 1, "1, default: the attention starts beside W_qk and kv_write (single and mid ranges)",
      [](O& o, uint32_t v) { o.early_attn = v != 0; }},
-    {"qk_q8", 1, "1: q_a hands W_qk / q_b its output as int8 blocks and sums of squares (no staging); default 0",
-     [](O& o, uint32_t v) { o.qk_q8 = v != 0; }},
+    {"qk_q8", 2, "1: q_a hands W_qk / q_b its output as int8 half blocks and sums of squares (no staging); 2: as whole blocks; default 0",
+     [](O& o, uint32_t v) {
+       o.qk_q8 = v != 0;
+       o.qk_q8_halves = v != 2;
+     }},
     {"gate_x", 3, "how a gated matvec reads x after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto (3)",
      [](O& o, uint32_t v) { o.matvec.gate_x = v; }},
     {"gate_late", 1, "1: gated matvecs wait first and load nothing ahead; default 0", [](O& o, uint32_t v) { o.matvec.gate_late = v; }},

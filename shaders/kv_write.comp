@@ -9,9 +9,9 @@
 // of two). WAIT_GATE (0/1; decode, subgroups; docs/DECODE.md "Early start"): recorded with no
 // barrier after the kv_a matvec, which opens word GATE_WORD of binding 4 (GATE_TARGET arrivals);
 // the workgroup waits on it (a wait that gives up sets the error words, binding 5), then reads kv.
-// SIGNAL_GATE (0/1; decode, one token; not with WAIT_GATE): the attention is recorded with no
-// barrier after this: once the row is written, the workgroup adds 1 to word SIGNAL_WORD of
-// binding 4 (gate.glsl gate_signal).
+// SIGNAL_GATE (0/1; decode, one token): the attention is recorded with no barrier after this:
+// once the row is written, the workgroup adds 1 to word SIGNAL_WORD of binding 4 (gate.glsl
+// gate_signal); binding 6 with WAIT_GATE (a chain: kv_a -> kv_write -> the attention).
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
 #ifndef WAIT_GATE
@@ -19,9 +19,6 @@
 #endif
 #ifndef SIGNAL_GATE
 #define SIGNAL_GATE 0
-#endif
-#if SIGNAL_GATE && WAIT_GATE
-#error "kv_write.comp: SIGNAL_GATE and WAIT_GATE are not built together"
 #endif
 #if WAIT_GATE
 #extension GL_KHR_shader_subgroup_basic : require
@@ -33,6 +30,10 @@
 
 layout(local_size_x = WG) in;
 
+#if SIGNAL_GATE && WAIT_GATE
+layout(std430, binding = 6) coherent restrict buffer SignalGate { uint signal_gate[]; };
+#define GATE_SIGNAL_BUFFER signal_gate
+#endif
 #if WAIT_GATE
 // Written by kv_a while this dispatch starts; plain loads after the wait's fence: no SM has read
 // kv's lines since the last barrier (coherent loads are slow on the H100).
@@ -45,9 +46,11 @@ layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error
 #else
 layout(std430, binding = 0) readonly buffer KvIn { float kv[]; };         // R + Dr
 #endif
-#if SIGNAL_GATE
+#if SIGNAL_GATE && !WAIT_GATE
 layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
+#endif
+#if SIGNAL_GATE
 #define CACHE_QUAL coherent writeonly  // read beside this dispatch once the gate opens
 #else
 #define CACHE_QUAL writeonly

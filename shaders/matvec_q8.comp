@@ -52,6 +52,10 @@
 // a team's rows share one vector; not with GATE_X 1.
 // OUT_NORM (0/1, default 1; with OUT_Q8): 0 writes y's int8 blocks as they are (no norm weight,
 // binding 13 unused) and no sums of squares (binding 14 unused): o for attn_output.
+// OUT_HALVES (0/1; with OUT_Q8 and OUT_NORM; ROWS_PER_WG a multiple of 16): each workgroup writes
+// its rows as half blocks of 16, each with its own scale (q8_quantize.glsl "Halves"), so that q_a
+// keeps 16 rows per workgroup (48 workgroups, not 24 of 32 rows: H100 timeline, session 12); the
+// consumer is built with X_HALVES (q8_activations.glsl).
 // X_SS (0/1; with X_Q8): x_q8 holds x times the norm weight, quantized (OUT_Q8); the finished dot
 // products are scaled by 1 / rms(x), from the X_SS_PARTS sums of squares of binding 4 added in
 // order (the same in every workgroup) and norm_eps.
@@ -94,6 +98,15 @@
 #endif
 #ifndef OUT_NORM
 #define OUT_NORM 1
+#endif
+#ifndef OUT_HALVES
+#define OUT_HALVES 0
+#endif
+#if OUT_HALVES && (!OUT_Q8 || !OUT_NORM)
+#error "matvec_q8.comp: OUT_HALVES is a form of OUT_Q8 with OUT_NORM"
+#endif
+#if X_HALVES && !X_Q8
+#error "matvec_q8.comp: X_HALVES reads int8 x"
 #endif
 #if X_HEAD_ROWS && (!X_Q8 || X_HEAD_ROWS % NUM_ROWS != 0 || (WAIT_GATE && GATE_X == 1))
 #error "matvec_q8.comp: X_HEAD_ROWS takes int8 x, whole teams per vector, and not GATE_X 1"
@@ -424,15 +437,49 @@ void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes
 #endif  // X_Q8
 
 #if OUT_Q8
-#if ROWS_PER_WG % 32 != 0
-#error "matvec_q8.comp: OUT_Q8 needs whole blocks of rows per workgroup"
+#if (OUT_HALVES && ROWS_PER_WG % 16 != 0) || (!OUT_HALVES && ROWS_PER_WG % 32 != 0)
+#error "matvec_q8.comp: OUT_Q8 needs whole blocks (OUT_HALVES: half blocks) of rows per workgroup"
 #endif
 shared float oq_y[ROWS_PER_WG];  // the workgroup's outputs (store)
+#if OUT_NORM
+shared vec4 oq_nw[ROWS_PER_WG / 4];  // the next norm's weight for the workgroup's rows
+
+// Loaded at the start, so that its memory round trip overlaps the kernel's own instead of
+// following the dot products (q_a's time unchanged by it in session 14's timeline: 4.77 µs per
+// workgroup either way); ordered before its use by write_out_q8's barrier.
+void load_out_norm(uint row0, uint nrows) {
+  for (uint i = gl_LocalInvocationIndex; i < nrows / 4u; i += WG_SIZE) oq_nw[i] = onw4[((args.row_begin + row0) >> 2) + i];
+}
+#endif
 
 // The workgroup's rows as int8 blocks of y * the next norm's weight, and the sum of their squares
 // in row order (rows past the matrix: none, the host checks rows % 32 == 0). Uniform control flow.
 void write_out_q8(uint row0, uint nrows) {
   barrier();  // every team's rows stored
+#if OUT_HALVES
+  // Half h = (row_begin + row0) / 16 + t: the lo (even h) or hi (odd h) words of block h / 2 and
+  // its two components of ds; the other half's workgroup writes the rest.
+  for (uint t = gl_LocalInvocationIndex; t < nrows / 16u; t += WG_SIZE) {
+    vec4 v[4];
+    [[unroll]] for (uint k = 0; k < 4; ++k) {
+      const uint r = 16u * t + 4u * k;
+      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]) * oq_nw[r >> 2];
+    }
+    uvec4 q;
+    float d, dsum;
+    q8_quantize16(v, q, d, dsum);
+    const uint h = (args.row_begin + row0) / 16u + t, blk = h >> 1;
+    if ((h & 1u) == 0u) {
+      yq[3u * blk] = q;
+      yq[3u * blk + 2u].x = floatBitsToUint(d);
+      yq[3u * blk + 2u].y = floatBitsToUint(dsum);
+    } else {
+      yq[3u * blk + 1u] = q;
+      yq[3u * blk + 2u].z = floatBitsToUint(dsum);
+      yq[3u * blk + 2u].w = floatBitsToUint(d);
+    }
+  }
+#else
   const uint first = (args.row_begin + row0) / 32u;
   for (uint t = gl_LocalInvocationIndex; t < nrows / 32u; t += WG_SIZE) {
     vec4 v[8];
@@ -440,7 +487,7 @@ void write_out_q8(uint row0, uint nrows) {
       const uint r = 32u * t + 4u * k;
       v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]);
 #if OUT_NORM
-      v[k] *= onw4[(args.row_begin + row0 + r) >> 2];
+      v[k] *= oq_nw[r >> 2];
 #endif
     }
     uvec4 lo, hi;
@@ -450,6 +497,7 @@ void write_out_q8(uint row0, uint nrows) {
     yq[3u * (first + t) + 1u] = hi;
     yq[3u * (first + t) + 2u] = floatBitsToUint(ds);
   }
+#endif
 #if OUT_NORM
   if (gl_LocalInvocationIndex == 0u) {
     float ss = 0.0;
@@ -506,6 +554,9 @@ void main() {
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
+#if OUT_Q8 && OUT_NORM
+  load_out_norm(row0, row_end - row0);
+#endif
 
 #if USE_SUBGROUP
   const uint team = gl_SubgroupID / KSPLIT;

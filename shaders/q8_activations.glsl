@@ -150,8 +150,24 @@ uint q8_raw_dep(Q8W w) { return w.a.x ^ w.b.w ^ floatBitsToUint(w.d); }
 // A loaded weight block dotted with an input block given as (lo, hi, ds):
 //   sum_i (d q_i - m) x_i = d * dx * (q . qx) - m * sum(x);
 //   Q6_K: d.x * (dx * (a . qx_lo) - 32 sum(x_lo)) + d.y * (dx * (b . qx_hi) - 32 sum(x_hi)).
+// X_HALVES (0/1): every input block has a scale per half (q8_quantize.glsl "Halves": dx_lo = ds.x,
+// dx_hi = ds.w): d * (dx_lo * (a . qx_lo) + dx_hi * (b . qx_hi)) - m * sum(x).
+#ifndef X_HALVES
+#define X_HALVES 0
+#endif
 float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
+#if X_HALVES
+  int sa = 0, sb = 0;
+  [[unroll]] for (uint j = 0; j < 4; ++j) {
+    sa += SDOT4(w.a[j], xl[j]);
+    sb += SDOT4(w.b[j], xh[j]);
+  }
 #if WTYPE == TS_TYPE_Q6_K
+  return w.d.x * (ds.x * float(sa) - 32.0 * ds.y) + w.d.y * (ds.w * float(sb) - 32.0 * ds.z);
+#else
+  return w.d * (ds.x * float(sa) + ds.w * float(sb)) - w.m * (ds.y + ds.z);
+#endif
+#elif WTYPE == TS_TYPE_Q6_K
   int sa = 0, sb = 0;
   [[unroll]] for (uint j = 0; j < 4; ++j) {
     sa += SDOT4(w.a[j], xl[j]);

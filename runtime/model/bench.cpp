@@ -401,6 +401,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.early_attn = o.early_attn;
   go.early_gateup = o.early_gateup;
   go.qk_q8 = o.qk_q8;
+  go.qk_q8_halves = o.qk_q8_halves;
   go.gate_backoff = o.gate_backoff;
   go.vb_q8 = o.vb_q8;
   go.vb_teams = o.vb_teams;

@@ -178,7 +178,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.x, "x", c.n_embd * 4ull},
       {&w.cq, "cq", std::max<uint64_t>(c.q_lora_rank, 4) * 4},
       {&w.cq_q8, "int8 cq", std::max<uint64_t>(c.q_lora_rank / 32 * 48, 48)},
-      {&w.cq_ss, "cq sums of squares", std::max<uint64_t>(c.q_lora_rank / 32, 4) * 4},
+      {&w.cq_ss, "cq sums of squares", std::max<uint64_t>(c.q_lora_rank / 16, 4) * 4},  // per 16 rows at most
       {&w.kv, "kv", row * 4},
       {&w.qfull, "q_b out", H * c.n_qk() * 4},
       {&w.q, "q", H * row * 4},

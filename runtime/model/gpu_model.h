@@ -125,8 +125,9 @@ struct GpuModelOptions {
   // 9.4 MB stream slows the latency-bound q_a it waits for; PERFORMANCE.md session 11).
   // bench --tune early_qk=0|1.
   bool early_qk = false;
-  // The attention without the barrier after stage 2 (composed W_qk, a q LoRA, early_vo, not
-  // early_qk; the single and mid ranges): W_qk's workgroups and kv_write open a gate
+  // The attention without the barrier after stage 2 (composed W_qk, a q LoRA, early_vo; the
+  // single and mid ranges; with early_qk too since session 14, W_qk and kv_write then both wait
+  // and signal): W_qk's workgroups and kv_write open a gate
   // (matvec_q8.comp SIGNAL_GATE, kv_write.comp SIGNAL_GATE), the attention's workgroups wait on it
   // (attention_rows.comp WAIT_GATE). H100, GLM Q4_0: +2.0 % tg128 at depth 0, +2.2 % at 512
   // (PERFORMANCE.md session 12). bench --tune early_attn=0|1.
@@ -138,9 +139,16 @@ struct GpuModelOptions {
   bool early_gateup = false;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
-  // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks. Not yet
-  // measured on a GPU (session 11): off. bench --tune qk_q8=0|1.
+  // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks.
+  // Session 12 (whole blocks): W_qk 8.0 -> 6.2 µs, q_a 4.1 -> 6.2: a tie. Session 14 (halves,
+  // below): W_qk 8.2 -> 6.7 µs, q_a 4.0 -> 5.1; tg128 a tie at 0, -2 % at 512; with early_qk
+  // (now chained to the early attention) +1 % / -1 %, q_a 8.5 µs beside W_qk's stream: off.
+  // bench --tune qk_q8=0|1|2.
   bool qk_q8 = false;
+  // With qk_q8: q_a writes half blocks of 16 rows, each with its own scale, so it keeps its 48
+  // workgroups of 16 rows (matvec_q8.comp OUT_HALVES / X_HALVES); off: whole blocks, 24
+  // workgroups of 32 rows (session 12: q_a 4.1 -> 6.2 µs). bench --tune qk_q8=2 turns it off.
+  bool qk_q8_halves = true;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).

@@ -220,14 +220,18 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     bool qk_q8 = false;
     if (options_.qk_q8 && c.q_lora_rank && s1.size() == 2) {
       vk::MatvecOp producer = matvec_op(s1[0].name, w.x.whole(), s1[0].y, attn_norm, false);
+      producer.out_q8_norm = q_a_norm;
+      producer.out_q8_halves = options_.qk_q8_halves;
       vk::MatvecOp consumer = matvec_op(qname, w.cq.whole(), qdst, {}, false, {}, w.cq_q8.whole());
       consumer.x_ss = w.cq_ss.whole();
       consumer.x_ss_parts = producer.out_parts(ctx_);
+      consumer.x_q8_halves = producer.out_q8_halves;
       qk_q8 = producer.out_q8_supported(ctx_) && consumer.kernel_name(&ctx_).find(".xq8.rms") != std::string::npos;
       if (qk_q8) {
         query.x_q8 = consumer.x_q8;
         query.x_ss = consumer.x_ss;
         query.x_ss_parts = consumer.x_ss_parts;
+        query.x_q8_halves = consumer.x_q8_halves;
         query.norm_weight = {};
       }
     }
@@ -241,6 +245,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
         s1_ops.back().out_q8 = w.cq_q8.whole();
         s1_ops.back().out_q8_norm = q_a_norm;
         s1_ops.back().out_ss = w.cq_ss.whole();
+        s1_ops.back().out_q8_halves = options_.qk_q8_halves;
       }
       s1_ops.back().gate = x_gate;
       // x from the MoE down: other SMs' L1 may hold its sectors (the down read its old rows), so
@@ -260,7 +265,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (!early_qk) rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query. The
     // attention started early (no barrier after stage 2) where W_qk and kv_write open its gate.
-    const bool early_attn = options_.early_attn && early && qk && c.q_lora_rank && !early_qk &&
+    const bool early_attn = options_.early_attn && early && qk && c.q_lora_rank &&
                             attn.decode_waits(range) && query.signal_supported(ctx_) &&
                             vk::KvWriteOp::gate_supported(ctx_);
     const vk::BufferSlice attn_words = early_attn ? gate_slice(l, kGateAttn, 4) : vk::BufferSlice{};
@@ -270,7 +275,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       record_matvec(query, qname);
     }
     kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
-                    early_qk ? "kv_write.gate " + L : early_attn ? "kv_write.signal " + L : "kv_write " + L,
+                    std::string("kv_write") + (early_qk ? ".gate" : "") + (early_attn ? ".signal " : " ") + L,
                     early_qk ? gate_wait(qk_words, 1, s1_ops[1].signal_count(ctx_)) : vk::GateWait{}, attn_words);
     if (!qk) {
       if (c.q_lora_rank) rec.barrier();  // the absorb reads q_b's output

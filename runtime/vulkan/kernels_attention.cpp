@@ -203,24 +203,25 @@ void KvWriteOp::record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm
                        uint32_t signal_word) const {
   const bool signals = signal.buffer != VK_NULL_HANDLE;
   if (!gate.enabled() && !signals) return record_rows(rec, kv, kv_norm_w, step, pos_word, {}, cache, label);
-  if (gate.enabled() && signals) runtime_error(label, ": kv_write waits on a gate or opens one, not both");
   if (!gate_supported(ctx_)) runtime_error(label, ": no early start for kv_write here (it needs subgroups)");
   PipelineDesc d = kv_write_desc(shape_);
   std::vector<BufferSlice> b = {kv, kv_norm_w, step, cache};
-  if (signals) {  // SIGNAL_GATE: binding 4 = the gate words
-    if (signal.size < (signal_word + 1) * 4ull) runtime_error(label, ": gate binding has no word ", signal_word);
-    d.name = "kv_write.signal";
-    d.defines["SIGNAL_GATE"] = "1";
-    d.defines["SIGNAL_WORD"] = std::to_string(signal_word);
-    b.push_back(signal);
-  } else {  // WAIT_GATE: bindings 4, 5 = the gate words, the error words
+  d.name = "kv_write";
+  if (gate.enabled()) {  // WAIT_GATE: bindings 4, 5 = the gate words, the error words
     if (!gate.valid()) runtime_error(label, ": early start needs a gate word, an error word and a target above 0");
-    d.name = "kv_write.gate";
+    d.name += ".gate";
     d.defines["WAIT_GATE"] = "1";
     d.defines["GATE_WORD"] = std::to_string(gate.word);
     d.defines["GATE_TARGET"] = std::to_string(gate.target);
     d.full_subgroups = true;
     b.insert(b.end(), {gate.words, gate.error});
+  }
+  if (signals) {  // SIGNAL_GATE: binding 4 = the gate words (6 after a wait's two)
+    if (signal.size < (signal_word + 1) * 4ull) runtime_error(label, ": gate binding has no word ", signal_word);
+    d.name += ".signal";
+    d.defines["SIGNAL_GATE"] = "1";
+    d.defines["SIGNAL_WORD"] = std::to_string(signal_word);
+    b.push_back(signal);
   }
   d.num_buffers = uint32_t(b.size());
   if (kv.size < uint64_t(shape_.row()) * 4)

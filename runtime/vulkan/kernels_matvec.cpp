@@ -75,8 +75,15 @@ uint32_t q8_decode_teams(const MatvecOp& op) {
 struct DecodeSplit {
   uint32_t teams, nrows, ksplit;
 };
-// whole_blocks (OUT_Q8): 32 rows per workgroup where the teams allow it.
-DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, bool whole_blocks) {
+// Rows the int8 output needs whole per workgroup (OUT_Q8): 32 (blocks), 16 (OUT_HALVES: half
+// blocks, MatvecOp::out_q8_halves with the next norm); with_out: as if out_q8 were set.
+uint32_t out_granule(const MatvecOp& op, bool with_out) {
+  if (!with_out && op.out_q8.buffer == VK_NULL_HANDLE) return 0;
+  return op.out_q8_halves && op.out_q8_norm.buffer != VK_NULL_HANDLE ? 16u : 32u;
+}
+
+// granule (OUT_Q8, out_granule): that many rows per workgroup where the teams allow it.
+DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, uint32_t granule) {
   const uint32_t nb = op.w.cols / 32;
   const uint32_t tpr = ctx.pipelines().use_subgroup() ? ctx.info().subgroup_size : kSharedThreadsPerRow;
   const bool few = op.w.rows <= kFewRows;
@@ -88,7 +95,7 @@ DecodeSplit q8_decode_split(const MatvecOp& op, Context& ctx, bool whole_blocks)
   // OUT_Q8: whole blocks of 32 rows per workgroup: 32 subgroups of one row where the device
   // allows the workgroup (one row per subgroup keeps q_a's 2 blocks per lane, loaded before the
   // staging), else more rows per subgroup.
-  if (whole_blocks && ksplit == 1 && (teams * nrows) % 32 != 0) {
+  if (granule && ksplit == 1 && (teams * nrows) % granule != 0) {
     if (!op.tuning.teams && 32 * tpr <= ctx.info().max_compute_workgroup_invocations) {
       teams = 32;
       nrows = 1;
@@ -123,7 +130,7 @@ bool MatvecOp::gate_supported(Context& ctx) const {
   probe.gate = {};
   const Variant v = variant_of(probe, &ctx);
   if (!v.q8 || batch != 1 || !ctx.pipelines().use_subgroup()) return false;
-  const DecodeSplit s = q8_decode_split(probe, ctx, probe.out_q8.buffer != VK_NULL_HANDLE);
+  const DecodeSplit s = q8_decode_split(probe, ctx, out_granule(probe, false));
   if (!v.xq8) {  // staged x: one pass over the whole row, one subgroup per row
     if (s.ksplit != 1 || q8_kchunk(w.cols / 32, 1) < w.cols / 32) return false;
   } else if (gate_x_of(tuning) == 1 && (v.heads || !q8_activations_usable(ctx, w.type, w.cols))) {
@@ -143,24 +150,24 @@ bool MatvecOp::out_q8_supported(Context& ctx) const {
   probe.out_q8 = {};
   const Variant v = variant_of(probe, &ctx);
   if (!v.q8 || batch != 1 || !ctx.pipelines().use_subgroup() || w.rows % 32 != 0) return false;
-  const DecodeSplit s = q8_decode_split(probe, ctx, true);
-  return s.ksplit == 1 && (s.teams * s.nrows) % 32 == 0 && s.nrows <= 4 &&
+  const DecodeSplit s = q8_decode_split(probe, ctx, out_granule(probe, true));
+  return s.ksplit == 1 && (s.teams * s.nrows) % out_granule(probe, true) == 0 && s.nrows <= 4 &&
          row_chunks(w, ctx.info(), max_binding_bytes).size() == 1;
 }
 
 bool MatvecOp::head_x_supported(Context& ctx) const {
   if (x_head_rows == 0 || w.rows % x_head_rows != 0 || !variant_of(*this, &ctx).xq8) return false;
-  const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
+  const DecodeSplit s = q8_decode_split(*this, ctx, out_granule(*this, false));
   return x_head_rows % s.nrows == 0;
 }
 
 uint32_t MatvecOp::out_parts(Context& ctx) const {
-  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, true));
+  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, out_granule(*this, true)));
   return (w.rows + per_wg - 1) / per_wg;
 }
 
 uint32_t MatvecOp::signal_count(Context& ctx) const {
-  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE));
+  const uint32_t per_wg = rows_per_workgroup(q8_decode_split(*this, ctx, out_granule(*this, false)));
   uint32_t n = 0;
   for (const RowChunk& c : row_chunks(w, ctx.info(), max_binding_bytes)) n += (c.rows + per_wg - 1) / per_wg;
   return n;
@@ -202,8 +209,9 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (router_fold.enabled()) n += ".rfold";
   if (v.gated) n += ".gate";
   if (v.signals) n += ".open";
-  if (v.oq8) n += ".oq8";
+  if (v.oq8) n += out_granule(*this, false) == 16 ? ".oq8h" : ".oq8";
   if (v.xss) n += ".rms";
+  if (v.xq8 && x_q8_halves) n += ".xh";
   if (v.heads) n += ".hd";
   if (v.oq8 && out_q8_norm.buffer == VK_NULL_HANDLE) n += ".plain";
   if (ctx && batch == 1) {
@@ -320,7 +328,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       teams = tuning.batch_teams ? tuning.batch_teams : 8u;
       nrows = tuning.batch_rows ? tuning.batch_rows : batch > 8 ? 2u : 4u;
     } else {
-      const DecodeSplit s = q8_decode_split(*this, ctx, out_q8.buffer != VK_NULL_HANDLE);
+      const DecodeSplit s = q8_decode_split(*this, ctx, out_granule(*this, false));
       teams = s.teams;
       nrows = s.nrows;
       ksplit = s.ksplit;
@@ -371,7 +379,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (v.oq8) {
       desc.defines["OUT_Q8"] = "1";
       desc.defines["OUT_NORM"] = out_q8_norm.buffer != VK_NULL_HANDLE ? "1" : "0";
+      desc.defines["OUT_HALVES"] = out_granule(*this, false) == 16 ? "1" : "0";
     }
+    if (v.xq8 && x_q8_halves) desc.defines["X_HALVES"] = "1";
     if (v.heads) desc.defines["X_HEAD_ROWS"] = std::to_string(x_head_rows);
     if (v.xss) {
       desc.defines["X_SS"] = "1";

@@ -127,10 +127,17 @@ struct MatvecOp {
   // rows, q8_quantize.glsl) into out_q8, and per workgroup the sum of its rows' squares into
   // out_ss (out_parts() floats). The next matvec takes them as x_q8 and x_ss (its norm applied
   // without staging). Without out_q8_norm (and out_ss): y's blocks as they are (OUT_NORM 0), for a
-  // next matvec without a norm. Only where out_q8_supported(); its workgroups then hold 32 rows.
+  // next matvec without a norm. Only where out_q8_supported(); its workgroups then hold 32 rows
+  // (16 with out_q8_halves).
   BufferSlice out_q8, out_q8_norm, out_ss;
   bool out_q8_supported(Context& ctx) const;
   uint32_t out_parts(Context& ctx) const;
+  // With out_q8 and out_q8_norm: the blocks written as halves of 16 rows, each with its own scale
+  // (q8_quantize.glsl "Halves"; matvec_q8.comp OUT_HALVES), so the workgroups need only 16 rows
+  // (q_a keeps its 48 workgroups of 16). The consumer must read them with x_q8_halves.
+  bool out_q8_halves = false;
+  // With x_q8: its blocks were written as halves (a producer's out_q8_halves; X_HALVES).
+  bool x_q8_halves = false;
   // Set with x_q8: x_q8 holds x times the norm weight, quantized (a producer's out_q8), and x_ss
   // its x_ss_parts sums of squares; the dot products are scaled by 1 / rms(x) (norm_eps).
   BufferSlice x_ss;

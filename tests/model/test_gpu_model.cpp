@@ -298,8 +298,10 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     if (!early) EXPECT_EQ(m.gate_trace().workgroups, 0u);
   }
   if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early start here (int8 kernels with subgroups)";
-  // One barrier less per layer (W_vo), per layer with a q LoRA (stage 2), per MoE layer (the down)
-  // and per MoE layer that has a next one (its first matvecs wait on the down).
+  // One barrier less per layer (W_vo), per layer with a q LoRA (stage 2), per layer whose composed
+  // W_qk and kv_write open the attention's gate (early_attn, chained after stage 2's gates; the
+  // recorded range's attention waits), per MoE layer (the down) and per MoE layer that has a next
+  // one (its first matvecs wait on the down).
   const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
   ASSERT_GT(cfg.q_lora_rank, 0u) << "tiny has a q LoRA: stage 2 is gated";
   uint32_t moe_layers = 0, moe_then_layer = 0;
@@ -307,7 +309,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     moe_layers += cfg.is_moe(l) ? 1 : 0;
     moe_then_layer += cfg.is_moe(l) && l + 1 < cfg.n_layer ? 1 : 0;
   }
-  EXPECT_EQ(barriers[0] - barriers[1], 2 * layers + moe_layers + moe_then_layer);
+  EXPECT_EQ(barriers[0] - barriers[1], 3 * layers + moe_layers + moe_then_layer);
   EXPECT_EQ(barriers[2], barriers[1]);
   EXPECT_EQ(barriers[3], barriers[1]);
   for (int v : {1, 2, 3}) {
@@ -362,35 +364,51 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.tokens, early.tokens);
 }
 
-// q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): the
-// same int8 blocks W_qk stages itself, only the sum of squares added in another order, so logits
-// within rounding and the same greedy tokens; gated on q_a (early_qk) the bits of the ungated
-// hand-over.
+// q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): whole
+// blocks are the same int8 blocks W_qk stages itself, only the sum of squares added in another
+// order, so logits within rounding and the same greedy tokens; halves (qk_q8_halves, each 16 rows
+// with their own scale) round cq otherwise, so they are held to the int8 path's bound against the
+// f32 CPU reference (Int8ActivationsTrackTheReference). Gated on q_a (early_qk), the bits of the
+// ungated hand-over.
 TEST(GpuModel, QLoraHandsW_qkInt8Blocks) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* compose : {"all", "none"}) {  // W_qk, or q_b (factored)
     SCOPED_TRACE(compose);
     const Files f = files("tiny", "q4_0", compose);
     TsrFile tsr = TsrFile::open(f.tsr);
-    std::vector<float> logits[3];
-    std::vector<int32_t> tokens[3];
-    for (int variant : {0, 1, 2}) {  // staged; int8 hand-over; the same gated on q_a
+    constexpr int kVariants = 5;  // staged; whole blocks; the same gated; halves; the same gated
+    std::vector<float> logits[kVariants];
+    std::vector<int32_t> tokens[kVariants];
+    for (int variant = 0; variant < kVariants; ++variant) {
       model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
       o.qk_q8 = variant > 0;
-      o.early_qk = variant == 2;
+      o.qk_q8_halves = variant >= 3;
+      o.early_qk = variant == 2 || variant == 4;
       model::GpuModel m(context(), tsr, o);
       logits[variant] = m.forward(prompt(m.n_vocab(), 5), false);
       for (int i = 0; i < 10; ++i) tokens[variant].push_back(m.decode_step());
       EXPECT_EQ(m.early_starts(), true) << "no wait gave up";
     }
-    bool handed = false;  // the hand-over's producer was built (int8 kernels with subgroups)
-    for (const vk::Pipeline* p : context().pipelines().all()) handed = handed || p->name().find(".oq8") != std::string::npos;
+    bool handed = false, halves = false;  // the hand-over's producers were built (int8 kernels with subgroups)
+    for (const vk::Pipeline* p : context().pipelines().all()) {
+      handed = handed || p->name().find(".oq8.") != std::string::npos;
+      halves = halves || p->name().find(".oq8h") != std::string::npos;
+    }
     if (!handed) GTEST_SKIP() << "no int8 hand-over here (int8 kernels with subgroups)";
+    EXPECT_TRUE(halves);
     const Gap d = gap(logits[0], logits[1]);
     EXPECT_LE(d.worst, 1e-3f * d.scale);
     EXPECT_EQ(tokens[0], tokens[1]);
     EXPECT_EQ(logits[1], logits[2]);
     EXPECT_EQ(tokens[1], tokens[2]);
+    TsrWeights packed(f.tsr);
+    CpuModel cpu(packed, 32, 2, AttentionPath::Absorbed);
+    const Compare c = compare(logits[3], cpu.forward(prompt(static_cast<uint32_t>(logits[3].size() / 5), 5), false),
+                              logits[3].size() / 5);
+    EXPECT_LT(c.max_rel, 0.35);
+    EXPECT_GE(2 * c.top1_same, c.rows);
+    EXPECT_EQ(logits[3], logits[4]);
+    EXPECT_EQ(tokens[3], tokens[4]);
   }
 }
 

@@ -26,14 +26,18 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
   if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
     GTEST_SKIP() << "no int8 kernel with subgroups here";
   uint32_t ran = 0, ran_gated = 0;
-  // q_a -> W_qk-like; a producer of one block of rows; a consumer of many rows.
+  // q_a -> W_qk-like; a producer of one block of rows; a consumer of many rows. Whole blocks of 32
+  // rows per workgroup, and halves of 16 (MatvecOp::out_q8_halves / x_q8_halves), each half with
+  // its own scale.
+  for (const bool halves : {false, true})
   for (const Chain ch : {Chain{GgmlType::Q4_0, GgmlType::Q8_0, 256, 96, 70}, Chain{GgmlType::Q8_0, GgmlType::Q4_0, 64, 32, 5},
-                         Chain{GgmlType::Q4_K, GgmlType::Q8_0, 512, 160, 2100}}) {
-    SCOPED_TRACE(cat(type_name(ch.a), " ", ch.embd, " -> ", ch.mid, " -> ", type_name(ch.b), " ", ch.out));
+                         Chain{GgmlType::Q4_K, GgmlType::Q8_0, 512, 160, 2100}, Chain{GgmlType::Q4_0, GgmlType::Q6_K, 128, 256, 33}}) {
+    SCOPED_TRACE(cat(type_name(ch.a), " ", ch.embd, " -> ", ch.mid, " -> ", type_name(ch.b), " ", ch.out, halves ? " halves" : ""));
     if (!vk::q8_activations_type(*g.ctx, ch.a) || !vk::q8_activations_type(*g.ctx, ch.b)) continue;
     std::mt19937 rng(ch.embd * 7 + ch.mid);
     auto wa = vktest::upload_matrix(g, ch.a, ch.mid, ch.embd, vktest::random_matrix(rng, ch.a, ch.mid, ch.embd));
-    auto wb = vktest::upload_matrix(g, ch.b, ch.out, ch.mid, vktest::random_matrix(rng, ch.b, ch.out, ch.mid));
+    const std::vector<uint8_t> wb_bytes = vktest::random_matrix(rng, ch.b, ch.out, ch.mid);
+    auto wb = vktest::upload_matrix(g, ch.b, ch.out, ch.mid, wb_bytes);
     const std::vector<float> xv = vktest::random_values(rng, ch.embd), n1 = vktest::random_values(rng, ch.embd),
                              n2 = vktest::random_values(rng, ch.mid);
     auto buffer = [&](const std::vector<float>& v, const char* name) {
@@ -47,19 +51,22 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
     a.w = wa->ref;
     a.x = x.whole();
     a.norm_weight = nw1.whole();
+    a.out_q8_norm = nw2.whole();
+    a.out_q8_halves = halves;
     ASSERT_TRUE(a.out_q8_supported(*g.ctx));
     const uint32_t parts = a.out_parts(*g.ctx);
-    EXPECT_EQ(parts, ch.mid / 32) << "32 rows per workgroup";
+    EXPECT_EQ(parts, ch.mid / (halves ? 16 : 32)) << "rows per workgroup";
     vk::Buffer y1 = vktest::make_buffer(g, ch.mid * 4ull, "y1"), y1_plain = vktest::make_buffer(g, ch.mid * 4ull, "y1 plain");
     vk::Buffer yq = vktest::make_buffer(g, ch.mid / 32 * 48ull, "y1 int8"), ss = vktest::make_buffer(g, parts * 4ull, "sums");
     for (vk::Buffer* b : {&y1, &y1_plain, &yq, &ss}) vktest::poison(g, *b);
     vk::MatvecOp a_plain = a;
     a_plain.y = y1_plain.whole();
+    a_plain.out_q8_norm = {};
     a.y = y1.whole();
     a.out_q8 = yq.whole();
     a.out_q8_norm = nw2.whole();
     a.out_ss = ss.whole();
-    EXPECT_NE(a.kernel_name(g.ctx.get()).find(".oq8"), std::string::npos);
+    EXPECT_NE(a.kernel_name(g.ctx.get()).find(halves ? ".oq8h" : ".oq8"), std::string::npos);
 
     // Consumers: int8 x with the sums (ungated, and gated on the producer's word), and the staged
     // kernel with the fused norm on the producer's y.
@@ -80,6 +87,7 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
         b[k].x_q8 = yq.whole();
         b[k].x_ss = ss.whole();
         b[k].x_ss_parts = parts;
+        b[k].x_q8_halves = halves;
       } else {
         b[k].norm_weight = nw2.whole();
       }
@@ -114,16 +122,31 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
     }
     std::vector<uint32_t> got_q(ch.mid / 32 * 12);
     yq.read(0, got_q.data(), got_q.size() * 4);
-    vktest::expect_q8_blocks_close(got_q, vktest::q8_blocks(scaled), "the producer's int8 output");
+    vktest::expect_q8_blocks_close(got_q, vktest::q8_blocks(scaled, halves), "the producer's int8 output");
     const std::vector<float> parts_v = vktest::download_floats(g, ss, parts);
     double got_ss = 0;
     for (float p : parts_v) got_ss += p;
     EXPECT_NEAR(got_ss, want_ss, 1e-5 * want_ss);
-    // The consumer on int8 x equals the staged one up to the rounding of 1/rms; gated, the same bits.
+    // The consumer on int8 x: whole blocks equal the staged kernel up to the rounding of 1/rms
+    // (the same blocks); halves, W times the values of the producer's blocks / rms in double.
     const std::vector<float> y_int8 = vktest::download_floats(g, y2[0], ch.out), y_staged = vktest::download_floats(g, y2[2], ch.out);
-    float most = 0;
-    for (float v : y_staged) most = std::max(most, std::fabs(v));
-    for (uint32_t i = 0; i < ch.out; ++i) ASSERT_NEAR(y_int8[i], y_staged[i], 1e-5f * most) << "row " << i;
+    if (halves) {
+      const std::vector<double> xq = vktest::q8_values(got_q);
+      const double inv_rms = 1.0 / std::sqrt(want_ss / ch.mid + 1e-5);
+      for (uint32_t i = 0; i < ch.out; ++i) {
+        const std::vector<float> row = vktest::dequant_row(ch.b, wb_bytes, ch.mid, i);
+        double want = 0, mag = 0;
+        for (uint32_t k = 0; k < ch.mid; ++k) {
+          want += double(row[k]) * xq[k];
+          mag += std::fabs(double(row[k]) * xq[k]);
+        }
+        ASSERT_NEAR(y_int8[i], want * inv_rms, 1e-5 * mag * inv_rms + 1e-7) << "row " << i;
+      }
+    } else {
+      float most = 0;
+      for (float v : y_staged) most = std::max(most, std::fabs(v));
+      for (uint32_t i = 0; i < ch.out; ++i) ASSERT_NEAR(y_int8[i], y_staged[i], 1e-5f * most) << "row " << i;
+    }
     if (gated) {
       ++ran_gated;
       const std::vector<float> y_gated = vktest::download_floats(g, y2[1], ch.out);
@@ -133,8 +156,8 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
       EXPECT_EQ(e[0], 0u) << "the gated consumer gave up";
     }
   }
-  EXPECT_GE(ran, 2u);
-  EXPECT_GE(ran_gated, 1u);
+  EXPECT_GE(ran, 4u);
+  EXPECT_GE(ran_gated, 2u);
 }
 
 // Stacked per-head matrices (MatvecOp::x_head_rows, matvec_q8.comp X_HEAD_ROWS): row r reads x

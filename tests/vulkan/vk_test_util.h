@@ -77,21 +77,41 @@ inline std::vector<double> q8_round(const std::vector<double>& x) {
 
 // The same blocks in the buffer format of shaders/q8_quantize.glsl (MatvecOp::x_q8, the merge's
 // olat_q8): per block of 32, 12 words = lo (int8 of elements 0..15, 4 per word), hi (16..31),
-// floatBits(d, d * sum(q lo), d * sum(q hi), 0). x.size() a multiple of 32.
-inline std::vector<uint32_t> q8_blocks(const std::vector<float>& x) {
+// floatBits(d, d * sum(q lo), d * sum(q hi), 0). x.size() a multiple of 32. halves: each half
+// with its own scale (q8_quantize.glsl "Halves"): (d_lo, d_lo * sum(q lo), d_hi * sum(q hi), d_hi).
+inline std::vector<uint32_t> q8_blocks(const std::vector<float>& x, bool halves = false) {
   std::vector<uint32_t> out(x.size() / 32 * 12, 0);
   for (size_t b = 0; b < x.size() / 32; ++b) {
-    float amax = 0;
-    for (size_t k = 0; k < 32; ++k) amax = std::max(amax, std::fabs(x[32 * b + k]));
-    const float d = amax / 127.0f, inv = amax > 0 ? 127.0f / amax : 0.0f;
+    float amax[2] = {0, 0};
+    for (size_t k = 0; k < 32; ++k) amax[halves ? k / 16 : 0] = std::max(amax[halves ? k / 16 : 0], std::fabs(x[32 * b + k]));
+    if (!halves) amax[1] = amax[0];
+    float d[2], inv[2];
+    for (int h = 0; h < 2; ++h) {
+      d[h] = amax[h] / 127.0f;
+      inv[h] = amax[h] > 0 ? 127.0f / amax[h] : 0.0f;
+    }
     int sums[2] = {0, 0};
     for (size_t k = 0; k < 32; ++k) {
-      const int q = int(std::nearbyint(x[32 * b + k] * inv));
+      const int q = int(std::nearbyint(x[32 * b + k] * inv[k / 16]));
       sums[k / 16] += q;
       out[12 * b + k / 4] |= uint32_t(q & 0xFF) << (8 * (k % 4));
     }
-    const float ds[4] = {d, d * float(sums[0]), d * float(sums[1]), 0.0f};
+    const float ds[4] = {d[0], d[0] * float(sums[0]), d[1] * float(sums[1]), halves ? d[1] : 0.0f};
     std::memcpy(&out[12 * b + 8], ds, sizeof ds);
+  }
+  return out;
+}
+
+// The values such blocks stand for: q * d of its half (ds.w, where not zero, for the high half).
+inline std::vector<double> q8_values(const std::vector<uint32_t>& blocks) {
+  std::vector<double> out(blocks.size() / 12 * 32);
+  for (size_t b = 0; b < blocks.size() / 12; ++b) {
+    float ds[4];
+    std::memcpy(ds, &blocks[12 * b + 8], sizeof ds);
+    for (size_t k = 0; k < 32; ++k) {
+      const int q = int8_t(blocks[12 * b + k / 4] >> (8 * (k % 4)));
+      out[32 * b + k] = double(q) * (k >= 16 && ds[3] != 0.0f ? ds[3] : ds[0]);
+    }
   }
   return out;
 }
@@ -111,7 +131,9 @@ inline void expect_q8_blocks_close(const std::vector<uint32_t>& got, const std::
     std::memcpy(gd, &got[12 * b + 8], 16);
     std::memcpy(wd, &want[12 * b + 8], 16);
     ASSERT_NEAR(gd[0], wd[0], 1e-6f * std::fabs(wd[0])) << what << ": block " << b << " scale";
-    for (int k = 1; k < 3; ++k) ASSERT_NEAR(gd[k], wd[k], 2.f * gd[0] + 1e-6f * std::fabs(wd[k])) << what << ": block " << b;
+    ASSERT_NEAR(gd[3], wd[3], 1e-6f * std::fabs(wd[3])) << what << ": block " << b << " scale of the high half";
+    for (int k = 1; k < 3; ++k)
+      ASSERT_NEAR(gd[k], wd[k], 2.f * (k == 2 && gd[3] != 0 ? gd[3] : gd[0]) + 1e-6f * std::fabs(wd[k])) << what << ": block " << b;
   }
 }
 

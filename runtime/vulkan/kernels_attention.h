@@ -119,7 +119,7 @@ class KvWriteOp {
   // Records the kernel; bindings as in the header comment. cache must hold n_ctx rows. With a
   // gate (decode; gate_supported): recorded with no barrier after the kv_a matvec that opens it;
   // the workgroup waits on it before reading kv.
-  // With `signal` (decode; gate_supported; not with a gate): once the row is written the workgroup
+  // With `signal` (decode; gate_supported; with a gate too: a chain): once the row is written the workgroup
   // adds 1 to word signal_word of it, so that the attention can be recorded with no barrier after
   // (AttentionOp::record_decode's `wait`).
   void record(CommandRecorder& rec, BufferSlice kv, BufferSlice kv_norm_w, BufferSlice step, uint32_t pos_word,

@@ -108,7 +108,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, KvWriteTest,
 
 // kv_write's early start (kv_write.comp WAIT_GATE): with the gate word at its target the row is
 // the ungated kernel's, bit for bit; a gate short of its target makes the wait give up and set
-// the error words (the value it saw) instead of hanging.
+// the error words (the value it saw) instead of hanging; waiting and opening a gate of its own
+// (SIGNAL_GATE too: early_qk chained to the early attention) writes the same row and arrives once.
 TEST(KvWriteGate, OpenGateWritesTheSameRowAndAClosedOneSetsTheErrorWord) {
   REQUIRE_GPU();
   if (!vk::KvWriteOp::gate_supported(*gpu().ctx)) GTEST_SKIP() << "no subgroups: no gated kv_write";
@@ -123,24 +124,30 @@ TEST(KvWriteGate, OpenGateWritesTheSameRowAndAClosedOneSetsTheErrorWord) {
     std::vector<uint16_t> cache;
     std::vector<uint32_t> error;
   };
-  auto run = [&](bool gated, uint32_t gate_value, uint32_t target) {
+  // chain: also opens a gate of its own (word 2 of a second buffer: binding 6 after the wait's).
+  auto run = [&](bool gated, uint32_t gate_value, uint32_t target, bool chain = false) {
     vk::Buffer cache = make_buffer(shape.cache_bytes(), "cache"), gate = make_buffer(16, "gate");
-    vk::Buffer err = make_buffer(8, "gate error");
+    vk::Buffer err = make_buffer(8, "gate error"), opened = make_buffer(16, "opened gate");
     upload(cache, std::vector<uint16_t>(size_t(n_ctx) * row, 0x7E00));
     upload(gate, std::vector<uint32_t>{0, gate_value, 0, 0});
     upload(err, std::vector<uint32_t>{0, 0});
+    upload(opened, std::vector<uint32_t>{0, 0, 5, 0});
     vk::CommandRecorder rec(*gpu().ctx);
     rec.begin();
     op.record(rec, kv.whole(), norm.whole(), step.whole(), kPosWord, cache.whole(), "kv_write",
-              gated ? vk::GateWait{gate.whole(), 1, target, err.whole()} : vk::GateWait{});
+              gated ? vk::GateWait{gate.whole(), 1, target, err.whole()} : vk::GateWait{},
+              chain ? opened.whole() : vk::BufferSlice{}, 2);
     rec.end();
     rec.run();
+    if (chain) EXPECT_EQ(download<uint32_t>(opened, 4), (std::vector<uint32_t>{0, 0, 6, 0})) << "one arrival on word 2";
     return Run{download<uint16_t>(cache, size_t(n_ctx) * row), download<uint32_t>(err, 2)};
   };
-  const Run plain = run(false, 0, 0), open = run(true, 3, 3), closed = run(true, 2, 3);
+  const Run plain = run(false, 0, 0), open = run(true, 3, 3), closed = run(true, 2, 3), chained = run(true, 3, 3, true);
   EXPECT_EQ(open.cache, plain.cache);
   EXPECT_EQ(open.error, (std::vector<uint32_t>{0, 0}));
   EXPECT_EQ(closed.error, (std::vector<uint32_t>{1, 2}));
+  EXPECT_EQ(chained.cache, plain.cache) << "waiting and signalling";
+  EXPECT_EQ(chained.error, (std::vector<uint32_t>{0, 0}));
   size_t written = 0;
   for (uint16_t h : plain.cache) written += h != 0x7E00;
   EXPECT_EQ(written, row) << "one row written";

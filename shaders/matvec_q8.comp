@@ -441,16 +441,6 @@ void preloaded_staged_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes
 #error "matvec_q8.comp: OUT_Q8 needs whole blocks (OUT_HALVES: half blocks) of rows per workgroup"
 #endif
 shared float oq_y[ROWS_PER_WG];  // the workgroup's outputs (store)
-#if OUT_NORM
-shared vec4 oq_nw[ROWS_PER_WG / 4];  // the next norm's weight for the workgroup's rows
-
-// Loaded at the start, so that its memory round trip overlaps the kernel's own instead of
-// following the dot products (q_a's time unchanged by it in session 14's timeline: 4.77 µs per
-// workgroup either way); ordered before its use by write_out_q8's barrier.
-void load_out_norm(uint row0, uint nrows) {
-  for (uint i = gl_LocalInvocationIndex; i < nrows / 4u; i += WG_SIZE) oq_nw[i] = onw4[((args.row_begin + row0) >> 2) + i];
-}
-#endif
 
 // The workgroup's rows as int8 blocks of y * the next norm's weight, and the sum of their squares
 // in row order (rows past the matrix: none, the host checks rows % 32 == 0). Uniform control flow.
@@ -463,7 +453,7 @@ void write_out_q8(uint row0, uint nrows) {
     vec4 v[4];
     [[unroll]] for (uint k = 0; k < 4; ++k) {
       const uint r = 16u * t + 4u * k;
-      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]) * oq_nw[r >> 2];
+      v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]) * onw4[(args.row_begin + row0 + r) >> 2];
     }
     uvec4 q;
     float d, dsum;
@@ -487,7 +477,7 @@ void write_out_q8(uint row0, uint nrows) {
       const uint r = 32u * t + 4u * k;
       v[k] = vec4(oq_y[r], oq_y[r + 1u], oq_y[r + 2u], oq_y[r + 3u]);
 #if OUT_NORM
-      v[k] *= oq_nw[r >> 2];
+      v[k] *= onw4[(args.row_begin + row0 + r) >> 2];
 #endif
     }
     uvec4 lo, hi;
@@ -554,9 +544,6 @@ void main() {
   const uint row0 = linear_workgroup_id() * ROWS_PER_WG;
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint row_end = min(row0 + ROWS_PER_WG, args.rows);
-#if OUT_Q8 && OUT_NORM
-  load_out_norm(row0, row_end - row0);
-#endif
 
 #if USE_SUBGROUP
   const uint team = gl_SubgroupID / KSPLIT;

@@ -218,35 +218,28 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // The q LoRA's output handed over as int8 blocks and sums of squares (qk_q8), where both ends
     // take them.
     bool qk_q8 = false;
+    vk::MatvecOp producer;  // q_a with its int8 output, where qk_q8
     if (options_.qk_q8 && c.q_lora_rank && s1.size() == 2) {
-      vk::MatvecOp producer = matvec_op(s1[0].name, w.x.whole(), s1[0].y, attn_norm, false);
+      producer = matvec_op(s1[0].name, w.x.whole(), s1[0].y, attn_norm, false);
+      producer.out_q8 = w.cq_q8.whole();
       producer.out_q8_norm = q_a_norm;
+      producer.out_ss = w.cq_ss.whole();
       producer.out_q8_halves = options_.qk_q8_halves;
-      vk::MatvecOp consumer = matvec_op(qname, w.cq.whole(), qdst, {}, false, {}, w.cq_q8.whole());
+      vk::MatvecOp consumer = query;  // the query's matvec on the int8 cq, its norm from the sums
+      consumer.norm_weight = {};
+      consumer.x_q8 = w.cq_q8.whole();
       consumer.x_ss = w.cq_ss.whole();
       consumer.x_ss_parts = producer.out_parts(ctx_);
       consumer.x_q8_halves = producer.out_q8_halves;
       qk_q8 = producer.out_q8_supported(ctx_) && consumer.kernel_name(&ctx_).find(".xq8.rms") != std::string::npos;
-      if (qk_q8) {
-        query.x_q8 = consumer.x_q8;
-        query.x_ss = consumer.x_ss;
-        query.x_ss_parts = consumer.x_ss_parts;
-        query.x_q8_halves = consumer.x_q8_halves;
-        query.norm_weight = {};
-      }
+      if (qk_q8) query = consumer;
     }
     bool early_qk = options_.early_qk && c.q_lora_rank && s1.size() == 2 && query.gate_supported(ctx_) &&
                     vk::KvWriteOp::gate_supported(ctx_);
     // Stage 1: everything that reads only x (waiting on the previous MoE down's gate where it set one).
     std::vector<vk::MatvecOp> s1_ops;
     for (const Stage1& s : s1) {
-      s1_ops.push_back(matvec_op(s.name, w.x.whole(), s.y, attn_norm, false));
-      if (qk_q8 && s1_ops.size() == 1) {
-        s1_ops.back().out_q8 = w.cq_q8.whole();
-        s1_ops.back().out_q8_norm = q_a_norm;
-        s1_ops.back().out_ss = w.cq_ss.whole();
-        s1_ops.back().out_q8_halves = options_.qk_q8_halves;
-      }
+      s1_ops.push_back(qk_q8 && s1_ops.empty() ? producer : matvec_op(s.name, w.x.whole(), s.y, attn_norm, false));
       s1_ops.back().gate = x_gate;
       // x from the MoE down: other SMs' L1 may hold its sectors (the down read its old rows), so
       // coherent loads (matvec_q8.comp GATE_X 0) unless --tune gate_x says otherwise.

@@ -134,13 +134,8 @@ TEST(MatvecInt8Output, FeedsTheNextMatvecWithoutStaging) {
       const std::vector<double> xq = vktest::q8_values(got_q);
       const double inv_rms = 1.0 / std::sqrt(want_ss / ch.mid + 1e-5);
       for (uint32_t i = 0; i < ch.out; ++i) {
-        const std::vector<float> row = vktest::dequant_row(ch.b, wb_bytes, ch.mid, i);
-        double want = 0, mag = 0;
-        for (uint32_t k = 0; k < ch.mid; ++k) {
-          want += double(row[k]) * xq[k];
-          mag += std::fabs(double(row[k]) * xq[k]);
-        }
-        ASSERT_NEAR(y_int8[i], want * inv_rms, 1e-5 * mag * inv_rms + 1e-7) << "row " << i;
+        const vktest::RowDot d = vktest::row_dot(ch.b, wb_bytes, ch.mid, i, xq.data());
+        ASSERT_NEAR(y_int8[i], d.sum * inv_rms, 1e-5 * d.mag * inv_rms + 1e-7) << "row " << i;
       }
     } else {
       float most = 0;
@@ -234,18 +229,13 @@ TEST(MatvecHeadX, EachHeadReadsItsOwnVector) {
     const std::vector<float> got = vktest::download_floats(g, y, rows);
     std::vector<double> want(rows), tol(rows);
     for (uint32_t r = 0; r < rows; ++r) {
-      const std::vector<float> wr = vktest::dequant_row(hc.type, wv, hc.cols, r);
       const uint32_t h = r / hc.head_rows;
       std::vector<double> xin(hc.cols);
       for (uint32_t k = 0; k < hc.cols; ++k) xin[k] = xv[size_t(h) * hc.cols + k];
       xin = vktest::q8_round(xin);
-      double s = 0, mag = 0;
-      for (uint32_t k = 0; k < hc.cols; ++k) {
-        s += wr[k] * xin[k];
-        mag += std::fabs(wr[k] * xin[k]);
-      }
-      want[r] = s;
-      tol[r] = 1e-4 * mag + 1e-30;
+      const vktest::RowDot d = vktest::row_dot(hc.type, wv, hc.cols, r, xin.data());
+      want[r] = d.sum;
+      tol[r] = 1e-4 * d.mag + 1e-30;
     }
     vktest::expect_close(got, want, tol, "per-head matvec");
     if (hc.out_q8) {

@@ -200,14 +200,9 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   std::vector<double> in_d(in.begin(), in.end());
   if (c.q8) in_d = vktest::q8_round(in_d);
   for (uint32_t i = 0; i < c.n_embd; ++i) {
-    const std::vector<float> row = vktest::dequant_row(c.matvec_type, wq, c.in_cols, i);
-    double s = 0, a = 0;
-    for (uint32_t k = 0; k < c.in_cols; ++k) {
-      s += double(row[k]) * in_d[k];
-      a += std::fabs(double(row[k]) * in_d[k]);
-    }
-    want_x[i] = x0[i] + s;
-    tol_x[i] = moetest::sum_tol(a + std::fabs(x0[i]), want_x[i], c.q8 ? 1e-4 : 2e-5);
+    const vktest::RowDot d = vktest::row_dot(c.matvec_type, wq, c.in_cols, i, in_d.data());
+    want_x[i] = x0[i] + d.sum;
+    tol_x[i] = moetest::sum_tol(d.mag + std::fabs(x0[i]), want_x[i], c.q8 ? 1e-4 : 2e-5);
   }
   vktest::expect_close(r.x, want_x, tol_x, "x_new");
 

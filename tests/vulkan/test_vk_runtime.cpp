@@ -307,17 +307,13 @@ TEST(VkRecorder, ResubmissionSeesChangedStepBuffer) {
     rec.run();
     std::vector<float> got(7);
     y.read(0, got.data(), 28);
-    const std::vector<float> x = vktest::dequant_row(GgmlType::Q8_0, table, dim, token);
+    const std::vector<float> xf = vktest::dequant_row(GgmlType::Q8_0, table, dim, token);
+    const std::vector<double> x(xf.begin(), xf.end());
     std::vector<double> want(7), tol(7);
     for (uint32_t r = 0; r < 7; ++r) {
-      const std::vector<float> row = vktest::dequant_row(GgmlType::Q4_0, w, dim, r);
-      double s = 0, mag = 0;
-      for (uint32_t k = 0; k < dim; ++k) {
-        s += double(row[k]) * x[k];
-        mag += std::fabs(double(row[k]) * x[k]);
-      }
-      want[r] = s;
-      tol[r] = 1e-5 * mag + 1e-30;
+      const vktest::RowDot d = vktest::row_dot(GgmlType::Q4_0, w, dim, r, x.data());
+      want[r] = d.sum;
+      tol[r] = 1e-5 * d.mag + 1e-30;
     }
     vktest::expect_close(got, want, tol, cat("token ", token));
   }

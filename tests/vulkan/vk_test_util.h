@@ -58,6 +58,22 @@ struct DeviceMatrix {
 };
 std::unique_ptr<DeviceMatrix> upload_matrix(Gpu& g, GgmlType type, uint32_t rows, uint32_t cols, const std::vector<uint8_t>& gguf);
 
+// Row r of a GGUF-layout matrix dotted with x (cols values) in double: the sum, and the sum of the
+// products' magnitudes for a tolerance.
+struct RowDot {
+  double sum = 0, mag = 0;
+};
+inline RowDot row_dot(GgmlType type, const std::vector<uint8_t>& gguf, uint32_t cols, uint32_t r, const double* x) {
+  const std::vector<float> row = dequant_row(type, gguf, cols, r);
+  RowDot d;
+  for (uint32_t k = 0; k < cols; ++k) {
+    const double p = double(row[k]) * x[k];
+    d.sum += p;
+    d.mag += std::fabs(p);
+  }
+  return d;
+}
+
 // Expects |got - want| <= tol for each element; reports the first few mismatches with `what`.
 void expect_close(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& tol,
                   const std::string& what);

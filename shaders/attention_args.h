@@ -103,7 +103,41 @@ TS_ATTN_FN uint ts_attn_num_chunks(uint kv_len, uint n_groups, uint min_chunk, u
   return (kv_len + len - 1u) / len;
 }
 
+// The decode step's indirect attention group counts as a function of the context length
+// (AttentionOp::decode_counts on the host; sample.comp on the GPU, which writes the next step's
+// counts itself so that steps can be queued without the host): words 0-2 are the short range's
+// dispatch (x = chunks over short_groups workgroups, y = short_y), words 3-5 the long one's
+// (x = chunks over long_groups, y = long_y); the range kv_len is not in gets x = 0 (the single
+// and mid ranges, below their bounds, are direct dispatches: both get 0). A bound of 0: no such
+// range. Stored as 12 words (the step buffer), in this order.
+struct AttnDecodeRule {
+  uint single_max;   // kv_len <= single_max: the single range (0: none)
+  uint mid_max;      // else kv_len <= mid_max: the mid range (0: none)
+  uint short_max;    // else kv_len <= short_max: the short range (0: none), else the long one
+  uint short_groups; // context workgroups of the short range
+  uint long_groups;  // ... of the long range
+  uint short_y;      // head groups of the short range's dispatch
+  uint long_y;       // ... of the long one's
+  uint n_ctx;        // positions the cache holds (kv_len is clamped to it)
+  uint min_chunk;
+  uint tile;
+  uint pad0, pad1;
+};
+
+// Word i (< 6) of the group counts for a context of kv_len >= 1 positions.
+TS_ATTN_FN uint ts_attn_decode_count(AttnDecodeRule r, uint kv_len, uint i) {
+  const uint range = kv_len <= r.single_max ? 0u : kv_len <= r.mid_max ? 1u : kv_len <= r.short_max ? 2u : 3u;
+  if (i == 2u || i == 5u) return 1u;
+  if (i == 1u) return r.short_y;
+  if (i == 4u) return r.long_y;
+  if ((i == 0u && range != 2u) || (i == 3u && range != 3u)) return 0u;
+  const uint len = kv_len < r.n_ctx ? kv_len : r.n_ctx;
+  const uint chunks = ts_attn_num_chunks(len, i == 0u ? r.short_groups : r.long_groups, r.min_chunk, r.tile);
+  return chunks > 1u ? chunks : 1u;
+}
+
 #ifdef __cplusplus
+static_assert(sizeof(AttnDecodeRule) == 48);
 static_assert(sizeof(KvWriteArgs) % 16 == 0 && sizeof(AttnPartialArgs) % 16 == 0);
 static_assert(sizeof(AttnMergeArgs) % 16 == 0 && sizeof(AbsorbArgs) % 16 == 0);
 }  // namespace tessera::gpu

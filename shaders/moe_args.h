@@ -95,6 +95,8 @@ struct MoeArgs {
 // sample.comp flags.
 #define TS_SAMPLE_ADVANCE_POS 1u  // step[pos_word] += 1 after writing the token
 #define TS_SAMPLE_WRITE_OUT 2u    // tokens_out[step[pos_word] % out_ring] = token
+#define TS_SAMPLE_ADVANCE_COUNTS 4u  // the next step's attention group counts (counts_word, rule_word)
+#define TS_SAMPLE_INPUT_RING 8u   // forced inputs from the step buffer's ring (input_word)
 
 // Scratch buffer of sample.comp (32-bit words): [0] arrival counter (zero between dispatches;
 // the last workgroup resets it), [1..3] unused, [4] token, [5] candidates after top-k, [6] kept
@@ -123,8 +125,11 @@ struct SampleArgs {
   uint token_word;   // step[token_word] = token
   uint pos_word;     // step[pos_word] = position of the step that produced the logits
   uint flags;        // TS_SAMPLE_*
-  uint out_ring;     // tokens_out entries (TS_SAMPLE_WRITE_OUT)
-  uint pad0, pad1, pad2;
+  uint out_ring;     // tokens_out entries (TS_SAMPLE_WRITE_OUT; the input ring's too)
+  uint counts_word;  // TS_SAMPLE_ADVANCE_COUNTS: step[counts_word ..+6) <- the next step's
+  uint rule_word;    //   attention group counts by the AttnDecodeRule at step[rule_word ..+12)
+  uint input_word;   // TS_SAMPLE_INPUT_RING: when step[input_word] != 0, the next step's input is
+                     //   step[input_word + 1 + (p + 1) % out_ring] (forced tokens), not the sample
 };
 
 #ifdef __cplusplus

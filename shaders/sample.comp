@@ -9,7 +9,12 @@
 //     draws from softmax(logit / temperature) with u = hash(seed, position) (greedy when
 //     temperature <= 0 or top_k == 1), writes the token to step[token_word] (the next step's
 //     input) and to tokens_out[position % out_ring], the statistics to the scratch buffer,
-//     advances step[pos_word] (TS_SAMPLE_ADVANCE_POS) and resets the arrival counter.
+//     advances step[pos_word] (TS_SAMPLE_ADVANCE_POS), writes the next step's attention group
+//     counts (TS_SAMPLE_ADVANCE_COUNTS: attention_args.h's rule, read from the step buffer) and
+//     resets the arrival counter. With TS_SAMPLE_INPUT_RING and step[input_word] set, the next
+//     step's input is the host's forced token from the ring after that word instead. Together:
+//     a step leaves the step buffer ready for the next, which the host may queue before this one
+//     ends (GpuModel::decode_steps).
 // Deterministic: same logits, seed and position -> same token.
 // Arguments: SampleArgs (moe_args.h; scratch layout there). Wrapper: SampleOp (kernels_sample.h).
 //
@@ -20,6 +25,7 @@
 
 #include "common.glsl"
 #include "moe_args.h"
+#include "attention_args.h"
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -215,8 +221,17 @@ void main() {
   scratch[TS_SAMPLE_STATS + 1u] = n_cand;
   scratch[TS_SAMPLE_STATS + 2u] = keep;
   for (uint r = 0; r < keep; ++r) scratch[TS_SAMPLE_KEPT + r] = top_i[r];
-  step[args.token_word] = token;
+  uint next = token;  // the next step's input
+  if ((args.flags & TS_SAMPLE_INPUT_RING) != 0u && step[args.input_word] != 0u)
+    next = step[args.input_word + 1u + (pos + 1u) % args.out_ring];
+  step[args.token_word] = next;
   if ((args.flags & TS_SAMPLE_ADVANCE_POS) != 0u) step[args.pos_word] = pos + 1u;
   if ((args.flags & TS_SAMPLE_WRITE_OUT) != 0u) tokens_out[pos % args.out_ring] = token;
+  if ((args.flags & TS_SAMPLE_ADVANCE_COUNTS) != 0u) {
+    const uint w = args.rule_word;  // the next step runs at pos + 1: kv_len = pos + 2
+    const AttnDecodeRule r = AttnDecodeRule(step[w], step[w + 1u], step[w + 2u], step[w + 3u], step[w + 4u],
+                                            step[w + 5u], step[w + 6u], step[w + 7u], step[w + 8u], step[w + 9u], 0u, 0u);
+    for (uint i = 0; i < 6u; ++i) step[args.counts_word + i] = ts_attn_decode_count(r, pos + 2u, i);
+  }
   atomicExchange(scratch[0], 0u);
 }

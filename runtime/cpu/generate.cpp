@@ -1,5 +1,6 @@
 #include "runtime/cpu/generate.h"
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
 #include <chrono>
@@ -35,6 +36,12 @@ void write_logits(const std::string& path, const std::vector<float>& logits) {
 int32_t LanguageModel::device_token() const { runtime_error("this model does not sample on its device"); }
 int32_t LanguageModel::device_step() { runtime_error("this model does not sample on its device"); }
 
+int LanguageModel::device_steps(int n, const std::function<bool(int32_t)>& on_token) {
+  for (int i = 0; i < n; ++i)
+    if (!on_token(device_step())) return i + 1;
+  return std::max(n, 0);
+}
+
 GenerateResult generate(LanguageModel& model, std::span<const int32_t> prompt, const text::Tokenizer* tokenizer,
                         text::Sampler& sampler, const GenerateOptions& options,
                         const std::function<void(std::string_view)>& on_text) {
@@ -60,23 +67,33 @@ GenerateResult generate(LanguageModel& model, std::span<const int32_t> prompt, c
 
   t0 = std::chrono::steady_clock::now();
   text::TokenDecoder decoder(*tokenizer);
-  const bool on_device = model.samples_on_device();
-  for (int i = 0; i < options.n_predict; ++i) {
-    const int32_t id = on_device ? (i == 0 ? model.device_token() : model.device_step()) : sampler.sample(logits);
+  // One generated token: false when generation ends with it.
+  auto take = [&](int32_t id) {
     sampler.accept(id);
     r.generated.push_back(id);
     if (tokenizer->is_eog(id)) {
       r.hit_eog = true;
-      break;
+      return false;
     }
     const std::string piece = decoder.push(id, options.render_special);
     if (!piece.empty()) on_text(piece);
-    if (i + 1 == options.n_predict) break;
+    if (r.generated.size() == size_t(options.n_predict)) return false;
     if (model.n_past() >= model.n_ctx()) {
       r.context_full = true;
-      break;
+      return false;
     }
-    if (!on_device) logits = model.forward(std::span<const int32_t>(&id, 1), true);
+    return true;
+  };
+  if (model.samples_on_device()) {
+    // The first token was chosen with the prompt's logits; the device may queue the steps after it.
+    if (take(model.device_token()))
+      model.device_steps(std::min(options.n_predict - 1, model.n_ctx() - model.n_past()), take);
+  } else {
+    for (;;) {
+      const int32_t id = sampler.sample(logits);
+      if (!take(id)) break;
+      logits = model.forward(std::span<const int32_t>(&id, 1), true);
+    }
   }
   const std::string rest = decoder.flush();
   if (!rest.empty()) on_text(rest);

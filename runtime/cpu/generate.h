@@ -31,6 +31,10 @@ class LanguageModel {
   virtual bool samples_on_device() const { return false; }
   virtual int32_t device_token() const;
   virtual int32_t device_step();
+  // Up to n device steps, each sampled token handed to on_token as it comes (false: stop); returns
+  // the steps whose tokens were handed over. Default: device_step() n times; a model may queue
+  // steps ahead (GpuModel::decode_steps) as long as n_past() counts only the handed-over ones.
+  virtual int device_steps(int n, const std::function<bool(int32_t)>& on_token);
 };
 
 struct GenerateOptions {

@@ -130,8 +130,12 @@ class GpuTarget : public Target {
   }
   void prefill(std::span<const int32_t> tokens) override { m_.forward(tokens, true); }
   std::vector<int32_t> decode(uint32_t n, const std::vector<int32_t>* forced) override {
-    std::vector<int32_t> ids(n);
-    for (uint32_t i = 0; i < n; ++i) ids[i] = forced ? m_.decode_step((*forced)[i]) : m_.decode_step();
+    std::vector<int32_t> ids;
+    ids.reserve(n);
+    m_.decode_steps(n, forced ? std::span<const int32_t>(*forced) : std::span<const int32_t>(), [&](int32_t t) {
+      ids.push_back(t);
+      return true;
+    });
     return ids;
   }
 
@@ -393,6 +397,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
+  go.pipeline = o.pipeline;
   go.early_vo = o.early_vo;
   go.gate_stats = o.gate_stats;
   go.early_down = o.early_down;

@@ -95,6 +95,7 @@ void GpuModel::record_steps() {
   record_step(*rec_, ranges.front().second);
   rec_->end();
   rec_more_.clear();
+  twins_.clear();
   for (size_t i = 1; i < ranges.size(); ++i) {
     rec_more_.push_back(step_recorder(false));
     record_aside(*rec_more_.back(), ranges[i].second);  // the stats describe the first range's recording
@@ -121,6 +122,7 @@ void GpuModel::record_aside(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 GpuModel::~GpuModel() {
   prefill_.reset();
   prof_rec_.reset();
+  twins_.clear();
   rec_more_.clear();
   rec_.reset();
   xfer_.reset();
@@ -274,11 +276,26 @@ bool GpuModel::fold_router(uint32_t layer) const {
          r.offset % std::max<uint64_t>(ctx_.info().min_storage_buffer_offset_alignment, 4) == 0;
 }
 
-vk::CommandRecorder& GpuModel::step_recording(uint32_t pos) {
+size_t GpuModel::step_range_index(uint32_t pos) const {
   const auto ranges = attn_->decode_ranges();
   size_t i = 0;
   while (i + 1 < ranges.size() && pos + 1 > ranges[i].second) ++i;
+  return i;
+}
+
+vk::CommandRecorder& GpuModel::step_recording(uint32_t pos) {
+  const size_t i = step_range_index(pos);
   return i == 0 ? *rec_ : *rec_more_.at(i - 1);
+}
+
+vk::CommandRecorder& GpuModel::twin_recording(uint32_t pos) {
+  const size_t i = step_range_index(pos);
+  if (twins_.size() <= i) twins_.resize(i + 1);
+  if (!twins_[i]) {
+    twins_[i] = step_recorder(false);
+    record_aside(*twins_[i], attn_->decode_ranges()[i].second);
+  }
+  return *twins_[i];
 }
 
 void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(step_recording(pos), token, pos); }
@@ -291,28 +308,104 @@ void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
     bad_input("token id ", token, " is outside the vocabulary (", config_.n_vocab, " tokens)");
   write_step(uint32_t(token), pos);
   rec.run();
-  if (!early_starts()) return;
+  if (!step_gave_up()) return;
+  // The step's x is wrong: run it again (it rewrites the same cache row) on the new recording.
+  if (&rec != prof_rec_.get()) return run_step(token, pos);
+  record_aside(*prof_rec_, prof_kv_len_);
+  run_step(*prof_rec_, token, pos);
+}
+
+bool GpuModel::step_gave_up() {
+  if (!early_starts()) return false;
   if (options_.gate_stats && options_.early_vo) collect_gate_stats();
   uint32_t gave_up[2] = {};
   w_->step.read(kGateErrorWord * 4, gave_up, 8);
-  if (!gave_up[0]) return;
-  // A consumer waited for a producer this device did not run beside it: the step's x is wrong.
-  // Re-record without early starts and run the step again (it rewrites the same cache row).
+  if (!gave_up[0]) return false;
+  // A consumer waited for a producer this device did not run beside it: re-record without early starts.
   const uint32_t zero[2] = {};
   w_->step.write(kGateErrorWord * 4, zero, 8);
   std::fprintf(stderr, "tessera: %s did not run a consumer beside its producer (an early start's wait gave up with the "
-               "gate at %u, position %u); recording the decode step without early starts\n", ctx_.info().name.c_str(),
-               gave_up[1], pos);
+               "gate at %u); recording the decode step without early starts\n", ctx_.info().name.c_str(), gave_up[1]);
   options_.early_vo = false;
   options_.early_down = false;
   options_.early_qk = false;
   options_.early_attn = false;
   options_.early_gateup = false;
-  const bool profiled = &rec == prof_rec_.get();
   record_steps();
-  if (!profiled) return run_step(token, pos);
-  record_aside(*prof_rec_, prof_kv_len_);
-  run_step(*prof_rec_, token, pos);
+  return true;
+}
+
+uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
+                                const std::function<bool(int32_t)>& on_token) {
+  if (n == 0) return 0;
+  const bool forcing = !forced.empty();
+  if (forcing && forced.size() < n) usage_error("decode_steps: ", n, " steps but ", forced.size(), " forced tokens");
+  if (uint64_t(n_past_) + n > n_ctx_)
+    usage_error("context full: ", n_past_, " cached + ", n, " decode steps exceed the context of ", n_ctx_,
+                " positions (reset, or raise --ctx)");
+  for (uint32_t i = 0; forcing && i < n; ++i)
+    if (forced[i] < 0 || uint32_t(forced[i]) >= config_.n_vocab)
+      bad_input("token id ", forced[i], " is outside the vocabulary (", config_.n_vocab, " tokens)");
+  if (!options_.pipeline || (options_.gate_stats && options_.early_vo)) {  // gate statistics: read after each step
+    for (uint32_t i = 0; i < n; ++i)
+      if (!on_token(forcing ? decode_step(forced[i]) : decode_step())) return i + 1;
+    return n;
+  }
+  const uint32_t start = n_past_;
+  const int32_t first = forcing ? forced[0] : sampled_token();
+  int32_t last = first;  // the last reported token (before any: the first input)
+  // The step buffer for step i (nothing queued): its input and position; the sampler of each step
+  // then writes the next one's (forced: from the ring, filled as steps are queued).
+  auto restart = [&](uint32_t i) {
+    write_step(uint32_t(forcing ? forced[i] : i == 0 ? first : last), start + i);
+    const uint32_t on = forcing ? 1u : 0u;
+    w_->step.write(kInputWord * 4, &on, 4);
+  };
+  struct Queued {
+    vk::CommandRecorder* rec;
+    uint32_t pos;
+  };
+  std::vector<Queued> queued;  // oldest first, at most two
+  uint32_t next = 0, done = 0;
+  auto drain = [&] {
+    for (Queued& q : queued) q.rec->wait();
+    queued.clear();
+  };
+  restart(0);
+  while (done < n) {
+    while (next < n && queued.size() < 2) {
+      const uint32_t pos = start + next;
+      if (forcing && next + 1 < n) {
+        const uint32_t t = uint32_t(forced[next + 1]);
+        w_->step.write((kInputWord + 1 + (pos + 1) % kRing) * 4, &t, 4);
+      }
+      vk::CommandRecorder& rec = next % 2 ? twin_recording(pos) : step_recording(pos);
+      rec.submit();
+      queued.push_back({&rec, pos});
+      ++next;
+    }
+    const Queued q = queued.front();
+    queued.erase(queued.begin());
+    q.rec->wait();
+    if (step_gave_up()) {  // re-recorded: run this step and the ones after it again
+      drain();
+      next = done;
+      restart(done);
+      continue;
+    }
+    uint32_t token = 0;
+    w_->ring.read((q.pos % kRing) * 4, &token, 4);
+    ++done;
+    n_past_ = q.pos + 1;
+    last = int32_t(token);
+    if (!on_token(last)) break;
+  }
+  // As after `done` decode_step calls: the last sample is the next input, no forced inputs.
+  drain();
+  write_step(uint32_t(last), n_past_);
+  const uint32_t off = 0;
+  w_->step.write(kInputWord * 4, &off, 4);
+  return done;
 }
 
 std::vector<float> GpuModel::forward(std::span<const int32_t> tokens, bool last_only) {
@@ -434,6 +527,8 @@ void GpuModel::write_step(uint32_t token, uint32_t pos) {
   uint32_t counts[vk::AttentionOp::kDecodeCountWords];
   attn_->decode_counts(pos + 1, counts);
   w_->step.write(kAttnCountsWord * 4, counts, sizeof counts);
+  const gpu::AttnDecodeRule rule = attn_->decode_rule();  // the sampler's, for the step after
+  w_->step.write(kRuleWord * 4, &rule, sizeof rule);
 }
 
 void GpuModel::collect_gate_stats() {

@@ -16,8 +16,10 @@
 //   std::vector<float> logits = m.forward(prompt_ids, /*last_only=*/true);   // prompt
 //   int32_t t = m.sampled_token();            // chosen on the GPU from the last logits
 //   while (...) { t = m.decode_step(); }      // one submit per token, token in, token out
+//   m.decode_steps(n, {}, [](int32_t t) { ...; return true; });  // n tokens, two steps queued
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -149,6 +151,10 @@ struct GpuModelOptions {
   // workgroups of 16 rows (matvec_q8.comp OUT_HALVES / X_HALVES); off: whole blocks, 24
   // workgroups of 32 rows (session 12: q_a 4.1 -> 6.2 µs). bench --tune qk_q8=2 turns it off.
   bool qk_q8_halves = true;
+  // decode_steps queues step i + 1 before it waits for step i (the sampler leaves the step buffer
+  // ready for the next step: its input, position and attention counts), so the host's wait, read
+  // and submit are off the GPU's path. Off: one submit and wait per step. bench --tune pipeline=0|1.
+  bool pipeline = true;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).
@@ -242,9 +248,21 @@ class GpuModel : public LanguageModel {
   int32_t decode_step();
   // One step on `token` instead (bench --forced-tokens; Error(BadInput) outside the vocabulary).
   int32_t decode_step(int32_t token);
+  // Decodes up to n tokens at positions n_past()..: step i is fed forced[i] (forced non-empty: at
+  // least n ids) or the token the step before it sampled (the first: sampled_token()). With
+  // GpuModelOptions::pipeline step i + 1 is queued before step i is waited for (forced inputs go
+  // ahead into the step buffer's ring). on_token gets each step's sampled token in order, as its
+  // step completes; returning false stops, and a step already queued is discarded: n_past()
+  // counts the reported steps only and sampled_token() is the last reported token, as after as
+  // many decode_step calls. Returns the steps reported. Error(Usage) when the context cannot hold
+  // n more positions, Error(BadInput) for a forced id outside the vocabulary (both before any work).
+  uint32_t decode_steps(uint32_t n, std::span<const int32_t> forced, const std::function<bool(int32_t)>& on_token);
   bool samples_on_device() const override { return options_.device_sampling; }
   int32_t device_token() const override { return sampled_token(); }
   int32_t device_step() override { return decode_step(); }
+  int device_steps(int n, const std::function<bool(int32_t)>& on_token) override {
+    return n > 0 ? int(decode_steps(uint32_t(n), {}, on_token)) : 0;
+  }
   // Logits of the last step (downloaded on request).
   std::vector<float> last_logits() const;
   // Forgets the context (the cache is simply overwritten from position 0).
@@ -304,6 +322,13 @@ class GpuModel : public LanguageModel {
   void run_step(int32_t token, uint32_t pos);
   void run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos);
   vk::CommandRecorder& step_recording(uint32_t pos);  // the recording run_step(token, pos) runs
+  // Its twin (the same step, another command buffer: decode_steps queues two steps at once),
+  // recorded on first use.
+  vk::CommandRecorder& twin_recording(uint32_t pos);
+  size_t step_range_index(uint32_t pos) const;  // of attn_->decode_ranges()
+  // After a step: whether an early start's wait gave up (the step's results are wrong). If so,
+  // the error word is cleared and the steps are recorded again without early starts.
+  bool step_gave_up();
   // The LM head of one token, shared by the decode step and the prefill's last chunk:
   // normed = RMSNorm(x; output_norm) (its own dispatch), barrier, logits = W_out . normed, barrier,
   // the GPU sampler (the next token and position into the step buffer). `what` ends the labels.
@@ -323,6 +348,7 @@ class GpuModel : public LanguageModel {
   std::unique_ptr<vk::CommandRecorder> rec_;       // the step for the first attention range (or every context)
   // The steps for the later ranges of attn_->decode_ranges(), in order (empty: one range).
   std::vector<std::unique_ptr<vk::CommandRecorder>> rec_more_;
+  std::vector<std::unique_ptr<vk::CommandRecorder>> twins_;  // per range, made by twin_recording
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
   GateTrace gate_trace_;                            // GpuModelOptions::gate_stats

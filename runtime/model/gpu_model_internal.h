@@ -27,10 +27,15 @@ constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding of
 constexpr uint32_t kGateSlices = 6;
 constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4, kGateVb = 5;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
-constexpr uint32_t kStepBytes = (kGateErrorWord + 2) * 4;  // the error word and the gate it saw
-static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kGateErrorWord);
+constexpr uint32_t kRuleWord = 16;       // step buffer: their rule (gpu::AttnDecodeRule, 12 words), for the sampler
+constexpr uint32_t kRing = 64;           // sampled-token ring (host-visible); the forced-input ring's size
+// Step buffer: forced inputs (GpuModel::decode_steps with forced tokens): while word kInputWord is
+// set, the sampler takes the next step's input from word kInputWord + 1 + (position % kRing).
+constexpr uint32_t kInputWord = 128;
+constexpr uint32_t kStepBytes = (kInputWord + 1 + kRing) * 4;
+static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kRuleWord);
+static_assert(kRuleWord + sizeof(gpu::AttnDecodeRule) / 4 <= kGateErrorWord && kGateErrorWord + 2 <= kInputWord);
 static_assert(TS_DOWN_GATE_WORDS * 4 <= kGateStride, "the MoE down's gate words fit a gate slice");
-constexpr uint32_t kRing = 64;      // sampled-token ring (host-visible)
 // GpuModelOptions::timeline: one region of records per dispatch (16 bytes per workgroup, up to
 // kTimelineRegionRecords workgroups), kTimelineRegions regions (the decode step has < 400 dispatches).
 constexpr uint64_t kTimelineRegionRecords = 16384;

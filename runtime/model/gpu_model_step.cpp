@@ -26,6 +26,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   // as do indirect attention counts (host-written, read as indirect arguments).
   const vk::BufferSlice host_step = w.step.whole();
   const vk::BufferSlice step = options_.step_local ? w.step_local.whole() : host_step;
+  // After the previous step (queued behind it by decode_steps): its sampler wrote the token, the
+  // position and the indirect counts this step reads, and it used the same scratch buffers.
+  rec.after_earlier_submissions();
   if (options_.step_local) rec.copy(host_step, step);
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;
@@ -481,6 +484,9 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
   sample.advance_pos = true;
   sample.tokens_out = w.ring.whole();
   sample.out_ring = kRing;
+  sample.counts_word = kAttnCountsWord;  // the step buffer ready for the next step: no host write
+  sample.rule_word = kRuleWord;          // between queued steps (decode_steps)
+  sample.input_word = kInputWord;
   sample.record(rec);
   return lm.w.read_bytes();
 }

@@ -258,6 +258,9 @@ class AttentionOp {
   // the short range's recording, 3-5 for the long one's (the range kv_len is not in gets none;
   // the single and mid ranges are direct dispatches and read no counts).
   void decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const;
+  // The rule decode_counts follows (attention_args.h), for a kernel that writes the next step's
+  // counts on the GPU (SampleOp::counts_word).
+  gpu::AttnDecodeRule decode_rule() const;
   // The range a context of kv_len positions falls in (single, mid, short, else long).
   DecodeRange decode_range(uint32_t kv_len) const;
   // Whether record_decode for `range` merges in the partial kernel (no merge dispatch).

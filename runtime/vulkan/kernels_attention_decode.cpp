@@ -123,16 +123,24 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
 }
 
 
+gpu::AttnDecodeRule AttentionOp::decode_rule() const {
+  gpu::AttnDecodeRule r{};
+  r.single_max = single_ ? single_max_kv_ : 0;
+  r.mid_max = mid_ ? mid_max_kv_ : 0;
+  r.short_max = partial_short_ ? short_max_kv_ : 0;
+  r.short_groups = decode_groups(DecodeRange::Short) ? decode_groups(DecodeRange::Short) : n_groups_;
+  r.long_groups = n_groups_;
+  r.short_y = short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u;
+  r.long_y = ceil_div(shape_.n_head, heads_per_group_);
+  r.n_ctx = shape_.n_ctx;
+  r.min_chunk = min_chunk_;
+  r.tile = tile_;
+  return r;
+}
+
 void AttentionOp::decode_counts(uint32_t kv_len, uint32_t words[kDecodeCountWords]) const {
-  const DecodeRange range = decode_range(kv_len);
-  const bool short_range = range == DecodeRange::Short;
-  const uint32_t chunks = std::max(1u, num_chunks(kv_len, decode_groups(range)));
-  const uint32_t s[3] = {short_range ? chunks : 0u, short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u, 1u};
-  const uint32_t l[3] = {range == DecodeRange::Long ? chunks : 0u, ceil_div(shape_.n_head, heads_per_group_), 1u};
-  for (int i = 0; i < 3; ++i) {
-    words[i] = s[i];
-    words[3 + i] = l[i];
-  }
+  const gpu::AttnDecodeRule r = decode_rule();
+  for (uint32_t i = 0; i < kDecodeCountWords; ++i) words[i] = gpu::ts_attn_decode_count(r, kv_len, i);
 }
 
 DecodeRange AttentionOp::decode_range(uint32_t kv_len) const {

@@ -80,6 +80,12 @@ void SampleOp::record(CommandRecorder& rec) const {
     if (out_ring == 0) runtime_error(what, ": tokens_out is set but out_ring is 0");
     need(tokens_out, uint64_t(out_ring) * 4, "tokens_out");
   }
+  const bool counts = counts_word != kNoWord, input_ring = input_word != kNoWord;
+  if (counts != (rule_word != kNoWord)) runtime_error(what, ": counts_word and rule_word are set together");
+  if (counts && !advance_pos) runtime_error(what, ": the next step's counts need advance_pos");
+  if (counts) need(step, (uint64_t(std::max(counts_word + 6, rule_word + 12))) * 4, "step");
+  if (input_ring && !write_out) runtime_error(what, ": forced inputs (input_word) need tokens_out's ring");
+  if (input_ring) need(step, (uint64_t(input_word) + 1 + out_ring) * 4, "step");
   if (!(params.top_p == params.top_p) || !(params.min_p == params.min_p) || !(params.temperature == params.temperature))
     runtime_error(what, ": sampling parameters must not be NaN");
 
@@ -106,8 +112,12 @@ void SampleOp::record(CommandRecorder& rec) const {
   a.seed_hi = uint32_t(params.seed >> 32);
   a.token_word = token_word;
   a.pos_word = pos_word;
-  a.flags = (advance_pos ? TS_SAMPLE_ADVANCE_POS : 0u) | (write_out ? TS_SAMPLE_WRITE_OUT : 0u);
+  a.flags = (advance_pos ? TS_SAMPLE_ADVANCE_POS : 0u) | (write_out ? TS_SAMPLE_WRITE_OUT : 0u) |
+            (counts ? TS_SAMPLE_ADVANCE_COUNTS : 0u) | (input_ring ? TS_SAMPLE_INPUT_RING : 0u);
   a.out_ring = write_out ? out_ring : 1;
+  a.counts_word = counts ? counts_word : 0;
+  a.rule_word = counts ? rule_word : 0;
+  a.input_word = input_ring ? input_word : 0;
   const BufferSlice bufs[4] = {logits, scratch, step, write_out ? tokens_out : step};
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 4), a, a.n_groups, 1, 1, what, bytes());
 }

@@ -16,6 +16,9 @@
 //   sample.advance_pos = true;
 //   sample.tokens_out = ring;     // optional host-visible uint32 [out_ring]: ring[p % out_ring] = token
 //   sample.out_ring = 64;
+//   sample.counts_word = 4;       // optional: the next step's attention counts (rule at rule_word)
+//   sample.rule_word = 16;
+//   sample.input_word = 128;      // optional: forced inputs while step[128] != 0
 //   sample.record(rec);           // one dispatch, no barrier
 //   ... after rec.wait(): SampleOp::read_stats(scratch words) for the token and the kept set.
 //
@@ -65,6 +68,13 @@ struct SampleOp {
   bool advance_pos = false;
   BufferSlice tokens_out;  // optional uint32 ring (empty buffer: not written)
   uint32_t out_ring = 0;
+  // Optional (kNoWord: off): the next step's attention group counts into step[counts_word ..+6),
+  // by the AttnDecodeRule the host keeps at step[rule_word ..+12) (needs advance_pos) ...
+  static constexpr uint32_t kNoWord = 0xFFFFFFFFu;
+  uint32_t counts_word = kNoWord, rule_word = kNoWord;
+  // ... and forced inputs: while step[input_word] != 0 the next step's input is
+  // step[input_word + 1 + (p + 1) % out_ring], not the sample (needs tokens_out's out_ring).
+  uint32_t input_word = kNoWord;
   std::string label;       // empty = "sample" / "argmax"
 
   // Workgroups of phase 1 for a vocabulary and k, and the scratch bytes any k needs.

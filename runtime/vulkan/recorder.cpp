@@ -216,6 +216,17 @@ void CommandRecorder::barrier() {
   ++barriers_;
 }
 
+void CommandRecorder::after_earlier_submissions() {
+  require_recording("after_earlier_submissions");
+  if (!dispatches_.empty() || transfer_since_barrier_)
+    runtime_error("after_earlier_submissions: record it before any other command");
+  auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
+  mb.srcAccessMask = kWrites;
+  mb.dstAccessMask = kReadsWrites;
+  vkCmdPipelineBarrier(cmd_, kWorkStages, kWorkStages | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0, 1, &mb, 0, nullptr, 0,
+                       nullptr);
+}
+
 void CommandRecorder::require_transfer_allowed(const char* what) const {
   require_recording(what);
   if ((options_.barrier_scope == BarrierScope::ComputeOnly || options_.barrier_scope == BarrierScope::ExecutionOnly) &&

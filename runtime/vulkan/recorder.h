@@ -102,6 +102,12 @@ class CommandRecorder {
   // Memory barrier: all earlier compute/transfer writes are visible to all later compute/transfer
   // reads and writes (narrower with RecorderOptions::barrier_scope). Counted by barrier_count().
   void barrier();
+  // Orders everything after it behind every earlier submission to the queue: their compute and
+  // transfer writes are visible to this recording's compute, transfer and indirect-argument
+  // reads (whatever the barrier scope). For a recording that is queued before the previous one
+  // has finished and reads what it wrote. Not counted by barrier_count() (not a barrier between
+  // this recording's own stages); record it before any other command.
+  void after_earlier_submissions();
   // dst = value repeated (dst.size multiple of 4), dst = src (equal sizes). Follow with barrier()
   // before a dispatch reads the result. With BarrierScope::ComputeOnly only before the first
   // dispatch of the recording (Error(Runtime) otherwise: those barriers cannot order them).

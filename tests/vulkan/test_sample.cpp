@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <map>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -13,6 +16,7 @@
 
 #include "runtime/text/sampler.h"
 #include "runtime/vulkan/kernels_sample.h"
+#include "shaders/attention_args.h"
 #include "tests/vulkan/vk_test_util.h"
 
 namespace tessera {
@@ -230,6 +234,69 @@ TEST(SampleKernel, SelfFeedingStepsFollowTheDistribution) {
       EXPECT_NEAR(freq, pi, 4.5 * std::sqrt(pi * (1 - pi) / n) + 1e-3) << "token " << i;
     }
   }
+}
+
+// The step a sampler leaves for the next one (GpuModel::decode_steps queues it before this one
+// ends): the next step's attention group counts by the rule in the step buffer, at awkward bounds
+// on both sides of each range and past the cache, and a forced input from the ring while the ring
+// is on (the sample still goes to the output ring).
+TEST(SampleKernel, LeavesTheNextStepsCountsAndForcedInput) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  Sampling s(g, 37);
+  vk::Buffer step = vktest::make_buffer(g, 128 * 4, "step", true);
+  const gpu::AttnDecodeRule rule{3, 9, 40, 5, 7, 3, 2, 50, 4, 4, 0, 0};
+  std::vector<float> l(37, 0.f);
+  l[11] = 2.f;
+  s.set_logits(l);
+  constexpr uint32_t kCounts = 4, kRule = 16, kInput = 64;
+  vk::SampleOp op = s.op(kGreedy, true);
+  op.step = step.whole();
+  op.counts_word = kCounts;
+  op.rule_word = kRule;
+  op.input_word = kInput;
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  op.record(rec);
+  rec.end();
+  // Hand-worked counts (x short, y, 1, x long, y, 1) for some next-step lengths.
+  const std::map<uint32_t, std::array<uint32_t, 6>> worked = {
+      {3, {0, 3, 1, 0, 2, 1}},  {9, {0, 3, 1, 0, 2, 1}},  {10, {3, 3, 1, 0, 2, 1}},
+      {20, {5, 3, 1, 0, 2, 1}}, {41, {0, 3, 1, 6, 2, 1}}, {61, {0, 3, 1, 7, 2, 1}}};
+  for (uint32_t pos = 0; pos < 60; ++pos) {
+    SCOPED_TRACE(cat("position ", pos));
+    std::vector<uint32_t> words(128, 0xDEADBEEFu);
+    words[0] = 5;
+    words[1] = pos;
+    std::memcpy(&words[kRule], &rule, sizeof rule);
+    const bool forced = pos % 3 == 1;
+    words[kInput] = forced ? 1u : 0u;
+    for (uint32_t i = 0; i < s.ring_len; ++i) words[kInput + 1 + i] = 100 + i;
+    step.write(0, words.data(), words.size() * 4);
+    rec.run();
+    std::vector<uint32_t> out(128);
+    step.read(0, out.data(), out.size() * 4);
+    EXPECT_EQ(out[1], pos + 1);
+    EXPECT_EQ(out[0], forced ? 100 + (pos + 1) % s.ring_len : 11u) << "the next step's input";
+    uint32_t sampled = 0;
+    s.ring.read((pos % s.ring_len) * 4, &sampled, 4);
+    EXPECT_EQ(sampled, 11u) << "the sample in the output ring";
+    for (uint32_t i = 0; i < 6; ++i) {
+      EXPECT_EQ(out[kCounts + i], gpu::ts_attn_decode_count(rule, pos + 2, i)) << "word " << i;
+      if (worked.count(pos + 2)) EXPECT_EQ(out[kCounts + i], worked.at(pos + 2)[i]) << "word " << i;
+    }
+  }
+  vk::CommandRecorder bad(*g.ctx);
+  bad.begin();
+  vk::SampleOp no_rule = op;
+  no_rule.rule_word = vk::SampleOp::kNoWord;
+  EXPECT_THROW(no_rule.record(bad), Error);
+  vk::SampleOp no_advance = op;
+  no_advance.advance_pos = false;
+  EXPECT_THROW(no_advance.record(bad), Error);
+  vk::SampleOp short_step = op;
+  short_step.step = step.slice(0, 64 * 4);  // the input ring does not fit
+  EXPECT_THROW(short_step.record(bad), Error);
 }
 
 TEST(SampleKernel, RefusesBadBindings) {

@@ -10,8 +10,8 @@
 //   w_k    = probs[ids_k]; / max(sum_k w_k, 6.103515625e-5) (TS_ROUTER_NORM_WEIGHTS);
 //            * scale when scale is not 0 or 1
 //
-// With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of subgroup
-// max/min, no barrier inside) and publishes the result through shared memory: the routing then
+// With subgroup arithmetic, subgroup 0 alone computes it in registers (K rounds of an integer
+// subgroup max and min over order-preserving keys of the scores, no barrier inside) and publishes the result through shared memory: the routing then
 // costs one pair of global loads, a few hundred cycles and one workgroup barrier. (Ranking every
 // expert against all scores in shared memory instead was 1.2 us slower on an H100, session 13.)
 // Without, the whole workgroup computes it through shared memory (ranks of every expert).
@@ -54,21 +54,27 @@ float route_score(uint e, float p, uint flags) {
 }
 
 // Normalization and scale of the weights (same arithmetic in both paths).
+// A key whose unsigned order is the float order of s (s not NaN; -0 as +0, equal to it), > 0.
+uint route_key(float s) {
+  const uint u = floatBitsToUint(s == 0.0 ? 0.0 : s);
+  return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
+}
+
 float route_factor(float sum, uint flags, float scale) {
   float f = (flags & TS_ROUTER_NORM_WEIGHTS) != 0u ? 1.0 / max(sum, 6.103515625e-5) : 1.0;
   if (scale != 0.0 && scale != 1.0) f *= scale;
   return f;
 }
 
-#if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // ROUTE_E / SUBGROUP_SIZE <= 32
+#if USE_SUBGROUP && SUBGROUP_SIZE >= 8  // RT_PER_LANE <= 32 entries per lane
 #define RT_SUBGROUP_PATH 1
-#define RT_PER_LANE ((ROUTE_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // <= 32: one mask bit each
+#define RT_PER_LANE ((ROUTE_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // entries per lane
 
 // Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
 void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
   const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize;
   const float ninf = uintBitsToFloat(0xFF800000u);
-  float prob[RT_PER_LANE], score[RT_PER_LANE];
+  float prob[RT_PER_LANE];
   [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
     const uint e = lane + j * step;
     prob[j] = e < n_expert ? ROUTE_LOGIT(e) : ninf;
@@ -87,38 +93,42 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   } else {
     [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] = 1.0 / (1.0 + exp(-prob[j]));
   }
+  // K rounds: the best remaining (score, lower index), the score as an order-preserving integer
+  // key (an integer max: one instruction on some GPUs, where a float max is a chain of shuffles),
+  // then the lowest expert among the lanes that hold it (an integer min). The winning lane
+  // records the expert and its probability in shared memory and drops the entry (key 0: below
+  // every valid key; -inf maps above it).
+  uint key[RT_PER_LANE];
   [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
     const uint e = lane + j * step;
-    score[j] = e < n_expert ? route_score(e, prob[j], flags) : ninf;
+    key[j] = e < n_expert ? route_key(route_score(e, prob[j], flags)) : 0u;
   }
-  // K rounds: the best remaining (score, lower index); its lane marks it taken.
-  uint taken = 0u;  // bit j: entry j already chosen
-  float wsum = 0.0;
   for (uint k = 0; k < n_used; ++k) {
-    float bs = ninf;
-    uint bi = 0xFFFFFFFFu;
-    float bp = 0.0;
-    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
-      const uint e = lane + j * step;
-      if (e < n_expert && (taken & (1u << j)) == 0u && (score[j] > bs || (score[j] == bs && e < bi))) {
-        bs = score[j];
-        bi = e;
-        bp = prob[j];
+    uint bk = 0u, bi = 0xFFFFFFFFu;
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j)
+      if (key[j] > bk) {  // equal keys: the lower j, the lower expert, stays
+        bk = key[j];
+        bi = lane + j * step;
       }
-    }
-    const float ms = subgroupMax(bs);
-    const uint win = subgroupMin(bs == ms ? bi : 0xFFFFFFFFu);
-    const float wp = subgroupMax(bi == win ? bp : ninf);  // the winner's probability, exactly
-    if (bi == win) taken |= 1u << ((win - lane) / step);
-    wsum += wp;
-    if (subgroupElect()) {
+    const uint mk = subgroupMax(bk);
+    const uint win = subgroupMin(bk == mk ? bi : 0xFFFFFFFFu);
+    if (bi == win) {
       rt_id[k] = win;
-      rt_w[k] = wp;
+      [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j)
+        if (lane + j * step == win) {
+          rt_w[k] = prob[j];
+          key[j] = 0u;
+        }
     }
   }
-  const float f = route_factor(wsum, flags, scale);
-  if (subgroupElect())
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+  if (subgroupElect()) {
+    float wsum = 0.0;
+    for (uint k = 0; k < n_used; ++k) wsum += rt_w[k];  // in rank order, as the host sums
+    const float f = route_factor(wsum, flags, scale);
     for (uint k = 0; k < n_used; ++k) rt_w[k] *= f;
+  }
 }
 #endif
 

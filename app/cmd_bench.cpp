@@ -87,6 +87,7 @@ const Knob<O> kTuneKnobs[] = {
     {"step_local", 1, "1, default: the layers read a device copy of the per-token words",
      [](O& o, uint32_t v) { o.step_local = v != 0; }},
     {"pipeline", 1, "1, default: decode queues the next step before it waits for the last one", [](O& o, uint32_t v) { o.pipeline = v != 0; }},
+    {"steps", 16, "decode steps per submission with pipeline=1, 1..16; default 8", [](O& o, uint32_t v) { o.steps_per_submit = v; }},
     {"early_vo", 1, "1, default: W_vo starts beside the attention and waits on its gate", [](O& o, uint32_t v) { o.early_vo = v != 0; }},
     {"early_down", 1, "1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane",
      [](O& o, uint32_t v) { o.early_down = v != 0; }},

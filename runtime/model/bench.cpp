@@ -398,6 +398,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
   go.pipeline = o.pipeline;
+  go.steps_per_submit = o.steps_per_submit;
   go.early_vo = o.early_vo;
   go.gate_stats = o.gate_stats;
   go.early_down = o.early_down;

@@ -67,6 +67,7 @@ struct BenchOptions {
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)
   bool step_local = true;                 // GpuModelOptions::step_local (--tune step_local=0|1)
   bool pipeline = true;                   // GpuModelOptions::pipeline (--tune pipeline=0|1)
+  uint32_t steps_per_submit = 8;          // GpuModelOptions::steps_per_submit (--tune steps=N)
   bool early_vo = true;                   // GpuModelOptions::early_vo (--tune early_vo=0|1)
   bool gate_stats = false;                // GpuModelOptions::gate_stats (--tune gate_stats=0|1)
   bool early_down = true;                 // GpuModelOptions::early_down (--tune early_down=0|1)

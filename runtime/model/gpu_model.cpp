@@ -96,6 +96,7 @@ void GpuModel::record_steps() {
   rec_->end();
   rec_more_.clear();
   twins_.clear();
+  batches_.clear();
   for (size_t i = 1; i < ranges.size(); ++i) {
     rec_more_.push_back(step_recorder(false));
     record_aside(*rec_more_.back(), ranges[i].second);  // the stats describe the first range's recording
@@ -123,6 +124,7 @@ GpuModel::~GpuModel() {
   prefill_.reset();
   prof_rec_.reset();
   twins_.clear();
+  batches_.clear();
   rec_more_.clear();
   rec_.reset();
   xfer_.reset();
@@ -298,6 +300,20 @@ vk::CommandRecorder& GpuModel::twin_recording(uint32_t pos) {
   return *twins_[i];
 }
 
+vk::CommandRecorder& GpuModel::batch_recording(uint32_t pos, uint32_t twin) {
+  const size_t i = 2 * step_range_index(pos) + twin;
+  if (batches_.size() <= i) batches_.resize(i + 1);
+  if (!batches_[i]) {
+    batches_[i] = step_recorder(false);
+    const DecodeStats keep = stats_;
+    batches_[i]->begin();
+    for (uint32_t k = 0; k < options_.steps_per_submit; ++k) record_step(*batches_[i], attn_->decode_ranges()[i / 2].second);
+    batches_[i]->end();
+    stats_ = keep;
+  }
+  return *batches_[i];
+}
+
 void GpuModel::run_step(int32_t token, uint32_t pos) { run_step(step_recording(pos), token, pos); }
 
 void GpuModel::run_step(vk::CommandRecorder& rec, int32_t token, uint32_t pos) {
@@ -363,42 +379,53 @@ uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
   };
   struct Queued {
     vk::CommandRecorder* rec;
-    uint32_t pos;
+    uint32_t pos, steps;  // the first step's position, the steps it runs
   };
   std::vector<Queued> queued;  // oldest first, at most two
-  uint32_t next = 0, done = 0;
+  uint32_t next = 0, done = 0, twin = 0;
   auto drain = [&] {
     for (Queued& q : queued) q.rec->wait();
     queued.clear();
   };
+  const uint32_t batch = std::clamp(options_.steps_per_submit, 1u, kRing / 4);
   restart(0);
-  while (done < n) {
+  bool stop = false;
+  while (done < n && !stop) {
     while (next < n && queued.size() < 2) {
       const uint32_t pos = start + next;
-      if (forcing && next + 1 < n) {
-        const uint32_t t = uint32_t(forced[next + 1]);
-        w_->step.write((kInputWord + 1 + (pos + 1) % kRing) * 4, &t, 4);
+      // A batch where its steps stay in one attention range (one recording), else one step.
+      const uint32_t steps =
+          batch > 1 && next + batch <= n && step_range_index(pos) == step_range_index(pos + batch - 1) ? batch : 1;
+      for (uint32_t k = 1; forcing && k <= steps && next + k < n; ++k) {  // the inputs of its steps after the first, and the next one's
+        const uint32_t t = uint32_t(forced[next + k]);
+        w_->step.write((kInputWord + 1 + (pos + k) % kRing) * 4, &t, 4);
       }
-      vk::CommandRecorder& rec = next % 2 ? twin_recording(pos) : step_recording(pos);
+      vk::CommandRecorder& rec = steps > 1 ? batch_recording(pos, twin) : twin ? twin_recording(pos) : step_recording(pos);
       rec.submit();
-      queued.push_back({&rec, pos});
-      ++next;
+      queued.push_back({&rec, pos, steps});
+      next += steps;
+      twin ^= 1;
     }
     const Queued q = queued.front();
     queued.erase(queued.begin());
     q.rec->wait();
-    if (step_gave_up()) {  // re-recorded: run this step and the ones after it again
+    uint32_t gave_up = 0;
+    w_->step.read(kGateErrorWord * 4, &gave_up, 4);
+    if (gave_up && early_starts()) {  // re-record (nothing queued), then run these steps and the ones after again
       drain();
+      step_gave_up();
       next = done;
       restart(done);
       continue;
     }
-    uint32_t token = 0;
-    w_->ring.read((q.pos % kRing) * 4, &token, 4);
-    ++done;
-    n_past_ = q.pos + 1;
-    last = int32_t(token);
-    if (!on_token(last)) break;
+    uint32_t tokens[kRing / 4];
+    for (uint32_t k = 0; k < q.steps; ++k) w_->ring.read(((q.pos + k) % kRing) * 4, &tokens[k], 4);
+    for (uint32_t k = 0; k < q.steps && !stop; ++k) {
+      ++done;
+      n_past_ = q.pos + k + 1;
+      last = int32_t(tokens[k]);
+      stop = !on_token(last);
+    }
   }
   // As after `done` decode_step calls: the last sample is the next input, no forced inputs.
   drain();

@@ -155,6 +155,11 @@ struct GpuModelOptions {
   // ready for the next step: its input, position and attention counts), so the host's wait, read
   // and submit are off the GPU's path. Off: one submit and wait per step. bench --tune pipeline=0|1.
   bool pipeline = true;
+  // With pipeline: decode steps per submission (1..16), where a run of steps stays inside one
+  // attention range; the rest go one per submission. A recording of N steps (the step recorded N
+  // times, full barriers between) spends one submission's start-up on N tokens; the host sees
+  // the tokens N at a time. bench --tune steps=N.
+  uint32_t steps_per_submit = 8;
   // Fault injection for tests: W_vo's gate target one above what the attention counts, so every
   // early-started W_vo's wait gives up and the model takes its fallback (re-records without early
   // starts and runs the step again).
@@ -325,6 +330,9 @@ class GpuModel : public LanguageModel {
   // Its twin (the same step, another command buffer: decode_steps queues two steps at once),
   // recorded on first use.
   vk::CommandRecorder& twin_recording(uint32_t pos);
+  // options_.steps_per_submit steps for the range of `pos` in one recording (two: `twin` 0 or
+  // 1), recorded on first use.
+  vk::CommandRecorder& batch_recording(uint32_t pos, uint32_t twin);
   size_t step_range_index(uint32_t pos) const;  // of attn_->decode_ranges()
   // After a step: whether an early start's wait gave up (the step's results are wrong). If so,
   // the error word is cleared and the steps are recorded again without early starts.
@@ -349,6 +357,7 @@ class GpuModel : public LanguageModel {
   // The steps for the later ranges of attn_->decode_ranges(), in order (empty: one range).
   std::vector<std::unique_ptr<vk::CommandRecorder>> rec_more_;
   std::vector<std::unique_ptr<vk::CommandRecorder>> twins_;  // per range, made by twin_recording
+  std::vector<std::unique_ptr<vk::CommandRecorder>> batches_;  // per range and twin, by batch_recording
   std::unique_ptr<vk::CommandRecorder> prof_rec_;  // the step with timestamps (profile_step)
   uint32_t prof_kv_len_ = 0;                        // the context length prof_rec_ was recorded for
   GateTrace gate_trace_;                            // GpuModelOptions::gate_stats

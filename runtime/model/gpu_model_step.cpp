@@ -26,9 +26,10 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   // as do indirect attention counts (host-written, read as indirect arguments).
   const vk::BufferSlice host_step = w.step.whole();
   const vk::BufferSlice step = options_.step_local ? w.step_local.whole() : host_step;
-  // After the previous step (queued behind it by decode_steps): its sampler wrote the token, the
-  // position and the indirect counts this step reads, and it used the same scratch buffers.
-  rec.after_earlier_submissions();
+  // After the previous step (queued behind it by decode_steps, or before it in the same
+  // recording): its sampler wrote the token, the position and the indirect counts this step
+  // reads, and it used the same scratch buffers.
+  rec.full_barrier();
   if (options_.step_local) rec.copy(host_step, step);
   const uint32_t H = c.n_head, R = c.kv_lora_rank;
   uint64_t weight_bytes = 0;

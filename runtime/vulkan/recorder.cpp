@@ -82,6 +82,7 @@ void CommandRecorder::begin() {
   dispatches_.clear();
   barriers_ = 0;
   transfer_since_barrier_ = false;
+  transfers_allowed_ = true;
   timed_ = 0;
   auto bi = vk_struct<VkCommandBufferBeginInfo>(VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO);
   check(vkBeginCommandBuffer(cmd_, &bi), "vkBeginCommandBuffer");
@@ -166,6 +167,7 @@ void CommandRecorder::bind(const Pipeline& pipeline, std::span<const BufferSlice
 
 void CommandRecorder::after_dispatch(std::string_view label, uint64_t bytes, uint32_t gx, uint32_t gy, uint32_t gz) {
   dispatches_.push_back({std::string(label), bytes, {gx, gy, gz}});
+  transfers_allowed_ = false;
   if (query_pool_ && timed_ < options_.max_timed) {
     ++timed_;
     vkCmdWriteTimestamp(cmd_, VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, query_pool_, timed_);
@@ -216,21 +218,22 @@ void CommandRecorder::barrier() {
   ++barriers_;
 }
 
-void CommandRecorder::after_earlier_submissions() {
-  require_recording("after_earlier_submissions");
-  if (!dispatches_.empty() || transfer_since_barrier_)
-    runtime_error("after_earlier_submissions: record it before any other command");
+void CommandRecorder::full_barrier() {
+  require_recording("full_barrier");
   auto mb = vk_struct<VkMemoryBarrier>(VK_STRUCTURE_TYPE_MEMORY_BARRIER);
   mb.srcAccessMask = kWrites;
   mb.dstAccessMask = kReadsWrites;
   vkCmdPipelineBarrier(cmd_, kWorkStages, kWorkStages | VK_PIPELINE_STAGE_DRAW_INDIRECT_BIT, 0, 1, &mb, 0, nullptr, 0,
                        nullptr);
+  if (!dispatches_.empty() || transfer_since_barrier_) ++barriers_;
+  transfer_since_barrier_ = false;
+  transfers_allowed_ = true;
 }
 
 void CommandRecorder::require_transfer_allowed(const char* what) const {
   require_recording(what);
   if ((options_.barrier_scope == BarrierScope::ComputeOnly || options_.barrier_scope == BarrierScope::ExecutionOnly) &&
-      !dispatches_.empty())
+      !transfers_allowed_)
     runtime_error(what, " after a dispatch in a recording with compute-only barriers (BarrierScope::ComputeOnly or ExecutionOnly): "
                   "those barriers do not order transfers after compute work; record transfers first or use "
                   "BarrierScope::Compute");

@@ -102,15 +102,17 @@ class CommandRecorder {
   // Memory barrier: all earlier compute/transfer writes are visible to all later compute/transfer
   // reads and writes (narrower with RecorderOptions::barrier_scope). Counted by barrier_count().
   void barrier();
-  // Orders everything after it behind every earlier submission to the queue: their compute and
-  // transfer writes are visible to this recording's compute, transfer and indirect-argument
-  // reads (whatever the barrier scope). For a recording that is queued before the previous one
-  // has finished and reads what it wrote. Not counted by barrier_count() (not a barrier between
-  // this recording's own stages); record it before any other command.
-  void after_earlier_submissions();
+  // A barrier of full scope whatever barrier_scope says: every earlier compute and transfer write,
+  // of this recording and of earlier submissions to the queue, is visible to every later
+  // compute, transfer and indirect-argument read. Transfers (fill, copy) may follow it under any
+  // scope. For a recording that is queued behind one whose writes it reads (the decode step), or
+  // that holds several such steps. Counted by barrier_count() where it follows a command of this
+  // recording.
+  void full_barrier();
   // dst = value repeated (dst.size multiple of 4), dst = src (equal sizes). Follow with barrier()
   // before a dispatch reads the result. With BarrierScope::ComputeOnly only before the first
-  // dispatch of the recording (Error(Runtime) otherwise: those barriers cannot order them).
+  // dispatch of the recording or after a full_barrier() (Error(Runtime) otherwise: those barriers
+  // cannot order them).
   void fill(BufferSlice dst, uint32_t value);
   void copy(BufferSlice src, BufferSlice dst);
   // Ends the recording (adds the device -> host visibility barrier).
@@ -156,6 +158,7 @@ class CommandRecorder {
   std::vector<DispatchInfo> dispatches_;
   uint32_t barriers_ = 0;
   bool transfer_since_barrier_ = false;  // a fill or copy recorded since the last barrier
+  bool transfers_allowed_ = true;        // no dispatch since begin() or the last full_barrier()
   uint32_t timed_ = 0;  // dispatches with a timestamp in this recording
   bool recording_ = false, recorded_ = false, pending_ = false;
 };

@@ -30,7 +30,9 @@ bool have_vulkan() { return fixture.context() != nullptr; }
 // dispatched by the step buffer's group counts (by default the short one is the
 // rows kernel and the long one a direct dispatch, which take any count), so
 // that a count the sampler got wrong changes the logits.
-model::GpuModelOptions ranged(bool pipeline, bool indirect = false) {
+// steps: GpuModelOptions::steps_per_submit (4: runs of 4 steps where they fit a range, single
+// steps at the ranges' ends).
+model::GpuModelOptions ranged(bool pipeline, bool indirect = false, uint32_t steps = 4) {
   model::GpuModelOptions o{.n_ctx = 40, .prefill_chunk = 0};
   o.attention.short_rows = !indirect;
   o.attention.direct_partial = !indirect;
@@ -40,6 +42,7 @@ model::GpuModelOptions ranged(bool pipeline, bool indirect = false) {
   o.attention.short_max_kv = 20;
   o.attention.min_chunk = 4;
   o.pipeline = pipeline;
+  o.steps_per_submit = steps;
   return o;
 }
 
@@ -80,25 +83,31 @@ TEST(GpuPipeline, QueuedStepsDecodeWhatSingleStepsDecode) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   for (const char* compose : {"all", "none"})
     for (bool indirect : {false, true}) {
-      SCOPED_TRACE(cat(compose, indirect ? " indirect" : ""));
       const Decoded one = run_steps(ranged(false, indirect), 20, false, compose);
-      const Decoded queued = run_steps(ranged(true, indirect), 20, false, compose);
-      expect_same(one, queued);
-      EXPECT_EQ(queued.n_past, 25);
-      EXPECT_EQ(queued.next, queued.tokens.back()) << "the last sample is the next input";
+      for (uint32_t steps : {1u, 4u}) {
+        SCOPED_TRACE(cat(compose, indirect ? " indirect" : "", ", steps per submit ", steps));
+        const Decoded queued = run_steps(ranged(true, indirect, steps), 20, false, compose);
+        expect_same(one, queued);
+        EXPECT_EQ(queued.n_past, 25);
+        EXPECT_EQ(queued.next, queued.tokens.back()) << "the last sample is the next input";
+      }
     }
 }
 
 TEST(GpuPipeline, ForcedTokensQueueAhead) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const Decoded one = run_steps(ranged(false), 20, true);
-  const Decoded queued = run_steps(ranged(true), 20, true);
-  expect_same(one, queued);
-  EXPECT_EQ(queued.next, queued.tokens.back()) << "the forced ring is off after the steps";
+  const Decoded one = run_steps(ranged(false, true), 20, true);
+  for (uint32_t steps : {1u, 4u}) {
+    SCOPED_TRACE(cat("steps per submit ", steps));
+    const Decoded queued = run_steps(ranged(true, true, steps), 20, true);
+    expect_same(one, queued);
+    EXPECT_EQ(queued.next, queued.tokens.back()) << "the forced ring is off after the steps";
+  }
 }
 
-// Stopping after 4 of 12 steps discards the queued fifth; continuing gives the
-// uninterrupted run.
+// Stopping after 4 of 12 steps (positions 5-8: two single steps, then the second of a run of
+// four in one submission) discards the rest of the run and the submission queued after it;
+// continuing gives the uninterrupted run.
 TEST(GpuPipeline, StopDiscardsTheQueuedStep) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const Decoded whole = run_steps(ranged(true), 12, false);

@@ -387,6 +387,14 @@ uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
     for (Queued& q : queued) q.rec->wait();
     queued.clear();
   };
+  // As after `done` decode_step calls: nothing queued, the last sample is the next input, no
+  // forced inputs.
+  auto finish = [&] {
+    drain();
+    write_step(uint32_t(last), n_past_);
+    const uint32_t off = 0;
+    w_->step.write(kInputWord * 4, &off, 4);
+  };
   const uint32_t batch = std::clamp(options_.steps_per_submit, 1u, kRing / 4);
   restart(0);
   bool stop = false;
@@ -424,14 +432,15 @@ uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
       ++done;
       n_past_ = q.pos + k + 1;
       last = int32_t(tokens[k]);
-      stop = !on_token(last);
+      try {
+        stop = !on_token(last);
+      } catch (...) {  // the caller stops by throwing (chat's Ctrl-C): nothing may stay queued
+        finish();
+        throw;
+      }
     }
   }
-  // As after `done` decode_step calls: the last sample is the next input, no forced inputs.
-  drain();
-  write_step(uint32_t(last), n_past_);
-  const uint32_t off = 0;
-  w_->step.write(kInputWord * 4, &off, 4);
+  finish();
   return done;
 }
 

@@ -131,6 +131,33 @@ TEST(GpuPipeline, StopDiscardsTheQueuedStep) {
   EXPECT_EQ(m.last_logits(), whole.logits);
 }
 
+// A caller that stops by throwing from on_token (chat's Ctrl-C) leaves nothing queued and the
+// model as after the steps it was handed: the decode continues as if uninterrupted.
+TEST(GpuPipeline, AThrowingCallerLeavesNothingQueued) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const Decoded whole = run_steps(ranged(true), 12, false);
+  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
+  model::GpuModel m(*fixture.context(), tsr, ranged(true));
+  m.forward(prompt(m.n_vocab(), 5), true);
+  std::vector<int32_t> got;
+  struct Stop {};
+  EXPECT_THROW(m.decode_steps(12, {},
+                              [&](int32_t t) {
+                                got.push_back(t);
+                                if (got.size() == 3) throw Stop{};
+                                return true;
+                              }),
+               Stop);
+  EXPECT_EQ(m.n_past(), 8);
+  EXPECT_EQ(m.sampled_token(), got.back());
+  m.decode_steps(9, {}, [&](int32_t t) {
+    got.push_back(t);
+    return true;
+  });
+  EXPECT_EQ(got, whole.tokens);
+  EXPECT_EQ(m.last_logits(), whole.logits);
+}
+
 // A wait that gives up (injected) in a queued step: the model re-records
 // without early starts and runs that step and the queued one again.
 TEST(GpuPipeline, EarlyStartFallbackRerunsTheQueuedSteps) {

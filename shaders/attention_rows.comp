@@ -42,10 +42,11 @@
 // the number of heads it finished to the gate word (binding OLAT_Q8_BINDING + 1): the consumer
 // (W_vo, matvec_q8.comp WAIT_GATE) is recorded with no barrier after this dispatch and waits
 // until the word reaches N_HEAD (docs/DECODE.md "Early start").
-// WAIT_GATE (0/1, with GATE_SIGNAL; the decode step's `--tune early_attn`): recorded with no
-// barrier after the query's matvec and kv_write, which count word GATE_WORD of binding
-// OLAT_Q8_BINDING + 2 up to GATE_TARGET; every workgroup waits for it first (a wait that gives up
-// sets the error words, binding OLAT_Q8_BINDING + 3), then reads the query and the cache with
+// WAIT_GATE (0/1; the single and mid kernels with GATE_SIGNAL, the split partials without; the
+// decode step's `--tune early_attn`): recorded with no barrier after the query's matvec and
+// kv_write, which count word GATE_WORD of binding OLAT_Q8_BINDING + 2 (the split partials: 4) up
+// to GATE_TARGET; every workgroup waits for it first (a wait that gives up sets the error words,
+// binding OLAT_Q8_BINDING + 3, the split partials: 5), then reads the query and the cache with
 // plain loads (no SM has read their lines since the last barrier).
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
@@ -81,8 +82,11 @@
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
 #endif
-#if WAIT_GATE && !GATE_SIGNAL
-#error "attention_rows.comp: WAIT_GATE is built with GATE_SIGNAL (the early W_vo's attention)"
+#if WAIT_GATE && !GATE_SIGNAL && (SINGLE || MERGE_TAIL)
+#error "attention_rows.comp: the single and mid kernels wait with GATE_SIGNAL (the early W_vo's attention)"
+#endif
+#if WAIT_GATE && GATE_SIGNAL && !SINGLE && !MERGE_TAIL
+#error "attention_rows.comp: the split partials open no gate (their merge does)"
 #endif
 #if WAIT_GATE
 #extension GL_KHR_memory_scope_semantics : require
@@ -115,6 +119,13 @@ layout(std430, binding = 5) OUT_QUAL buffer Out { float olat[]; };
 #define OLAT_Q8_BINDING 6
 #else
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
+#if WAIT_GATE  // the short range's partials, started beside the query's matvec and kv_write
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error[]; };
+#define WG_SIZE (NSG * SUBGROUP_SIZE)
+#define GATE_WAIT 1
+#include "gate.glsl"
+#endif
 #endif
 #if Q8_OUT
 #ifndef OLAT_Q8_BINDING

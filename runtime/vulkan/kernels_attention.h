@@ -49,6 +49,7 @@
 //  - f32 everywhere except the f16 cache; the cache row is converted to f32 once per workgroup.
 #pragma once
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -249,9 +250,11 @@ class AttentionOp {
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
                      BufferSlice gate = {}, const GateWait& wait = {}) const;
-  // Whether record_decode for `range` can wait on a gate (the single and mid kernels that open one).
+  // Whether record_decode for `range` can wait on a gate: the single and mid kernels that open
+  // one, and the short range's rows partials where their merge dispatch opens it.
   bool decode_waits(DecodeRange range) const {
-    return (range == DecodeRange::Single && single_.gate) || (range == DecodeRange::Mid && mid_.gate);
+    return (range == DecodeRange::Single && single_.gate) || (range == DecodeRange::Mid && mid_.gate) ||
+           (range == DecodeRange::Short && short_rows_desc_ && decode_signals_gate(range));
   }
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
@@ -330,6 +333,7 @@ class AttentionOp {
   const Pipeline* partial_ = nullptr;
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
+  std::optional<PipelineDesc> short_rows_desc_;    // partial_short_'s, where it is the rows kernel (it can wait)
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)

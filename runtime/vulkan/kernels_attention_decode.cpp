@@ -54,8 +54,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     runtime_error(label, ": no gate-opening attention kernel for this range (it needs gate_signal, a range that "
                   "writes olat's int8 blocks in its last dispatch, and a gate word)");
   if (wait.enabled() && (!gated || !decode_waits(range) || !wait.valid()))
-    runtime_error(label, ": the attention waits on a gate only in the single and mid ranges, opening W_vo's, with a "
-                  "gate word, error words and a target above 0");
+    runtime_error(label, ": the attention waits on a gate only in the single, mid and short (rows kernel) ranges, "
+                  "opening W_vo's, with a gate word, error words and a target above 0");
   // The waiting variant: the gate-opening one plus the polled words and the error words.
   const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
     OlatVariant v = olat_variant(p, q8, gated, base);
@@ -111,9 +111,25 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     check_olat_bindings(what, olat, {}, false);
   }
   const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
-  const std::span<const BufferSlice> bufs(b, folded ? 6 : 4);
-  const Pipeline& pipe = folded ? *partial_short_tail_ : short_range ? *partial_short_ : *partial_;
-  const std::string name = folded ? what + " short+merge" : short_range ? what + " short" : what;
+  const BufferSlice b_wait[] = {q, cache, step, partials, wait.words, wait.error};
+  const std::span<const BufferSlice> bufs = wait.enabled() ? std::span<const BufferSlice>(b_wait, 6)
+                                                           : std::span<const BufferSlice>(b, folded ? 6 : 4);
+  // The waiting variant (short range only: decode_waits): WAIT_GATE with the polled word and target.
+  const auto short_wait = [&]() -> const Pipeline& {
+    PipelineDesc d = *short_rows_desc_;
+    d.name += ".wait";
+    d.defines["WAIT_GATE"] = "1";
+    d.defines["GATE_WORD"] = std::to_string(wait.word);
+    d.defines["GATE_TARGET"] = std::to_string(wait.target);
+    d.num_buffers = 6;
+    return rec.context().pipeline(d);
+  };
+  const Pipeline& pipe = folded                ? *partial_short_tail_
+                         : wait.enabled()      ? short_wait()
+                         : short_range         ? *partial_short_
+                                               : *partial_;
+  const std::string name =
+      folded ? what + " short+merge" : short_range ? what + " short" + (wait.enabled() ? ".wait" : "") : what;
   const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups) : bytes;
   if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, head_groups, 1, name, moved);
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);

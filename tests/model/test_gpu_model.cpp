@@ -322,9 +322,9 @@ using testfx::Decoded;
 Decoded decode(const TsrFile& tsr, const model::GpuModelOptions& o) { return testfx::decode(context(), tsr, o); }
 
 // The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
-// the same logits and tokens bit for bit, through the single range (up to 3 positions) and the
-// mid range (up to 9), then the split one; one barrier less per layer in the single range's
-// recording (the stats describe it).
+// the same logits and tokens bit for bit, through the single range (up to 3 positions), the
+// mid range (up to 9) and the short one, whose rows partials wait too (session 15); one barrier
+// less per layer in the single range's recording (the stats describe it).
 TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);

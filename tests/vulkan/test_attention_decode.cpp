@@ -254,5 +254,73 @@ TEST(AttentionDecode, MergeOpensTheGate) {
   }
 }
 
+// The short range's rows partials started beside the query's matvec (AttentionOp::decode_waits,
+// attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
+// same olat bits as the partials recorded after a barrier and no error; below it, the wait gives
+// up and says what it saw. The long range's partials do not wait.
+TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
+  REQUIRE_GPU();
+  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
+  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
+  vk::AttentionTuning t = tuning(0, 0);
+  t.short_max_kv = 40;
+  t.single = false;
+  t.gate_signal = true;
+  vk::AttentionOp op(*gpu().ctx, shape, t);
+  if (!op.decode_waits(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel for the short range on this device";
+  EXPECT_FALSE(op.decode_waits(vk::DecodeRange::Long));
+  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 71);
+  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
+  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  vk::Buffer gate = make_buffer(16, "gate"), words = make_buffer(16, "query gate"), error = make_buffer(8, "error");
+  upload(q, test::random_values(size_t(H) * row, 2.f, 72));
+  upload(cache, cache_h);
+  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+  const vk::GateWait wait{words.whole(), 1, 3, error.whole()};
+  vk::CommandRecorder plain(*gpu().ctx), waiting(*gpu().ctx);
+  for (bool w : {false, true}) {
+    vk::CommandRecorder& rec = w ? waiting : plain;
+    rec.begin();
+    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                     arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn", olat_q8.whole(), gate.whole(),
+                     w ? wait : vk::GateWait{});
+    rec.end();
+  }
+  EXPECT_NE(waiting.dispatches().front().label.find(".wait"), std::string::npos);
+  for (uint32_t kv_len : {1u, 23u, 40u}) {
+    SCOPED_TRACE(cat("kv_len ", kv_len));
+    std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
+    op.decode_counts(kv_len, counts.data());
+    std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
+    step_words.insert(step_words.end(), counts.begin(), counts.end());
+    upload(step, step_words);
+    poison(olat);
+    upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+    plain.run();
+    const std::vector<float> want = download<float>(olat, size_t(H) * R);
+    poison(olat);
+    upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+    upload(words, std::vector<uint32_t>{0, 3, 0, 0});
+    upload(error, std::vector<uint32_t>{0, 0});
+    waiting.run();
+    EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
+    EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
+  }
+  upload(words, std::vector<uint32_t>{0, 2, 0, 0});  // one arrival short: every wait gives up
+  waiting.run();
+  EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{1, 2}));
+  vk::CommandRecorder bad(*gpu().ctx);
+  bad.begin();
+  EXPECT_THROW(op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                                partials.whole(), arrivals.whole(), olat.whole(), vk::DecodeRange::Long, "attn",
+                                olat_q8.whole(), gate.whole(), wait),
+               Error);
+  bad.end();
+}
+
 }  // namespace
 }  // namespace tessera

@@ -138,6 +138,8 @@ const Knob<A> kAttentionKnobs[] = {
     {"merge_sg", 1, "the merge with subgroup reductions", [](A& t, uint32_t v) { t.merge_subgroup = v != 0; }},
     {"merge_tail", 1, "the merge folded into the rows kernel's last workgroup", [](A& t, uint32_t v) { t.merge_tail = v != 0; }},
     {"direct", 1, "the split kernel as a direct dispatch", [](A& t, uint32_t v) { t.direct_partial = v != 0; }},
+    {"short_wait", 1, "with early_attn, the short range's partials wait on W_qk's gate too; default 0",
+     [](A& t, uint32_t v) { t.short_wait = v != 0; }},
     {"single", 1, "one workgroup per head for short contexts", [](A& t, uint32_t v) { t.single = v != 0; }},
     {"single_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.single_max_kv = v; }},
     {"single_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.single_subgroups = v; }},

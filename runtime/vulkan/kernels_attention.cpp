@@ -384,6 +384,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     pr.full_subgroups = true;
     partial_short_ = &ctx.pipeline(pr);
     short_rows_desc_ = pr;
+    short_wait_ = tuning.short_wait;
     short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultShortGroups);
     if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
       usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",

@@ -181,6 +181,11 @@ struct AttentionTuning {
   // Context workgroups of the decode step's short range with the rows kernel (record_decode; the
   // long range and record() use n_groups); auto: min(n_groups, 32).
   uint32_t short_groups = 0;
+  // With the decode step's early_attn: the short range's rows partials also start beside W_qk and
+  // kv_write and wait on their gate (attention_rows.comp WAIT_GATE), where the merge opens W_vo's.
+  // Off: on the H100 it lost 2 % at 1024 positions and 1.6 % at 4096 (its 640 polling workgroups
+  // beside W_qk's stream; PERFORMANCE.md session 15).
+  bool short_wait = false;
   // The decode step's shortest contexts (kv_len <= single_max_kv): the rows kernel with one
   // workgroup per head over the whole context, writing olat (and its int8 blocks) itself
   // (attention_rows.comp SINGLE): no partials, no merge dispatch, one barrier less per layer.
@@ -251,10 +256,11 @@ class AttentionOp {
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
                      BufferSlice gate = {}, const GateWait& wait = {}) const;
   // Whether record_decode for `range` can wait on a gate: the single and mid kernels that open
-  // one, and the short range's rows partials where their merge dispatch opens it.
+  // one, and (AttentionTuning::short_wait) the short range's rows partials where their merge
+  // dispatch opens it.
   bool decode_waits(DecodeRange range) const {
     return (range == DecodeRange::Single && single_.gate) || (range == DecodeRange::Mid && mid_.gate) ||
-           (range == DecodeRange::Short && short_rows_desc_ && decode_signals_gate(range));
+           (range == DecodeRange::Short && short_wait_ && short_rows_desc_ && decode_signals_gate(range));
   }
   static constexpr uint32_t kDecodeCountWords = 6;
   // The group counts of record_decode's dispatch for a context of kv_len positions: words 0-2 for
@@ -334,6 +340,7 @@ class AttentionOp {
   const Pipeline* partial_short_ = nullptr;  // the short-context variant (or null)
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   std::optional<PipelineDesc> short_rows_desc_;    // partial_short_'s, where it is the rows kernel (it can wait)
+  bool short_wait_ = false;                        // AttentionTuning::short_wait
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)

@@ -323,8 +323,8 @@ Decoded decode(const TsrFile& tsr, const model::GpuModelOptions& o) { return tes
 
 // The attention started beside W_qk and kv_write (early_attn): the same kernels' arithmetic, so
 // the same logits and tokens bit for bit, through the single range (up to 3 positions), the
-// mid range (up to 9) and the short one, whose rows partials wait too (session 15); one barrier
-// less per layer in the single range's recording (the stats describe it).
+// mid range (up to 9) and the short one, whose rows partials wait too with short_wait (session
+// 15); one barrier less per layer in the single range's recording (the stats describe it).
 TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);
@@ -332,6 +332,7 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   o.attention.single_max_kv = 3;
   o.attention.mid_max_kv = 9;
   o.attention.mid_groups = 3;
+  o.attention.short_wait = true;
   o.early_attn = false;
   const Decoded ref = decode(tsr, o);
   o.early_attn = true;

@@ -254,8 +254,8 @@ TEST(AttentionDecode, MergeOpensTheGate) {
   }
 }
 
-// The short range's rows partials started beside the query's matvec (AttentionOp::decode_waits,
-// attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
+// The short range's rows partials started beside the query's matvec (AttentionTuning::short_wait,
+// off by default; attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
 // same olat bits as the partials recorded after a barrier and no error; below it, the wait gives
 // up and says what it saw. The long range's partials do not wait.
 TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
@@ -266,6 +266,8 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
   t.short_max_kv = 40;
   t.single = false;
   t.gate_signal = true;
+  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_waits(vk::DecodeRange::Short)) << "off by default";
+  t.short_wait = true;
   vk::AttentionOp op(*gpu().ctx, shape, t);
   if (!op.decode_waits(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel for the short range on this device";
   EXPECT_FALSE(op.decode_waits(vk::DecodeRange::Long));

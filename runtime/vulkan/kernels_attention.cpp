@@ -28,6 +28,8 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
 constexpr uint32_t kDefaultShortGroups = 32;
+constexpr uint32_t kDefaultHeadsGroups = 128;  // attention_heads.comp: context workgroups (one per chunk)
+constexpr uint32_t kHeadsStaged = 8;           // its rows staged per round
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
@@ -361,7 +363,30 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   // Automatic: a quarter of the heads, at least 4 (H200, GLM 20 heads, tg128 at depth 0: 5 heads
   // 202.1 tok/s, 10 heads 199.8, one kernel of 20 heads 192.4).
   const uint32_t quarter = std::max(4u, ceil_div(heads_per_group_, 4));
-  if (tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group && ctx.pipelines().use_subgroup()) {
+  const uint32_t staged = tuning.rows_staged ? tuning.rows_staged : kHeadsStaged;
+  if (staged < 2 || staged > 32 || staged % 2 != 0) usage_error("attention heads kernel: ", staged, " staged rows outside 2..32 (even)");
+  const uint64_t stage_bytes = uint64_t(2) * staged * (shape.row() / 2) * 4;  // two rounds of f16 rows
+  if (tuning.short_variant && tuning.short_all_heads && ctx.pipelines().use_subgroup() && shape.row() % 2 == 0 &&
+      uint64_t(shape.n_head) * info.subgroup_size <= info.max_compute_workgroup_invocations &&
+      stage_bytes <= info.max_compute_shared_memory) {
+    // Every head in one workgroup, the chunk's rows staged once (attention_heads.comp).
+    PipelineDesc ph;
+    ph.name = "attention_heads";
+    ph.file = "attention_heads.comp";
+    ph.defines = merged(common, {{"RS", std::to_string(staged)}, {"RB", "2"}});
+    ph.num_buffers = 4;
+    ph.push_bytes = sizeof(gpu::AttnPartialArgs);
+    ph.full_subgroups = true;
+    partial_short_ = &ctx.pipeline(ph);
+    short_heads_ = shape.n_head;
+    short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultRowsMaxKv;
+    short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultHeadsGroups);
+    if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
+      usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
+                  std::min(kMaxGroups, info.max_workgroup_count[0]));
+  }
+  if (!partial_short_ && tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group &&
+      ctx.pipelines().use_subgroup()) {
     // Few heads per workgroup (default one), the chunk's rows over its subgroups (attention_rows.comp).
     const uint32_t rh = tuning.rows_heads ? std::min(tuning.rows_heads, shape.n_head) : 1u;
     if (rh > 4) usage_error("attention rows kernel: ", rh, " heads per workgroup outside 1..4");

@@ -165,6 +165,12 @@ struct AttentionTuning {
   uint32_t rows_subgroups = 0;  // attention_rows.comp: subgroups per workgroup, 1..16; auto 4
   uint32_t rows_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   uint32_t rows_heads = 0;      // heads per workgroup (each loaded row serves them all), 1..4; auto 1
+  // The short variant as attention_heads.comp instead: one workgroup per chunk with a subgroup per
+  // head, the chunk's rows staged in shared memory rows_staged at a time, so each row leaves the
+  // L2 once for all heads (the rows kernel: once per head). Needs subgroup arithmetic and n_head
+  // subgroups in a workgroup. Its context workgroups: short_groups (auto: min(n_groups, 128)).
+  bool short_all_heads = false;
+  uint32_t rows_staged = 0;  // rows per staging round, a multiple of 2, 2..32; auto 8
   // The merge with subgroup reductions (attention_merge.comp MERGE_SG: 2 barriers instead of ~18)
   // where the device has subgroup arithmetic.
   bool merge_subgroup = true;

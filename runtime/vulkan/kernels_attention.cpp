@@ -335,6 +335,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
                   info.max_compute_shared_memory, " bytes and ", info.max_compute_workgroup_invocations, " threads");
   }
   min_chunk_ = ceil_div(tuning.min_chunk ? tuning.min_chunk : kDefaultMinChunk, tile_) * tile_;
+  short_min_chunk_ = min_chunk_;
   n_groups_ = tuning.n_groups ? tuning.n_groups : std::min(kDefaultGroups, ceil_div(shape.n_ctx, min_chunk_));
   if (n_groups_ == 0 || n_groups_ > kMaxGroups || n_groups_ > info.max_workgroup_count[0])
     usage_error("attention: ", n_groups_, " context workgroups, expected 1..",
@@ -381,6 +382,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     short_heads_ = shape.n_head;
     short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultRowsMaxKv;
     short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultHeadsGroups);
+    short_min_chunk_ = ceil_div(staged, tile_) * tile_;  // one workgroup per chunk: many small chunks
     if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
       usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
                   std::min(kMaxGroups, info.max_workgroup_count[0]));
@@ -532,7 +534,8 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len, uint32_t groups) const {
 gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups) const {
   // The context bounds of a variant: the short one up to short_max_kv_, the long one above.
   const uint32_t kv_min = v == Variant::Long ? short_max_kv_ + 1 : 0, kv_max = v == Variant::Short ? short_max_kv_ : 0;
-  return {pos_word, shape_.n_ctx, groups ? groups : n_groups_, min_chunk_, shape_.kq_scale, count_word, kv_min, kv_max};
+  return {pos_word, shape_.n_ctx, groups ? groups : n_groups_, v == Variant::Short ? short_min_chunk_ : min_chunk_,
+          shape_.kq_scale, count_word, kv_min, kv_max};
 }
 
 uint32_t AttentionOp::check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
@@ -572,12 +575,12 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch,
                                BufferSlice olat_q8) const {
-  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, {});
+  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, min_chunk_, {});
 }
 
 void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch, BufferSlice olat_q8,
-                               uint32_t groups, BufferSlice gate) const {
+                               uint32_t groups, uint32_t min_chunk, BufferSlice gate) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -585,7 +588,7 @@ void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, Buffe
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
-  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, groups, min_chunk_, batch.word(), 0, 0, 0};
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, groups, min_chunk, batch.word(), 0, 0, 0};
   if (olat_q8.buffer != VK_NULL_HANDLE) {
     if (!merge_q8_) runtime_error(label, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
     if (olat_q8.size < n * olat_q8_bytes())

@@ -319,6 +319,7 @@ class AttentionOp {
   uint32_t n_groups() const { return n_groups_; }
   uint32_t decode_groups(DecodeRange range) const { return range == DecodeRange::Short ? short_groups_ : n_groups_; }
   uint32_t min_chunk() const { return min_chunk_; }
+  uint32_t short_min_chunk() const { return short_min_chunk_; }  // the short range's (all-heads kernel: its staging)
   uint32_t tile() const { return tile_; }
   uint32_t heads_per_group() const { return heads_per_group_; }
   // The short-context variant's heads per workgroup and its context bound (0, 0: none).
@@ -335,7 +336,7 @@ class AttentionOp {
   // record_merge over a chunking of `groups` context workgroups.
   void merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
                     std::string_view label, const QueryBatch& batch, BufferSlice olat_q8, uint32_t groups,
-                    BufferSlice gate) const;
+                    uint32_t min_chunk, BufferSlice gate) const;
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
@@ -377,6 +378,7 @@ class AttentionOp {
   uint32_t mid_max_kv_ = 0, mid_groups_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
+  uint32_t short_min_chunk_ = 0;  // the short range's fewest positions per chunk (min_chunk_ but for attention_heads.comp)
   uint32_t short_heads_ = 0, short_max_kv_ = 0, short_groups_ = 0;
   bool direct_partial_ = false;
   uint32_t profile_kv_len_ = 0;

@@ -359,7 +359,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     EXPECT_EQ(op.decode_range(c.short_max + 1), vk::DecodeRange::Long);
     uint32_t words[vk::AttentionOp::kDecodeCountWords];
     op.decode_counts(c.short_max, words);
-    EXPECT_EQ(words[0], gpu::ts_attn_num_chunks(c.short_max, sgroups, op.min_chunk(), op.tile()));
+    EXPECT_EQ(words[0], gpu::ts_attn_num_chunks(c.short_max, sgroups, op.short_min_chunk(), op.tile()));
     EXPECT_EQ(words[1], (c.n_head + op.short_heads_per_group() - 1) / op.short_heads_per_group());
     EXPECT_EQ(words[3], 0u) << "long range idle";
     op.decode_counts(c.short_max + 1, words);

@@ -119,10 +119,9 @@ struct AttnDecodeRule {
   uint short_y;      // head groups of the short range's dispatch
   uint long_y;       // ... of the long one's
   uint n_ctx;        // positions the cache holds (kv_len is clamped to it)
-  uint min_chunk;    // fewest positions per chunk of the long range ...
+  uint min_chunk;
   uint tile;
-  uint short_min_chunk;  // ... and of the short one
-  uint pad0;
+  uint pad0, pad1;
 };
 
 // Word i (< 6) of the group counts for a context of kv_len >= 1 positions.
@@ -133,8 +132,7 @@ TS_ATTN_FN uint ts_attn_decode_count(AttnDecodeRule r, uint kv_len, uint i) {
   if (i == 4u) return r.long_y;
   if ((i == 0u && range != 2u) || (i == 3u && range != 3u)) return 0u;
   const uint len = kv_len < r.n_ctx ? kv_len : r.n_ctx;
-  const uint chunks = i == 0u ? ts_attn_num_chunks(len, r.short_groups, r.short_min_chunk, r.tile)
-                              : ts_attn_num_chunks(len, r.long_groups, r.min_chunk, r.tile);
+  const uint chunks = ts_attn_num_chunks(len, i == 0u ? r.short_groups : r.long_groups, r.min_chunk, r.tile);
   return chunks > 1u ? chunks : 1u;
 }
 

@@ -230,7 +230,7 @@ void main() {
   if ((args.flags & TS_SAMPLE_ADVANCE_COUNTS) != 0u) {
     const uint w = args.rule_word;  // the next step runs at pos + 1: kv_len = pos + 2
     const AttnDecodeRule r = AttnDecodeRule(step[w], step[w + 1u], step[w + 2u], step[w + 3u], step[w + 4u],
-                                            step[w + 5u], step[w + 6u], step[w + 7u], step[w + 8u], step[w + 9u], step[w + 10u], 0u);
+                                            step[w + 5u], step[w + 6u], step[w + 7u], step[w + 8u], step[w + 9u], 0u, 0u);
     for (uint i = 0; i < 6u; ++i) step[args.counts_word + i] = ts_attn_decode_count(r, pos + 2u, i);
   }
   atomicExchange(scratch[0], 0u);

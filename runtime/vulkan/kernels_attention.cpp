@@ -28,8 +28,6 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
 constexpr uint32_t kDefaultShortGroups = 32;
-constexpr uint32_t kDefaultHeadsGroups = 128;  // attention_heads.comp: context workgroups (one per chunk)
-constexpr uint32_t kHeadsStaged = 8;           // its rows staged per round
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
@@ -335,7 +333,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
                   info.max_compute_shared_memory, " bytes and ", info.max_compute_workgroup_invocations, " threads");
   }
   min_chunk_ = ceil_div(tuning.min_chunk ? tuning.min_chunk : kDefaultMinChunk, tile_) * tile_;
-  short_min_chunk_ = min_chunk_;
   n_groups_ = tuning.n_groups ? tuning.n_groups : std::min(kDefaultGroups, ceil_div(shape.n_ctx, min_chunk_));
   if (n_groups_ == 0 || n_groups_ > kMaxGroups || n_groups_ > info.max_workgroup_count[0])
     usage_error("attention: ", n_groups_, " context workgroups, expected 1..",
@@ -364,31 +361,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   // Automatic: a quarter of the heads, at least 4 (H200, GLM 20 heads, tg128 at depth 0: 5 heads
   // 202.1 tok/s, 10 heads 199.8, one kernel of 20 heads 192.4).
   const uint32_t quarter = std::max(4u, ceil_div(heads_per_group_, 4));
-  const uint32_t staged = tuning.rows_staged ? tuning.rows_staged : kHeadsStaged;
-  if (staged < 2 || staged > 32 || staged % 2 != 0) usage_error("attention heads kernel: ", staged, " staged rows outside 2..32 (even)");
-  const uint64_t stage_bytes = uint64_t(2) * staged * (shape.row() / 2) * 4;  // two rounds of f16 rows
-  if (tuning.short_variant && tuning.short_all_heads && ctx.pipelines().use_subgroup() && shape.row() % 2 == 0 &&
-      uint64_t(shape.n_head) * info.subgroup_size <= info.max_compute_workgroup_invocations &&
-      stage_bytes <= info.max_compute_shared_memory) {
-    // Every head in one workgroup, the chunk's rows staged once (attention_heads.comp).
-    PipelineDesc ph;
-    ph.name = "attention_heads";
-    ph.file = "attention_heads.comp";
-    ph.defines = merged(common, {{"RS", std::to_string(staged)}, {"RB", "2"}});
-    ph.num_buffers = 4;
-    ph.push_bytes = sizeof(gpu::AttnPartialArgs);
-    ph.full_subgroups = true;
-    partial_short_ = &ctx.pipeline(ph);
-    short_heads_ = shape.n_head;
-    short_max_kv_ = tuning.short_max_kv ? tuning.short_max_kv : kDefaultRowsMaxKv;
-    short_groups_ = tuning.short_groups ? tuning.short_groups : std::min(n_groups_, kDefaultHeadsGroups);
-    short_min_chunk_ = ceil_div(staged, tile_) * tile_;  // one workgroup per chunk: many small chunks
-    if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
-      usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
-                  std::min(kMaxGroups, info.max_workgroup_count[0]));
-  }
-  if (!partial_short_ && tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group &&
-      ctx.pipelines().use_subgroup()) {
+  if (tuning.short_variant && tuning.short_rows && !tuning.short_heads_per_group && ctx.pipelines().use_subgroup()) {
     // Few heads per workgroup (default one), the chunk's rows over its subgroups (attention_rows.comp).
     const uint32_t rh = tuning.rows_heads ? std::min(tuning.rows_heads, shape.n_head) : 1u;
     if (rh > 4) usage_error("attention rows kernel: ", rh, " heads per workgroup outside 1..4");
@@ -534,8 +507,7 @@ uint64_t AttentionOp::merge_bytes(uint32_t kv_len, uint32_t groups) const {
 gpu::AttnPartialArgs AttentionOp::partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups) const {
   // The context bounds of a variant: the short one up to short_max_kv_, the long one above.
   const uint32_t kv_min = v == Variant::Long ? short_max_kv_ + 1 : 0, kv_max = v == Variant::Short ? short_max_kv_ : 0;
-  return {pos_word, shape_.n_ctx, groups ? groups : n_groups_, v == Variant::Short ? short_min_chunk_ : min_chunk_,
-          shape_.kq_scale, count_word, kv_min, kv_max};
+  return {pos_word, shape_.n_ctx, groups ? groups : n_groups_, min_chunk_, shape_.kq_scale, count_word, kv_min, kv_max};
 }
 
 uint32_t AttentionOp::check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
@@ -575,12 +547,12 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch,
                                BufferSlice olat_q8) const {
-  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, min_chunk_, {});
+  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, {});
 }
 
 void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch, BufferSlice olat_q8,
-                               uint32_t groups, uint32_t min_chunk, BufferSlice gate) const {
+                               uint32_t groups, BufferSlice gate) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -588,7 +560,7 @@ void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, Buffe
     runtime_error(label, ": step binding has no word ", pos_word, " / ", batch.count_word);
   if (olat.size < uint64_t(n) * shape_.n_head * shape_.kv_lora * 4)
     runtime_error(label, ": olat binding holds ", olat.size, " bytes, needs ", uint64_t(n) * shape_.n_head * shape_.kv_lora * 4);
-  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, groups, min_chunk, batch.word(), 0, 0, 0};
+  const gpu::AttnMergeArgs args{pos_word, shape_.n_ctx, groups, min_chunk_, batch.word(), 0, 0, 0};
   if (olat_q8.buffer != VK_NULL_HANDLE) {
     if (!merge_q8_) runtime_error(label, ": no int8 olat for a latent width of ", shape_.kv_lora, " (not a multiple of 32)");
     if (olat_q8.size < n * olat_q8_bytes())

@@ -165,12 +165,6 @@ struct AttentionTuning {
   uint32_t rows_subgroups = 0;  // attention_rows.comp: subgroups per workgroup, 1..16; auto 4
   uint32_t rows_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   uint32_t rows_heads = 0;      // heads per workgroup (each loaded row serves them all), 1..4; auto 1
-  // The short variant as attention_heads.comp instead: one workgroup per chunk with a subgroup per
-  // head, the chunk's rows staged in shared memory rows_staged at a time, so each row leaves the
-  // L2 once for all heads (the rows kernel: once per head). Needs subgroup arithmetic and n_head
-  // subgroups in a workgroup. Its context workgroups: short_groups (auto: min(n_groups, 128)).
-  bool short_all_heads = false;
-  uint32_t rows_staged = 0;  // rows per staging round, a multiple of 2, 2..32; auto 8
   // The merge with subgroup reductions (attention_merge.comp MERGE_SG: 2 barriers instead of ~18)
   // where the device has subgroup arithmetic.
   bool merge_subgroup = true;
@@ -319,7 +313,6 @@ class AttentionOp {
   uint32_t n_groups() const { return n_groups_; }
   uint32_t decode_groups(DecodeRange range) const { return range == DecodeRange::Short ? short_groups_ : n_groups_; }
   uint32_t min_chunk() const { return min_chunk_; }
-  uint32_t short_min_chunk() const { return short_min_chunk_; }  // the short range's (all-heads kernel: its staging)
   uint32_t tile() const { return tile_; }
   uint32_t heads_per_group() const { return heads_per_group_; }
   // The short-context variant's heads per workgroup and its context bound (0, 0: none).
@@ -336,7 +329,7 @@ class AttentionOp {
   // record_merge over a chunking of `groups` context workgroups.
   void merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
                     std::string_view label, const QueryBatch& batch, BufferSlice olat_q8, uint32_t groups,
-                    uint32_t min_chunk, BufferSlice gate) const;
+                    BufferSlice gate) const;
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
@@ -378,7 +371,6 @@ class AttentionOp {
   uint32_t mid_max_kv_ = 0, mid_groups_ = 0;
   AttentionShape shape_;
   uint32_t n_groups_ = 0, min_chunk_ = 0, tile_ = 0, heads_per_group_ = 0;
-  uint32_t short_min_chunk_ = 0;  // the short range's fewest positions per chunk (min_chunk_ but for attention_heads.comp)
   uint32_t short_heads_ = 0, short_max_kv_ = 0, short_groups_ = 0;
   bool direct_partial_ = false;
   uint32_t profile_kv_len_ = 0;

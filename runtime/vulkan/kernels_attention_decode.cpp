@@ -135,8 +135,7 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
   if (folded) return;
   rec.barrier();
-  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups,
-               short_range ? short_min_chunk_ : min_chunk_, gate);
+  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups, gate);
 }
 
 
@@ -152,7 +151,6 @@ gpu::AttnDecodeRule AttentionOp::decode_rule() const {
   r.n_ctx = shape_.n_ctx;
   r.min_chunk = min_chunk_;
   r.tile = tile_;
-  r.short_min_chunk = short_min_chunk_;
   return r;
 }
 

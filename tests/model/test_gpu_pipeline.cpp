@@ -26,15 +26,14 @@ testfx::ModelFixture fixture("gpu-pipeline");
 bool have_vulkan() { return fixture.context() != nullptr; }
 
 // Small ranges so that 20 steps from position 5 pass the single, mid, short and long ranges;
-// `indirect`: the short range as attention_heads.comp (its own chunking) and the long one as the
-// split kernel, both dispatched by the step buffer's group counts (by default the short one is
-// the rows kernel and the long one a direct dispatch, which take any count), so that a count the
-// sampler got wrong changes the logits. steps: GpuModelOptions::steps_per_submit (4: runs of 4
-// steps where they fit a range, single steps at the ranges' ends).
+// `indirect`: the short and long ranges as the split kernel dispatched by the step buffer's group
+// counts (by default the short one is the rows kernel and the long one a direct dispatch, which
+// take any count), so that a count the sampler got wrong changes the logits. steps:
+// GpuModelOptions::steps_per_submit (4: runs of 4 steps where they fit a range, single steps at
+// the ranges' ends).
 model::GpuModelOptions ranged(bool pipeline, bool indirect = false, uint32_t steps = 4) {
   model::GpuModelOptions o{.n_ctx = 40, .prefill_chunk = 0};
-  o.attention.short_all_heads = indirect;
-  o.attention.rows_staged = 2;
+  o.attention.short_rows = !indirect;
   o.attention.direct_partial = !indirect;
   o.attention.single_max_kv = 7;
   o.attention.mid_max_kv = 13;

@@ -245,7 +245,7 @@ TEST(SampleKernel, LeavesTheNextStepsCountsAndForcedInput) {
   VK_TEST_REQUIRE_GPU(g);
   Sampling s(g, 37);
   vk::Buffer step = vktest::make_buffer(g, 128 * 4, "step", true);
-  const gpu::AttnDecodeRule rule{3, 9, 40, 5, 7, 3, 2, 50, 4, 4, 4, 0};
+  const gpu::AttnDecodeRule rule{3, 9, 40, 5, 7, 3, 2, 50, 4, 4, 0, 0};
   std::vector<float> l(37, 0.f);
   l[11] = 2.f;
   s.set_logits(l);

@@ -14,14 +14,16 @@
 //     resets the arrival counter. With TS_SAMPLE_INPUT_RING and step[input_word] set, the next
 //     step's input is the host's forced token from the ring after that word instead. Together:
 //     a step leaves the step buffer ready for the next, which the host may queue before this one
-//     ends (GpuModel::decode_steps).
+//     ends (GpuModel::decode_steps). Every word it reads comes from step_in (binding 4: the decode
+//     step's device copy of the step buffer, so no read crosses the bus), every word it writes
+//     goes to step.
 // Deterministic: same logits, seed and position -> same token.
 // Arguments: SampleArgs (moe_args.h; scratch layout there). Wrapper: SampleOp (kernels_sample.h).
 //
 // Defines: WG_SIZE (power of two, >= n_groups), ELEMS (logits per invocation in phase 1:
 // per_group <= ELEMS * WG_SIZE). n_groups * top_k <= TS_SAMPLE_MAX_CAND (the merge's shared lists).
 // Bindings: 0 = logits, 1 = scratch (zeroed once before first use), 2 = step (uint words),
-// 3 = tokens_out (uint ring).
+// 3 = tokens_out (uint ring), 4 = step_in (the words read: the step buffer or a copy of it).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -31,7 +33,10 @@ layout(local_size_x = WG_SIZE) in;
 
 layout(std430, binding = 0) readonly restrict buffer LogitBuf { float logits[]; };
 layout(std430, binding = 1) coherent restrict buffer ScratchBuf { uint scratch[]; };
-layout(std430, binding = 2) restrict buffer StepBuf { uint step[]; };
+layout(std430, binding = 2) buffer StepBuf { uint step[]; };
+// The words read (position, rule, forced inputs): the step buffer, or a device copy of it made at
+// the step's start (the decode step's step_local: no reads across the bus). May alias binding 2.
+layout(std430, binding = 4) readonly buffer StepInBuf { uint step_in[]; };
 layout(std430, binding = 3) writeonly restrict buffer OutBuf { uint tokens_out[]; };
 
 layout(push_constant) uniform Push { SampleArgs args; };
@@ -200,7 +205,7 @@ void main() {
       keep = kept;
     }
   }
-  const uint pos = step[args.pos_word];
+  const uint pos = step_in[args.pos_word];
   uint token = top_i[0];
   if (args.temperature > 0.0 && keep > 1u) {
     float sum = 0.0;
@@ -222,15 +227,16 @@ void main() {
   scratch[TS_SAMPLE_STATS + 2u] = keep;
   for (uint r = 0; r < keep; ++r) scratch[TS_SAMPLE_KEPT + r] = top_i[r];
   uint next = token;  // the next step's input
-  if ((args.flags & TS_SAMPLE_INPUT_RING) != 0u && step[args.input_word] != 0u)
-    next = step[args.input_word + 1u + (pos + 1u) % args.out_ring];
+  if ((args.flags & TS_SAMPLE_INPUT_RING) != 0u && step_in[args.input_word] != 0u)
+    next = step_in[args.input_word + 1u + (pos + 1u) % args.out_ring];
   step[args.token_word] = next;
   if ((args.flags & TS_SAMPLE_ADVANCE_POS) != 0u) step[args.pos_word] = pos + 1u;
   if ((args.flags & TS_SAMPLE_WRITE_OUT) != 0u) tokens_out[pos % args.out_ring] = token;
   if ((args.flags & TS_SAMPLE_ADVANCE_COUNTS) != 0u) {
     const uint w = args.rule_word;  // the next step runs at pos + 1: kv_len = pos + 2
-    const AttnDecodeRule r = AttnDecodeRule(step[w], step[w + 1u], step[w + 2u], step[w + 3u], step[w + 4u],
-                                            step[w + 5u], step[w + 6u], step[w + 7u], step[w + 8u], step[w + 9u], 0u, 0u);
+    const AttnDecodeRule r = AttnDecodeRule(step_in[w], step_in[w + 1u], step_in[w + 2u], step_in[w + 3u], step_in[w + 4u],
+                                            step_in[w + 5u], step_in[w + 6u], step_in[w + 7u], step_in[w + 8u],
+                                            step_in[w + 9u], 0u, 0u);
     for (uint i = 0; i < 6u; ++i) step[args.counts_word + i] = ts_attn_decode_count(r, pos + 2u, i);
   }
   atomicExchange(scratch[0], 0u);

@@ -341,7 +341,10 @@ class GpuModel : public LanguageModel {
   // normed = RMSNorm(x; output_norm) (its own dispatch), barrier, logits = W_out . normed, barrier,
   // the GPU sampler (the next token and position into the step buffer). `what` ends the labels.
   // Returns the weight bytes read.
-  uint64_t record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed, const std::string& what);
+  // step_in: where the sampler reads the step's words (the decode step's device copy; empty: the
+  // host step buffer).
+  uint64_t record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed, const std::string& what,
+                       vk::BufferSlice step_in = {});
 
   vk::Context& ctx_;
   GpuModelOptions options_;

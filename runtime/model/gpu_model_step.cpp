@@ -437,12 +437,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (!x_gate.enabled()) rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
-  weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "");
+  weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "", step);
   stats_.weight_bytes = weight_bytes;
 }
 
 uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::BufferSlice normed,
-                               const std::string& what) {
+                               const std::string& what, vk::BufferSlice step_in) {
   const ModelConfig& c = config_;
   Weights& w = *w_;
   // The final norm as its own dispatch: fused into the LM head, every one of its ~39 K workgroups
@@ -480,6 +480,7 @@ uint64_t GpuModel::record_head(vk::CommandRecorder& rec, vk::BufferSlice x, vk::
   sample.logits = w.logits.whole();
   sample.scratch = w.sample_scratch.whole();
   sample.step = w.step.whole();
+  sample.step_in = step_in;
   sample.token_word = kTokenWord;
   sample.pos_word = kPosWord;
   sample.advance_pos = true;

@@ -86,6 +86,8 @@ void SampleOp::record(CommandRecorder& rec) const {
   if (counts) need(step, (uint64_t(std::max(counts_word + 6, rule_word + 12))) * 4, "step");
   if (input_ring && !write_out) runtime_error(what, ": forced inputs (input_word) need tokens_out's ring");
   if (input_ring) need(step, (uint64_t(input_word) + 1 + out_ring) * 4, "step");
+  if (step_in.buffer != VK_NULL_HANDLE && step_in.size < step.size)
+    runtime_error(what, ": step_in has ", step_in.size, " bytes, fewer than step's ", step.size);
   if (!(params.top_p == params.top_p) || !(params.min_p == params.min_p) || !(params.temperature == params.temperature))
     runtime_error(what, ": sampling parameters must not be NaN");
 
@@ -96,7 +98,7 @@ void SampleOp::record(CommandRecorder& rec) const {
   desc.name = argmax ? "argmax" : "sample";
   desc.file = "sample.comp";
   desc.defines = {{"WG_SIZE", std::to_string(kWgSize)}, {"ELEMS", std::to_string((per_group + kWgSize - 1) / kWgSize)}};
-  desc.num_buffers = 4;
+  desc.num_buffers = 5;
   desc.push_bytes = sizeof(gpu::SampleArgs);
   const Pipeline& pipe = ctx.pipelines().get(desc);
 
@@ -118,8 +120,9 @@ void SampleOp::record(CommandRecorder& rec) const {
   a.counts_word = counts ? counts_word : 0;
   a.rule_word = counts ? rule_word : 0;
   a.input_word = input_ring ? input_word : 0;
-  const BufferSlice bufs[4] = {logits, scratch, step, write_out ? tokens_out : step};
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 4), a, a.n_groups, 1, 1, what, bytes());
+  const BufferSlice in = step_in.buffer != VK_NULL_HANDLE ? step_in : step;
+  const BufferSlice bufs[5] = {logits, scratch, step, write_out ? tokens_out : step, in};
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, a.n_groups, 1, 1, what, bytes());
 }
 
 }  // namespace tessera::vk

@@ -63,6 +63,8 @@ struct SampleOp {
   BufferSlice logits;      // f32 [n_vocab]
   BufferSlice scratch;     // scratch_bytes(n_vocab), zeroed once before the first call
   BufferSlice step;        // uint32 words
+  BufferSlice step_in;     // optional: the words read (position, rule, forced inputs) from this copy
+                           // of step (a device-local one; empty: step itself)
   uint32_t token_word = 0;
   uint32_t pos_word = 1;
   bool advance_pos = false;

@@ -239,12 +239,14 @@ TEST(SampleKernel, SelfFeedingStepsFollowTheDistribution) {
 // The step a sampler leaves for the next one (GpuModel::decode_steps queues it before this one
 // ends): the next step's attention group counts by the rule in the step buffer, at awkward bounds
 // on both sides of each range and past the cache, and a forced input from the ring while the ring
-// is on (the sample still goes to the output ring).
+// is on (the sample still goes to the output ring). It reads the words from step_in (the decode
+// step's device copy) and writes them to step.
 TEST(SampleKernel, LeavesTheNextStepsCountsAndForcedInput) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
   Sampling s(g, 37);
   vk::Buffer step = vktest::make_buffer(g, 128 * 4, "step", true);
+  vk::Buffer step_in = vktest::make_buffer(g, 128 * 4, "step copy", true);  // what the sampler reads
   const gpu::AttnDecodeRule rule{3, 9, 40, 5, 7, 3, 2, 50, 4, 4, 0, 0};
   std::vector<float> l(37, 0.f);
   l[11] = 2.f;
@@ -252,6 +254,7 @@ TEST(SampleKernel, LeavesTheNextStepsCountsAndForcedInput) {
   constexpr uint32_t kCounts = 4, kRule = 16, kInput = 64;
   vk::SampleOp op = s.op(kGreedy, true);
   op.step = step.whole();
+  op.step_in = step_in.whole();
   op.counts_word = kCounts;
   op.rule_word = kRule;
   op.input_word = kInput;
@@ -272,7 +275,9 @@ TEST(SampleKernel, LeavesTheNextStepsCountsAndForcedInput) {
     const bool forced = pos % 3 == 1;
     words[kInput] = forced ? 1u : 0u;
     for (uint32_t i = 0; i < s.ring_len; ++i) words[kInput + 1 + i] = 100 + i;
-    step.write(0, words.data(), words.size() * 4);
+    step_in.write(0, words.data(), words.size() * 4);
+    const std::vector<uint32_t> stale(128, 0xDEADBEEFu);  // the words written, and nothing read from here
+    step.write(0, stale.data(), stale.size() * 4);
     rec.run();
     std::vector<uint32_t> out(128);
     step.read(0, out.data(), out.size() * 4);

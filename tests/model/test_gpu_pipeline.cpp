@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "format/error.h"
@@ -104,25 +105,22 @@ TEST(GpuPipeline, ForcedTokensQueueAhead) {
   }
 }
 
-// Stopping after 4 of 12 steps (positions 5-8: two single steps, then the second of a run of
-// four in one submission) discards the rest of the run and the submission queued after it;
-// continuing gives the uninterrupted run.
-TEST(GpuPipeline, StopDiscardsTheQueuedStep) {
-  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+// 12 steps through decode_steps, interrupted after the first `cut` by `interrupt` (which
+// decodes those and stops), then continued: the tokens and the last logits of the uninterrupted
+// run, and after the interruption the model as after `cut` steps.
+void expect_interruption_is_invisible(uint32_t cut,
+                                      const std::function<void(model::GpuModel&, std::vector<int32_t>&)>& interrupt) {
   const Decoded whole = run_steps(ranged(true), 12, false);
   TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
   model::GpuModel m(*fixture.context(), tsr, ranged(true));
   m.forward(prompt(m.n_vocab(), 5), true);
   std::vector<int32_t> got;
-  auto take = [&](int32_t t) {
-    got.push_back(t);
-    return got.size() != 4;
-  };
-  EXPECT_EQ(m.decode_steps(12, {}, take), 4u);
-  EXPECT_EQ(m.n_past(), 9);
+  interrupt(m, got);
+  ASSERT_EQ(got.size(), cut);
+  EXPECT_EQ(m.n_past(), int(5 + cut));
   EXPECT_EQ(m.sampled_token(), got.back());
   got.push_back(m.decode_step());  // one plain step in between
-  m.decode_steps(7, {}, [&](int32_t t) {
+  m.decode_steps(11 - cut, {}, [&](int32_t t) {
     got.push_back(t);
     return true;
   });
@@ -130,31 +128,29 @@ TEST(GpuPipeline, StopDiscardsTheQueuedStep) {
   EXPECT_EQ(m.last_logits(), whole.logits);
 }
 
-// A caller that stops by throwing from on_token (chat's Ctrl-C) leaves nothing queued and the
-// model as after the steps it was handed: the decode continues as if uninterrupted.
+// Stopping after 4 of 12 steps (positions 5-8: two single steps, then the second of a run of
+// four in one submission) discards the rest of the run and the submission queued after it.
+TEST(GpuPipeline, StopDiscardsTheQueuedStep) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  expect_interruption_is_invisible(4, [](model::GpuModel& m, std::vector<int32_t>& got) {
+    EXPECT_EQ(m.decode_steps(12, {}, [&](int32_t t) {
+      got.push_back(t);
+      return got.size() != 4;
+    }), 4u);
+  });
+}
+
+// A caller that stops by throwing from on_token (chat's Ctrl-C) leaves nothing queued.
 TEST(GpuPipeline, AThrowingCallerLeavesNothingQueued) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const Decoded whole = run_steps(ranged(true), 12, false);
-  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
-  model::GpuModel m(*fixture.context(), tsr, ranged(true));
-  m.forward(prompt(m.n_vocab(), 5), true);
-  std::vector<int32_t> got;
   struct Stop {};
-  EXPECT_THROW(m.decode_steps(12, {},
-                              [&](int32_t t) {
-                                got.push_back(t);
-                                if (got.size() == 3) throw Stop{};
-                                return true;
-                              }),
-               Stop);
-  EXPECT_EQ(m.n_past(), 8);
-  EXPECT_EQ(m.sampled_token(), got.back());
-  m.decode_steps(9, {}, [&](int32_t t) {
-    got.push_back(t);
-    return true;
+  expect_interruption_is_invisible(3, [](model::GpuModel& m, std::vector<int32_t>& got) {
+    EXPECT_THROW(m.decode_steps(12, {}, [&](int32_t t) {
+      got.push_back(t);
+      if (got.size() == 3) throw Stop{};
+      return true;
+    }), Stop);
   });
-  EXPECT_EQ(got, whole.tokens);
-  EXPECT_EQ(m.last_logits(), whole.logits);
 }
 
 // A wait that gives up (injected) in a queued step: the model re-records

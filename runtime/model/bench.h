@@ -74,7 +74,7 @@ struct BenchOptions {
   bool early_next = false;                // GpuModelOptions::early_next (--tune early_next=0|1)
   bool early_qk = false;                  // GpuModelOptions::early_qk (--tune early_qk=0|1)
   bool early_attn = true;                 // GpuModelOptions::early_attn (--tune early_attn=0|1)
-  bool early_gateup = false;              // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
+  bool early_gateup = true;               // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
   bool qk_q8 = false;                     // GpuModelOptions::qk_q8 (--tune qk_q8=0|1|2)
   bool qk_q8_halves = true;               // GpuModelOptions::qk_q8_halves (--tune qk_q8=2: off)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)

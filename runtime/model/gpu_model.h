@@ -137,8 +137,10 @@ struct GpuModelOptions {
   // The MoE gate-up without the barrier after W_vo (with early_vo and early_down, the router
   // fold): W_vo's workgroups open a gate once their rows of x and their fold sums are written
   // (matvec_q8.comp SIGNAL_GATE), the gate-up's wait on it (moe_gateup.comp WAIT_GATE) and read x
-  // and the accumulators with plain loads. bench --tune early_gateup=0|1.
-  bool early_gateup = false;
+  // and the accumulators with plain loads. Session 12: neutral to -1 %; session 15 (the routing's
+  // shorter rounds, queued steps): +1.0 % tg128 on the H100 at depth 0, +0.8 % at 4096, two
+  // interleaved pairs each (PERFORMANCE.md). bench --tune early_gateup=0|1.
+  bool early_gateup = true;
   // The q LoRA matvec also writes its output times attn_q_a_norm as int8 blocks and its sums of
   // squares (matvec_q8.comp OUT_Q8, 32 rows per workgroup); W_qk (or q_b) reads them with no
   // staging (X_Q8 + X_SS), and with early_qk waits for them as W_vo waits for olat's blocks.

@@ -281,6 +281,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     o.early_down = early;
     o.early_next = early;  // off by default: tested here
     o.early_qk = early;
+    o.early_gateup = early;
     o.gate_stats = early;  // the counters change nothing either
     o.attention.single_max_kv = 3;
     o.attention.mid_max_kv = 9;
@@ -300,8 +301,8 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
   if (barriers[0] == barriers[1]) GTEST_SKIP() << "no early start here (int8 kernels with subgroups)";
   // One barrier less per layer (W_vo), per layer with a q LoRA (stage 2), per layer whose composed
   // W_qk and kv_write open the attention's gate (early_attn, chained after stage 2's gates; the
-  // recorded range's attention waits), per MoE layer (the down) and per MoE layer that has a next
-  // one (its first matvecs wait on the down).
+  // recorded range's attention waits), two per MoE layer (the gate-up after W_vo, the down) and
+  // one per MoE layer that has a next one (its first matvecs wait on the down).
   const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
   ASSERT_GT(cfg.q_lora_rank, 0u) << "tiny has a q LoRA: stage 2 is gated";
   uint32_t moe_layers = 0, moe_then_layer = 0;
@@ -309,7 +310,7 @@ TEST(GpuModel, EarlyStartsGiveTheSameBits) {
     moe_layers += cfg.is_moe(l) ? 1 : 0;
     moe_then_layer += cfg.is_moe(l) && l + 1 < cfg.n_layer ? 1 : 0;
   }
-  EXPECT_EQ(barriers[0] - barriers[1], 3 * layers + moe_layers + moe_then_layer);
+  EXPECT_EQ(barriers[0] - barriers[1], 3 * layers + 2 * moe_layers + moe_then_layer);
   EXPECT_EQ(barriers[2], barriers[1]);
   EXPECT_EQ(barriers[3], barriers[1]);
   for (int v : {1, 2, 3}) {
@@ -351,8 +352,9 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);
   model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
   o.attention.single_max_kv = 3;
+  o.early_gateup = false;
   const Decoded ref = decode(tsr, o);
-  o.early_gateup = true;
+  o.early_gateup = true;  // the default
   const Decoded early = decode(tsr, o);
   EXPECT_TRUE(early.early_starts) << "no wait gave up";
   if (ref.stats.barriers == early.stats.barriers)

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <vector>
 
 #include "format/error.h"
@@ -103,6 +104,21 @@ TEST(GpuPipeline, ForcedTokensQueueAhead) {
     expect_same(one, queued);
     EXPECT_EQ(queued.next, queued.tokens.back()) << "the forced ring is off after the steps";
   }
+}
+
+// Sampling (temperature, top-k, top-p; the draw seeded by the position the GPU advances): the
+// same tokens queued as one step at a time.
+TEST(GpuPipeline, SampledTokensQueueToo) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  Decoded runs[2];
+  for (bool pipeline : {false, true}) {
+    model::GpuModelOptions o = ranged(pipeline);
+    o.sampling = {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .min_p = 0.f, .seed = 11};
+    runs[pipeline] = run_steps(o, 20, false);
+  }
+  expect_same(runs[0], runs[1]);
+  EXPECT_GT(std::set<int32_t>(runs[1].tokens.begin(), runs[1].tokens.end()).size(), 5u)
+      << "draws, not one repeated token";
 }
 
 // 12 steps through decode_steps, interrupted after the first `cut` by `interrupt` (which

@@ -307,7 +307,8 @@ vk::CommandRecorder& GpuModel::batch_recording(uint32_t pos, uint32_t twin) {
     batches_[i] = step_recorder(false);
     const DecodeStats keep = stats_;
     batches_[i]->begin();
-    for (uint32_t k = 0; k < options_.steps_per_submit; ++k) record_step(*batches_[i], attn_->decode_ranges()[i / 2].second);
+    for (uint32_t k = 0; k < options_.steps_per_submit; ++k)
+      record_step(*batches_[i], attn_->decode_ranges()[i / 2].second);
     batches_[i]->end();
     stats_ = keep;
   }
@@ -404,11 +405,13 @@ uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
       // A batch where its steps stay in one attention range (one recording), else one step.
       const uint32_t steps =
           batch > 1 && next + batch <= n && step_range_index(pos) == step_range_index(pos + batch - 1) ? batch : 1;
-      for (uint32_t k = 1; forcing && k <= steps && next + k < n; ++k) {  // the inputs of its steps after the first, and the next one's
+      // Forced: the inputs of its steps after the first, and of the one after it.
+      for (uint32_t k = 1; forcing && k <= steps && next + k < n; ++k) {
         const uint32_t t = uint32_t(forced[next + k]);
         w_->step.write((kInputWord + 1 + (pos + k) % kRing) * 4, &t, 4);
       }
-      vk::CommandRecorder& rec = steps > 1 ? batch_recording(pos, twin) : twin ? twin_recording(pos) : step_recording(pos);
+      vk::CommandRecorder& rec =
+          steps > 1 ? batch_recording(pos, twin) : twin ? twin_recording(pos) : step_recording(pos);
       rec.submit();
       queued.push_back({&rec, pos, steps});
       next += steps;

@@ -45,6 +45,9 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
   if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
     usage_error("attn_v_b: ", options_.vb_teams, " subgroups per workgroup; expected 8 or 16 (0: automatic)");
+  if (options_.steps_per_submit < 1 || options_.steps_per_submit > kRing / 4)
+    usage_error("decode steps per submission: ", options_.steps_per_submit, "; expected 1..", kRing / 4,
+                " (the sampled-token ring holds two submissions)");
   w_ = std::make_unique<Weights>();
   for (uint32_t l = 0; l < config_.n_layer; ++l)
     if (config_.is_moe(l) && config_.has_exp_probs_b && !file.find_tensor(blk(l, "exp_probs_b.bias")))
@@ -396,7 +399,7 @@ uint32_t GpuModel::decode_steps(uint32_t n, std::span<const int32_t> forced,
     const uint32_t off = 0;
     w_->step.write(kInputWord * 4, &off, 4);
   };
-  const uint32_t batch = std::clamp(options_.steps_per_submit, 1u, kRing / 4);
+  const uint32_t batch = options_.steps_per_submit;  // 1..kRing / 4 (checked when the model is made)
   restart(0);
   bool stop = false;
   while (done < n && !stop) {

@@ -200,6 +200,11 @@ TEST(GpuPipeline, BadRequestsChangeNothing) {
   EXPECT_EQ(m.n_past(), 5);
   EXPECT_EQ(m.sampled_token(), next);
   EXPECT_EQ(m.decode_steps(35, {}, any), 35u) << "the context's last position";
+  for (uint32_t steps : {0u, 17u}) {
+    model::GpuModelOptions o = ranged(true);
+    o.steps_per_submit = steps;
+    EXPECT_THROW(model::GpuModel(*fixture.context(), tsr, o), Error) << steps << " steps per submission";
+  }
 }
 
 }  // namespace

@@ -234,7 +234,7 @@ void CommandRecorder::require_transfer_allowed(const char* what) const {
   require_recording(what);
   if ((options_.barrier_scope == BarrierScope::ComputeOnly || options_.barrier_scope == BarrierScope::ExecutionOnly) &&
       !transfers_allowed_)
-    runtime_error(what, " after a dispatch in a recording with compute-only barriers (BarrierScope::ComputeOnly or ExecutionOnly): "
+    runtime_error(what, " after a dispatch (with no full_barrier() since) in a recording with compute-only barriers (BarrierScope::ComputeOnly or ExecutionOnly): "
                   "those barriers do not order transfers after compute work; record transfers first or use "
                   "BarrierScope::Compute");
 }

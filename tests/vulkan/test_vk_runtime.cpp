@@ -372,6 +372,7 @@ TEST(VkRecorder, FillCopyAndBindingChecks) {
 // Compute-only barriers (the model's default) cannot order a transfer after compute work: the
 // recorder accepts fills and copies before the first dispatch and refuses them after it.
 // The execution-only scope (no memory barrier between compute dispatches) refuses them the same way.
+// A full barrier (CommandRecorder::full_barrier) makes them legal again until the next dispatch.
 TEST(VkRecorder, ComputeOnlyScopeRefusesTransfersAfterDispatches) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -398,11 +399,22 @@ TEST(VkRecorder, ComputeOnlyScopeRefusesTransfersAfterDispatches) {
     EXPECT_NE(std::string(e.what()).find("compute-only barriers"), std::string::npos) << e.what();
   }
   EXPECT_THROW(rec.copy(a.slice(0, 512), b.slice(512, 512)), Error);
+  // After a full barrier (the decode step's opening, also between steps of one submission) a
+  // transfer is ordered again: b[16:32] = b[0:16], then the kernel once more over the copy (b[32:48]).
+  const uint32_t barriers = rec.barrier_count();
+  rec.full_barrier();
+  EXPECT_EQ(rec.barrier_count(), barriers + 1) << "a full barrier after commands counts";
+  rec.copy(b.slice(0, 64), b.slice(64, 64));
+  rec.barrier();
+  n.x = b.slice(64, 64);
+  n.y = b.slice(128, 64);
+  n.record(rec);
+  EXPECT_THROW(rec.fill(b.whole(), 0), Error) << "a dispatch since the full barrier";
   rec.end();
   rec.run();
-  std::vector<float> got(32);
+  std::vector<float> got(48);
   b.read(0, got.data(), got.size() * 4);
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], i < 16 ? 2.f : 0.f, 1e-5) << i;
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], 2.f, 1e-5) << i;  // 0 had the copy not run
   }
 
   vk::Buffer a = vktest::make_buffer(g, 1024, "a");

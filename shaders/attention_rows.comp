@@ -243,9 +243,12 @@ void attend(uint j0, uint end, uint w[RB][kWpl]) {
     float s[RB];
     float m_new = m[a];
     [[unroll]] for (uint b = 0; b < RB; ++b) {
-      float acc = 0.0;
-      [[unroll]] for (uint t = 0; t < kWpl; ++t) acc += dot(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]));
-      s[b] = j0 + b < end ? subgroupAdd(acc) : kNegHuge;
+      // Two chains of fused multiply-adds (one per half of a word): two instructions per word where
+      // dot() and a sum took three; the kernel is bound by its instructions at long contexts.
+      vec2 acc = vec2(0.0);
+      [[unroll]] for (uint t = 0; t < kWpl; ++t)
+        acc = fma(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]), acc);
+      s[b] = j0 + b < end ? subgroupAdd(acc.x + acc.y) : kNegHuge;
       m_new = max(m_new, s[b]);
     }
     // Rescale what is accumulated only where the maximum grew (the same in every lane of the

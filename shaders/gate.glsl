@@ -111,7 +111,7 @@ void gate_wait(uint i, uint target, uint dep, uint zero_mask) {
   }
   barrier();
   memoryBarrierBuffer();
-  TS_MARK();  // bench --timeline: the wait's end
+  TS_MARK_GATE();  // bench --timeline: the wait's end (the mark, or with mark_gates the early mark)
 }
 #endif  // GATE_WAIT
 

@@ -284,7 +284,7 @@ void main() {
   if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
   if (late) {
     barrier();  // gate_x
-    TS_MARK();  // bench --timeline: no wait (h was written before the route was seen)
+    TS_MARK_GATE();  // bench --timeline: no wait (h was written before the route was seen)
   } else {
     gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
     if (s < n_slots) hq_load(hq_b0, hq_nb, lane, nl, xl, xh, xd);

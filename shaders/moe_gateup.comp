@@ -51,7 +51,9 @@
 // matvec that writes x and the fold's accumulators (W_vo / attn_output), whose workgroups count
 // word GATE_WORD of binding 12 up to GATE_TARGET; every workgroup waits for it first (a wait that
 // gives up sets the error words, binding 13), then reads x and the accumulators with plain loads
-// (no SM has read their lines since the last barrier but the writers' own rows).
+// (no SM has read their lines since the last barrier but the writers' own rows). With
+// FOLD_OVERLAP and GATEUP_PRELOAD (MoeTuning::gateup_preload) it loads what W_vo does not write
+// into shared memory before the wait (the norm weight, the expert bias; session 16).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -96,6 +98,14 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
 #else
 #define OUT_QUAL writeonly restrict
+#endif
+#ifndef GATEUP_PRELOAD
+#define GATEUP_PRELOAD 0
+#endif
+#if WAIT_GATE && FOLD_OVERLAP && GATEUP_PRELOAD
+#define NW_PRELOAD 1
+#else
+#define NW_PRELOAD 0
 #endif
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
@@ -182,11 +192,25 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
+#if NW_PRELOAD
+// The norm weight, loaded into shared memory before the gate (nw_preload: its DRAM round trip
+// off the chain after W_vo), values 4i..4i+3 of block b at [(i % 8) * Q8_BLOCKS + b] (the
+// staging's reads without bank conflicts). Registers would hold it across the wait.
+shared vec4 nw_sh[8 * Q8_BLOCKS];
+#endif
+
 // The input (h2, or x times the norm weight) as int8 blocks in shared memory; no barrier.
 void stage_input() {
   for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
     vec4 v[8];
-    [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
+#if NW_PRELOAD
+    if (norm_input()) {
+      [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in4[8u * b + i] * nw_sh[i * Q8_BLOCKS + b];
+    } else
+#endif
+    {
+      [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in_vec4(32u * b + 4u * i);
+    }
     q8_stage_block(b, v);
   }
 }
@@ -355,6 +379,30 @@ float silu(float z) { return z / (1.0 + exp(-z)); }
 shared vec2 row_partial[WG_SIZE];
 #endif
 
+#if FOLD_OVERLAP
+// The expert bias into shared memory (routed workgroups, where the routing uses it), by the
+// invocations after those that stage the input and sum the accumulators; no barrier.
+void bias_load(bool with_logits) {
+  if (with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u) {
+    const uint t = (gl_LocalInvocationIndex + WG_SIZE - (args.n_embd / 32u + args.n_expert + 1u) % WG_SIZE) % WG_SIZE;
+    for (uint e = t; e < args.n_expert; e += WG_SIZE) rf_bias[e] = route_bias[e];
+  }
+}
+#endif
+
+#if NW_PRELOAD
+// Before the gate: what the prologue reads that W_vo does not write (the norm weight, the expert
+// bias) into shared memory, so that only x and the accumulators are read after it; gate_wait's
+// first barrier orders these stores before the staging.
+void nw_preload() {
+  if (norm_input()) {
+    const uint nb = args.n_embd / 32u;
+    for (uint k = gl_LocalInvocationIndex; k < 8u * nb; k += WG_SIZE) nw_sh[(k % 8u) * Q8_BLOCKS + k / 8u] = nw4[k];
+  }
+  bias_load((args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed);
+}
+#endif
+
 void gateup_main() {
   // 1/rms of the input (dense FFN path; the router fold: from the accumulators); uniform control
   // flow, before any early exit.
@@ -367,10 +415,9 @@ void gateup_main() {
   const uint nb_in = args.n_embd / 32u;
   stage_input();
   fold_sum(with_logits, nb_in);
-  if (with_logits && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u) {
-    const uint t = (gl_LocalInvocationIndex + WG_SIZE - (nb_in + args.n_expert + 1u) % WG_SIZE) % WG_SIZE;
-    for (uint e = t; e < args.n_expert; e += WG_SIZE) rf_bias[e] = route_bias[e];
-  }
+#if !NW_PRELOAD  // else loaded before the gate (nw_preload)
+  bias_load(with_logits);
+#endif
 #else
   fold_sum(with_logits, 0u);
 #endif
@@ -525,6 +572,9 @@ void gateup_main() {
 
 void main() {
 #if WAIT_GATE
+#if NW_PRELOAD
+  nw_preload();
+#endif
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
 #endif
   gateup_main();

@@ -25,7 +25,15 @@
 layout(std430, binding = TS_TIMELINE_BINDING) writeonly restrict buffer TsTimelineBuf { uvec4 ts_timeline[]; };
 uvec2 ts_mark_clock = uvec2(0u), ts_early_clock = uvec2(0u);  // TS_MARK(), TS_MARK_EARLY()
 #define TS_MARK() (ts_mark_clock = clockRealtime2x32EXT())
+// TS_MARK_GATES (a process-wide define, bench --tune mark_gates=1): the early mark is where a
+// gated wait ended (TS_MARK_GATE, gate.glsl), and the kernels' own early marks are dropped.
+#if defined(TS_MARK_GATES) && TS_MARK_GATES
+#define TS_MARK_EARLY()
+#define TS_MARK_GATE() (ts_early_clock = clockRealtime2x32EXT())
+#else
 #define TS_MARK_EARLY() (ts_early_clock = clockRealtime2x32EXT())
+#define TS_MARK_GATE() TS_MARK()
+#endif
 
 // b - a of two clock readings, as 32 bits (spans under 4 s).
 uint ts_since(uvec2 a, uvec2 b) { return b.x - a.x; }
@@ -53,5 +61,6 @@ void main() {
 #ifndef TS_MARK
 #define TS_MARK()
 #define TS_MARK_EARLY()
+#define TS_MARK_GATE()
 #endif
 #endif  // TESSERA_TIMELINE_GLSL

@@ -173,6 +173,9 @@ struct GpuModelOptions {
   // A process-wide shader define: set on the context's pipeline library by the constructor.
   // bench --tune gate_backoff=N.
   uint32_t gate_backoff = 0;
+  // With timeline: a kernel's early mark is where its gated wait ended (gate.glsl), not its own
+  // TS_MARK_EARLY (timeline.glsl TS_MARK_GATES; process-wide). bench --tune mark_gates=1.
+  bool mark_gates = false;
   // The factored value path (a file without attn_vo) on the int8 kernels: attn_v_b as one matvec
   // of stacked per-head matrices on the attention's int8 olat (MatvecOp::x_head_rows), writing o
   // as int8 blocks that attn_output reads; with early_vo each starts beside its producer and

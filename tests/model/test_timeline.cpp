@@ -139,21 +139,24 @@ TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
   const testfx::ModelFiles f = fixture.files("tiny", "q4_0", "all");
   TsrFile tsr = TsrFile::open(f.tsr);
   const std::vector<int32_t> prompt = {3, 17, 42, 5, 99};
-  std::vector<float> logits[2];
-  std::vector<int32_t> tokens[2];
-  for (bool timeline : {false, true}) {
+  std::vector<float> logits[3];
+  std::vector<int32_t> tokens[3];
+  for (int mode : {0, 1, 2}) {  // no timeline; the timeline; the timeline with mark_gates
+    SCOPED_TRACE(mode);
+    const bool timeline = mode > 0;
     model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
     o.timeline = timeline;
+    o.mark_gates = mode == 2;
     model::GpuModel m(*ctx, tsr, o);
-    logits[timeline] = m.forward(prompt, true);
-    for (int i = 0; i < 4; ++i) tokens[timeline].push_back(m.decode_step());
+    logits[mode] = m.forward(prompt, true);
+    for (int i = 0; i < 4; ++i) tokens[mode].push_back(m.decode_step());
     if (timeline) {
       EXPECT_EQ(m.timeline_untimed(), 0u);
       double wall = 0;
       const std::vector<model::DispatchSpan> spans = m.timeline_step(uint32_t(m.n_past()) + 1, &wall);
       ASSERT_EQ(spans.size(), m.stats().dispatches);
       double end = 0;
-      uint32_t gateups = 0;
+      uint32_t gateups = 0, vo_early = 0;
       for (const model::DispatchSpan& d : spans) {
         SCOPED_TRACE(d.label);
         EXPECT_GT(d.workgroups, 0u);  // the decode step's dispatches are direct
@@ -183,17 +186,23 @@ TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
           ++gateups;
           EXPECT_GT(d.marked, 0u);  // its routed workgroups mark the prologue's end
         }
+        // W_vo (gated, no early mark of its own): an early mark only where it is the gate's.
+        if (d.label.find("attn_vo") != std::string::npos && d.early_marked) ++vo_early;
       }
       EXPECT_GT(gateups, 0u);
+      if (mode == 2) EXPECT_GT(vo_early, 0u) << "mark_gates: the gated W_vo's wait end as its early mark";
+      else EXPECT_EQ(vo_early, 0u);
       EXPECT_DOUBLE_EQ(spans.front().start_us, 0.0);  // the embedding starts the step
       EXPECT_GT(end, 0.0);
       EXPECT_LE(end, wall * 1.05 + 50.0) << "device clock ticks are not nanoseconds here";
       EXPECT_GE(end, wall * 0.2) << "device clock ticks are not nanoseconds here";
     }
-    for (int i = 0; i < 4; ++i) tokens[timeline].push_back(m.decode_step());
+    for (int i = 0; i < 4; ++i) tokens[mode].push_back(m.decode_step());
   }
   EXPECT_EQ(logits[0], logits[1]);
   EXPECT_EQ(tokens[0], tokens[1]);
+  EXPECT_EQ(logits[0], logits[2]);
+  EXPECT_EQ(tokens[0], tokens[2]);
 }
 
 TEST(GpuTimeline, Errors) {

@@ -381,40 +381,6 @@ vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
 }
 #endif  // Q8ACT
 
-#if defined(GU_J) && USE_SUBGROUP && Q8ACT
-#define GU_LOADED 1
-#else
-#define GU_LOADED 0
-#endif
-#if GU_LOADED
-// GU_J (gateup_loads_first; USE_SUBGROUP with Q8ACT): blocks per lane and row, >= ceil(n_embd /
-// 32 / subgroup size). The two outputs' four rows (g0 / u0 of gate / up matrices g / u for a0,
-// g1 / u1 for a1): every block this lane uses loaded first (4 GU_J loads in flight), then the
-// dot products in pair_dot's order (the same sums).
-void pair_dots_loaded(Mat g, Mat u, uint g0, uint u0, uint g1, uint u1, out vec2 a0, out vec2 a1) {
-  const uint nb = args.n_embd / 32u, lane = gl_SubgroupInvocationID, nl = gl_SubgroupSize;
-  Q8WRaw w[4][GU_J];
-  [[unroll]] for (uint j = 0; j < GU_J; ++j) {
-    const uint b = min(lane + j * nl, nb - 1u);
-    w[0][j] = q8_load_raw(g.qbase, g.mbase, g0 * nb + b);
-    w[1][j] = q8_load_raw(u.qbase, u.mbase, u0 * nb + b);
-    w[2][j] = q8_load_raw(g.qbase, g.mbase, g1 * nb + b);
-    w[3][j] = q8_load_raw(u.qbase, u.mbase, u1 * nb + b);
-  }
-  a0 = vec2(0.0);
-  a1 = vec2(0.0);
-  [[unroll]] for (uint j = 0; j < GU_J; ++j) {
-    const uint b = lane + j * nl;
-    if (b < nb) {
-      const uvec4 xl = q8_lo[b], xh = q8_hi[b];
-      const vec4 xd = q8_ds[b];
-      a0 += vec2(q8_dot_loaded(q8_unpack(w[0][j]), xl, xh, xd), q8_dot_loaded(q8_unpack(w[1][j]), xl, xh, xd));
-      a1 += vec2(q8_dot_loaded(q8_unpack(w[2][j]), xl, xh, xd), q8_dot_loaded(q8_unpack(w[3][j]), xl, xh, xd));
-    }
-  }
-}
-#endif
-
 float silu(float z) { return z / (1.0 + exp(-z)); }
 
 #if !USE_SUBGROUP
@@ -578,13 +544,8 @@ void gateup_main() {
   // independent weight loads per lane and block.
   for (uint i = i0 + gl_SubgroupID; i < i_end; i += 2u * gl_NumSubgroups) {
     const uint i2 = min(i + gl_NumSubgroups, i_end - 1u);
-#if GU_LOADED
-    vec2 a0, a1;
-    pair_dots_loaded(gmat, umat, gate_mul * i, gate_mul * i + up_add, gate_mul * i2, gate_mul * i2 + up_add, a0, a1);
-#else
     vec2 a0 = pair_dot(gmat, gate_mul * i, umat, gate_mul * i + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
     vec2 a1 = pair_dot(gmat, gate_mul * i2, umat, gate_mul * i2 + up_add, gl_SubgroupInvocationID, gl_SubgroupSize);
-#endif
     a0 = subgroupAdd(a0) * scale;
     a1 = subgroupAdd(a1) * scale;
     if (subgroupElect()) {

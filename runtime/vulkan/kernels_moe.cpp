@@ -124,9 +124,6 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
   const std::string rc = route_code(d, re);
-  const uint32_t sg = ctx.info().subgroup_size, gu_j = (n_embd / 32 + sg - 1) / sg;
-  const bool loads_first = t.gateup_loads_first && gu_j <= 4;
-  if (loads_first) d["GU_J"] = std::to_string(gu_j);
   if (wait.enabled()) {  // moe_gateup.comp WAIT_GATE: bindings 12, 13 = the polled words, the error words
     d["WAIT_GATE"] = "1";
     d["GATE_WORD"] = std::to_string(wait.word);
@@ -138,7 +135,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        waits, loads_first ? ".lf" : "", rc),
+                        waits, rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

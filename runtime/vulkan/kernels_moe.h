@@ -122,10 +122,6 @@ struct MoeTuning {
   // ... and its shared-expert workgroups load one word of every 32-byte sector of their weight
   // rows before it, so that their blocks come from the caches after it (SHARED_PREFETCH).
   bool gateup_prefetch = false;
-  // The int8 gate-up with subgroups loads every weight block a lane uses for its two outputs
-  // (4 rows x ceil(n_embd / 32 / subgroup size) blocks, at most 4 per row) before the first dot
-  // product (moe_gateup.comp GU_J), instead of the loop over blocks; session 16.
-  bool gateup_loads_first = false;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -33,7 +33,6 @@ struct TileCase {
   std::vector<float> logits;  // empty = distinct random logits
   bool per_workgroup_routing = false;  // no route buffer: the expert kernels route themselves
   bool q8 = false;                     // the int8-activation path (hq set on both kernels)
-  vk::MoeTuning tuning;                // both kernels' work split and variants
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -145,7 +144,6 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   gu.h2 = h2_b.whole();
   gu.h = h_b.whole();
   gu.max_binding_bytes = c.max_binding_bytes;
-  gu.tuning = c.tuning;
   vk::MoeDownOp down;
   down.tile = gu.tile;
   down.n_used = c.n_used;
@@ -380,19 +378,6 @@ TEST(MoeKernels, Int8ActivationPath) {
     c.q8 = true;
     run_tile_case(c, seed++);
   }
-  // Every weight block loaded before the first dot product (gateup_loads_first): rows of 3, 10
-  // and 64 blocks (lanes without a block past the row's end), a routed width of 96 (three
-  // outputs per subgroup pair past the first), every int8 type.
-  const TileTypes q6k_k = {GgmlType::Q6_K, GgmlType::Q4_K, GgmlType::Q4_K, GgmlType::Q6_K};
-  for (TileCase c : {make_case(16, 4, 96, 96, 96, q40, Style::Glm), make_case(8, 2, 64, 0, 320, mixed, Style::V2),
-                     make_case(12, 3, 96, 64, 2048, q40, Style::Glm), make_case(8, 2, 256, 256, 512, q6k_k, Style::Glm)}) {
-    c.q8 = true;
-    c.tuning.gateup_loads_first = true;
-    run_tile_case(c, seed++);
-  }
-  bool built = false;
-  for (const vk::Pipeline* p : vktest::gpu().ctx->pipelines().all()) built = built || p->name().find(".lf") != std::string::npos;
-  EXPECT_TRUE(built) << "the gate-up that loads its blocks first";
 }
 
 TEST(MoeKernels, RefusesBadShapes) {

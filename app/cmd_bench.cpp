@@ -115,8 +115,6 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.q8_raw = v != 0; }},
     {"gateup_preload", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_preload = v != 0; }},
-    {"gateup_prefetch", 1, "1: the early gate-up's shared-expert workgroups touch their weight rows before its wait; default 0",
-     [](O& o, uint32_t v) { o.moe.gateup_prefetch = v != 0; }},
     {"down_late", 1, "1, default: early MoE down workgroups that find h complete load it beside their weights",
      [](O& o, uint32_t v) { o.moe.down_late = v != 0; }},
     {"gate_stats", 1, "1: count and time the early W_vo's waits", [](O& o, uint32_t v) { o.gate_stats = v != 0; }},

@@ -53,9 +53,7 @@
 // gives up sets the error words, binding 13), then reads x and the accumulators with plain loads
 // (no SM has read their lines since the last barrier but the writers' own rows). With
 // FOLD_OVERLAP and GATEUP_PRELOAD (MoeTuning::gateup_preload) it loads what W_vo does not write
-// into shared memory before the wait (the norm weight, the expert bias; session 16); with
-// SHARED_PREFETCH (MoeTuning::gateup_prefetch) its shared-expert workgroups touch their weight
-// rows before it (shared_prefetch).
+// into shared memory before the wait (the norm weight, the expert bias; session 16).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -108,12 +106,6 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #define NW_PRELOAD 1
 #else
 #define NW_PRELOAD 0
-#endif
-#ifndef SHARED_PREFETCH
-#define SHARED_PREFETCH 0
-#endif
-#if SHARED_PREFETCH && !(WAIT_GATE && Q8ACT)
-#error "moe_gateup.comp: SHARED_PREFETCH is for the early-started int8 gate-up"
 #endif
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
@@ -411,38 +403,6 @@ void nw_preload() {
 }
 #endif
 
-#if SHARED_PREFETCH
-// Region M bytes per block of the int8 path's types (weights.glsl: Q4_0 / Q8_0 d; Q4_K d, dmin
-// and 12 scale bytes; Q6_K qh, scales, d).
-#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q8_0
-#define PF_MBYTES 2u
-#elif WTYPE == TS_TYPE_Q4_K
-#define PF_MBYTES 16u
-#else
-#define PF_MBYTES 82u
-#endif
-
-// Before the gate, in a shared-slot workgroup (a tile's gate-up matrix, not separate gate and
-// up): one word of every 32-byte sector of its rows [2 i0, 2 i_end) in regions Q and M, so that
-// the stream after the routing has fewer bytes to bring from DRAM (its own blocks then come from
-// the L1 or the L2). Returns the loaded words folded into one, for gate_wait's dependence.
-uint shared_prefetch() {
-  const uint wg = linear_workgroup_id();
-  const uint routed_groups = (args.flags & TS_MOE_ROUTED) != 0u ? args.n_used * args.groups_routed : 0u;
-  if (wg < routed_groups || (args.flags & TS_MOE_SHARED) == 0u || (args.flags & TS_MOE_SEPARATE_GATE_UP) != 0u) return 0u;
-  const uint i0 = (wg - routed_groups) * OUT_PER_WG;
-  if (i0 >= args.w_shared) return 0u;
-  const uint rows = 2u * (min(i0 + OUT_PER_WG, args.w_shared) - i0), nb = args.n_embd / W_BLOCK;
-  const Mat g = mat_at(args.shared_offset, 2u * args.w_shared);
-  uint dep = 0u;
-  const uint q0 = g.qbase + 2u * i0 * nb * W_QVEC, nq = rows * nb * W_QVEC;  // 16-byte units
-  for (uint k = 2u * gl_LocalInvocationIndex; k < nq; k += 2u * WG_SIZE) dep ^= w_q[q0 + k].x;
-  const uint mb0 = 2u * i0 * nb * PF_MBYTES, mb1 = mb0 + rows * nb * PF_MBYTES;  // bytes from mbase
-  for (uint b = (mb0 & ~31u) + 32u * gl_LocalInvocationIndex; b < mb1; b += 32u * WG_SIZE) dep ^= w_m[g.mbase + b / 4u];
-  return dep;
-}
-#endif
-
 void gateup_main() {
   // 1/rms of the input (dense FFN path; the router fold: from the accumulators); uniform control
   // flow, before any early exit.
@@ -615,13 +575,7 @@ void main() {
 #if NW_PRELOAD
   nw_preload();
 #endif
-#if SHARED_PREFETCH
-  const uint dep = shared_prefetch();
-#else
-  const uint dep = 0u;
-#endif
-  // x and the accumulators written (the high half of flags is zero: the prefetch lands first)
-  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.flags & 0xFFFF0000u);
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
 #endif
   gateup_main();
 #if FUSED_DOWN

@@ -119,9 +119,6 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_PRELOAD; session 16).
   bool gateup_preload = true;
-  // ... and its shared-expert workgroups load one word of every 32-byte sector of their weight
-  // rows before it, so that their blocks come from the caches after it (SHARED_PREFETCH).
-  bool gateup_prefetch = false;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

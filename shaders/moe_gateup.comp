@@ -52,7 +52,7 @@
 // word GATE_WORD of binding 12 up to GATE_TARGET; every workgroup waits for it first (a wait that
 // gives up sets the error words, binding 13), then reads x and the accumulators with plain loads
 // (no SM has read their lines since the last barrier but the writers' own rows). With
-// FOLD_OVERLAP and GATEUP_PRELOAD (MoeTuning::gateup_preload) it loads what W_vo does not write
+// FOLD_OVERLAP and GATEUP_CONSTS (MoeTuning::gateup_consts) it loads what W_vo does not write
 // into shared memory before the wait (the norm weight, the expert bias; session 16).
 
 #include "common.glsl"
@@ -99,13 +99,13 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #else
 #define OUT_QUAL writeonly restrict
 #endif
-#ifndef GATEUP_PRELOAD
-#define GATEUP_PRELOAD 0
+#ifndef GATEUP_CONSTS
+#define GATEUP_CONSTS 0
 #endif
-#if WAIT_GATE && FOLD_OVERLAP && GATEUP_PRELOAD
-#define NW_PRELOAD 1
+#if WAIT_GATE && FOLD_OVERLAP && GATEUP_CONSTS
+#define CONSTS_FIRST 1
 #else
-#define NW_PRELOAD 0
+#define CONSTS_FIRST 0
 #endif
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
@@ -192,8 +192,8 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
-#if NW_PRELOAD
-// The norm weight, loaded into shared memory before the gate (nw_preload: its DRAM round trip
+#if CONSTS_FIRST
+// The norm weight, loaded into shared memory before the gate (consts_preload: its DRAM round trip
 // off the chain after W_vo), values 4i..4i+3 of block b at [(i % 8) * Q8_BLOCKS + b] (the
 // staging's reads without bank conflicts). Registers would hold it across the wait.
 shared vec4 nw_sh[8 * Q8_BLOCKS];
@@ -203,7 +203,7 @@ shared vec4 nw_sh[8 * Q8_BLOCKS];
 void stage_input() {
   for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
     vec4 v[8];
-#if NW_PRELOAD
+#if CONSTS_FIRST
     if (norm_input()) {
       [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = in4[8u * b + i] * nw_sh[i * Q8_BLOCKS + b];
     } else
@@ -390,11 +390,11 @@ void bias_load(bool with_logits) {
 }
 #endif
 
-#if NW_PRELOAD
+#if CONSTS_FIRST
 // Before the gate: what the prologue reads that W_vo does not write (the norm weight, the expert
 // bias) into shared memory, so that only x and the accumulators are read after it; gate_wait's
 // first barrier orders these stores before the staging.
-void nw_preload() {
+void consts_preload() {
   if (norm_input()) {
     const uint nb = args.n_embd / 32u;
     for (uint k = gl_LocalInvocationIndex; k < 8u * nb; k += WG_SIZE) nw_sh[(k % 8u) * Q8_BLOCKS + k / 8u] = nw4[k];
@@ -415,7 +415,7 @@ void gateup_main() {
   const uint nb_in = args.n_embd / 32u;
   stage_input();
   fold_sum(with_logits, nb_in);
-#if !NW_PRELOAD  // else loaded before the gate (nw_preload)
+#if !CONSTS_FIRST  // else loaded before the gate (consts_preload)
   bias_load(with_logits);
 #endif
 #else
@@ -572,8 +572,8 @@ void gateup_main() {
 
 void main() {
 #if WAIT_GATE
-#if NW_PRELOAD
-  nw_preload();
+#if CONSTS_FIRST
+  consts_preload();
 #endif
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
 #endif

@@ -128,12 +128,12 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["WAIT_GATE"] = "1";
     d["GATE_WORD"] = std::to_string(wait.word);
     d["GATE_TARGET"] = std::to_string(wait.target);
-    d["GATEUP_PRELOAD"] = t.gateup_preload ? "1" : "0";
+    d["GATEUP_CONSTS"] = t.gateup_consts ? "1" : "0";
   }
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? (t.gateup_preload ? ".wait.pre" : ".wait") : "", rc),
+                        wait.enabled() ? (t.gateup_consts ? ".wait.consts" : ".wait") : "", rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -117,8 +117,8 @@ struct MoeTuning {
   // DOWN_LATE; H100 +2.4 %). K-quant downs always wait (their Q4_K_M grid lost 8 % with it).
   bool down_late = true;
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
-  // its wait (moe_gateup.comp GATEUP_PRELOAD; session 16).
-  bool gateup_preload = true;
+  // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
+  bool gateup_consts = true;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -347,7 +347,7 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
 }
 
 // The MoE gate-up started beside W_vo (early_gateup), with its norm weight and bias loaded before
-// the wait (gateup_preload) or after: the same arithmetic, the same bits; one barrier less per
+// the wait (gateup_consts) or after: the same arithmetic, the same bits; one barrier less per
 // MoE layer.
 TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
@@ -367,7 +367,7 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
-  o.moe.gateup_preload = false;  // the norm weight and the bias read after the wait instead
+  o.moe.gateup_consts = false;  // the norm weight and the bias read after the wait instead
   const Decoded late = decode(tsr, o);
   EXPECT_EQ(ref.logits, late.logits);
   EXPECT_EQ(ref.tokens, late.tokens);

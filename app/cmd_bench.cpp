@@ -149,8 +149,6 @@ const Knob<A> kAttentionKnobs[] = {
     {"single_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.single_subgroups = v; }},
     {"single_round", 8, "rows its subgroups load per round", [](A& t, uint32_t v) { t.single_round = v; }},
     {"single_early", 1, "its first rows loaded before the step word", [](A& t, uint32_t v) { t.single_early = v != 0; }},
-    {"rows_first", 1, "with early_attn, those rows loaded before its gate; default 0",
-     [](A& t, uint32_t v) { t.single_rows_first = v != 0; }},
     {"mid", 1, "the merging rows kernel for the next range", [](A& t, uint32_t v) { t.mid = v != 0; }},
     {"mid_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.mid_max_kv = v; }},
     {"mid_groups", kAnyCount, "its workgroups per head", [](A& t, uint32_t v) { t.mid_groups = v; }},

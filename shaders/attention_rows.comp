@@ -31,9 +31,6 @@
 //   olat[h*R + d] = sum_g exp(m_g - M) o_g[d] / sum_g exp(m_g - M) l_g
 // Its query and (SINGLE_EARLY) its first round of rows are loaded before the step word (they do
 // not depend on it), so those loads overlap the position's. One query (count_word is not read).
-// SINGLE_ROWS_FIRST (0/1, with SINGLE_EARLY; AttentionTuning::single_rows_first): with WAIT_GATE
-// that first round is loaded before the wait (earlier steps wrote those rows), and only the
-// query and the position's own row (this step's kv_write) after it.
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
@@ -304,16 +301,8 @@ void rope_query(uint pos) {
   }
 }
 
-#ifndef SINGLE_ROWS_FIRST
-#define SINGLE_ROWS_FIRST 0
-#endif
-#if SINGLE_ROWS_FIRST && !(SINGLE && SINGLE_EARLY)
-#error "attention_rows.comp: SINGLE_ROWS_FIRST is the SINGLE_EARLY kernel's"
-#endif
-#define ROWS_BEFORE_GATE (SINGLE_ROWS_FIRST && WAIT_GATE)
-
 void main() {
-#if WAIT_GATE && !ROWS_BEFORE_GATE
+#if WAIT_GATE
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing loaded ahead
 #endif
   const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
@@ -329,34 +318,15 @@ void main() {
   // round of rows (the context starts at row 0; rows the context turns out not to reach are
   // zeroed below, so no stale value meets a zero weight).
   const uint n_heads = min(uint(RH), uint(N_HEAD) - head0);
-#if !ROWS_BEFORE_GATE
   load_query(qt, head0, n_heads);
-#endif
 #if SINGLE_EARLY
   uint w0[RB][kWpl];
   load_rows(g * RB, args.n_ctx - 1u, w0);
-#endif
-#if ROWS_BEFORE_GATE
-  // Those rows before the wait (earlier steps wrote them; the position's own row is read again
-  // below): their loads land before the poll (n_ctx < 2^31, so the mask is zero at run time).
-  uint dep = 0u;
-  [[unroll]] for (uint b = 0; b < RB; ++b)
-    [[unroll]] for (uint t = 0; t < kWpl; ++t) dep ^= w0[b][t];
-  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.n_ctx >> 31);  // the query and the new row written
-  load_query(qt, head0, n_heads);
 #endif
   const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1u, args.n_ctx);
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
   const uint end = kv_len;
-#if ROWS_BEFORE_GATE
-  if (pos - g * RB < RB) {  // this step's row in the subgroup's first round (uniform per subgroup)
-    uint wp[RB][kWpl];
-    load_rows(pos, pos, wp);
-    [[unroll]] for (uint b = 0; b < RB; ++b)
-      if (g * RB + b == pos) w0[b] = wp[0];
-  }
-#endif
   rope_query(pos);
   TS_MARK_EARLY();  // bench --timeline: the query loaded and roped
 #if SINGLE_EARLY

@@ -405,11 +405,10 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       usage_error("attention single kernel: ", tuning.single_subgroups, " subgroups, ", rb, " rows per round outside 1..16 / 1..8");
     if (const uint32_t nsg = fit_olat_subgroups(tuning.single_subgroups, kSingleSubgroups, shape, info, "single kernel")) {
       PipelineDesc ps;
-      ps.name = tuning.single_early && tuning.single_rows_first ? "attention_single.rows_first" : "attention_single";
+      ps.name = "attention_single";
       ps.file = "attention_rows.comp";
       ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
-                                   {"SINGLE_EARLY", tuning.single_early ? "1" : "0"},
-                                   {"SINGLE_ROWS_FIRST", tuning.single_early && tuning.single_rows_first ? "1" : "0"}});
+                                   {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
       single_ = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
       single_max_kv_ = std::min(tuning.single_max_kv ? tuning.single_max_kv : kDefaultSingleMaxKv, shape.n_ctx);

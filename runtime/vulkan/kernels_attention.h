@@ -195,9 +195,6 @@ struct AttentionTuning {
   uint32_t single_subgroups = 0;  // subgroups per workgroup, 1..16; auto 16
   uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   bool single_early = true;       // the first round's rows loaded before the step word
-  // ... and with the early start (gate_signal's WAIT_GATE variant) before the gate, the
-  // position's own row (this step's kv_write) again after it (SINGLE_ROWS_FIRST; session 16).
-  bool single_rows_first = false;
   // The next range (single_max_kv < kv_len <= mid_max_kv): the rows kernel on mid_groups
   // workgroups per head of mid_subgroups subgroups, the last to finish merging the head into olat
   // and its int8 blocks (attention_rows.comp MERGE_TAIL + Q8_OUT): one dispatch, no barrier, no

@@ -206,8 +206,13 @@ std::string bench_json(const BenchReport& r) {
   }
   if (r.roofline) {
     const RooflineResult& q = *r.roofline;
+    std::string shorts;
+    for (const ShortRead& t : q.short_reads)
+      shorts += (shorts.empty() ? "" : ", ") + std::string("{\"bytes\": ") + ju(t.bytes) + ", \"us\": " + jn(t.us) +
+                ", \"gbps\": " + jn(t.gbps) + "}";
     s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
          ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
+         ", \"short_reads\": [" + shorts + "]" +
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +
          ", \"dispatch_barrier_compute_only_us\": " + jn(q.dispatch_barrier_compute_only_us) +

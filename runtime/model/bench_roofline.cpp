@@ -81,6 +81,41 @@ uint64_t read_buffer_bytes(const vk::DeviceInfo& info, uint64_t requested) {
   return bytes;
 }
 
+// Short reads: for each size S (4 .. 32 MiB, where the buffer holds at least 4 of them), up to
+// runs + 1 dispatches of the read kernel with a barrier before each, dispatch p reading region p
+// of the buffer (its first half: the large passes ended in the second, whose tail the cache may
+// still hold); the first is a warm-up. GPU timestamps.
+std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline& read, const vk::Buffer& src,
+                                           const vk::Buffer& dst, uint64_t buffer_bytes, int runs) {
+  std::vector<ShortRead> out;
+  for (uint64_t size = 4ull << 20; size <= 32ull << 20; size *= 2) {
+    const uint64_t regions = std::min<uint64_t>(buffer_bytes / 2 / size, uint64_t(runs) + 1);
+    if (regions < 4) break;
+    const vk::GroupCounts groups = vk::split_workgroups(size / 16 / (kReadWorkgroup * kReadUnroll), ctx.info());
+    RooflineArgs args;
+    args.n_vec4 = uint32_t(size / 16);
+    vk::CommandRecorder timed(ctx, vk::RecorderOptions{.timestamps = true});
+    timed.begin();
+    for (uint64_t p = 0; p < regions; ++p) {
+      timed.barrier();
+      const vk::BufferSlice bufs[2] = {src.slice(p * size, size), dst.whole()};
+      timed.dispatch(read, bufs, args, groups.x, groups.y, 1, "roofline.read_short", size);
+    }
+    timed.end();
+    timed.run();
+    const std::vector<vk::DispatchTiming> times = timed.timings();
+    if (times.size() != regions) break;
+    std::vector<double> us;
+    for (uint64_t p = 1; p < regions; ++p) us.push_back(times[p].microseconds);
+    ShortRead s;
+    s.bytes = size;
+    s.us = median(us);
+    s.gbps = double(size) / (s.us * 1e3);
+    out.push_back(s);
+  }
+  return out;
+}
+
 }  // namespace
 
 RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options) {
@@ -135,6 +170,7 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
     r.read_us = std::max(1e-3, median_run_us(one, runs) - median_run_us(empty, runs));
   }
   r.read_gbps = double(r.read_bytes) / (r.read_us * 1e3);
+  if (r.gpu_timestamps && !options.read_only) r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
   if (options.read_only) return r;
 
   // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
@@ -270,6 +306,17 @@ std::string roofline_markdown(const RooflineResult& r) {
                 vk::format_bytes(r.read_bytes).c_str(), r.read_gbps, r.read_us,
                 r.gpu_timestamps ? "GPU timestamps" : "host clock");
   s += line;
+  if (!r.short_reads.empty()) {
+    std::string sizes, rates;
+    for (const ShortRead& q : r.short_reads) {
+      char one[96];
+      sizes += (sizes.empty() ? "" : " / ") + vk::format_bytes(q.bytes);
+      std::snprintf(one, sizeof one, "%s%.1f GB/s (%.0f %%, %.2f µs)", rates.empty() ? "" : " / ", q.gbps,
+                    100.0 * q.gbps / r.read_gbps, q.us);
+      rates += one;
+    }
+    s += "| one dispatch reading " + sizes + " after a barrier, bytes not cached | " + rates + " |\n";
+  }
   if (r.dispatches) {
     std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",
                   r.dispatches, r.dispatch_barrier_us);

@@ -1,6 +1,9 @@
 // The device's ceilings, measured with small kernels of tessera's own (shaders/roofline.comp):
 //  - read bandwidth: one pass over a large buffer with coalesced 16-byte loads (GPU timestamps
 //    when the queue has them, else the host clock minus an empty submission);
+//  - the same for short reads (4 to 32 MiB, the size of one decode kernel's weights), each a
+//    dispatch after a barrier over bytes no earlier pass read lately: what one such kernel can
+//    reach with nothing but its loads (launch, DRAM ramp and drain included);
 //  - the cost of one dispatch with a barrier after it (each vk::BarrierScope), and without
 //    barriers (N tiny dispatches in one submission, host clock, minus the empty submission);
 //  - the same dependency through a counter in memory instead of a barrier (no pipeline barrier:
@@ -10,6 +13,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "runtime/vulkan/context.h"
 
@@ -23,11 +27,22 @@ struct RooflineOptions {
   bool read_only = false;      // measure only the read bandwidth (what the profiler needs)
 };
 
+// One short read (RooflineResult::short_reads).
+struct ShortRead {
+  uint64_t bytes = 0;  // read by one dispatch
+  double us = 0;       // median time of one, from the barrier before it (GPU timestamps)
+  double gbps = 0;     // bytes / us
+};
+
 struct RooflineResult {
   uint64_t read_bytes = 0;          // bytes read per pass
   double read_gbps = 0;             // median read bandwidth, GB/s (1e9 bytes per second)
   double read_us = 0;               // median time of one pass
   bool gpu_timestamps = false;      // the read test was timed with GPU timestamps
+  // Reads of 4, 8, 16 and 32 MiB (those with at least four regions of the buffer to rotate
+  // through), each dispatch after a barrier over a region not read since the large passes' first
+  // half; measured with GPU timestamps only (empty without them).
+  std::vector<ShortRead> short_reads;
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...

@@ -452,12 +452,21 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
 
 TEST(BenchCli, RooflineRuns) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
-  const RunResult r = run_tessera("bench --roofline --roofline-mib 8 -o json");
+  const RunResult r = run_tessera("bench --roofline --roofline-mib 32 -o json");
   ASSERT_EQ(r.rc, 0) << r.out;
   const Value j = testjson::parse(r.out);
   const Value& q = j["roofline"];
-  EXPECT_EQ(q["read_bytes"].num, 8 << 20);
+  EXPECT_EQ(q["read_bytes"].num, 32 << 20);
   EXPECT_GT(q["read_gbps"].num, 0);
+  // Short reads: 4 MiB (the 32 MiB buffer's first half holds four of them), with timestamps.
+  if (q["gpu_timestamps"].b) {
+    ASSERT_EQ(q["short_reads"].arr.size(), 1u);
+    EXPECT_EQ(q["short_reads"].arr[0]["bytes"].num, 4 << 20);
+    EXPECT_GT(q["short_reads"].arr[0]["us"].num, 0);
+    EXPECT_GT(q["short_reads"].arr[0]["gbps"].num, 0);
+  } else {
+    EXPECT_TRUE(q["short_reads"].arr.empty());
+  }
   EXPECT_GT(q["dispatches"].num, 0);
   EXPECT_GE(q["dispatch_barrier_us"].num, 0);
   EXPECT_GE(q["dispatch_barrier_compute_us"].num, 0);  // per barrier scope
@@ -481,9 +490,10 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_us"].num, 0);
   EXPECT_GT(q["submit_us"].num, 0);
   EXPECT_TRUE(j["results"].arr.empty());
-  const RunResult md = run_tessera("bench --roofline --roofline-mib 8");
+  const RunResult md = run_tessera("bench --roofline --roofline-mib 32");
   ASSERT_EQ(md.rc, 0);
   EXPECT_NE(md.out.find("read bandwidth, 16-byte loads"), std::string::npos) << md.out;
+  if (q["gpu_timestamps"].b) EXPECT_NE(md.out.find("one dispatch reading 4.0 MiB after a barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("dispatch cost with a barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("compute-scoped barriers"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("indirect dispatches"), std::string::npos) << md.out;

@@ -82,7 +82,7 @@ uint64_t read_buffer_bytes(const vk::DeviceInfo& info, uint64_t requested) {
 }
 
 // Short reads: for each size S (4 .. 32 MiB, where the buffer holds at least 4 of them), up to
-// runs + 1 dispatches of the read kernel with a barrier before each, dispatch p reading region p
+// runs + 1 dispatches of the read kernel with a compute-only barrier before each, dispatch p reading region p
 // of the buffer (its first half: the large passes ended in the second, whose tail the cache may
 // still hold); the first is a warm-up. GPU timestamps.
 std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline& read, const vk::Buffer& src,
@@ -94,7 +94,9 @@ std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline&
     const vk::GroupCounts groups = vk::split_workgroups(size / 16 / (kReadWorkgroup * kReadUnroll), ctx.info());
     RooflineArgs args;
     args.n_vec4 = uint32_t(size / 16);
-    vk::CommandRecorder timed(ctx, vk::RecorderOptions{.timestamps = true});
+    // The decode step's barriers (compute only), so that each dispatch is timed as the profile
+    // times a decode kernel.
+    vk::CommandRecorder timed(ctx, vk::RecorderOptions{.timestamps = true, .barrier_scope = vk::BarrierScope::ComputeOnly});
     timed.begin();
     for (uint64_t p = 0; p < regions; ++p) {
       timed.barrier();

@@ -2,7 +2,8 @@
 //  - read bandwidth: one pass over a large buffer with coalesced 16-byte loads (GPU timestamps
 //    when the queue has them, else the host clock minus an empty submission);
 //  - the same for short reads (4 to 32 MiB, the size of one decode kernel's weights), each a
-//    dispatch after a barrier over bytes no earlier pass read lately: what one such kernel can
+//    dispatch after a compute-only barrier (the decode step's) over bytes no earlier pass read
+//    lately, timed as the profiler times a decode kernel: what one such kernel can
 //    reach with nothing but its loads (launch, DRAM ramp and drain included);
 //  - the cost of one dispatch with a barrier after it (each vk::BarrierScope), and without
 //    barriers (N tiny dispatches in one submission, host clock, minus the empty submission);

@@ -113,7 +113,6 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.vb_teams = v; }},
     {"q8_raw", 1, "1, default: weight blocks held across a wait kept as loaded (Q4_0: half the registers)",
      [](O& o, uint32_t v) { o.q8_raw = v != 0; }},
-    {"fold_slots", 16, "copies of the router fold's accumulators, 1..16; default 16", [](O& o, uint32_t v) { o.fold_slots = v; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
     {"down_late", 1, "1, default: early MoE down workgroups that find h complete load it beside their weights",

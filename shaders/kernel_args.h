@@ -39,13 +39,8 @@ using uint = uint32_t;
 // copies (picked by workgroup id) of n_expert + 1 int64 values: [s * (n_expert + 1) + e] = sum of
 // round(W_router[e][r] * norm_w[r] * x[r] * 2^32) over the rows r added to copy s, e < n_expert;
 // [s * (n_expert + 1) + n_expert] = sum of round(x[r]^2 * 2^20). Integer sums: the same bits in
-// every run whatever the order of the atomics. The buffers hold TS_ROUTER_FOLD_MAX_SLOTS copies;
-// the kernels use the first TS_ROUTER_FOLD_SLOTS (a process-wide shader define where set:
-// GpuModelOptions::fold_slots, bench --tune fold_slots=N; the others stay zero).
-#define TS_ROUTER_FOLD_MAX_SLOTS 16u
-#ifndef TS_ROUTER_FOLD_SLOTS
+// every run whatever the order of the atomics.
 #define TS_ROUTER_FOLD_SLOTS 16u
-#endif
 #define TS_ROUTER_FOLD_LOGIT_SCALE 4294967296.0  // 2^32
 #define TS_ROUTER_FOLD_SS_SCALE 1048576.0        // 2^20 (x^2 reaches ~1e9 in massive activations)
 

@@ -11,7 +11,6 @@
 #include "format/error.h"
 #include "runtime/model/gpu_model_internal.h"
 #include "runtime/model/profile.h"
-#include "shaders/kernel_args.h"
 #include "shaders/moe_args.h"
 #include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_basic.h"
@@ -45,11 +44,6 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
   ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
   ctx_.pipelines().set_global_define("TS_MARK_GATES", options_.mark_gates ? "1" : "0");
-  if (options_.fold_slots > TS_ROUTER_FOLD_MAX_SLOTS)
-    usage_error("router fold: ", options_.fold_slots, " accumulator copies; expected 1..", TS_ROUTER_FOLD_MAX_SLOTS, " (0: ",
-                TS_ROUTER_FOLD_MAX_SLOTS, ")");
-  ctx_.pipelines().set_global_define("TS_ROUTER_FOLD_SLOTS",
-                                     std::to_string(options_.fold_slots ? options_.fold_slots : TS_ROUTER_FOLD_MAX_SLOTS) + "u");
   if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
     usage_error("attn_v_b: ", options_.vb_teams, " subgroups per workgroup; expected 8 or 16 (0: automatic)");
   if (options_.steps_per_submit < 1 || options_.steps_per_submit > kRing / 4)

@@ -176,10 +176,6 @@ struct GpuModelOptions {
   // With timeline: a kernel's early mark is where its gated wait ended (gate.glsl), not its own
   // TS_MARK_EARLY (timeline.glsl TS_MARK_GATES; process-wide). bench --tune mark_gates=1.
   bool mark_gates = false;
-  // Copies of the router fold's accumulators that W_vo / attn_output add into and the gate-up
-  // sums, 1..16 (kernel_args.h TS_ROUTER_FOLD_SLOTS; process-wide; 0: 16). The sums are integers:
-  // the same bits with any count. bench --tune fold_slots=N.
-  uint32_t fold_slots = 0;
   // The factored value path (a file without attn_vo) on the int8 kernels: attn_v_b as one matvec
   // of stacked per-head matrices on the attention's int8 olat (MatvecOp::x_head_rows), writing o
   // as int8 blocks that attn_output reads; with early_vo each starts beside its producer and

@@ -190,7 +190,7 @@ bool router_fold_supported(Context& ctx) {
   return f.buffer_int64_atomics && f.shader_int64;
 }
 
-uint64_t router_fold_acc_bytes(uint32_t n_expert) { return uint64_t(TS_ROUTER_FOLD_MAX_SLOTS) * (n_expert + 1) * 8; }
+uint64_t router_fold_acc_bytes(uint32_t n_expert) { return uint64_t(TS_ROUTER_FOLD_SLOTS) * (n_expert + 1) * 8; }
 
 uint32_t MatvecOp::max_batch(Context& ctx) const {
   MatvecOp one = *this;

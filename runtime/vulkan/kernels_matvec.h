@@ -72,7 +72,7 @@ struct RouterFold {
 // The device runs the fold's kernels: 64-bit integer buffer atomics enabled (shaderInt64 and
 // shaderBufferInt64Atomics; ContextOptions::no_int64_atomics turns them off).
 bool router_fold_supported(Context& ctx);
-// Bytes of one layer's accumulators: TS_ROUTER_FOLD_MAX_SLOTS copies of E + 1 int64 values.
+// Bytes of one layer's accumulators: TS_ROUTER_FOLD_SLOTS copies of E + 1 int64 values.
 uint64_t router_fold_acc_bytes(uint32_t n_expert);
 
 struct MatvecOp {

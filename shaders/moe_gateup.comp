@@ -379,6 +379,13 @@ float silu(float z) { return z / (1.0 + exp(-z)); }
 shared vec2 row_partial[WG_SIZE];
 #endif
 
+#if ROUTER_FOLD
+// This workgroup takes routed rows (it routes, so it needs the logits and the bias).
+bool routed_workgroup() {
+  return (args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed;
+}
+#endif
+
 #if FOLD_OVERLAP
 // The expert bias into shared memory (routed workgroups, where the routing uses it), by the
 // invocations after those that stage the input and sum the accumulators; no barrier.
@@ -399,7 +406,7 @@ void consts_preload() {
     const uint nb = args.n_embd / 32u;
     for (uint k = gl_LocalInvocationIndex; k < 8u * nb; k += WG_SIZE) nw_sh[(k % 8u) * Q8_BLOCKS + k / 8u] = nw4[k];
   }
-  bias_load((args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed);
+  bias_load(routed_workgroup());
 }
 #endif
 
@@ -408,7 +415,7 @@ void gateup_main() {
   // flow, before any early exit.
   float scale = 1.0;
 #if ROUTER_FOLD
-  const bool with_logits = (args.flags & TS_MOE_ROUTED) != 0u && linear_workgroup_id() < args.n_used * args.groups_routed;
+  const bool with_logits = routed_workgroup();
 #if FOLD_OVERLAP
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).

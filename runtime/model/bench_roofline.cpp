@@ -81,10 +81,10 @@ uint64_t read_buffer_bytes(const vk::DeviceInfo& info, uint64_t requested) {
   return bytes;
 }
 
-// Short reads: for each size S (4 .. 32 MiB, where the buffer holds at least 4 of them), up to
-// runs + 1 dispatches of the read kernel with a compute-only barrier before each, dispatch p reading region p
-// of the buffer (its first half: the large passes ended in the second, whose tail the cache may
-// still hold); the first is a warm-up. GPU timestamps.
+// Short reads: for each size S (4 .. 32 MiB), min(regions of S in the buffer's first half,
+// runs + 1) dispatches of the read kernel, at least 4, with a compute-only barrier before each,
+// dispatch p reading region p of that half (the large passes ended in the second, whose tail the
+// cache may still hold); the first is a warm-up. GPU timestamps.
 std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline& read, const vk::Buffer& src,
                                            const vk::Buffer& dst, uint64_t buffer_bytes, int runs) {
   std::vector<ShortRead> out;
@@ -172,8 +172,8 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
     r.read_us = std::max(1e-3, median_run_us(one, runs) - median_run_us(empty, runs));
   }
   r.read_gbps = double(r.read_bytes) / (r.read_us * 1e3);
-  if (r.gpu_timestamps && !options.read_only) r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
   if (options.read_only) return r;
+  if (r.gpu_timestamps) r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
 
   // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
   const uint32_t n = std::max<uint32_t>(options.dispatches, 1);

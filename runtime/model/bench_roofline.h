@@ -40,9 +40,9 @@ struct RooflineResult {
   double read_gbps = 0;             // median read bandwidth, GB/s (1e9 bytes per second)
   double read_us = 0;               // median time of one pass
   bool gpu_timestamps = false;      // the read test was timed with GPU timestamps
-  // Reads of 4, 8, 16 and 32 MiB (those with at least four regions of the buffer to rotate
-  // through), each dispatch after a barrier over a region not read since the large passes' first
-  // half; measured with GPU timestamps only (empty without them).
+  // Reads of 4, 8, 16 and 32 MiB (the sizes of which the buffer's first half holds at least four),
+  // each one dispatch after a compute-only barrier over a region of that half, which the large
+  // passes read least lately; GPU timestamps only (empty without them, and with read_only).
   std::vector<ShortRead> short_reads;
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)

@@ -302,9 +302,7 @@ void main() {
 #if DOWN_SHARED
   // DOWN_SHARED rows per round: their blocks loaded, then stored (the stores wait for the loads,
   // the gate's first barrier for the stores).
-  // One round at a time (not unrolled: only a round's blocks in registers, so that the workgroup
-  // stays small beside the gate-up's).
-  [[dont_unroll]] for (uint r0 = 0; r0 < ROWS_PER_WG; r0 += DOWN_SHARED) {
+  [[unroll]] for (uint r0 = 0; r0 < ROWS_PER_WG; r0 += DOWN_SHARED) {
     Q8WRaw t[DOWN_SHARED][Q8_OWN];
     [[unroll]] for (uint r1 = 0; r1 < DOWN_SHARED; ++r1) {
       const uint rr = row0 + min(r0 + r1, rows - 1u);
@@ -341,11 +339,7 @@ void main() {
     if (s < n_slots) hq_load(hq_b0, hq_nb, lane, nl, xl, xh, xd);
   }
   if (s < n_slots) {
-#if DOWN_SHARED
-    [[dont_unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {  // blocks read from shared memory per row
-#else
     [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
-#endif
       float d = 0.0;
       [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
         if (lane + j * nl < nb) {

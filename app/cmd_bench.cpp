@@ -105,8 +105,6 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matvec.gate_x = v; }},
     {"gate_late", 1, "1: gated matvecs wait first and load nothing ahead; default 0", [](O& o, uint32_t v) { o.matvec.gate_late = v; }},
     {"gate_backoff", 4096, "integer steps between two polls of a gate; default 0", [](O& o, uint32_t v) { o.gate_backoff = v; }},
-    {"gate_replicas", 32, "N: the MoE down's workgroups poll N copies of its h gate word; default 0 (the word itself)",
-     [](O& o, uint32_t v) { o.gate_replicas = v; }},
     {"mark_gates", 1, "1: with --timeline, a kernel's early mark is where its gated wait ended; default 0",
      [](O& o, uint32_t v) { o.mark_gates = v != 0; }},
     {"vb_q8", 1, "1, default: the factored value path on int8 kernels (attn_v_b per head, then attn_output, gated)",

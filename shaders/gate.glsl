@@ -51,21 +51,6 @@ void gate_signal_tree(uint top, uint base, uint wg, uint n_wg) {
   }
 }
 
-// GATE_REPLICAS (gate_args.h): gate_signal that, in the arrival bringing gate[i] to `target`,
-// also adds 1 to the replicas rep + k * TS_GATE_REPLICA_STRIDE (k < GATE_REPLICAS) after a fence
-// (as gate_signal_tree's last arrival: the earlier arrivals' outputs are ordered before them).
-// Uniform control flow.
-#ifndef GATE_REPLICAS
-#define GATE_REPLICAS 0
-#endif
-void gate_signal_replicated(uint i, uint n, uint target, uint rep) {
-  memoryBarrierBuffer();
-  barrier();
-  if (gl_LocalInvocationIndex == 0u && atomicAdd(GATE_SIGNAL_BUFFER[i], n) + n == target) {
-    memoryBarrierBuffer();
-    for (uint k = 0u; k < uint(GATE_REPLICAS); ++k) atomicAdd(GATE_SIGNAL_BUFFER[rep + k * TS_GATE_REPLICA_STRIDE], 1u);
-  }
-}
 #if defined(GATE_WAIT) && GATE_WAIT
 // Polls before a wait gives up: several ms on an H100 (each poll an L2 round trip), far past any
 // producer; below the 65535 iterations at which llvmpipe ends a loop by itself.

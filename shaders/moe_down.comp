@@ -23,7 +23,7 @@
 // docs/DECODE.md "Early start"): recorded with no barrier after the gate-up (GATE_SIGNAL). Each
 // workgroup waits for gate word 0 (the route written), loads its slots' weight blocks for all its
 // rows and its rows of x, waits for word 1 to reach GATE_H_TARGET (every gate-up workgroup's h
-// written; with GATE_REPLICAS for its replica of word 1 to reach 1), then reads hq. The same sums in the same order: the same bits. X_SIGNAL (with
+// written), then reads hq. The same sums in the same order: the same bits. X_SIGNAL (with
 // WAIT_GATE): after its rows of x, each workgroup arrives on gate word 2 through a group word
 // (gate_signal_tree; moe_args.h TS_DOWN_X_GROUP_WORD), which the next layer's first matvecs
 // (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
@@ -87,15 +87,6 @@ layout(std430, binding = 8) coherent restrict buffer GateError { uint gate_error
 #include "gate.glsl"
 #elif X_SIGNAL
 #error "moe_down.comp: X_SIGNAL needs WAIT_GATE (the gate binding)"
-#endif
-
-#if WAIT_GATE && GATE_REPLICAS
-// h written: this workgroup's replica of gate word 1 (gate_args.h), opened once, or word 1 itself.
-#define DOWN_H_WORD (TS_DOWN_H_REPLICA_WORD + (linear_workgroup_id() % uint(GATE_REPLICAS)) * TS_GATE_REPLICA_STRIDE)
-#define DOWN_H_TARGET 1u
-#else
-#define DOWN_H_WORD 1u
-#define DOWN_H_TARGET uint(GATE_H_TARGET)
 #endif
 
 #include "routing.glsl"
@@ -262,13 +253,13 @@ void main() {
     uint w0 = 0u, w1 = 0u;
     for (uint spins = 0u; w0 < 1u && spins < kGateSpins; ++spins) {
       w0 = gate_load(0u);
-      w1 = gate_load(DOWN_H_WORD);
+      w1 = gate_load(1u);
     }
     if (w0 < 1u) {
       gate_error[1] = w0;
       gate_error[0] = 1u;
     }
-    dn_late = w1 >= DOWN_H_TARGET;
+    dn_late = w1 >= uint(GATE_H_TARGET);
   }
 #else
   if (gl_LocalInvocationIndex == 0u) gate_poll(0u, 1u, 0u);
@@ -335,7 +326,7 @@ void main() {
     barrier();  // gate_x
     TS_MARK_GATE();  // bench --timeline: no wait (h was written before the route was seen)
   } else {
-    gate_wait(DOWN_H_WORD, DOWN_H_TARGET, dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
+    gate_wait(1u, uint(GATE_H_TARGET), dep, args.flags & 0xFFFF0000u);  // the high half of flags is zero
     if (s < n_slots) hq_load(hq_b0, hq_nb, lane, nl, xl, xh, xd);
   }
   if (s < n_slots) {

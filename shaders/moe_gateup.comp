@@ -46,8 +46,7 @@
 // 10, the buffer of binding 1) and zeroes the accumulators and the counter. hq is not written.
 // GATE_SIGNAL (0/1; ROUTER_FOLD with Q8ACT, not FUSED_DOWN; docs/DECODE.md "Early start"): the
 // down kernel is recorded with no barrier after this dispatch. Workgroup 0 adds 1 to gate word 0
-// (binding 11) once the route is written, every workgroup adds 1 to word 1 once its h and hq are
-// (with GATE_REPLICAS the last also opens word 1's replicas: gate_args.h).
+// (binding 11) once the route is written, every workgroup adds 1 to word 1 once its h and hq are.
 // WAIT_GATE (0/1; with GATE_SIGNAL; `--tune early_gateup`): recorded with no barrier after the
 // matvec that writes x and the fold's accumulators (W_vo / attn_output), whose workgroups count
 // word GATE_WORD of binding 12 up to GATE_TARGET; every workgroup waits for it first (a wait that
@@ -589,10 +588,7 @@ void main() {
 #if FUSED_DOWN
   fused_down_finish();
 #endif
-#if GATE_SIGNAL && GATE_REPLICAS
-  // The same, and the last arrival opens the down's replicas of word 1.
-  gate_signal_replicated(1u, 1u, gl_NumWorkGroups.x * gl_NumWorkGroups.y, TS_DOWN_H_REPLICA_WORD);
-#elif GATE_SIGNAL
+#if GATE_SIGNAL
   gate_signal(1u, 1u);  // every workgroup (those that returned early too): its h and hq written
 #endif
 }

@@ -409,7 +409,6 @@ BenchReport run_bench(const BenchOptions& o) {
   go.qk_q8 = o.qk_q8;
   go.qk_q8_halves = o.qk_q8_halves;
   go.gate_backoff = o.gate_backoff;
-  go.gate_replicas = o.gate_replicas;
   go.mark_gates = o.mark_gates;
   go.vb_q8 = o.vb_q8;
   go.vb_teams = o.vb_teams;

@@ -78,7 +78,6 @@ struct BenchOptions {
   bool qk_q8 = false;                     // GpuModelOptions::qk_q8 (--tune qk_q8=0|1|2)
   bool qk_q8_halves = true;               // GpuModelOptions::qk_q8_halves (--tune qk_q8=2: off)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
-  uint32_t gate_replicas = 0;             // GpuModelOptions::gate_replicas (--tune gate_replicas=N)
   bool mark_gates = false;                // GpuModelOptions::mark_gates (--tune mark_gates=1)
   bool vb_q8 = true;                      // GpuModelOptions::vb_q8 (--tune vb_q8=0|1)
   uint32_t vb_teams = 8;                  // GpuModelOptions::vb_teams (--tune vb_teams=N)

@@ -42,9 +42,6 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
   // Process-wide shader defines, set both ways: a model made earlier in the process may have set them.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
-  if (options_.gate_replicas > TS_GATE_MAX_REPLICAS)
-    usage_error("gate replicas: ", options_.gate_replicas, "; expected 0..", TS_GATE_MAX_REPLICAS);
-  ctx_.pipelines().set_global_define("GATE_REPLICAS", std::to_string(options_.gate_replicas));
   ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
   ctx_.pipelines().set_global_define("TS_MARK_GATES", options_.mark_gates ? "1" : "0");
   if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
@@ -212,7 +209,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
       {&w.down_acc, "fused down accumulators", vk::moe_down_acc_bytes(c.n_embd)},
       {&w.head_q8, "int8 head input", std::max<uint64_t>(c.n_embd / 32 * 48, 48)},
       {&w.step_local, "step values (device copy)", kStepBytes},
-      {&w.gates, "early-start gates", uint64_t(kGateLayerBytes) * std::max<uint32_t>(c.n_layer, 1)},
+      {&w.gates, "early-start gates", uint64_t(kGateStride) * kGateSlices * std::max<uint32_t>(c.n_layer, 1)},
       {&w.gate_stats, "early-start counters", uint64_t(kGateStride) * std::max<uint32_t>(c.n_layer, 1)},
       {&w.timeline, "timeline records", options_.timeline ? kTimelineRegionBytes * kTimelineRegions : 16},
   };

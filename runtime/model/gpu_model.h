@@ -173,9 +173,6 @@ struct GpuModelOptions {
   // A process-wide shader define: set on the context's pipeline library by the constructor.
   // bench --tune gate_backoff=N.
   uint32_t gate_backoff = 0;
-  // Replicas of the MoE down's h gate word (gate.glsl GATE_REPLICAS, 0..32; 0: the down's
-  // workgroups poll the count itself). Process-wide, as gate_backoff. bench --tune gate_replicas=N.
-  uint32_t gate_replicas = 0;
   // With timeline: a kernel's early mark is where its gated wait ended (gate.glsl), not its own
   // TS_MARK_EARLY (timeline.glsl TS_MARK_GATES; process-wide). bench --tune mark_gates=1.
   bool mark_gates = false;

@@ -22,11 +22,10 @@ constexpr uint32_t kStepDispatches = 4;           // ... besides the layers: emb
 constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early start that gave up waiting
                                          // (byte 256: any storage-buffer offset alignment)
 constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding offsets)
-// Gate slices per layer: W_vo's (or attn_v_b's), stage 2's, the attention's, the FFN's,
-// attn_output's, each kGateStride bytes, then the MoE down's (kGateDownBytes: its replicas).
-constexpr uint32_t kGateVo = 0, kGateQk = 1, kGateAttn = 2, kGateFfn = 3, kGateVb = 4, kGateDown = 5;
-constexpr uint32_t kGateDownBytes = (TS_DOWN_GATE_WORDS * 4 + kGateStride - 1) / kGateStride * kGateStride;
-constexpr uint32_t kGateLayerBytes = kGateDown * kGateStride + kGateDownBytes;
+// Gate slices per layer: W_vo's (or attn_v_b's), the MoE down's, stage 2's, the attention's, the
+// FFN's, attn_output's.
+constexpr uint32_t kGateSlices = 6;
+constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4, kGateVb = 5;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kRuleWord = 16;       // step buffer: their rule (gpu::AttnDecodeRule, 12 words), for the sampler
 constexpr uint32_t kRing = 64;           // sampled-token ring (host-visible); the forced-input ring's size
@@ -36,6 +35,7 @@ constexpr uint32_t kInputWord = 128;
 constexpr uint32_t kStepBytes = (kInputWord + 1 + kRing) * 4;
 static_assert(kAttnCountsWord + vk::AttentionOp::kDecodeCountWords <= kRuleWord);
 static_assert(kRuleWord + sizeof(gpu::AttnDecodeRule) / 4 <= kGateErrorWord && kGateErrorWord + 2 <= kInputWord);
+static_assert(TS_DOWN_GATE_WORDS * 4 <= kGateStride, "the MoE down's gate words fit a gate slice");
 // GpuModelOptions::timeline: one region of records per dispatch (16 bytes per workgroup, up to
 // kTimelineRegionRecords workgroups), kTimelineRegions regions (the decode step has < 400 dispatches).
 constexpr uint64_t kTimelineRegionRecords = 16384;
@@ -68,7 +68,7 @@ struct GpuModel::Weights {
   vk::Buffer down_acc;       // the fused MoE down's accumulators and arrival counter (zero between uses)
   vk::Buffer head_q8;        // the output norm's result as int8 blocks (the LM head's input)
   vk::Buffer fold_acc;       // the router fold's accumulators: one array per layer, fold_stride apart
-  vk::Buffer gates;          // early-start gate words, kGateLayerBytes per layer
+  vk::Buffer gates;          // early-start gate words, kGateSlices slices of kGateStride bytes per layer
                              // (kGateVo: W_vo's; kGateDown: the MoE down's route, h and x; kGateQk:
                              // the q LoRA's for W_qk / q_b and kv_a's for kv_write; kGateAttn: W_qk's
                              // and kv_write's for the attention; kGateFfn: W_vo's for the gate-up)

@@ -66,7 +66,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     return vk::GateWait{words, word, target, host_step.sub(kGateErrorWord * 4, 8)};
   };
   auto gate_slice = [&](uint32_t l, uint32_t which, uint64_t bytes) {
-    return w.gates.slice(uint64_t(l) * kGateLayerBytes + which * kGateStride, bytes);
+    return w.gates.slice((uint64_t(l) * kGateSlices + which) * kGateStride, bytes);
   };
 
   // Weights of a later stage pulled into the L2 beside the kernels just recorded (no barrier).
@@ -417,7 +417,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
                                              false).gate_supported(ctx_);
     if (early_down) {
       const vk::BufferSlice words = gate_slice(l, kGateDown, TS_DOWN_GATE_WORDS * 4);
-      gu.gate = words;
+      gu.gate = words.sub(0, 8);
       down.gate = words;
       down.gate_h_target = gu.gate_h_target(ctx_);
       down.gate_error = host_step.sub(kGateErrorWord * 4, 8);

@@ -157,12 +157,6 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
   return std::max<uint64_t>((width / 32 + ts.threads_per_row - 1) / ts.threads_per_row, 1);
 }
 
-// Bytes of the MoE down's gate words the gate-up and the down bind: words 0 and 1, all of them
-// with the x signal's group words or with replicas of word 1 (GATE_REPLICAS, process-wide).
-uint64_t down_gate_bytes(Context& ctx, bool x_signal) {
-  return x_signal || ctx.pipelines().global_define("GATE_REPLICAS", "0") != "0" ? TS_DOWN_GATE_WORDS * 4 : 8;
-}
-
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE;
 // shared_round: DOWN_SHARED).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
@@ -546,9 +540,9 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
   const bool gated = gate.buffer != VK_NULL_HANDLE;
-  if (gated && (!gate_supported(ctx) || gate.size < down_gate_bytes(ctx, false)))
+  if (gated && (!gate_supported(ctx) || gate.size < 8))
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
-                  "and ", down_gate_bytes(ctx, false) / 4, " gate words)");
+                  "and two gate words)");
   if (wait.enabled() && (!gated || !wait.valid()))
     runtime_error(what, ": an early-started gate-up also opens the down's gate and needs a gate word, error words "
                   "and a target above 0");
@@ -625,7 +619,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
   const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const bool gated = gate.buffer != VK_NULL_HANDLE;
-  if (gated && (!gate_supported(ctx) || gate.size < down_gate_bytes(ctx, gate_signal_x) || gate_error.size < 8 ||
+  if (gated && (!gate_supported(ctx) || gate.size < (gate_signal_x ? TS_DOWN_GATE_WORDS * 4 : 8u) || gate_error.size < 8 ||
                 gate_h_target == 0))
     runtime_error(what, ": no early-start wait here (it needs the int8 path with subgroups, the route buffer, one "
                   "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");

@@ -13,7 +13,6 @@
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/pipeline.h"
-#include "shaders/gate_args.h"
 #include "tests/model/model_fixture.h"
 
 namespace tessera {
@@ -63,40 +62,6 @@ TEST(GpuEarlyDown, SharedMemoryBlocksGiveTheSameBits) {
       EXPECT_EQ(ref.logits, d.logits);
       EXPECT_EQ(ref.tokens, d.tokens);
     }
-  }
-}
-
-// The down's workgroups polling copies of the h gate word (GATE_REPLICAS) that the gate-up's last
-// arrival opens, instead of the count itself: the same kernels' sums, the same bits; no wait gives
-// up (a replica never opened would end in the error words and the barriers' fallback).
-TEST(GpuEarlyDown, ReplicatedGateGivesTheSameBits) {
-  vk::Context* ctx = fixture.context();
-  if (!ctx) GTEST_SKIP() << "no Vulkan device";
-  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
-  for (const bool late : {true, false}) {
-    SCOPED_TRACE(late ? "late path" : "waiting path");
-    model::GpuModelOptions o = options(0, 0, late);
-    o.early_next = true;  // the x signal's group words beside the replicas
-    const Decoded ref = testfx::decode(*ctx, tsr, o);
-    if (!ref.stats.int8_activations || !ctx->pipelines().use_subgroup())
-      GTEST_SKIP() << "no early-started int8 down here (integer dot products, subgroups)";
-    for (const uint32_t replicas : {3u, 32u}) {
-      SCOPED_TRACE(cat(replicas, " replicas"));
-      o.gate_replicas = replicas;
-      const Decoded d = testfx::decode(*ctx, tsr, o);
-      EXPECT_TRUE(d.early_starts) << "a wait gave up";
-      EXPECT_EQ(ref.stats.barriers, d.stats.barriers);
-      EXPECT_EQ(ref.logits, d.logits);
-      EXPECT_EQ(ref.tokens, d.tokens);
-    }
-  }
-  model::GpuModelOptions o = options(0, 0, true);
-  o.gate_replicas = TS_GATE_MAX_REPLICAS + 1;
-  try {
-    model::GpuModel m(*ctx, tsr, o);
-    FAIL() << "33 replicas were accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("gate replicas"), std::string::npos) << e.what();
   }
 }
 

@@ -117,8 +117,6 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
     {"down_late", 1, "1, default: early MoE down workgroups that find h complete load it beside their weights",
      [](O& o, uint32_t v) { o.moe.down_late = v != 0; }},
-    {"down_shared", 8, "N: the early MoE down (Q4_0) holds its weights in shared memory, loading N rows per round, 8 rows per workgroup; default 0",
-     [](O& o, uint32_t v) { o.moe.down_shared = v; }},
     {"gate_stats", 1, "1: count and time the early W_vo's waits", [](O& o, uint32_t v) { o.gate_stats = v != 0; }},
     {"barrier", 2, "the barrier scope of the decode step and prefill: 0 full, 1 compute, 2 compute only (default)",
      [](O& o, uint32_t v) { o.barrier_scope = static_cast<vk::BarrierScope>(v); }},

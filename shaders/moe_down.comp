@@ -27,11 +27,6 @@
 // WAIT_GATE): after its rows of x, each workgroup arrives on gate word 2 through a group word
 // (gate_signal_tree; moe_args.h TS_DOWN_X_GROUP_WORD), which the next layer's first matvecs
 // (matvec_q8.comp WAIT_GATE, recorded with no barrier after this) wait on.
-// DOWN_SHARED (0 / R; with WAIT_GATE, Q4_0 held as loaded; MoeTuning::down_shared): the
-// preloaded blocks go to shared memory (dn_q / dn_d, DOWN_NB blocks per row and slot) instead of
-// registers, loaded R rows at a time, so that a workgroup holds ROWS_PER_WG = 8 rows (256
-// workgroups for GLM, all resident beside the gate-up) and the whole down's weights are on the
-// chip when h is written. Each lane reads back only the blocks it stored: no barrier between.
 // Bindings: 0 = weights (regions Q and M), 1 = h, 2 = x (in/out), 3 = route (uint pairs),
 // 4 = router logits, 5 = expert bias (both TS_MOE_ROUTE_RECOMPUTE only), 6 = hq (Q8ACT),
 // 7 = gate words, 8 = error words (WAIT_GATE).
@@ -54,9 +49,6 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef DOWN_LATE  // 0/1, with WAIT_GATE (MoeTuning::down_late); see the WAIT_GATE path
 #define DOWN_LATE 0
 #endif
-#ifndef DOWN_SHARED  // 0 / rows loaded per round, with WAIT_GATE (MoeTuning::down_shared)
-#define DOWN_SHARED 0
-#endif
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
@@ -72,13 +64,8 @@ layout(std430, binding = 5) readonly restrict buffer BiasBuf { float route_bias[
 layout(push_constant) uniform Push { MoeArgs args; };
 
 #if WAIT_GATE
-#if !Q8ACT || !USE_SUBGROUP || (ROWS_PER_WG * Q8_OWN > 8 && DOWN_SHARED == 0)
+#if !Q8ACT || !USE_SUBGROUP || ROWS_PER_WG * Q8_OWN > 8
 #error "moe_down.comp: WAIT_GATE needs Q8ACT, subgroups and at most 8 weight blocks per lane"
-#endif
-#if DOWN_SHARED
-#if WTYPE != TS_TYPE_Q4_0 || !Q8_RAW || ROWS_PER_WG % DOWN_SHARED != 0
-#error "moe_down.comp: DOWN_SHARED holds Q4_0 blocks as loaded (Q8_RAW), whole rounds of rows"
-#endif
 #endif
 #extension GL_KHR_memory_scope_semantics : require
 layout(std430, binding = 7) coherent restrict buffer Gate { uint gate[]; };
@@ -206,12 +193,6 @@ bool slot_matrix(uint s, uint n_routed, out Mat m, out float weight) {
 shared float part[ROWS_PER_WG][TEAMS];
 #if WAIT_GATE
 shared float gate_x[ROWS_PER_WG];  // x of the workgroup's rows, read before the gate
-#if DOWN_SHARED
-// Block b of slot s for row r of the workgroup at ((r * TEAMS) + s) * DOWN_NB + b, as loaded.
-shared uvec4 dn_q[ROWS_PER_WG * TEAMS * DOWN_NB];
-shared float dn_d[ROWS_PER_WG * TEAMS * DOWN_NB];
-uint dn_at(uint r, uint s, uint b) { return (r * TEAMS + s) * DOWN_NB + b; }
-#endif
 #if DOWN_LATE
 shared bool dn_late;  // the gate-up's h was complete when the route was seen
 #endif
@@ -289,28 +270,8 @@ void main() {
   float weight = 0.0;
   const bool has_slot = s < n_slots && slot_matrix(s, n_routed, m, weight);
   const uint nb = has_slot ? m.cols / 32u : 0u;
-  uint dep = 0u;
-#if DOWN_SHARED
-  // DOWN_SHARED rows per round: their blocks loaded, then stored (the stores wait for the loads,
-  // the gate's first barrier for the stores).
-  [[unroll]] for (uint r0 = 0; r0 < ROWS_PER_WG; r0 += DOWN_SHARED) {
-    Q8WRaw t[DOWN_SHARED][Q8_OWN];
-    [[unroll]] for (uint r1 = 0; r1 < DOWN_SHARED; ++r1) {
-      const uint rr = row0 + min(r0 + r1, rows - 1u);
-      [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
-        if (nb > 0u) t[r1][j] = q8_load_raw(m.qbase, m.mbase, rr * nb + min(lane + j * nl, nb - 1u));
-    }
-    [[unroll]] for (uint r1 = 0; r1 < DOWN_SHARED; ++r1) {
-      [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
-        if (lane + j * nl < nb) {
-          dn_q[dn_at(r0 + r1, s, lane + j * nl)] = t[r1][j].q;
-          dn_d[dn_at(r0 + r1, s, lane + j * nl)] = t[r1][j].d;
-        }
-      }
-    }
-  }
-#else
   Q8WRaw w[ROWS_PER_WG][Q8_OWN];  // held across the wait as loaded
+  uint dep = 0u;
   [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
     const uint rr = row0 + min(r, rows - 1u);
     [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
@@ -320,7 +281,6 @@ void main() {
       }
     }
   }
-#endif
   if (gl_LocalInvocationIndex < rows) gate_x[gl_LocalInvocationIndex] = x[row0 + gl_LocalInvocationIndex];
   if (late) {
     barrier();  // gate_x
@@ -333,14 +293,7 @@ void main() {
     [[unroll]] for (uint r = 0; r < ROWS_PER_WG; ++r) {
       float d = 0.0;
       [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
-        if (lane + j * nl < nb) {
-#if DOWN_SHARED
-          const uint at = dn_at(r, s, lane + j * nl);
-          d += q8_dot_loaded(q8_unpack(Q8WRaw(dn_q[at], dn_d[at])), xl[j], xh[j], xd[j]);
-#else
-          d += q8_dot_loaded(q8_unpack(w[r][j]), xl[j], xh[j], xd[j]);
-#endif
-        }
+        if (lane + j * nl < nb) d += q8_dot_loaded(q8_unpack(w[r][j]), xl[j], xh[j], xd[j]);
       d = subgroupAdd(d);
       if (subgroupElect() && r < rows) part[r][s] = weight * d;
     }

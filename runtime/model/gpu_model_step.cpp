@@ -422,7 +422,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       down.gate_h_target = gu.gate_h_target(ctx_);
       down.gate_error = host_step.sub(kGateErrorWord * 4, 8);
       down.gate_signal_x = next_early;
-      if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target(ctx_));
+      if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
                (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : " ") + L;

@@ -41,7 +41,6 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
-  if (r.down_shared > 8) runtime_error("MoE kernels: the shared-memory down's rows per round (", r.down_shared, ") outside 0..8");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
@@ -157,11 +156,10 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
   return std::max<uint64_t>((width / 32 + ts.threads_per_row - 1) / ts.threads_per_row, 1);
 }
 
-// gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE;
-// shared_round: DOWN_SHARED).
+// gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
                                uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false,
-                               bool late = false, uint32_t shared_round = 0) {
+                               bool late = false) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -174,11 +172,9 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
     d["GATE_H_TARGET"] = std::to_string(gate_h_target);
     d["DOWN_LATE"] = late && type_info(type).block_elems == 32 ? "1" : "0";  // MoeTuning::down_late
     d["X_SIGNAL"] = x_signal ? "1" : "0";
-    d["DOWN_SHARED"] = std::to_string(shared_round);
-    d["DOWN_NB"] = std::to_string(width / 32);
   }
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
-                             x_signal ? ".xsig" : "", shared_round ? cat(".shared", shared_round) : "", rc),
+                             x_signal ? ".xsig" : "", rc),
                     "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
@@ -625,16 +621,14 @@ void MoeDownOp::record(CommandRecorder& rec) const {
                   "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
-    const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
-    const Q8Rows q8r = q8 ? q8_rows(ctx, p.type, slots, gated) : Q8Rows{t.down_rows, 0};
-    const uint32_t rows_per_wg = q8r.rows;
+    const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type) : t.down_rows;
     const uint32_t groups = down_groups(g, rows_per_wg);
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
+    const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
     const uint32_t re = p.routed ? route_e(g.n_expert, src.recompute) : 0;
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
                                                std::max(g.w_routed, g.w_shared), rows_per_wg, re,
-                                               gated ? gate_h_target : 0, gated && gate_signal_x, t.down_late,
-                                               q8r.shared_round)
+                                               gated ? gate_h_target : 0, gated && gate_signal_x, t.down_late)
                               : down_kernel(ctx, p.type, vec8, slots, t, re);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -662,35 +656,13 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
   // shared slot (2816 wide: 3 blocks per lane, 6 with its 2 rows) took the gated kernel to 106
   // registers and the token from 457 to 430 tok/s (H100); GLM's 2 per lane gained 1.3-2 %.
   const uint64_t own = down_q8_own(ctx, std::max(g.w_routed, g.w_shared));
-  const Q8Rows r = q8_rows(ctx, parts[0].type, k + (g.has_shared() ? 1 : 0), true);
-  return own <= kMaxGateOwn && (r.shared_round || uint64_t(r.rows) * own <= 8);
+  return own <= kMaxGateOwn && uint64_t(q8_down_rows(resolve(tuning), parts[0].type)) * own <= 8;
 }
 
-MoeDownOp::Q8Rows MoeDownOp::q8_rows(Context& ctx, GgmlType type, uint32_t slots, bool gated) const {
-  const MoeTuning t = resolve(tuning);
-  const MoeTileGeometry& g = tile.geometry;
-  // DOWN_SHARED: Q4_0 held as loaded (16 + 4 bytes a block), every slot's blocks of every row
-  // beside the kernel's other shared words (< 1 KB).
-  const uint64_t width = std::max(g.w_routed, g.w_shared);
-  const bool shared = gated && t.down_shared && type == GgmlType::Q4_0 &&
-                      ctx.pipelines().global_define("Q8_RAW", "1") != "0" && width % 32 == 0;
-  if (!shared) return {q8_down_rows(t, type), 0};
-  const uint64_t row_bytes = uint64_t(slots) * (width / 32) * 20;
-  uint32_t rows = t.q8_down_rows ? t.q8_down_rows : 8;
-  while (rows > 1 && rows * row_bytes + 1024 > ctx.info().max_compute_shared_memory) rows /= 2;
-  if (rows * row_bytes + 1024 > ctx.info().max_compute_shared_memory) return {q8_down_rows(t, type), 0};
-  uint32_t round = std::min(t.down_shared, rows);
-  while (rows % round) --round;
-  return {rows, round};
-}
-
-uint32_t MoeDownOp::gate_x_target(Context& ctx) const {
+uint32_t MoeDownOp::gate_x_target() const {
   // The groups of the one dispatch's workgroups (gate_supported: one part, of the routed down
-  // type, every slot; moe_down.comp gate_signal_tree).
-  const MoeTileGeometry& g = tile.geometry;
-  const uint32_t k = n_used ? n_used : routing.n_used;
-  const Q8Rows r = q8_rows(ctx, g.down_type, k + (g.has_shared() ? 1 : 0), true);
-  return std::min(down_groups(g, r.rows), TS_GATE_TREE_GROUPS);
+  // type; moe_down.comp gate_signal_tree).
+  return std::min(down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type)), TS_GATE_TREE_GROUPS);
 }
 
 bool MoeGateUpOp::gate_supported(Context& ctx) const {

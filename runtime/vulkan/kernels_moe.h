@@ -119,11 +119,6 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
   bool gateup_consts = true;
-  // The early-started int8 down with Q4_0 blocks held as loaded keeps them in shared memory
-  // instead of registers, loading this many rows per round (moe_down.comp DOWN_SHARED; 0 off):
-  // q8_down_rows then defaults to 8 (fewer where shared memory is short), so that every
-  // workgroup fits beside the gate-up with its weights preloaded (session 17).
-  uint32_t down_shared = 0;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.
@@ -251,25 +246,16 @@ struct MoeDownOp {
   // words (TS_DOWN_GATE_WORDS words then; moe_args.h), for the next layer's first matvecs
   // (MatvecOp::gate, target gate_x_target()).
   bool gate_signal_x = false;
-  uint32_t gate_x_target(Context& ctx) const;
+  uint32_t gate_x_target() const;
   // The int8 path with subgroups, the route from the buffer, one dispatch, at most 2 blocks per
-  // lane of the widest slot and 8 weight blocks per lane in all to hold in registers
-  // (PERFORMANCE.md session 10), or held in shared memory (MoeTuning::down_shared).
+  // lane of the widest slot and 8 weight blocks per lane in all to hold (registers: PERFORMANCE.md
+  // session 10).
   bool gate_supported(Context& ctx) const;
 
   uint64_t bytes() const;  // K routed + shared down matrices, h, route, x read and written
   // Records the dispatch(es), with barriers between parts when there are several (see above),
   // none at the end.
   void record(CommandRecorder& rec) const;
-
- private:
-  // Rows per workgroup of the int8 kernel for a dispatch of `slots` slots of `type`, and the
-  // rows it loads per round into shared memory (0: its blocks held in registers); gated: the
-  // early start's kernel.
-  struct Q8Rows {
-    uint32_t rows, shared_round;
-  };
-  Q8Rows q8_rows(Context& ctx, GgmlType type, uint32_t slots, bool gated) const;
 };
 
 // Dense FFN gate-up: h[i] = silu(gate_i . xn) * (up_i . xn), i < F, with xn = RMSNorm(x; norm_weight)

@@ -94,11 +94,6 @@ class PipelineLibrary {
   // A define every shader gets from now on, after the device's (a process-wide tuning knob, e.g.
   // GATE_BACKOFF from bench --tune gate_backoff); pipelines made before keep theirs.
   void set_global_define(const std::string& name, const std::string& value) { global_defines_[name] = value; }
-  // Its value, or `otherwise` where none was set.
-  std::string global_define(const std::string& name, const std::string& otherwise) const {
-    const auto it = global_defines_.find(name);
-    return it == global_defines_.end() ? otherwise : it->second;
-  }
   // Timeline mode: pipelines made from now on (until it is turned off) write the device-clock
   // timeline (shaders/timeline.glsl: TS_TIMELINE=1, TS_TIMELINE_BINDING = the desc's num_buffers,
   // one binding more). They are other pipelines than the same descs made without it. Throws

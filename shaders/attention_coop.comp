@@ -47,6 +47,8 @@ const uint kRow = KV_LORA + N_ROT;     // values per cache row
 const uint kHT = (N_HEAD + 15) / 16;   // head tiles
 const uint kRT = SB / 16;              // row tiles of a block
 const uint kCT = KV_LORA / 16;         // latent column tiles
+const uint kK = kRow / 16;             // 16-value steps of a score product
+const uint kKB = 12;                   // K tiles loaded per round
 const float kNegHuge = -3.0e38;
 #if NSG != (N_HEAD + 15) / 16 * (SB / 16)
 #error "attention_coop.comp: NSG must be the score tiles of a block (head tiles x SB / 16)"
@@ -86,12 +88,20 @@ void stage_query(uint pos) {
 // overlapping heads stored last, by the same subgroup for the same rows).
 void block_scores(uint j0) {
   const uint g = gl_SubgroupID, t = g % kHT, rt = g / kHT;
+  const uint b0 = (j0 + rt * 16u) * kRow;  // column j of a K tile = cache row j0 + 16 rt + j
   F32TILE acc = F32TILE(0.0);
-  [[dont_unroll]] for (uint k = 0; k < kRow / 16u; ++k) {
-    F16TILE a, b;
-    coopMatLoadNV(a, q_sh, tile_head(t) * kRow + k * 16u, kRow, false);
-    coopMatLoadNV(b, cache, (j0 + rt * 16u) * kRow + k * 16u, kRow, true);  // column j = row j0 + 16 rt + j
-    acc = coopMatMulAddNV(a, b, acc);
+  // kKB tiles of K loaded before their products: one round trip per kKB steps, not per step.
+  [[dont_unroll]] for (uint k0 = 0; k0 < kK; k0 += kKB) {
+    F16TILE b[kKB];
+    [[unroll]] for (uint i = 0; i < kKB; ++i)
+      if (k0 + i < kK) coopMatLoadNV(b[i], cache, b0 + (k0 + i) * 16u, kRow, true);
+    [[unroll]] for (uint i = 0; i < kKB; ++i) {
+      if (k0 + i < kK) {
+        F16TILE a;
+        coopMatLoadNV(a, q_sh, tile_head(t) * kRow + (k0 + i) * 16u, kRow, false);
+        acc = coopMatMulAddNV(a, b[i], acc);
+      }
+    }
   }
   // Head tiles in reverse order of ownership: tile t's rows below the next tile's start are its own.
   [[unroll]] for (uint u = kHT; u-- > 0u;) {

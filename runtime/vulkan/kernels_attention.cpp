@@ -30,6 +30,7 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 constexpr uint32_t kDefaultShortGroups = 32;
 // attention_coop.comp: rows per block (its scores and weights in shared memory).
 constexpr uint32_t kCoopRows = 64;
+constexpr uint32_t kCoopShortGroups = 64;  // its context workgroups
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
@@ -420,6 +421,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       short_rows_desc_.reset();
       short_heads_ = shape.n_head;
       short_coop_ = true;
+      // One workgroup per chunk of every head: more context workgroups than the rows kernel's.
+      if (!tuning.short_groups) short_groups_ = std::min(n_groups_, kCoopShortGroups);
     } else if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= short_groups_) {
       // The decode step's variant with the merge folded in: its chunk weights live in the
       // subgroups' o arrays, which must hold one per workgroup along the context.

@@ -82,6 +82,15 @@ TEST(AttentionCoop, ShortRangeMatchesTheReference) {
       upload(step, sw);
       rec.run();
       const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+      if (!std::all_of(got.begin(), got.end(), [](float x) { return std::isfinite(x); })) {
+        // What chunk 0 wrote, for the failure message: (m, l) and o's first values per head.
+        const std::vector<float> part = download<float>(partials, op.partials_bytes() / 4);
+        const size_t ml = size_t(op.decode_groups(vk::DecodeRange::Short)) * c.n_head * c.kv_lora;
+        for (uint32_t h = 0; h < c.n_head; ++h)
+          ADD_FAILURE() << "kv_len " << kv_len << " chunk 0 head " << h << ": m " << part[ml + 2 * h] << " l "
+                        << part[ml + 2 * h + 1] << " o " << part[size_t(h) * c.kv_lora] << " "
+                        << part[size_t(h) * c.kv_lora + 1] << " olat " << got[size_t(h) * c.kv_lora];
+      }
       const std::vector<float> want =
           test::ref_attention(q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, kv_len - 1, shape.kq_scale, rope);
       // The query and the weights rounded to f16 (sums in f32): ~1e-3 of the values' scale.

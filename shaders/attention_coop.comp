@@ -9,21 +9,20 @@
 // with, per head h of chunk c, M = max_j S[h][j], l = sum_j P[h][j], o = O[h] (unnormalized):
 // the partial attention_merge.comp folds.
 //
-// A head tile is 16 heads: heads 0..15, 16..31, ..., the last one ending at head H - 1 (it
-// overlaps the one before when 16 does not divide H; every head is computed the same way in
-// each, and the tile that owns it is stored last). Needs H >= 16, R and Dr multiples of 16.
-// The chunk is taken SB rows at a time, twice: once for its maximum (the scores), once for P and
+// Two head tiles of 16: heads 0..15 and H-16..H-1 (they overlap when H < 32; tile 0 is stored
+// last, so it owns the heads both hold). Needs 16 <= H <= 32, R <= 512, R and Dr multiples of 16.
+// The chunk is taken 64 rows (a block) at a time, twice: once for its maximum (the scores), once for P and
 // O (the scores again: cheap on tensor cores), so that O needs no rescaling (its accumulators stay
 // in registers for the whole chunk). Rows past the context in a block are read (the cache holds a
 // whole number of blocks, zeroed at creation: AttentionShape::cache_bytes) and weighted 0.
 //
-// Work split: workgroup x = chunk c (empty chunks exit at once), NSG subgroups. Scores: subgroup
-// g takes score tile g (head tile g % HT, rows 16 (g / HT) .. of the block); outputs: subgroup g
-// the latent column tiles n = g, g + NSG, ... of every head tile. Shared memory: the query (H x
-// (R+Dr) f16), a block's scores (f32) and weights (f16).
-// Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's
-// rounding); NSG (subgroups, = HT * SB / 16); SB (rows per block, a multiple of 16);
-// SUBGROUP_SIZE (full subgroups).
+// Work split: workgroup x = chunk c (empty chunks exit at once), 8 subgroups. Scores: subgroup
+// g takes head tile g % 2 of row tile g / 2 of the block; outputs: subgroup g the latent column
+// tiles g, g + 8, g + 16, g + 24 of both head tiles (coop matrices held in named variables:
+// arrays of them may live in local memory). Shared memory: the query (H x (R+Dr) f16), a block's
+// scores (f32) and weights (f16), rows padded against bank conflicts.
+// Defines: N_HEAD (16..32), KV_LORA (R <= 512), N_ROT (Dr) + the rope.glsl table; TILE (the
+// chunking's rounding); SUBGROUP_SIZE (32, full subgroups).
 // Bindings: 0 = q (f32 [H][R+Dr], q_pe unroped), 1 = cache (f16 rows of R+Dr), 2 = step words,
 // 3 = partials ([n_groups][H][R] o, then [n_groups][H] (m, l)). One query (the decode step).
 // Arguments: AttnPartialArgs (attention_args.h). Wrapper: AttentionOp (AttentionTuning::short_coop).
@@ -39,20 +38,20 @@
 #include "attention_args.h"
 #include "rope.glsl"
 
-#if N_HEAD < 16 || KV_LORA % 16 != 0 || N_ROT % 16 != 0 || SB % 16 != 0
-#error "attention_coop.comp: needs at least 16 heads and R, Dr, SB multiples of 16"
+#if N_HEAD < 16 || N_HEAD > 32 || KV_LORA % 16 != 0 || KV_LORA > 512 || N_ROT % 16 != 0
+#error "attention_coop.comp: needs 16..32 heads, R <= 512 and R, Dr multiples of 16"
 #endif
 
-const uint kRow = KV_LORA + N_ROT;     // values per cache row
-const uint kHT = (N_HEAD + 15) / 16;   // head tiles
-const uint kRT = SB / 16;              // row tiles of a block
-const uint kCT = KV_LORA / 16;         // latent column tiles
-const uint kK = kRow / 16;             // 16-value steps of a score product
-const uint kKB = 12;                   // K tiles loaded per round
+const uint kRow = KV_LORA + N_ROT;  // values per cache row
+const uint kK = kRow / 16;          // 16-value steps of a score product
+const uint kCT = KV_LORA / 16;      // latent column tiles
+const uint SB = 64;                 // rows per block
+const uint NSG = 8;                 // subgroups: 2 head tiles x 4 row tiles of a block
+// Shared-memory strides, padded so that a tile's 16 rows do not fall in the same banks.
+const uint kQS = kRow + 8;  // halves
+const uint kSS = SB + 4;    // floats
+const uint kPS = SB + 8;    // halves
 const float kNegHuge = -3.0e38;
-#if NSG != (N_HEAD + 15) / 16 * (SB / 16)
-#error "attention_coop.comp: NSG must be the score tiles of a block (head tiles x SB / 16)"
-#endif
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
@@ -65,50 +64,67 @@ layout(push_constant) uniform Push { AttnPartialArgs args; };
 #define F16TILE fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 #define F32TILE fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 
-shared float16_t q_sh[N_HEAD * kRow];  // kq_scale * q, q_pe roped, [head][value]
-shared float s_sh[N_HEAD * SB];        // a block's scores, [head][row]
-shared float16_t p_sh[N_HEAD * SB];    // its weights exp(s - M), [head][row]
 shared float m_sh[N_HEAD], l_sh[N_HEAD];
+shared float s_sh[N_HEAD * kSS];      // a block's scores, [head][row]
+shared float16_t p_sh[N_HEAD * kPS];  // its weights exp(s - M), [head][row]
+shared float16_t q_sh[N_HEAD * kQS];  // kq_scale * q, q_pe roped, [head][value]
 
-// First head of head tile t.
-uint tile_head(uint t) { return min(t * 16u, uint(N_HEAD) - 16u); }
+// First head of head tile t (0 or 1: heads 0..15, then H-16..H-1).
+uint tile_head(uint t) { return t == 0u ? 0u : uint(N_HEAD) - 16u; }
 
-// The query, scaled and roped at pos, into q_sh as f16 (pairs of values per invocation).
+// The query, scaled and roped at pos, into q_sh as f16 (a pair of values per invocation).
 void stage_query(uint pos) {
   for (uint i = gl_LocalInvocationIndex; i < N_HEAD * kRow / 2u; i += NSG * SUBGROUP_SIZE) {
     const uint h = i / (kRow / 2u), d = 2u * (i % (kRow / 2u));
     vec2 v = vec2(q[h * kRow + d], q[h * kRow + d + 1u]) * args.kq_scale;
     if (d >= KV_LORA) v = rope_rotate(v, rope_cos_sin(pos, (d - KV_LORA) / 2u));
-    q_sh[h * kRow + d] = float16_t(v.x);
-    q_sh[h * kRow + d + 1u] = float16_t(v.y);
+    q_sh[h * kQS + d] = float16_t(v.x);
+    q_sh[h * kQS + d + 1u] = float16_t(v.y);
   }
 }
 
-// The scores of rows j0 .. j0 + SB - 1 into s_sh (this subgroup's tile; the tile that owns the
-// overlapping heads stored last, by the same subgroup for the same rows).
+// Steps k .. k + 5 of a score tile: their K tiles loaded first (one round trip per six steps).
+#define K_LOAD(i, b) if (k + i < kK) coopMatLoadNV(b, cache, b0 + (k + i) * 16u, kRow, true)
+#define K_MUL(i, b)                                                        \
+  if (k + i < kK) {                                                        \
+    F16TILE a;                                                             \
+    coopMatLoadNV(a, q_sh, tile_head(t) * kQS + (k + i) * 16u, kQS, false); \
+    acc = coopMatMulAddNV(a, b, acc);                                      \
+  }
+
+// The scores of rows j0 .. j0 + SB - 1 into s_sh: subgroup g computes head tile g % 2 of row
+// tile g / 2; tile 1 is stored first, then (after a barrier) tile 0, which owns the heads both
+// hold.
 void block_scores(uint j0) {
-  const uint g = gl_SubgroupID, t = g % kHT, rt = g / kHT;
+  const uint g = gl_SubgroupID, t = g % 2u, rt = g / 2u;
   const uint b0 = (j0 + rt * 16u) * kRow;  // column j of a K tile = cache row j0 + 16 rt + j
   F32TILE acc = F32TILE(0.0);
-  // kKB tiles of K loaded before their products: one round trip per kKB steps, not per step.
-  [[dont_unroll]] for (uint k0 = 0; k0 < kK; k0 += kKB) {
-    F16TILE b[kKB];
-    [[unroll]] for (uint i = 0; i < kKB; ++i)
-      if (k0 + i < kK) coopMatLoadNV(b[i], cache, b0 + (k0 + i) * 16u, kRow, true);
-    [[unroll]] for (uint i = 0; i < kKB; ++i) {
-      if (k0 + i < kK) {
-        F16TILE a;
-        coopMatLoadNV(a, q_sh, tile_head(t) * kRow + (k0 + i) * 16u, kRow, false);
-        acc = coopMatMulAddNV(a, b[i], acc);
-      }
-    }
+  for (uint k = 0; k < kK; k += 6u) {
+    F16TILE b0t, b1t, b2t, b3t, b4t, b5t;
+    K_LOAD(0u, b0t); K_LOAD(1u, b1t); K_LOAD(2u, b2t); K_LOAD(3u, b3t); K_LOAD(4u, b4t); K_LOAD(5u, b5t);
+    K_MUL(0u, b0t); K_MUL(1u, b1t); K_MUL(2u, b2t); K_MUL(3u, b3t); K_MUL(4u, b4t); K_MUL(5u, b5t);
   }
-  // Head tiles in reverse order of ownership: tile t's rows below the next tile's start are its own.
-  [[unroll]] for (uint u = kHT; u-- > 0u;) {
-    if (u == t) coopMatStoreNV(acc, s_sh, tile_head(t) * SB + rt * 16u, SB, false);
-    barrier();
-  }
+  if (t == 1u) coopMatStoreNV(acc, s_sh, tile_head(1u) * kSS + rt * 16u, kSS, false);
+  barrier();
+  if (t == 0u) coopMatStoreNV(acc, s_sh, rt * 16u, kSS, false);
+  barrier();
 }
+
+// O tile (head tile 0 and 1) of latent column tile n += the block's weights times its rows.
+#define O_BLOCK(n, o0, o1)                                                          \
+  if (n < kCT) {                                                                    \
+    [[unroll]] for (uint k = 0; k < SB / 16u; ++k) {                                \
+      F16TILE v, p0, p1;                                                            \
+      coopMatLoadNV(v, cache, (j0 + k * 16u) * kRow + n * 16u, kRow, false);        \
+      coopMatLoadNV(p0, p_sh, k * 16u, kPS, false);                                 \
+      coopMatLoadNV(p1, p_sh, tile_head(1u) * kPS + k * 16u, kPS, false);           \
+      o0 = coopMatMulAddNV(p0, v, o0);                                              \
+      o1 = coopMatMulAddNV(p1, v, o1);                                              \
+    }                                                                               \
+  }
+// Its store into the partials: tile 1 first, then (after a barrier, outside) tile 0.
+#define O_STORE(n, o, t) \
+  if (n < kCT) coopMatStoreNV(o, partials, p_base + tile_head(t) * KV_LORA + n * 16u, KV_LORA, false)
 
 void main() {
   const uint chunk = gl_WorkGroupID.x, g = gl_SubgroupID, lane = gl_SubgroupInvocationID;
@@ -127,66 +143,56 @@ void main() {
   barrier();
   TS_MARK_EARLY();  // bench --timeline: the query staged
 
-  // Pass 1: every head's maximum over the chunk.
+  // Pass 1: every head's maximum over the chunk (head h's by subgroup h % NSG).
   for (uint j0 = begin; j0 < end; j0 += SB) {
     block_scores(j0);
     for (uint h = g; h < N_HEAD; h += NSG) {
       float mx = kNegHuge;
-      for (uint j = lane; j < SB; j += SUBGROUP_SIZE) mx = j0 + j < end ? max(mx, s_sh[h * SB + j]) : mx;
+      for (uint j = lane; j < SB; j += SUBGROUP_SIZE) mx = j0 + j < end ? max(mx, s_sh[h * kSS + j]) : mx;
       mx = subgroupMax(mx);
       if (subgroupElect()) m_sh[h] = max(m_sh[h], mx);
     }
     barrier();
   }
 
-  // Pass 2: the weights and O; each head's weights summed by the subgroup that writes them.
-  F32TILE o[kHT][(kCT + NSG - 1) / NSG];
-  [[unroll]] for (uint t = 0; t < kHT; ++t)
-    [[unroll]] for (uint i = 0; i < (kCT + NSG - 1) / NSG; ++i) o[t][i] = F32TILE(0.0);
+  // Pass 2: the weights (summed by the subgroup that writes them) and O, latent column tiles
+  // g, g + 8, g + 16, g + 24 of both head tiles per subgroup, in registers for the whole chunk.
+  F32TILE o00 = F32TILE(0.0), o01 = F32TILE(0.0), o10 = F32TILE(0.0), o11 = F32TILE(0.0);
+  F32TILE o20 = F32TILE(0.0), o21 = F32TILE(0.0), o30 = F32TILE(0.0), o31 = F32TILE(0.0);
   for (uint j0 = begin; j0 < end; j0 += SB) {
     block_scores(j0);
     for (uint h = g; h < N_HEAD; h += NSG) {
       const float mh = m_sh[h];
       float ls = 0.0;
       for (uint j = lane; j < SB; j += SUBGROUP_SIZE) {
-        const float16_t p = float16_t(j0 + j < end ? exp(s_sh[h * SB + j] - mh) : 0.0);
-        p_sh[h * SB + j] = p;
+        const float16_t p = float16_t(j0 + j < end ? exp(s_sh[h * kSS + j] - mh) : 0.0);
+        p_sh[h * kPS + j] = p;
         ls += float(p);
       }
       ls = subgroupAdd(ls);
       if (subgroupElect()) l_sh[h] += ls;
     }
     barrier();
-    [[unroll]] for (uint i = 0; i < (kCT + NSG - 1) / NSG; ++i) {
-      const uint n = g + i * NSG;
-      if (n < kCT) {  // uniform per subgroup
-        [[unroll]] for (uint k = 0; k < kRT; ++k) {
-          F16TILE v;
-          coopMatLoadNV(v, cache, (j0 + k * 16u) * kRow + n * 16u, kRow, false);  // rows of the block, latent columns
-          [[unroll]] for (uint t = 0; t < kHT; ++t) {
-            F16TILE p;
-            coopMatLoadNV(p, p_sh, tile_head(t) * SB + k * 16u, SB, false);
-            o[t][i] = coopMatMulAddNV(p, v, o[t][i]);
-          }
-        }
-      }
-    }
+    O_BLOCK(g, o00, o01);
+    O_BLOCK(g + 8u, o10, o11);
+    O_BLOCK(g + 16u, o20, o21);
+    O_BLOCK(g + 24u, o30, o31);
     barrier();  // p_sh and s_sh are rewritten by the next block
   }
 
-  // The partial: o per head (head tiles in reverse order, a barrier between: the tile that owns
-  // overlapping heads stored last), then (M, l).
+  // The partial: o per head (tile 1, a barrier, tile 0: the owner of the heads both hold last),
+  // then (M, l).
   const uint p_base = chunk * N_HEAD * KV_LORA;
-  [[unroll]] for (uint u = kHT; u-- > 0u;) {
-    [[unroll]] for (uint i = 0; i < (kCT + NSG - 1) / NSG; ++i) {
-      const uint n = g + i * NSG;
-      if (n < kCT) coopMatStoreNV(o[u][i], partials, p_base + tile_head(u) * KV_LORA + n * 16u, KV_LORA, false);
-    }
-    if (u > 0u) {
-      memoryBarrierBuffer();
-      barrier();
-    }
-  }
+  O_STORE(g, o01, 1u);
+  O_STORE(g + 8u, o11, 1u);
+  O_STORE(g + 16u, o21, 1u);
+  O_STORE(g + 24u, o31, 1u);
+  memoryBarrierBuffer();
+  barrier();
+  O_STORE(g, o00, 0u);
+  O_STORE(g + 8u, o10, 0u);
+  O_STORE(g + 16u, o20, 0u);
+  O_STORE(g + 24u, o30, 0u);
   for (uint h = gl_LocalInvocationIndex; h < N_HEAD; h += NSG * SUBGROUP_SIZE) {
     const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + h) * 2u;
     partials[ml] = m_sh[h];

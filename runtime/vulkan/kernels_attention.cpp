@@ -28,7 +28,7 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
 constexpr uint32_t kDefaultShortGroups = 32;
-// attention_coop.comp: rows per block (its scores and weights in shared memory).
+// attention_coop.comp: rows per block (SB; its scores and weights in shared memory).
 constexpr uint32_t kCoopRows = 64;
 constexpr uint32_t kCoopShortGroups = 64;  // its context workgroups
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
@@ -314,19 +314,17 @@ const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p,
   return ctx.pipeline(d);
 }
 
-// Whether attention_coop.comp runs here for `shape` with blocks of `rows` rows (0: kCoopRows):
-// NV cooperative matrices of 16x16x16 f16, f16 arithmetic, subgroups of 32, at least 16 heads,
-// R and Dr multiples of 16, its shared memory (query, a block's scores and weights) and threads.
-static bool coop_usable(Context& ctx, const AttentionShape& shape, uint32_t rows) {
+// Whether attention_coop.comp runs here for `shape`: NV cooperative matrices of 16x16x16 f16, f16
+// arithmetic, subgroups of 32, 16..32 heads, R <= 512, R and Dr multiples of 16, and its shared
+// memory (the query, a block's scores and weights, padded rows) and 256 threads.
+static bool coop_usable(Context& ctx, const AttentionShape& shape) {
   const DeviceInfo& info = ctx.info();
   const DeviceFeatures& f = ctx.device().enabled();
-  const uint32_t sb = rows ? rows : kCoopRows;
-  if (sb % 16 != 0 || sb > 64) usage_error("attention: tensor-core blocks of ", sb, " rows; expected 16, 32, 48 or 64");
   if (!f.cooperative_matrix_nv || !f.shader_float16 || !ctx.pipelines().use_subgroup() || info.subgroup_size != 32) return false;
-  if (shape.n_head < 16 || shape.kv_lora % 16 != 0 || shape.rope.n_rot % 16 != 0) return false;
-  const uint64_t shared = uint64_t(shape.n_head) * (shape.row() * 2 + sb * 6 + 8);
-  const uint32_t threads = ceil_div(shape.n_head, 16) * sb / 16 * 32;
-  return shared <= info.max_compute_shared_memory && threads <= info.max_compute_workgroup_invocations;
+  if (shape.n_head < 16 || shape.n_head > 32 || shape.kv_lora > 512 || shape.kv_lora % 16 != 0 || shape.rope.n_rot % 16 != 0)
+    return false;
+  const uint64_t shared = uint64_t(shape.n_head) * ((shape.row() + 8) * 2 + (kCoopRows + 4) * 4 + (kCoopRows + 8) * 2 + 8);
+  return shared <= info.max_compute_shared_memory && 256 <= info.max_compute_workgroup_invocations;
 }
 
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
@@ -407,13 +405,12 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
       usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
                   std::min(kMaxGroups, info.max_workgroup_count[0]));
-    if (tuning.short_coop && coop_usable(ctx, shape, tuning.short_coop_rows)) {
+    if (tuning.short_coop && coop_usable(ctx, shape)) {
       // Tensor cores: every head of a chunk per workgroup (no waiting or merging variant).
-      const uint32_t sb = tuning.short_coop_rows ? tuning.short_coop_rows : kCoopRows;
       PipelineDesc pc;
       pc.name = "attention_coop";
       pc.file = "attention_coop.comp";
-      pc.defines = merged(common, {{"NSG", std::to_string(ceil_div(shape.n_head, 16) * sb / 16)}, {"SB", std::to_string(sb)}});
+      pc.defines = common;
       pc.num_buffers = 4;
       pc.push_bytes = sizeof(gpu::AttnPartialArgs);
       pc.full_subgroups = true;

@@ -208,10 +208,8 @@ struct AttentionTuning {
   uint32_t mid_subgroups = 0;
   // The short range on tensor cores (attention_coop.comp: every head of a chunk in one workgroup,
   // VK_NV_cooperative_matrix) where the device has 16x16x16 f16 products and the shape suits it
-  // (>= 16 heads, R and Dr multiples of 16); otherwise the rows kernel. short_coop_rows: rows per
-  // block, 16..64; auto 64.
+  // (16..32 heads, R <= 512, R and Dr multiples of 16); otherwise the rows kernel.
   bool short_coop = true;
-  uint32_t short_coop_rows = 0;
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).

@@ -28,8 +28,8 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
 constexpr uint32_t kDefaultShortGroups = 32;
-// attention_coop.comp: rows per block (SB; its scores and weights in shared memory).
-constexpr uint32_t kCoopRows = 64;
+// attention_coop.comp: rows per block (SB; the block's rows, scores and weights in shared memory).
+constexpr uint32_t kCoopRows = 16;
 constexpr uint32_t kCoopShortGroups = 64;  // its context workgroups
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
@@ -323,7 +323,9 @@ static bool coop_usable(Context& ctx, const AttentionShape& shape) {
   if (!f.cooperative_matrix_nv || !f.shader_float16 || !ctx.pipelines().use_subgroup() || info.subgroup_size != 32) return false;
   if (shape.n_head < 16 || shape.n_head > 32 || shape.kv_lora > 512 || shape.kv_lora % 16 != 0 || shape.rope.n_rot % 16 != 0)
     return false;
-  const uint64_t shared = uint64_t(shape.n_head) * ((shape.row() + 8) * 2 + (kCoopRows + 4) * 4 + (kCoopRows + 8) * 2 + 8);
+  const uint64_t padded_row = (shape.row() + 8) * 2;  // bytes of a query or cache row in shared memory
+  const uint64_t shared = uint64_t(shape.n_head) * (padded_row + (kCoopRows + 4) * 4 + (kCoopRows + 8) * 2 + 8) +
+                          uint64_t(kCoopRows) * padded_row;
   return shared <= info.max_compute_shared_memory && 256 <= info.max_compute_workgroup_invocations;
 }
 

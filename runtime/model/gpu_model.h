@@ -45,9 +45,7 @@ constexpr uint32_t kPrefetchAttnOut = 1;  // W_vo (or v_b and attn_output), besi
 constexpr uint32_t kPrefetchFfnIn = 2;    // the router (read by its dispatch, or by the router fold's
                                           // epilogue of W_vo) and the shared expert, beside the attention
 constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
-constexpr uint32_t kPrefetchRows = 8;     // the single-range attention's cache rows (all single_max_kv
-                                          // of them), beside q_a / kv_a, in that range's recording
-constexpr uint32_t kPrefetchAll = 15;
+constexpr uint32_t kPrefetchAll = 7;
 
 struct GpuModelOptions {
   uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)

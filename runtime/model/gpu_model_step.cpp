@@ -259,8 +259,6 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     x_gate = {};
     if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
-    if ((options_.prefetch & kPrefetchRows) && range == vk::DecodeRange::Single)
-      prefetch({w.cache[l].whole().sub(0, uint64_t(attn.single_max_kv()) * (R + c.n_rot) * 2)}, "prefetch rows " + L);
     if (!early_qk) rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query. The
     // attention started early (no barrier after stage 2) where W_qk and kv_write open its gate.

@@ -133,7 +133,6 @@ const Knob<A> kAttentionKnobs[] = {
     {"min_chunk", kAnyCount, "fewest positions per chunk", [](A& t, uint32_t v) { t.min_chunk = v; }},
     {"short", 1, "0: no short-context variant", [](A& t, uint32_t v) { t.short_variant = v != 0; }},
     {"short_rows", 1, "the short variant as the rows kernel", [](A& t, uint32_t v) { t.short_rows = v != 0; }},
-    {"short_coop", 1, "the short range on tensor cores where the device has them (default 1)", [](A& t, uint32_t v) { t.short_coop = v != 0; }},
     {"short_groups", kAnyCount, "its workgroups along the context", [](A& t, uint32_t v) { t.short_groups = v; }},
     {"short_heads", 32, "its heads per workgroup (implies short_rows=0)", [](A& t, uint32_t v) { t.short_heads_per_group = v; }},
     {"short_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.short_max_kv = v; }},

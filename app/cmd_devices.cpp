@@ -44,10 +44,9 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
               yes_no(f.buffer_int64_atomics && f.shader_int64));
   std::printf("  subgroup size control    %s%s (used when present)\n", yes_no(f.subgroup_size_control),
               f.compute_full_subgroups ? ", full subgroups" : "");
-  std::printf("  cooperative matrix       %s\n",
-              f.cooperative_matrix_nv    ? "NV, 16x16x16 f16 (used: the decode attention's short range)"
-              : f.cooperative_matrix_khr ? "KHR only (not used)"
-                                         : "no");
+  std::printf("  cooperative matrix       %s (used when present)\n",
+              f.cooperative_matrix_khr ? (f.cooperative_matrix_nv ? "KHR, NV" : "KHR")
+                                       : (f.cooperative_matrix_nv ? "NV" : "no"));
   std::printf("  timestamps               %s\n", d.timestamp_period_ns > 0 ? "yes" : "no");
   std::printf("  kernel statistics        %s (bench --kernel-stats)\n", yes_no(f.pipeline_statistics));
   std::printf("  device clock in shaders  %s (bench --tune gate_stats=1 timeline)\n", yes_no(f.device_clock));

@@ -56,10 +56,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   plan_and_upload(file);
   rec_ = step_recorder(false);
   // Zero the sampler's scratch once (its arrival counter must start at 0), the router's arrival
-  // counter (layers without the fold), the attention's merge-tail counters and the KV caches (the
-  // tensor-core attention reads rows past the context, weighted 0: they must be finite).
+  // counter (layers without the fold) and the attention's merge-tail counters.
   rec_->begin();
-  for (const vk::Buffer& cache : w_->cache) rec_->fill(cache.whole(), 0);
   rec_->fill(w_->sample_scratch.whole(), 0);
   rec_->fill(w_->route.whole(), 0);
   rec_->fill(w_->attn_arrivals.whole(), 0);

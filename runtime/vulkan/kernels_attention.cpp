@@ -28,9 +28,6 @@ constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
 constexpr uint32_t kDefaultShortGroups = 32;
-// attention_coop.comp: rows per block (SB; the block's rows, scores and weights in shared memory).
-constexpr uint32_t kCoopRows = 16;
-constexpr uint32_t kCoopShortGroups = 64;  // its context workgroups
 // attention_rows.comp: subgroups per workgroup and rows each loads per round (H100, GLM, tg128 at
 // depth 0 / 768: 4 x 2 214.1 / 185.5 tok/s, 4 x 4 213.5 / 182.7, 8 x 4 202.7 / 156.3, 2 x 8
 // 195.0 / 164.7; attention_partial.comp with 5 heads per workgroup 198.0 / 160.8).
@@ -314,21 +311,6 @@ const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p,
   return ctx.pipeline(d);
 }
 
-// Whether attention_coop.comp runs here for `shape`: NV cooperative matrices of 16x16x16 f16, f16
-// arithmetic, subgroups of 32, 16..32 heads, R <= 512, R and Dr multiples of 16, and its shared
-// memory (the query, a block's scores and weights, padded rows) and 256 threads.
-static bool coop_usable(Context& ctx, const AttentionShape& shape) {
-  const DeviceInfo& info = ctx.info();
-  const DeviceFeatures& f = ctx.device().enabled();
-  if (!f.cooperative_matrix_nv || !f.shader_float16 || !ctx.pipelines().use_subgroup() || info.subgroup_size != 32) return false;
-  if (shape.n_head < 16 || shape.n_head > 32 || shape.kv_lora > 512 || shape.kv_lora % 16 != 0 || shape.rope.n_rot % 16 != 0)
-    return false;
-  const uint64_t padded_row = (shape.row() + 8) * 2;  // bytes of a query or cache row in shared memory
-  const uint64_t shared = uint64_t(shape.n_head) * (padded_row + (kCoopRows + 4) * 4 + (kCoopRows + 8) * 2 + 8) +
-                          uint64_t(kCoopRows) * padded_row;
-  return shared <= info.max_compute_shared_memory && 256 <= info.max_compute_workgroup_invocations;
-}
-
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
   shape.validate();
   const DeviceInfo& info = ctx.info();
@@ -407,24 +389,9 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     if (short_groups_ > kMaxGroups || short_groups_ > info.max_workgroup_count[0])
       usage_error("attention: ", short_groups_, " short-range context workgroups, expected 1..",
                   std::min(kMaxGroups, info.max_workgroup_count[0]));
-    if (tuning.short_coop && coop_usable(ctx, shape)) {
-      // Tensor cores: every head of a chunk per workgroup (no waiting or merging variant).
-      PipelineDesc pc;
-      pc.name = "attention_coop";
-      pc.file = "attention_coop.comp";
-      pc.defines = common;
-      pc.num_buffers = 4;
-      pc.push_bytes = sizeof(gpu::AttnPartialArgs);
-      pc.full_subgroups = true;
-      partial_short_ = &ctx.pipeline(pc);
-      short_rows_desc_.reset();
-      short_heads_ = shape.n_head;
-      short_coop_ = true;
-      // One workgroup per chunk of every head: more context workgroups than the rows kernel's.
-      if (!tuning.short_groups) short_groups_ = std::min(n_groups_, kCoopShortGroups);
-    } else if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= short_groups_) {
-      // The decode step's variant with the merge folded in: its chunk weights live in the
-      // subgroups' o arrays, which must hold one per workgroup along the context.
+    // The decode step's variant with the merge folded in: its chunk weights live in the
+    // subgroups' o arrays, which must hold one per workgroup along the context.
+    if (tuning.merge_tail && uint64_t(nsg) * rh * shape.kv_lora >= short_groups_) {
       PipelineDesc pt = pr;
       pt.name = "attention_rows.merge";
       pt.defines = merged(pr.defines, {{"MERGE_TAIL", "1"}});

@@ -94,10 +94,7 @@ struct AttentionShape {
 
   static AttentionShape from_config(const ModelConfig& c, uint32_t n_ctx);
   uint32_t row() const { return kv_lora + rope.n_rot; }  // values per cache row
-  // One layer's f16 cache: n_ctx rows and kCachePadRows more, which no kernel writes and the
-  // tensor-core attention reads past a context's end with weight 0 (zero them once).
-  static constexpr uint32_t kCachePadRows = 64;
-  uint64_t cache_bytes() const { return (uint64_t(n_ctx) + kCachePadRows) * row() * 2; }
+  uint64_t cache_bytes() const { return uint64_t(n_ctx) * row() * 2; }  // one layer's f16 cache
   // Throws Error(Runtime) naming the field if a size is unusable (0, odd, not a multiple of 8).
   void validate() const;
 };
@@ -206,10 +203,6 @@ struct AttentionTuning {
   uint32_t mid_max_kv = 0;
   uint32_t mid_groups = 0;
   uint32_t mid_subgroups = 0;
-  // The short range on tensor cores (attention_coop.comp: every head of a chunk in one workgroup,
-  // VK_NV_cooperative_matrix) where the device has 16x16x16 f16 products and the shape suits it
-  // (16..32 heads, R <= 512, R and Dr multiples of 16); otherwise the rows kernel.
-  bool short_coop = true;
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).
@@ -325,8 +318,6 @@ class AttentionOp {
   // The short-context variant's heads per workgroup and its context bound (0, 0: none).
   uint32_t short_heads_per_group() const { return short_heads_; }
   uint32_t short_max_kv() const { return short_max_kv_; }
-  // Whether the short range runs on tensor cores (AttentionTuning::short_coop).
-  bool short_coop() const { return short_coop_; }
   // Chunks used at a context of kv_len positions over `groups` context workgroups (0: n_groups;
   // same rule as the kernels).
   uint32_t num_chunks(uint32_t kv_len, uint32_t groups = 0) const;
@@ -350,7 +341,6 @@ class AttentionOp {
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   std::optional<PipelineDesc> short_rows_desc_;    // partial_short_'s, where it is the rows kernel (it can wait)
   bool short_wait_ = false;                        // AttentionTuning::short_wait
-  bool short_coop_ = false;                        // partial_short_ is attention_coop.comp
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)

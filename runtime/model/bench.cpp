@@ -264,8 +264,8 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
 }
 
 // The device-clock timeline of one decoded token per depth (GpuModel::timeline_step): a warm-up,
-// then one token per repetition, each at the depth's position.
-std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m) {
+// then one token per repetition, each at the depth's position. read_gbps: the roofline's (0: none).
+std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, double read_gbps) {
   std::vector<uint32_t> depths = o.depths;
   std::sort(depths.begin(), depths.end());
   depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
@@ -283,6 +283,7 @@ std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m) {
       wall_us.push_back(wall);
     }
     out.push_back(summarize_timeline(steps, wall_us, d, m.timeline_untimed()));
+    out.back().read_gbps = read_gbps;
   }
   return out;
 }
@@ -366,7 +367,7 @@ BenchReport run_bench(const BenchOptions& o) {
   h.device = ctx.info().name;
   h.driver = ctx.info().driver_name + " " + ctx.info().driver_info;
   double read_gbps = 0;
-  if (o.roofline || o.profile) {
+  if (o.roofline || o.profile || o.timeline) {  // the timeline gives kernels' rates as shares of it too
     RooflineOptions ro = o.roofline_options;
     ro.read_only = !o.roofline;
     say(o, o.roofline ? "measuring the device's read bandwidth and dispatch costs" : "measuring the device's read bandwidth");
@@ -448,7 +449,7 @@ BenchReport run_bench(const BenchOptions& o) {
     }
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
-    if (o.timeline) report.timelines = run_timelines(o, model);
+    if (o.timeline) report.timelines = run_timelines(o, model, read_gbps);
     h.timeline = o.timeline;
   }
   if (o.kernel_stats) collect_kernel_stats(ctx, report);

@@ -183,14 +183,16 @@ std::string bench_json(const BenchReport& r) {
       s += i ? ",\n    " : "\n    ";
       s += "{\"depth\": " + ju(t.depth) + ", \"tokens\": " + ju(uint64_t(t.tokens)) + ", \"dispatches\": " +
            ju(t.dispatches) + ", \"device_us\": " + jn(t.device_us) + ", \"token_us\": " + jn(t.token_us) +
-           ", \"bytes_per_token\": " + ju(t.bytes_per_token) + ", \"layer\": " + std::to_string(t.layer) +
+           ", \"bytes_per_token\": " + ju(t.bytes_per_token) + ", \"read_gbps\": " + jn(t.read_gbps) +
+           ", \"layer\": " + std::to_string(t.layer) +
            ", \"layer_us\": " + jn(t.layer_us) + ", \"kernels\": [";
       for (size_t k = 0; k < t.families.size(); ++k) {
         const TimelineFamily& f = t.families[k];
         s += (k ? ",\n      " : "\n      ");
         s += "{\"kernel\": " + js(f.family) + ", \"calls_per_token\": " + jn(f.calls_per_token) +
              ", \"us_per_call\": " + jn(f.us_per_call) + ", \"launch_us_per_call\": " + jn(f.launch_us_per_call) +
-             ", \"bytes_per_call\": " + jn(f.bytes_per_call) + ", \"gbps\": " + jn(f.gbps) + "}";
+             ", \"bytes_per_call\": " + jn(f.bytes_per_call) + ", \"gbps\": " + jn(f.gbps) +
+             ", \"early_gbps\": " + jn(f.early_gbps) + "}";
       }
       s += "], \"layer_dispatches\": [";
       for (size_t k = 0; k < t.layer_rows.size(); ++k) {

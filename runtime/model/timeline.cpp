@@ -125,6 +125,8 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
     uint64_t bytes = 0;  // per token
     std::vector<double> span, launch, tail;
     double span_sum = 0;
+    double early_sum = 0;  // first early mark -> last end, over the calls with one
+    uint32_t early_calls = 0;
   };
   std::map<std::string, Acc> acc;
   std::vector<double> device;
@@ -146,6 +148,10 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
       a.launch.push_back(s[d].last_start_us - s[d].start_us);
       if (s[d].marked) a.tail.push_back(s[d].end_us - s[d].last_mark_us);
       a.span_sum += s[d].span_us();
+      if (s[d].early_marked) {
+        a.early_sum += s[d].end_us - s[d].first_early_us;
+        a.early_calls += 1;
+      }
     }
   }
   for (auto& [family, a] : acc) {
@@ -158,6 +164,7 @@ TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> step
     f.bytes_per_call = double(a.bytes) / a.calls;
     const double timed_calls = double(a.span.size());
     f.gbps = a.span_sum > 0 ? f.bytes_per_call * timed_calls / (a.span_sum * 1e3) : 0;
+    f.early_gbps = a.early_sum > 0 ? f.bytes_per_call * a.early_calls / (a.early_sum * 1e3) : 0;
     t.families.push_back(std::move(f));
   }
   std::sort(t.families.begin(), t.families.end(), [](const TimelineFamily& a, const TimelineFamily& b) {
@@ -224,12 +231,23 @@ std::string timeline_markdown(const TokenTimeline& t) {
                 t.depth, t.tokens, t.dispatches);
   s += line;
   s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | µs from the "
-       "last mark to the end | bytes/call | GB/s |\n|---|---:|---:|---:|---:|---:|---:|\n";
+       "last mark to the end | bytes/call | GB/s | GB/s from the first early mark";
+  s += t.read_gbps > 0 ? " (% of the read bandwidth)" : "";
+  s += " |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const TimelineFamily& f : t.families) {
     const std::string tail = f.tail_us_per_call > 0 ? fmt2(f.tail_us_per_call) : "-";
-    std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.2f | %s | %.0f | %s |\n", f.family.c_str(),
+    std::string early = "-";
+    if (f.early_gbps > 0) {
+      early = gbps_text(f.early_gbps);
+      if (t.read_gbps > 0) {
+        char pct[32];
+        std::snprintf(pct, sizeof pct, " (%.0f %%)", 100.0 * f.early_gbps / t.read_gbps);
+        early += pct;
+      }
+    }
+    std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.2f | %s | %.0f | %s | %s |\n", f.family.c_str(),
                   f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(), f.bytes_per_call,
-                  gbps_text(f.gbps).c_str());
+                  gbps_text(f.gbps).c_str(), early.c_str());
     s += line;
   }
   s += "\n| token | value |\n|---|---:|\n";

@@ -61,6 +61,10 @@ struct TimelineFamily {
   double tail_us_per_call = 0;    // median last mark -> last end, over marked calls (0: none marked)
   double bytes_per_call = 0;
   double gbps = 0;             // declared bytes / span, over all calls (1e9 B/s)
+  // Declared bytes / (first early mark -> last end), over the calls with an early mark (0: none).
+  // With mark_gates (timeline.glsl TS_MARK_GATES) an early-started kernel's early mark is the end
+  // of its gated wait: this is its read rate from the moment its producer's output was seen.
+  double early_gbps = 0;
 };
 
 // One dispatch of the middle layer, relative to that layer's first start (medians over tokens).
@@ -84,6 +88,7 @@ struct TokenTimeline {
   double device_us = 0;        // median: the step's first start -> last end, device clock
   double token_us = 0;         // median: host time from submit to done
   uint64_t bytes_per_token = 0;
+  double read_gbps = 0;        // the device's read bandwidth (bench's roofline pass; 0: not measured)
   std::vector<TimelineFamily> families;  // longest us_per_call x calls first
   int layer = -1;              // the layer of `layer_rows` (the middle one; -1: no layer labels)
   double layer_us = 0;         // its first start -> the next layer's first start (median)
@@ -96,7 +101,8 @@ struct TokenTimeline {
 TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
                                  uint32_t depth, uint32_t untimed = 0);
 
-// The per-family table, the token's device span against its host time, and the middle layer's
+// The per-family table (GB/s also from the first early mark, as a share of read_gbps where set),
+// the token's device span against its host time, and the middle layer's
 // dispatches as a waterfall (start, last start, end, GB/s, and a bar of 1 µs per character).
 std::string timeline_markdown(const TokenTimeline& t);
 

@@ -434,6 +434,8 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
     EXPECT_EQ(t["dispatches"].num, j["model"]["dispatches_per_token"].num);
     EXPECT_GT(t["device_us"].num, 0);
     EXPECT_LE(t["device_us"].num, t["token_us"].num * 1.05 + 50);
+    EXPECT_GT(t["read_gbps"].num, 0) << "the timeline measures the read bandwidth for its shares";
+    for (const Value& k : t["kernels"].arr) EXPECT_GE(k["early_gbps"].num, 0) << k["kernel"].str;
     EXPECT_GE(t["layer"].num, 0);
     for (const Value& d : t["layer_dispatches"].arr) {
       EXPECT_NE(d["label"].str.find(cat("blk.", int(t["layer"].num), ".")), std::string::npos) << d["label"].str;
@@ -448,6 +450,7 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
   EXPECT_NE(md.out.find("timeline:   every kernel records"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("device-clock timeline of one decoded token at depth 0"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("µs from its first start"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("GB/s from the first early mark (% of the read bandwidth)"), std::string::npos) << md.out;
 }
 
 TEST(BenchCli, RooflineRuns) {

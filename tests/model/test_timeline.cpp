@@ -85,6 +85,36 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
   EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | - | 9.00 - 12.00 | 16.00 | -, 0.00, 0.00 | 1.0 |"), std::string::npos) << md;
 }
 
+// The read rate from the first early mark (with mark_gates: the end of an early-started kernel's
+// gated wait) to the end, per family, over the calls that have one, and as a share of the
+// device's read bandwidth where the bench measured it.
+TEST(Timeline, RateFromTheEarlyMark) {
+  std::vector<model::DispatchSpan> s;
+  for (int l = 0; l < 2; ++l) {
+    const double o = 20.0 * l;
+    s.push_back(span(cat("moe_down blk.", l, "."), 9000, 8, o, o + 1, o + 10));
+    s.back().early_marked = true;  // the gate seen at o + 4 .. o + 6: 6 µs to the end
+    s.back().first_early_us = o + 4;
+    s.back().last_early_us = o + 6;
+  }
+  s.push_back(span("sample", 100, 1, 50, 50, 51));  // no early mark
+  const std::vector<std::vector<model::DispatchSpan>> steps = {s};
+  const std::vector<double> wall = {60};
+  model::TokenTimeline t = model::summarize_timeline(steps, wall, 0);
+  ASSERT_EQ(t.families.size(), 2u);
+  EXPECT_EQ(t.families[0].family, "moe_down");
+  EXPECT_DOUBLE_EQ(t.families[0].gbps, 9000 / (10.0 * 1e3));
+  EXPECT_DOUBLE_EQ(t.families[0].early_gbps, 9000 / (6.0 * 1e3));
+  EXPECT_DOUBLE_EQ(t.families[1].early_gbps, 0.0);
+  std::string md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("| moe_down | 2 | 10.00 | 1.00 | - | 9000 | 0.900 | 1.500 |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| sample | 1 | 1.00 | 0.00 | - | 100 | 0.100 | - |"), std::string::npos) << md;
+  t.read_gbps = 3.0;
+  md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("GB/s from the first early mark (% of the read bandwidth)"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.900 | 1.500 (50 %) |"), std::string::npos) << md;
+}
+
 // Records as the kernels write them: the clock's low 32 bits wrap between the two dispatches, a
 // workgroup without a record, marks on some workgroups only.
 TEST(Timeline, SpansFromRecordsAcrossTheClocksWrap) {

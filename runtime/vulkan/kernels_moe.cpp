@@ -124,8 +124,10 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
   const std::string rc = route_code(d, re);
-  // GATEUP_CONSTS: the norm weight in shared memory too (128 bytes per block beside the staging's 48).
-  const bool consts = t.gateup_consts && uint64_t(q8_blocks_define(n_embd)) * 176 + 4096 <= ctx.info().max_compute_shared_memory;
+  // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
+  // weight in shared memory too (128 bytes per block beside the staging's 48).
+  const bool consts = wait.enabled() && overlap && t.gateup_consts &&
+                      uint64_t(q8_blocks_define(n_embd)) * 176 + 4096 <= ctx.info().max_compute_shared_memory;
   if (wait.enabled()) {  // moe_gateup.comp WAIT_GATE: bindings 12, 13 = the polled words, the error words
     d["WAIT_GATE"] = "1";
     d["GATE_WORD"] = std::to_string(wait.word);
@@ -135,7 +137,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? (consts ? ".wait.consts" : ".wait") : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -44,7 +44,9 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
               yes_no(f.buffer_int64_atomics && f.shader_int64));
   std::printf("  subgroup size control    %s%s (used when present)\n", yes_no(f.subgroup_size_control),
               f.compute_full_subgroups ? ", full subgroups" : "");
-  std::printf("  cooperative matrix       %s (used when present)\n",
+  // Not used: two tensor-core decode attentions (sessions 17, 18) were no faster than the rows
+  // kernel on an H100 (docs/PERFORMANCE.md).
+  std::printf("  cooperative matrix       %s (not used)\n",
               f.cooperative_matrix_khr ? (f.cooperative_matrix_nv ? "KHR, NV" : "KHR")
                                        : (f.cooperative_matrix_nv ? "NV" : "no"));
   std::printf("  timestamps               %s\n", d.timestamp_period_ns > 0 ? "yes" : "no");

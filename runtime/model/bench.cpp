@@ -264,8 +264,10 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
 }
 
 // The device-clock timeline of one decoded token per depth (GpuModel::timeline_step): a warm-up,
-// then one token per repetition, each at the depth's position. read_gbps: the roofline's (0: none).
-std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, double read_gbps) {
+// then one token per repetition, each at the depth's position. read_gbps: the roofline's (0: none);
+// short_reads: its short reads, each family's ceiling (none: no ceilings).
+std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, double read_gbps,
+                                         const std::vector<ShortRead>& short_reads) {
   std::vector<uint32_t> depths = o.depths;
   std::sort(depths.begin(), depths.end());
   depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
@@ -284,6 +286,7 @@ std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, dou
     }
     out.push_back(summarize_timeline(steps, wall_us, d, m.timeline_untimed()));
     out.back().read_gbps = read_gbps;
+    for (TimelineFamily& f : out.back().families) f.ceiling_gbps = short_read_ceiling_gbps(short_reads, f.bytes_per_call);
   }
   return out;
 }
@@ -370,6 +373,7 @@ BenchReport run_bench(const BenchOptions& o) {
   if (o.roofline || o.profile || o.timeline) {  // the timeline gives kernels' rates as shares of it too
     RooflineOptions ro = o.roofline_options;
     ro.read_only = !o.roofline;
+    ro.short_reads = o.timeline;  // each kernel family's ceiling for its size
     say(o, o.roofline ? "measuring the device's read bandwidth and dispatch costs" : "measuring the device's read bandwidth");
     report.roofline = measure_roofline(ctx, ro);
     read_gbps = report.roofline->read_gbps;
@@ -449,7 +453,8 @@ BenchReport run_bench(const BenchOptions& o) {
     }
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
-    if (o.timeline) report.timelines = run_timelines(o, model, read_gbps);
+    if (o.timeline)
+      report.timelines = run_timelines(o, model, read_gbps, report.roofline ? report.roofline->short_reads : std::vector<ShortRead>{});
     h.timeline = o.timeline;
   }
   if (o.kernel_stats) collect_kernel_stats(ctx, report);

@@ -192,7 +192,7 @@ std::string bench_json(const BenchReport& r) {
         s += "{\"kernel\": " + js(f.family) + ", \"calls_per_token\": " + jn(f.calls_per_token) +
              ", \"us_per_call\": " + jn(f.us_per_call) + ", \"launch_us_per_call\": " + jn(f.launch_us_per_call) +
              ", \"bytes_per_call\": " + jn(f.bytes_per_call) + ", \"gbps\": " + jn(f.gbps) +
-             ", \"early_gbps\": " + jn(f.early_gbps) + "}";
+             ", \"early_gbps\": " + jn(f.early_gbps) + ", \"ceiling_gbps\": " + jn(f.ceiling_gbps) + "}";
       }
       s += "], \"layer_dispatches\": [";
       for (size_t k = 0; k < t.layer_rows.size(); ++k) {

@@ -172,8 +172,9 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
     r.read_us = std::max(1e-3, median_run_us(one, runs) - median_run_us(empty, runs));
   }
   r.read_gbps = double(r.read_bytes) / (r.read_us * 1e3);
+  if (r.gpu_timestamps && (!options.read_only || options.short_reads))
+    r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
   if (options.read_only) return r;
-  if (r.gpu_timestamps) r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
 
   // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
   const uint32_t n = std::max<uint32_t>(options.dispatches, 1);
@@ -299,6 +300,16 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.grid_barrier_us = std::max(0.0, (grid_run_us(3, rounds) - base_us) / rounds);
   r.grid_barrier_fenced_us = std::max(0.0, (grid_run_us(4, rounds) - base_us) / rounds);
   return r;
+}
+
+double short_read_ceiling_gbps(const std::vector<ShortRead>& reads, double bytes) {
+  if (reads.size() < 2 || bytes <= 0) return 0;
+  size_t i = 1;  // the pair (i - 1, i): the first whose upper size reaches `bytes`, else the last
+  while (i + 1 < reads.size() && double(reads[i].bytes) < bytes) ++i;
+  const ShortRead &a = reads[i - 1], &b = reads[i];
+  const double slope = (b.us - a.us) / (double(b.bytes) - double(a.bytes));  // µs per byte
+  const double us = a.us + slope * (bytes - double(a.bytes));
+  return us > 0 ? bytes / (us * 1e3) : 0;
 }
 
 std::string roofline_markdown(const RooflineResult& r) {

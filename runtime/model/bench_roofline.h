@@ -26,6 +26,7 @@ struct RooflineOptions {
   uint32_t dispatches = 1000;  // tiny dispatches per submission in the dispatch-cost tests
   int repetitions = 7;         // timed runs of each test after one warm-up (the median is kept)
   bool read_only = false;      // measure only the read bandwidth (what the profiler needs)
+  bool short_reads = false;    // with read_only: the short reads too (what the timeline needs)
 };
 
 // One short read (RooflineResult::short_reads).
@@ -75,6 +76,12 @@ struct RooflineResult {
   bool grid_timed_out = false;      // a wait gave up (not every workgroup was resident)
   double submit_us = 0;             // an empty submit + wait round trip (median)
 };
+
+// What one dispatch reading `bytes` on its own after a barrier reaches (GB/s), from the measured
+// short reads (ascending sizes): the time taken as linear in the bytes between the two nearest
+// sizes (past the first or last, along the nearest pair). 0 with fewer than two reads or bytes 0.
+// The ceiling a decode kernel of that many bytes is held to (bench --timeline).
+double short_read_ceiling_gbps(const std::vector<ShortRead>& reads, double bytes);
 
 // Runs the tests on ctx's device. Throws Error(Runtime) when buffers cannot be allocated or a
 // submission fails.

@@ -232,18 +232,27 @@ std::string timeline_markdown(const TokenTimeline& t) {
   s += line;
   s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | µs from the "
        "last mark to the end | bytes/call | GB/s | GB/s from the first early mark";
-  s += t.read_gbps > 0 ? " (% of the read bandwidth)" : "";
+  const bool ceilings = std::any_of(t.families.begin(), t.families.end(), [](const TimelineFamily& f) { return f.ceiling_gbps > 0; });
+  if (t.read_gbps > 0) s += ceilings ? " (% of the read bandwidth; of a bare read of its size)" : " (% of the read bandwidth)";
+  else if (ceilings) s += " (% of a bare read of its size)";
   s += " |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const TimelineFamily& f : t.families) {
     const std::string tail = f.tail_us_per_call > 0 ? fmt2(f.tail_us_per_call) : "-";
     std::string early = "-";
     if (f.early_gbps > 0) {
       early = gbps_text(f.early_gbps);
-      if (t.read_gbps > 0) {
-        char pct[32];
+      char pct[96];
+      if (t.read_gbps > 0 && f.ceiling_gbps > 0)
+        std::snprintf(pct, sizeof pct, " (%.0f %%; %.0f %% of %s)", 100.0 * f.early_gbps / t.read_gbps,
+                      100.0 * f.early_gbps / f.ceiling_gbps, gbps_text(f.ceiling_gbps).c_str());
+      else if (t.read_gbps > 0)
         std::snprintf(pct, sizeof pct, " (%.0f %%)", 100.0 * f.early_gbps / t.read_gbps);
-        early += pct;
-      }
+      else if (f.ceiling_gbps > 0)
+        std::snprintf(pct, sizeof pct, " (%.0f %% of %s)", 100.0 * f.early_gbps / f.ceiling_gbps,
+                      gbps_text(f.ceiling_gbps).c_str());
+      else
+        pct[0] = 0;
+      early += pct;
     }
     std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.2f | %s | %.0f | %s | %s |\n", f.family.c_str(),
                   f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(), f.bytes_per_call,

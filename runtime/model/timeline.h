@@ -65,6 +65,10 @@ struct TimelineFamily {
   // With mark_gates (timeline.glsl TS_MARK_GATES) an early-started kernel's early mark is the end
   // of its gated wait: this is its read rate from the moment its producer's output was seen.
   double early_gbps = 0;
+  // What one dispatch of bytes_per_call reaches on its own after a barrier (short_read_ceiling_gbps
+  // of the roofline's short reads; 0: not measured): early_gbps / ceiling_gbps is how close the
+  // kernel runs to a bare read of its size.
+  double ceiling_gbps = 0;
 };
 
 // One dispatch of the middle layer, relative to that layer's first start (medians over tokens).
@@ -101,7 +105,8 @@ struct TokenTimeline {
 TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
                                  uint32_t depth, uint32_t untimed = 0);
 
-// The per-family table (GB/s also from the first early mark, as a share of read_gbps where set),
+// The per-family table (GB/s also from the first early mark, as a share of read_gbps where set and
+// of the family's ceiling_gbps where set),
 // the token's device span against its host time, and the middle layer's
 // dispatches as a waterfall (start, last start, end, GB/s, and a bar of 1 µs per character).
 std::string timeline_markdown(const TokenTimeline& t);

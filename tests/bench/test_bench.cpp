@@ -436,6 +436,13 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
     EXPECT_LE(t["device_us"].num, t["token_us"].num * 1.05 + 50);
     EXPECT_GT(t["read_gbps"].num, 0) << "the timeline measures the read bandwidth for its shares";
     for (const Value& k : t["kernels"].arr) EXPECT_GE(k["early_gbps"].num, 0) << k["kernel"].str;
+    // Each family's ceiling: what one read of its bytes reaches, from the short reads the
+    // timeline measures with the read bandwidth (where the queue has timestamps).
+    const bool ceilings = j["roofline"]["short_reads"].arr.size() >= 2;
+    for (const Value& k : t["kernels"].arr) {
+      if (ceilings) EXPECT_GT(k["ceiling_gbps"].num, 0) << k["kernel"].str;
+      else EXPECT_EQ(k["ceiling_gbps"].num, 0) << k["kernel"].str;
+    }
     EXPECT_GE(t["layer"].num, 0);
     for (const Value& d : t["layer_dispatches"].arr) {
       EXPECT_NE(d["label"].str.find(cat("blk.", int(t["layer"].num), ".")), std::string::npos) << d["label"].str;
@@ -450,7 +457,11 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
   EXPECT_NE(md.out.find("timeline:   every kernel records"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("device-clock timeline of one decoded token at depth 0"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("µs from its first start"), std::string::npos) << md.out;
-  EXPECT_NE(md.out.find("GB/s from the first early mark (% of the read bandwidth)"), std::string::npos) << md.out;
+  EXPECT_NE(md.out.find("GB/s from the first early mark (% of the read bandwidth"), std::string::npos) << md.out;
+  if (j["roofline"]["short_reads"].arr.size() >= 2) {
+    EXPECT_NE(md.out.find("(% of the read bandwidth; of a bare read of its size)"), std::string::npos) << md.out;
+    EXPECT_NE(md.out.find("one dispatch reading 4.0 MiB"), std::string::npos) << md.out;  // the ceilings' source
+  }
 }
 
 TEST(BenchCli, RooflineRuns) {

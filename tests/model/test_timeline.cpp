@@ -9,6 +9,7 @@
 
 #include "format/error.h"
 #include "format/tsr.h"
+#include "runtime/model/bench_roofline.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/model/timeline.h"
 #include "runtime/vulkan/context.h"
@@ -113,6 +114,32 @@ TEST(Timeline, RateFromTheEarlyMark) {
   md = model::timeline_markdown(t);
   EXPECT_NE(md.find("GB/s from the first early mark (% of the read bandwidth)"), std::string::npos) << md;
   EXPECT_NE(md.find("| 0.900 | 1.500 (50 %) |"), std::string::npos) << md;
+  t.families[0].ceiling_gbps = 2.0;  // a bare read of its 9000 bytes: 2 GB/s
+  md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("GB/s from the first early mark (% of the read bandwidth; of a bare read of its size)"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.900 | 1.500 (50 %; 75 % of 2.000) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.100 | - |"), std::string::npos) << md;  // no early mark: no rate, no ceiling
+  t.read_gbps = 0;
+  md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("| 0.900 | 1.500 (75 % of 2.000) |"), std::string::npos) << md;
+}
+
+// The ceiling of a read of any size from the measured short reads: time linear in the bytes
+// between the nearest two sizes, along the nearest pair outside them; nothing from fewer than two.
+TEST(Timeline, ShortReadCeiling) {
+  using model::ShortRead;
+  const std::vector<ShortRead> reads = {{4000, 4.0, 1.0}, {8000, 5.0, 1.6}, {16000, 7.0, 2.29}};
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 8000), 8000 / 5.0e3);    // a measured size
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 6000), 6000 / 4.5e3);    // between 4000 and 8000
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 12000), 12000 / 6.0e3);  // between 8000 and 16000
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 32000), 32000 / 11.0e3); // past the last pair
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 2000), 2000 / 3.5e3);    // before the first pair
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps(reads, 0), 0.0);
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps({reads[0]}, 4000), 0.0);       // one read: no line
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps({}, 4000), 0.0);
+  // A line that reaches zero time before the size asked: no ceiling rather than a negative one.
+  EXPECT_DOUBLE_EQ(model::short_read_ceiling_gbps({{4000, 1.0, 4.0}, {8000, 5.0, 1.6}}, 1000), 0.0);
 }
 
 // Records as the kernels write them: the clock's low 32 bits wrap between the two dispatches, a

@@ -45,7 +45,8 @@
 //    ones every group; surplus workgroups exit at once. No indirect dispatch, no host work.
 //    Defaults n_groups 128, min_chunk 8: partial + merge ~19 us at 1-1024 positions, 36 us at
 //    4096, 84 us at 16384, 289 us at 65536 (the partial kernel is FMA/latency bound: H*(2R+Dr)
-//    FMAs per cached position; a cooperative-matrix version is the next step for long contexts).
+//    FMAs per cached position; two cooperative-matrix versions, sessions 17-18 of
+//    docs/PERFORMANCE.md, were no faster).
 //  - f32 everywhere except the f16 cache; the cache row is converted to f32 once per workgroup.
 #pragma once
 #include <cstdint>

@@ -105,10 +105,9 @@ struct TokenTimeline {
 TokenTimeline summarize_timeline(std::span<const std::vector<DispatchSpan>> steps, std::span<const double> token_wall_us,
                                  uint32_t depth, uint32_t untimed = 0);
 
-// The per-family table (GB/s also from the first early mark, as a share of read_gbps where set and
-// of the family's ceiling_gbps where set),
-// the token's device span against its host time, and the middle layer's
-// dispatches as a waterfall (start, last start, end, GB/s, and a bar of 1 µs per character).
+// The per-family table (GB/s also from the first early mark, as a share of read_gbps and of the
+// family's ceiling_gbps where set), the token's device span against its host time, and the middle
+// layer's dispatches as a waterfall (start, last start, end, GB/s, and a bar of 1 µs per character).
 std::string timeline_markdown(const TokenTimeline& t);
 
 }  // namespace tessera::model

@@ -46,9 +46,10 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
               f.compute_full_subgroups ? ", full subgroups" : "");
   // Not used: two tensor-core decode attentions (sessions 17, 18) were no faster than the rows
   // kernel on an H100 (docs/PERFORMANCE.md).
-  std::printf("  cooperative matrix       %s (not used)\n",
-              f.cooperative_matrix_khr ? (f.cooperative_matrix_nv ? "KHR, NV" : "KHR")
-                                       : (f.cooperative_matrix_nv ? "NV" : "no"));
+  std::printf("  cooperative matrix       %s\n",
+              f.cooperative_matrix_nv    ? "NV, 16x16x16 f16 (used: the prefill's matrix products)"
+              : f.cooperative_matrix_khr ? "KHR only (not used: glslang 12 compiles only the NV extension)"
+                                         : "no (plain matvecs in the prefill)");
   std::printf("  timestamps               %s\n", d.timestamp_period_ns > 0 ? "yes" : "no");
   std::printf("  kernel statistics        %s (bench --kernel-stats)\n", yes_no(f.pipeline_statistics));
   std::printf("  device clock in shaders  %s (bench --tune gate_stats=1 timeline)\n", yes_no(f.device_clock));

@@ -58,6 +58,19 @@ struct MatvecArgs {
   uint x_offset;   // index in x (floats) of the first x vector
 };
 
+// matmul.comp: y[t*y_stride + row_begin + r] (+)= sum_k W[r][k] * x16[x_offset + t*x_stride + k]
+// for r < rows (the rows bound in this dispatch), t < n_tokens; x16 f16, y f32.
+struct MatmulArgs {
+  uint rows;       // rows of W bound to this dispatch (the weight bindings start at row_begin)
+  uint cols;       // K: row length in elements
+  uint row_begin;  // index in y of the first row of this dispatch
+  uint flags;      // TS_MATVEC_ACCUMULATE
+  uint x_stride;   // f16 elements between consecutive tokens of x16 (a multiple of 8)
+  uint y_stride;   // floats between consecutive tokens of y
+  uint n_tokens;   // tokens (x16 holds them rounded up to 16)
+  uint x_offset;   // index in x16 of token 0's first element (a multiple of 8)
+};
+
 // rmsnorm.comp: for each row t < n_rows:
 //   y[y_offset + t*y_stride + i] = w[i] * x[x_offset + t*x_stride + i] / sqrt(mean_i(x^2) + eps)
 // for i < n. One workgroup per row.
@@ -99,7 +112,7 @@ struct EmbedArgs {
 };
 
 #ifdef __cplusplus
-static_assert(sizeof(MatvecArgs) % 16 == 0 && sizeof(RmsNormArgs) % 16 == 0 && sizeof(EmbedArgs) % 16 == 0);
+static_assert(sizeof(MatvecArgs) % 16 == 0 && sizeof(MatmulArgs) % 16 == 0 && sizeof(RmsNormArgs) % 16 == 0 && sizeof(EmbedArgs) % 16 == 0);
 }  // namespace tessera::gpu
 #endif
 

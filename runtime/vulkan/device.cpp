@@ -130,6 +130,14 @@ Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics, 
     tail = &fclk.pNext;
   }
 
+  auto fcm = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesNV>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV);
+  if (have.cooperative_matrix_nv) {  // matmul.comp (f16 arithmetic too: shaderFloat16)
+    extensions.push_back(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+    fcm.cooperativeMatrix = VK_TRUE;
+    *tail = &fcm;
+    tail = &fcm.pNext;
+  }
+
   const float priority = 1.0f;
   auto qci = vk_struct<VkDeviceQueueCreateInfo>(VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO);
   qci.queueFamilyIndex = queue_family_;
@@ -147,8 +155,7 @@ Device::Device(const Instance& instance, uint32_t index, bool no_int64_atomics, 
   enabled_ = have;
   enabled_.buffer_int64_atomics = int64_atomics;
   enabled_.pipeline_statistics = statistics;
-  enabled_.cooperative_matrix_khr = false;  // not enabled yet: no kernel uses it
-  enabled_.cooperative_matrix_nv = false;
+  enabled_.cooperative_matrix_khr = false;  // not enabled: glslang 12 has no GL_KHR_cooperative_matrix
 }
 
 Device::~Device() {

@@ -41,7 +41,26 @@ bool layer_installed(const char* name) {
   return false;
 }
 
-DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
+// Whether VK_NV_cooperative_matrix offers the one shape tessera's kernels use: 16 x 16 x 16, f16
+// A and B, f32 C and D, subgroup scope (matmul.comp).
+bool coop_matrix_16x16x16_f16(VkInstance instance, VkPhysicalDevice pd) {
+  const auto get = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+  if (!get) return false;
+  uint32_t n = 0;
+  if (get(pd, &n, nullptr) != VK_SUCCESS || n == 0) return false;
+  std::vector<VkCooperativeMatrixPropertiesNV> props(n);
+  for (auto& p : props) p = vk_struct<VkCooperativeMatrixPropertiesNV>(VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV);
+  if (get(pd, &n, props.data()) != VK_SUCCESS) return false;
+  for (const auto& p : props)
+    if (p.MSize == 16 && p.NSize == 16 && p.KSize == 16 && p.AType == VK_COMPONENT_TYPE_FLOAT16_NV &&
+        p.BType == VK_COMPONENT_TYPE_FLOAT16_NV && p.CType == VK_COMPONENT_TYPE_FLOAT32_NV &&
+        p.DType == VK_COMPONENT_TYPE_FLOAT32_NV && p.scope == VK_SCOPE_SUBGROUP_NV)
+      return true;
+  return false;
+}
+
+DeviceInfo query_device(VkInstance instance, VkPhysicalDevice pd, uint32_t index) {
   DeviceInfo info;
   info.index = index;
 
@@ -115,6 +134,8 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   const bool has_exe = info.has_extension(VK_KHR_PIPELINE_EXECUTABLE_PROPERTIES_EXTENSION_NAME);
   auto fclk = vk_struct<VkPhysicalDeviceShaderClockFeaturesKHR>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_CLOCK_FEATURES_KHR);
   const bool has_clock = info.has_extension(VK_KHR_SHADER_CLOCK_EXTENSION_NAME);
+  auto fcm = vk_struct<VkPhysicalDeviceCooperativeMatrixFeaturesNV>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV);
+  const bool has_coop_nv = info.has_extension(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
   feats.pNext = &f16s;
   tail = &f16s.pNext;
   if (v12) { *tail = &f12; tail = &f12.pNext; }
@@ -122,6 +143,7 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   if (has_int_dot) { *tail = &fdot; tail = &fdot.pNext; }
   if (has_exe) { *tail = &fexe; tail = &fexe.pNext; }
   if (has_clock) { *tail = &fclk; tail = &fclk.pNext; }
+  if (has_coop_nv) { *tail = &fcm; tail = &fcm.pNext; }
   vkGetPhysicalDeviceFeatures2(pd, &feats);
 
   DeviceFeatures& f = info.features;
@@ -150,7 +172,7 @@ DeviceInfo query_device(VkPhysicalDevice pd, uint32_t index) {
   f.pipeline_statistics = has_exe && fexe.pipelineExecutableInfo;
   f.device_clock = has_clock && fclk.shaderDeviceClock;
   f.cooperative_matrix_khr = info.has_extension("VK_KHR_cooperative_matrix");
-  f.cooperative_matrix_nv = info.has_extension("VK_NV_cooperative_matrix");
+  f.cooperative_matrix_nv = has_coop_nv && fcm.cooperativeMatrix && coop_matrix_16x16x16_f16(instance, pd);
 
   // Memory.
   VkPhysicalDeviceMemoryProperties mem{};
@@ -267,7 +289,7 @@ Instance::Instance(int validation) {
   physical_.resize(n);
   check(vkEnumeratePhysicalDevices(instance_, &n, physical_.data()), "vkEnumeratePhysicalDevices");
   physical_.resize(n);
-  for (uint32_t i = 0; i < n; ++i) devices_.push_back(query_device(physical_[i], i));
+  for (uint32_t i = 0; i < n; ++i) devices_.push_back(query_device(instance_, physical_[i], i));
 }
 
 Instance::~Instance() {

@@ -27,7 +27,7 @@ struct DeviceFeatures {
   bool compute_full_subgroups = false;
   bool subgroup_arithmetic = false;  // subgroupAdd etc. in compute; else shared-memory reductions
   bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix extension present
-  bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix extension present
+  bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix with 16x16x16 f16 -> f32 products (used when present)
   bool host_query_reset = false;
   bool pipeline_statistics = false;  // VK_KHR_pipeline_executable_properties; enabled on request
   bool device_clock = false;  // VK_KHR_shader_clock shaderDeviceClock (clockRealtimeEXT); used when present

@@ -14,7 +14,8 @@ constexpr uint32_t kPrefetchUnroll = 8;  // sectors per invocation: 64 KiB of we
 }  // namespace
 
 uint64_t RmsNormOp::bytes() const {
-  return uint64_t(rows) * n * 8 + uint64_t(n) * 4 + (y_q8.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n / 32 * 48 : 0);
+  return uint64_t(rows) * n * (f16_out ? 6 : 8) + (normalize ? uint64_t(n) * 4 : 0) +
+         (y_q8.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n / 32 * 48 : 0);
 }
 
 void RmsNormOp::record(CommandRecorder& rec) const {
@@ -22,20 +23,26 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   if (n == 0 || rows == 0) runtime_error(label, ": empty norm (n ", n, ", rows ", rows, ")");
   const uint32_t xs = x_stride ? x_stride : n, ys = y_stride ? y_stride : n;
   const uint64_t x_need = (uint64_t(x_offset) + uint64_t(rows - 1) * xs + n) * 4;
-  const uint64_t y_need = (uint64_t(y_offset) + uint64_t(rows - 1) * ys + n) * 4;
+  const uint64_t y_need = (uint64_t(y_offset) + uint64_t(rows - 1) * ys + n) * (f16_out ? 2 : 4);
   if (x.size < x_need) runtime_error(label, ": x binding has ", x.size, " bytes, needs ", x_need);
   if (y.size < y_need) runtime_error(label, ": y binding has ", y.size, " bytes, needs ", y_need);
-  if (weight.size < uint64_t(n) * 4) runtime_error(label, ": weight has ", weight.size, " bytes, needs ", n * 4);
+  if (normalize && weight.size < uint64_t(n) * 4) runtime_error(label, ": weight has ", weight.size, " bytes, needs ", n * 4);
   const bool q8 = y_q8.buffer != VK_NULL_HANDLE;
+  if (q8 && (f16_out || !normalize)) runtime_error(label, ": int8 output blocks go with the normalized f32 output");
+  if (f16_out && !ctx.device().enabled().shader_float16)
+    runtime_error(label, ": f16 output needs shaderFloat16, which ", ctx.info().name, " lacks");
   if (q8 && n % 32 != 0) runtime_error(label, ": int8 output blocks need n a multiple of 32, not ", n);
   if (q8 && x.buffer == y.buffer && x.offset < y.offset + y.size && y.offset < x.offset + x.size)
     runtime_error(label, ": int8 output blocks need y apart from x (they are quantized from x after y is written)");
   if (q8 && y_q8.size < uint64_t(rows) * n / 32 * 48)
     runtime_error(label, ": y_q8 binding has ", y_q8.size, " bytes, needs ", uint64_t(rows) * n / 32 * 48);
   PipelineDesc desc;
-  desc.name = q8 ? "rmsnorm.q8out" : "rmsnorm";
+  desc.name = cat(normalize ? "rmsnorm" : "to_f16", q8 ? ".q8out" : f16_out && normalize ? ".f16out" : "");
   desc.file = "rmsnorm.comp";
-  desc.defines = {{"WG_SIZE", std::to_string(kNormWorkgroup)}, {"Q8_OUT", q8 ? "1" : "0"}};
+  desc.defines = {{"WG_SIZE", std::to_string(kNormWorkgroup)},
+                  {"Q8_OUT", q8 ? "1" : "0"},
+                  {"F16_OUT", f16_out ? "1" : "0"},
+                  {"NORMALIZE", normalize ? "1" : "0"}};
   desc.num_buffers = q8 ? 4 : 3;
   desc.push_bytes = sizeof(gpu::RmsNormArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();
@@ -48,7 +55,7 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   a.x_offset = x_offset;
   a.y_offset = y_offset;
   a.eps = eps;
-  const BufferSlice bufs[4] = {x, weight, y, y_q8};
+  const BufferSlice bufs[4] = {x, normalize ? weight : x, y, y_q8};
   const GroupCounts g = split_workgroups(rows, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, desc.num_buffers), a, g.x, g.y, 1, label, bytes());
 }

@@ -28,6 +28,10 @@ struct RmsNormOp {
   // t * n / 32), the x_q8 of a following int8 matvec (MatvecOp::x_q8). n must be a multiple of 32
   // and y must not overlap x.
   BufferSlice y_q8;
+  // Set: y holds f16 (y_offset and y_stride count f16 elements), the x16 of a following MatmulOp.
+  bool f16_out = false;
+  // Cleared: y = x as it is (weight unused; with f16_out a plain conversion to f16).
+  bool normalize = true;
 
   uint64_t bytes() const;  // x read, weight read, y (and y_q8) written
   void record(CommandRecorder& rec) const;

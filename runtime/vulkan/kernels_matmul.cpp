@@ -1,0 +1,131 @@
+#include "runtime/vulkan/kernels_matmul.h"
+
+#include <algorithm>
+
+#include "format/error.h"
+#include "runtime/vulkan/context.h"
+#include "shaders/kernel_args.h"
+
+namespace tessera::vk {
+
+namespace {
+
+constexpr uint32_t kTokensPerWorkgroup = 64;  // 4 groups of 16 tokens
+constexpr uint32_t kMinWorkgroups = 128;      // auto row_tiles: 2 only where this many remain
+constexpr uint32_t kAutoUnits = 2;
+
+struct Split {
+  uint32_t mr, units;
+  uint32_t rows_per_wg() const { return 16 * mr; }
+  uint32_t kt() const { return units * 256 / mr; }
+  // a_sh (f16, BM x (KT + 8)) and c_sh (4 groups x MR tiles of 256 floats).
+  uint64_t shared_bytes() const { return uint64_t(rows_per_wg()) * (kt() + 8) * 2 + 4ull * mr * 256 * 4; }
+};
+
+// K-quant units interleave inside their 256-value block (weights.glsl split1_unit): a step must
+// hold whole blocks, KT = units * 256 / MR a multiple of 256, so MR divides units.
+bool whole_blocks(const MatmulOp& op, const Split& s) {
+  return type_info(op.w.type).block_elems <= 32 || s.units % s.mr == 0;
+}
+
+Split split_of(const MatmulOp& op) {
+  const uint32_t mr = op.tuning.row_tiles ? op.tuning.row_tiles : (op.w.rows + 31) / 32 >= kMinWorkgroups ? 2u : 1u;
+  Split s{mr, op.tuning.units ? op.tuning.units : kAutoUnits};
+  if (!op.tuning.units && !whole_blocks(op, s)) s.units = mr;
+  return s;
+}
+
+}  // namespace
+
+bool matmul_supported(Context& ctx) { return ctx.device().enabled().shader_float16; }
+
+bool matmul_coop_supported(Context& ctx) {
+  const DeviceFeatures& f = ctx.device().enabled();
+  return f.cooperative_matrix_nv && f.shader_float16 && ctx.pipelines().use_subgroup() && ctx.info().subgroup_size == 32;
+}
+
+bool MatmulOp::uses_coop(Context& ctx) const {
+  return kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
+}
+
+std::string MatmulOp::kernel_name(Context& ctx) const {
+  const Split s = split_of(*this);
+  std::string name = cat("matmul.", type_name(w.type), uses_coop(ctx) ? ".coop" : ".plain");
+  if (s.mr != 1) name += cat(".m", s.mr);
+  return name;
+}
+
+uint64_t MatmulOp::bytes() const {
+  const uint64_t tiles = (uint64_t(n_tokens) + kTokensPerWorkgroup - 1) / kTokensPerWorkgroup;
+  const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
+  return tiles * w.read_bytes() + uint64_t(n_tokens) * w.cols * 2 + y_bytes * (accumulate ? 2 : 1);
+}
+
+void MatmulOp::record(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const std::string what = label.empty() ? kernel_name(ctx) : label;
+  w.validate(what.c_str());
+  if (w.layout == WeightLayout::MoeTile1) runtime_error(what, ": the matmul reads plain or SPLIT1 matrices, not MoE tiles");
+  if (w.cols % 32 != 0) runtime_error(what, ": rows of ", w.cols, " values; the matmul takes multiples of 32");
+  if (!matmul_supported(ctx)) runtime_error(what, ": the matmul needs shaderFloat16, which ", ctx.info().name, " lacks");
+  const bool coop = uses_coop(ctx);
+  if (coop && !matmul_coop_supported(ctx))
+    runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
+  const Split s = split_of(*this);
+  if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || s.units < 1 || s.units > 4)
+    usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.units, " units (1..4)");
+  if (!whole_blocks(*this, s))
+    usage_error("matmul tuning: ", type_name(w.type), " steps hold whole 256-value blocks: the units (", s.units,
+                ") must be a multiple of the row tiles (", s.mr, ")");
+  if (s.shared_bytes() > ctx.info().max_compute_shared_memory)
+    runtime_error(what, ": ", s.mr, " row tiles x ", s.units, " units need ", s.shared_bytes(), " bytes of shared memory, the device has ",
+                  ctx.info().max_compute_shared_memory);
+  if (n_tokens == 0) runtime_error(what, ": no tokens");
+  const uint32_t xs = x_stride ? x_stride : w.cols, ys = y_stride ? y_stride : w.rows;
+  if (x_offset % 8 != 0 || xs % 8 != 0) runtime_error(what, ": x16 offset ", x_offset, " and stride ", xs, " must be multiples of 8");
+  if (xs < w.cols || ys < w.rows)
+    runtime_error(what, ": strides (x ", xs, ", y ", ys, ") smaller than the vectors (", w.cols, ", ", w.rows, ")");
+  const uint64_t padded = (uint64_t(n_tokens) + 15) / 16 * 16;
+  const uint64_t x_need = (uint64_t(x_offset) + (padded - 1) * xs + w.cols) * 2;
+  const uint64_t y_need = (uint64_t(n_tokens - 1) * ys + w.rows) * 4;
+  if (x16.size < x_need)
+    runtime_error(what, ": x16 binding has ", x16.size, " bytes, needs ", x_need, " (", padded, " token rows: the tokens rounded up to 16)");
+  if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
+  const uint64_t token_tiles = (uint64_t(n_tokens) + kTokensPerWorkgroup - 1) / kTokensPerWorkgroup;
+  if (token_tiles > ctx.info().max_workgroup_count[1])
+    runtime_error(what, ": ", n_tokens, " tokens exceed the device's workgroup count");
+
+  PipelineDesc desc;
+  desc.name = kernel_name(ctx);
+  desc.file = "matmul.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
+                  {"MR", std::to_string(s.mr)},
+                  {"UNITS", std::to_string(s.units)},
+                  {"COOP", coop ? "1" : "0"}};
+  desc.num_buffers = 4;
+  desc.push_bytes = sizeof(gpu::MatmulArgs);
+  desc.full_subgroups = ctx.pipelines().use_subgroup();
+  const Pipeline& pipe = ctx.pipeline(desc);
+
+  const std::vector<RowChunk> chunks = row_chunks(w, ctx.info(), max_binding_bytes);
+  for (const RowChunk& c : chunks) {
+    const uint64_t row_tiles = (uint64_t(c.rows) + s.rows_per_wg() - 1) / s.rows_per_wg();
+    if (row_tiles > ctx.info().max_workgroup_count[0]) runtime_error(what, ": ", c.rows, " rows exceed the device's workgroup count");
+    gpu::MatmulArgs a{};
+    a.rows = c.rows;
+    a.cols = w.cols;
+    a.row_begin = c.row_begin;
+    a.flags = accumulate ? TS_MATVEC_ACCUMULATE : 0u;
+    a.x_stride = xs;
+    a.y_stride = ys;
+    a.n_tokens = n_tokens;
+    a.x_offset = x_offset;
+    const BufferSlice bufs[4] = {c.q, c.m, x16, y};
+    MatmulOp part = *this;
+    part.w.rows = c.rows;
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 4), a, uint32_t(row_tiles), uint32_t(token_tiles), 1, what,
+                 chunks.size() == 1 ? bytes() : part.bytes());
+  }
+}
+
+}  // namespace tessera::vk

@@ -1,0 +1,63 @@
+// MatmulOp: Y = W X for a chunk of tokens (shaders/matmul.comp), the prefill's dense matrices.
+//   W: MatrixRef, SPLIT1 (Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K Q5_K Q6_K) or plain (F32 F16 BF16);
+//   X: f16 token rows (x16, written by RmsNormOp with f16_out: the norm, or a plain conversion,
+//   in front); Y: f32 token rows; f16 products, f32 sums.
+// Each workgroup reads its rows of W once for 64 tokens (the batched matvec reads them once per 8):
+// on tensor cores where the device has 16 x 16 x 16 f16 cooperative matrices
+// (VK_NV_cooperative_matrix, subgroups of 32), else the same kernel with plain FMAs
+// (MatmulKernel::Plain: the tests' path on devices without them; slower than the int8 matvec).
+//
+//   vk::MatmulOp op;
+//   op.w = weight; op.x16 = x16.whole(); op.y = y.whole(); op.n_tokens = 64;
+//   op.record(rec);     // one dispatch per row chunk of the weight bindings (no barrier)
+#pragma once
+#include <cstdint>
+#include <string>
+
+#include "runtime/vulkan/recorder.h"
+#include "runtime/vulkan/split1.h"
+
+namespace tessera::vk {
+
+enum class MatmulKernel { Auto, Coop, Plain };  // Auto: Coop where matmul_coop_supported
+
+// The device multiplies 16 x 16 x 16 f16 cooperative matrices (enabled NV extension, f16
+// arithmetic, subgroup ops with subgroups of exactly 32).
+bool matmul_coop_supported(Context& ctx);
+// MatmulOp runs here at all (f16 arithmetic for its staging).
+bool matmul_supported(Context& ctx);
+
+// Work split; 0 = automatic.
+struct MatmulTuning {
+  uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: 2 where that still
+                           // gives 128 workgroups, else 1)
+  uint32_t units = 0;      // 32-value units of W each invocation stages per step, 1..4 (auto 2)
+};
+
+struct MatmulOp {
+  MatrixRef w;                // W [rows][cols]
+  BufferSlice x16;            // f16: token t, element k at x_offset + t * x_stride + k, for t below
+                              // n_tokens rounded up to 16 (rows past n_tokens are read, not used)
+  BufferSlice y;              // f32: token t, row r at t * y_stride + r
+  uint32_t n_tokens = 0;      // 1..
+  uint32_t x_offset = 0;      // f16 elements; multiple of 8
+  uint32_t x_stride = 0;      // f16 elements between tokens; 0 = cols; multiple of 8
+  uint32_t y_stride = 0;      // floats between tokens; 0 = rows
+  bool accumulate = false;    // y += W x
+  MatmulKernel kernel = MatmulKernel::Auto;
+  MatmulTuning tuning;
+  std::string label;          // profile label; empty = kernel_name()
+  uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of chunking)
+
+  // Whether record() takes the tensor-core kernel on this device.
+  bool uses_coop(Context& ctx) const;
+  // Pipeline name, e.g. "matmul.q4_0.coop" / "matmul.q8_0.plain".
+  std::string kernel_name(Context& ctx) const;
+  // Bytes moved: W once per 64 tokens, x16 read, y written (and read when accumulating).
+  uint64_t bytes() const;
+  // Records the dispatches (no barrier). Validates type, shapes, strides, sizes and the device
+  // first; throws Error(Runtime) naming the label and the problem.
+  void record(CommandRecorder& rec) const;
+};
+
+}  // namespace tessera::vk

@@ -1,0 +1,275 @@
+// matmul.comp (MatmulOp) against the CPU: every type, awkward shapes (rows not a multiple of the
+// 16-row tiles, rows shorter and longer than one staging step, token counts not a multiple of 16
+// or 64), accumulate, strides with padding, row-chunked bindings, every work split; the plain
+// kernel everywhere, the tensor-core kernel where the device has it. Outputs poisoned with NaN;
+// x16's padding token rows are NaN (they must not reach a stored output). And RmsNormOp's f16
+// output (the matmul's input) against the CPU.
+#include <cmath>
+#include <random>
+
+#include "format/fp16.h"
+#include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_matmul.h"
+#include "tests/vulkan/vk_test_util.h"
+
+namespace tessera {
+namespace {
+
+using vktest::Gpu;
+
+struct Case {
+  GgmlType type;
+  uint32_t rows, cols, tokens;
+  bool accumulate = false;
+  uint32_t x_pad = 0, y_pad = 0;  // stride - length
+  uint64_t max_binding_bytes = 0;
+  uint32_t row_tiles = 0, units = 0;  // MatmulTuning
+};
+
+std::string describe(const Case& c, vk::MatmulKernel k) {
+  return cat(type_name(c.type), " ", c.rows, "x", c.cols, " tokens ", c.tokens, c.accumulate ? " acc" : "",
+             c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
+             c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
+             c.units ? cat(" units ", c.units) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+}
+
+void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const std::vector<uint8_t> w = vktest::random_matrix(rng, c.type, c.rows, c.cols);
+  auto dm = vktest::upload_matrix(g, c.type, c.rows, c.cols, w);
+  const uint32_t xs = c.cols + c.x_pad, ys = c.rows + c.y_pad;
+  const uint32_t padded = (c.tokens + 15) / 16 * 16;
+  // x16: the tokens' values rounded to f16; padding columns and token rows NaN.
+  std::vector<float> x = vktest::random_values(rng, size_t(xs) * c.tokens);
+  std::vector<uint16_t> x16(size_t(xs) * padded, 0x7E00);
+  for (uint32_t t = 0; t < c.tokens; ++t)
+    for (uint32_t k = 0; k < c.cols; ++k) x16[size_t(t) * xs + k] = f32_to_fp16(x[size_t(t) * xs + k]);
+  std::vector<float> y0 = vktest::random_values(rng, size_t(ys) * c.tokens);
+
+  vk::Buffer xb = vktest::make_buffer(g, x16.size() * 2, "x16");
+  vk::Buffer yb = vktest::make_buffer(g, y0.size() * 4, "y");
+  vktest::upload_bytes(g, xb, x16.data(), x16.size() * 2);
+  if (c.accumulate)
+    vktest::upload_bytes(g, yb, y0.data(), y0.size() * 4);
+  else
+    vktest::poison(g, yb);
+
+  vk::MatmulOp op;
+  op.w = dm->ref;
+  op.x16 = xb.whole();
+  op.y = yb.whole();
+  op.n_tokens = c.tokens;
+  op.x_stride = xs;
+  op.y_stride = ys;
+  op.accumulate = c.accumulate;
+  op.kernel = kernel;
+  op.tuning = {c.row_tiles, c.units};
+  op.max_binding_bytes = c.max_binding_bytes;
+  EXPECT_NE(op.kernel_name(*g.ctx).find(kernel == vk::MatmulKernel::Coop ? ".coop" : ".plain"), std::string::npos);
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  op.record(rec);
+  rec.end();
+  rec.run();
+  const std::vector<float> got = vktest::download_floats(g, yb, y0.size());
+
+  // CPU: dequantized rows (rounded to f16, as the kernel stages them) times the f16 x, in double.
+  std::vector<std::vector<double>> rows(c.rows);
+  for (uint32_t r = 0; r < c.rows; ++r) {
+    const std::vector<float> row = vktest::dequant_row(c.type, w, c.cols, r);
+    rows[r].resize(c.cols);
+    for (uint32_t k = 0; k < c.cols; ++k) rows[r][k] = fp16_to_f32(f32_to_fp16(row[k]));
+  }
+  std::vector<float> got_cmp = got;
+  std::vector<double> want(got.size()), tol(got.size());
+  for (uint32_t t = 0; t < c.tokens; ++t)
+    for (uint32_t i = 0; i < ys; ++i) {
+      const size_t o = size_t(t) * ys + i;
+      if (i >= c.rows) {  // padding between token rows: untouched
+        if (c.accumulate)
+          EXPECT_EQ(got[o], y0[o]) << describe(c, kernel) << ": padding element " << o << " changed";
+        else
+          EXPECT_TRUE(std::isnan(got[o])) << describe(c, kernel) << ": padding element " << o << " was written";
+        got_cmp[o] = 0;
+        continue;
+      }
+      double s = 0, mag = 0;
+      for (uint32_t k = 0; k < c.cols; ++k) {
+        const double p = rows[i][k] * fp16_to_f32(x16[size_t(t) * xs + k]);
+        s += p;
+        mag += std::fabs(p);
+      }
+      want[o] = s + (c.accumulate ? y0[o] : 0.0);
+      tol[o] = 2e-6 * mag + 1e-6 * std::fabs(want[o]) + 1e-30;  // f32 sums of exact f16 products
+    }
+  vktest::expect_close(got_cmp, want, tol, describe(c, kernel));
+}
+
+// The kernels this device runs: plain always, the tensor-core one where present.
+std::vector<vk::MatmulKernel> kernels(Gpu& g) {
+  std::vector<vk::MatmulKernel> k{vk::MatmulKernel::Plain};
+  if (vk::matmul_coop_supported(*g.ctx)) k.push_back(vk::MatmulKernel::Coop);
+  return k;
+}
+
+#define MATMUL_REQUIRE(g)          \
+  VK_TEST_REQUIRE_GPU(g);          \
+  if (!vk::matmul_supported(*(g).ctx)) GTEST_SKIP() << "no shaderFloat16 on this device"
+
+TEST(KernelMatmul, BlockTypesAwkwardShapes) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  uint32_t seed = 1;
+  for (vk::MatmulKernel k : kernels(g))
+    for (GgmlType t : {GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1}) {
+      run_case(g, {t, 37, 96, 13}, k, seed++);     // one short step, a partial row tile, 13 tokens
+      run_case(g, {t, 16, 1056, 64}, k, seed++);   // three steps (the last of 32 columns), 64 tokens
+      run_case(g, {t, 70, 544, 70, true}, k, seed++);  // two token tiles (the second of 6), accumulate
+    }
+}
+
+TEST(KernelMatmul, KQuantTypesAwkwardShapes) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  uint32_t seed = 100;
+  for (vk::MatmulKernel k : kernels(g))
+    for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+      run_case(g, {t, 21, 256, 5}, k, seed++);
+      run_case(g, {t, 48, 1280, 33, true}, k, seed++);  // 2.5 steps of 512
+    }
+}
+
+TEST(KernelMatmul, PlainTypes) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  uint32_t seed = 200;
+  for (vk::MatmulKernel k : kernels(g))
+    for (GgmlType t : {GgmlType::F32, GgmlType::F16, GgmlType::BF16}) {
+      run_case(g, {t, 19, 64, 17}, k, seed++);
+      run_case(g, {t, 64, 2080, 64, true}, k, seed++);
+    }
+}
+
+TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  uint32_t seed = 300;
+  for (vk::MatmulKernel k : kernels(g)) {
+    for (uint32_t mr : {1u, 2u, 4u})
+      for (uint32_t units : {1u, 2u, 4u}) {
+        if (uint64_t(16 * mr) * (units * 256 / mr + 8) * 2 + 4096ull * mr > g.ctx->info().max_compute_shared_memory) continue;
+        run_case(g, {GgmlType::Q4_0, 83, 1088, 40, true, 0, 0, 0, mr, units}, k, seed++);
+        if (units % mr == 0)  // K-quant steps hold whole blocks
+          run_case(g, {GgmlType::Q6_K, 50, 768, 16, false, 0, 0, 0, mr, units}, k, seed++);
+      }
+    run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
+    run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
+    // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).
+    run_case(g, {GgmlType::Q4_0, 100, 256, 20, false, 0, 0, 4096}, k, seed++);
+    run_case(g, {GgmlType::F32, 40, 96, 20, true, 0, 0, 4096}, k, seed++);
+  }
+}
+
+TEST(KernelMatmul, RefusesWhatItCannotRun) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  std::mt19937 rng(7);
+  const std::vector<uint8_t> w = vktest::random_matrix(rng, GgmlType::Q4_0, 32, 64);
+  auto dm = vktest::upload_matrix(g, GgmlType::Q4_0, 32, 64, w);
+  vk::Buffer xb = vktest::make_buffer(g, 16 * 64 * 2, "x16");
+  vk::Buffer yb = vktest::make_buffer(g, 16 * 32 * 4, "y");
+  auto refused = [&](vk::MatmulOp op, const std::string& text) {
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    try {
+      op.record(rec);
+      ADD_FAILURE() << "accepted; expected an error with '" << text << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  vk::MatmulOp op;
+  op.w = dm->ref;
+  op.x16 = xb.whole();
+  op.y = yb.whole();
+  op.n_tokens = 16;
+  op.label = "test matmul";
+  vk::MatmulOp bad = op;
+  bad.n_tokens = 17;  // 32 token rows needed in x16
+  refused(bad, "32 token rows");
+  bad = op;
+  bad.x_stride = 68;
+  refused(bad, "multiples of 8");
+  bad = op;
+  bad.n_tokens = 0;
+  refused(bad, "no tokens");
+  bad = op;
+  bad.tuning.units = 5;
+  refused(bad, "matmul tuning");
+  std::mt19937 rng2(8);
+  const std::vector<uint8_t> wk = vktest::random_matrix(rng2, GgmlType::Q4_K, 32, 256);
+  auto dk = vktest::upload_matrix(g, GgmlType::Q4_K, 32, 256, wk);
+  bad = op;
+  bad.w = dk->ref;
+  bad.tuning = {2, 1};  // 128-column steps split the 256-value blocks
+  refused(bad, "whole 256-value blocks");
+  if (!vk::matmul_coop_supported(*g.ctx)) {
+    bad = op;
+    bad.kernel = vk::MatmulKernel::Coop;
+    refused(bad, "cooperative matrices");
+  }
+}
+
+// RmsNormOp's f16 output: normalized (the matmul's input after a norm) and as it is.
+TEST(KernelMatmul, NormWritesF16Rows) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  std::mt19937 rng(11);
+  const uint32_t n = 2080, rows = 5, ys = 2088;
+  const std::vector<float> x = vktest::random_values(rng, size_t(n) * rows, 30.f);
+  const std::vector<float> wn = vktest::random_values(rng, n);
+  vk::Buffer xb = vktest::make_buffer(g, x.size() * 4, "x");
+  vk::Buffer wb = vktest::make_buffer(g, wn.size() * 4, "w");
+  vk::Buffer yb = vktest::make_buffer(g, size_t(ys) * rows * 2, "y16");
+  vktest::upload_bytes(g, xb, x.data(), x.size() * 4);
+  vktest::upload_bytes(g, wb, wn.data(), wn.size() * 4);
+  for (bool normalize : {true, false}) {
+    vktest::poison(g, yb);
+    vk::RmsNormOp op;
+    op.x = xb.whole();
+    op.weight = wb.whole();
+    op.y = yb.whole();
+    op.n = n;
+    op.rows = rows;
+    op.y_stride = ys;
+    op.eps = 1e-5f;
+    op.f16_out = true;
+    op.normalize = normalize;
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    op.record(rec);
+    rec.end();
+    rec.run();
+    std::vector<uint16_t> got(size_t(ys) * rows);
+    const std::vector<float> raw = vktest::download_floats(g, yb, got.size() / 2);
+    std::memcpy(got.data(), raw.data(), got.size() * 2);
+    for (uint32_t t = 0; t < rows; ++t) {
+      double ss = 0;
+      for (uint32_t i = 0; i < n; ++i) ss += double(x[t * n + i]) * x[t * n + i];
+      const double scale = normalize ? 1.0 / std::sqrt(ss / n + 1e-5) : 1.0;
+      for (uint32_t i = 0; i < ys; ++i) {
+        const size_t at = size_t(t) * ys + i;
+        const float v = fp16_to_f32(got[at]);
+        if (i >= n) {  // the stride's padding: untouched (the f32 NaN poison 0x7FC00000, as halves)
+          EXPECT_EQ(got[at], at % 2 ? 0x7FC0 : 0x0000) << "padding " << t << "," << i;
+          continue;
+        }
+        const double want = double(x[t * n + i]) * scale * (normalize ? wn[i] : 1.0);
+        ASSERT_NEAR(v, want, std::fabs(want) * 1e-3 + 1e-6) << (normalize ? "norm" : "copy") << " row " << t << " i " << i;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tessera

@@ -4,15 +4,16 @@
 // (VK_NV_cooperative_matrix, 16 x 16 x 16 products of f16 with f32 sums). Arguments: MatmulArgs
 // (kernel_args.h); wrapper: MatmulOp (runtime/vulkan/kernels_matmul.h).
 //
-// Workgroup (wx, wy): rows BM * wx .. + BM (BM = 16 * MR), tokens 64 * wy .. + 64; 4 groups of 32
-// invocations ("lanes"; with COOP the device's subgroups of 32), group g taking tokens
-// 64 wy + 16 g .. + 16 and all BM rows: MR 16 x 16 f32 accumulators.
-//   step (KT = UNITS * 256 / MR columns of W; the last may be short):
-//     every invocation dequantizes UNITS 32-value units of the BM x KT tile of W into a_sh
-//       (f16, row-major, row stride KTP = KT + 8: 16 bytes of padding against bank conflicts);
+// Workgroup (wx, wy): rows BM * wx .. + BM (BM = 16 * MR), tokens 16 TG * wy .. + 16 TG; TG
+// groups of 32 invocations ("lanes"; with COOP the device's subgroups of 32), group g taking
+// tokens 16 (TG wy + g) .. + 16 and all BM rows: MR 16 x 16 f32 accumulators.
+//   step (KT columns of W; the last may be short):
+//     the invocations dequantize the BM x KT tile of W, 32-value units in turn, into a_sh (f16,
+//       row-major, row stride KTP = KT + 8: 16 bytes of padding against bank conflicts);
 //     barrier;
 //     each group, per 16 columns k: B = x16[tokens][k .. k + 16] (16 x 16, straight from the
-//       buffer: column-major with the token stride) and, per row tile m, A = a_sh[16 m ..][k ..],
+//       buffer: column-major with the token stride; KB of them loaded before their products, so
+//       that their L2 round trips overlap) and, per row tile m, A = a_sh[16 m ..][k ..],
 //       acc[m] += A B;
 //     barrier.
 //   epilogue: each group stores its accumulators into c_sh (row-major 16 x 16 each), then its
@@ -26,7 +27,8 @@
 // tests run on devices without cooperative matrices, and the proof of everything but the
 // 16 x 16 x 16 product itself.
 //
-// Defines: WTYPE (a SPLIT1 block type or F32 / F16 / BF16), MR (1, 2 or 4), UNITS (1..4), COOP.
+// Defines: WTYPE (a SPLIT1 block type or F32 / F16 / BF16), MR (1, 2 or 4), TG (groups: 1, 2 or 4),
+// KT (a multiple of 32; of 256 for K-quants, whose units interleave inside a block), COOP.
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32).
 
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -36,7 +38,7 @@
 #extension GL_NV_cooperative_matrix : require
 #endif
 
-#define WG_SIZE 128
+#define WG_SIZE (32 * TG)
 #include "common.glsl"
 #define W_Q_BINDING 0
 #define W_M_BINDING 1
@@ -45,8 +47,16 @@
 #if MR != 1 && MR != 2 && MR != 4
 #error "matmul.comp: MR is 1, 2 or 4"
 #endif
-#if UNITS < 1 || UNITS > 4 || (UNITS * 256) % MR != 0
-#error "matmul.comp: UNITS is 1..4"
+#if TG != 1 && TG != 2 && TG != 4
+#error "matmul.comp: TG is 1, 2 or 4"
+#endif
+#if KT % 32 != 0
+#error "matmul.comp: KT holds whole units of 32"
+#endif
+#if !W_PLAIN
+#if KT % W_BLOCK != 0
+#error "matmul.comp: KT holds whole blocks"
+#endif
 #endif
 #if COOP && (!USE_SUBGROUP || SUBGROUP_SIZE != 32)
 #error "matmul.comp: COOP needs subgroups of 32"
@@ -59,12 +69,12 @@ layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 layout(push_constant) uniform Push { MatmulArgs args; };
 
 #define BM (16 * MR)
-#define KT (UNITS * 256 / MR)  // columns per step
-#define KTP (KT + 8)           // a_sh row stride (f16)
+#define KTP (KT + 8)  // a_sh row stride (f16)
 #define UNITS_PER_ROW (KT / 32)
+#define KB 8          // B tiles loaded ahead of their products
 
 shared float16_t a_sh[BM * KTP];
-shared float c_sh[4 * MR * 256];
+shared float c_sh[TG * MR * 256];
 
 // Unit u (0 .. BM * UNITS_PER_ROW) of the step at column k0 into a_sh: 32 values of row
 // u / UNITS_PER_ROW (zeros past the bound rows; nothing for columns past cols).
@@ -103,7 +113,7 @@ void main() {
   const uint row0 = gl_WorkGroupID.x * uint(BM);
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint lid = gl_LocalInvocationIndex, grp = lid / 32u, lane = lid % 32u;
-  const uint tok = gl_WorkGroupID.y * 64u + 16u * grp;  // the group's first token
+  const uint tok = (gl_WorkGroupID.y * uint(TG) + grp) * 16u;  // the group's first token
   const bool has_tokens = tok < args.n_tokens;              // uniform per group
   const uint xb = args.x_offset + tok * args.x_stride;  // x16 index of the group's B tiles
 
@@ -118,20 +128,27 @@ void main() {
 #endif
 
   for (uint k0 = 0; k0 < args.cols; k0 += uint(KT)) {  // uniform
-    [[unroll]] for (uint i = 0; i < UNITS; ++i) stage_unit(lid + i * uint(WG_SIZE), row0, k0);
+    [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0);
     barrier();
     const uint nk = min(uint(KT), args.cols - k0) / 16u;
     if (has_tokens) {
-      for (uint kk = 0; kk < nk; ++kk) {
 #if COOP
-        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b;
-        coopMatLoadNV(b, x16, xb + k0 + 16u * kk, args.x_stride, true);
-        [[unroll]] for (uint m = 0; m < MR; ++m) {
-          fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-          coopMatLoadNV(a, a_sh, 16u * m * uint(KTP) + 16u * kk, uint(KTP), false);
-          acc[m] = coopMatMulAddNV(a, b, acc[m]);
+      for (uint kb = 0; kb < nk; kb += uint(KB)) {
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b[KB];
+        [[unroll]] for (uint i = 0; i < KB; ++i)
+          if (kb + i < nk) coopMatLoadNV(b[i], x16, xb + k0 + 16u * (kb + i), args.x_stride, true);
+        [[unroll]] for (uint i = 0; i < KB; ++i) {
+          if (kb + i < nk) {
+            [[unroll]] for (uint m = 0; m < MR; ++m) {
+              fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+              coopMatLoadNV(a, a_sh, 16u * m * uint(KTP) + 16u * (kb + i), uint(KTP), false);
+              acc[m] = coopMatMulAddNV(a, b[i], acc[m]);
+            }
+          }
         }
+      }
 #else
+      for (uint kk = 0; kk < nk; ++kk) {
         [[unroll]] for (uint i = 0; i < 8; ++i) {
           const uint r = (lane + 32u * i) % 16u, t = (lane + 32u * i) / 16u;
           const uint xi = xb + t * args.x_stride + k0 + 16u * kk;
@@ -142,8 +159,8 @@ void main() {
             acc[m][i] = s;
           }
         }
-#endif
       }
+#endif
     }
     barrier();
   }

@@ -12,7 +12,8 @@
 # tg128 at depths DEPTHS (default 0,4096) with --profile on the composed file, e.g.
 # "default;--tune matvec_rows=1"; VARIANT_COMPOSE=none runs them on the factored file, which
 # COMPOSE must then make; a variant beginning "@NAME " runs on m-NAME.tsr, e.g. "@all-q4_0 default";
-# REPS: timed runs per BENCH_VARIANTS variant, default 2);
+# REPS: timed runs per BENCH_VARIANTS variant, default 2); PREFILL_VARIANTS (the same for prefill:
+# pp512 at DEPTHS with --profile, e.g. "default;--tune prefill_matmul=0");
 # ROOFLINE (set: `tessera bench --roofline` first, into roofline.md).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -73,6 +74,18 @@ if [ -n "${BENCH_VARIANTS:-}" ]; then
     extra=()
     [ "$v" != default ] && read -ra extra <<<"$v"
     run "variant-$i" "$WORK/$file" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
+    i=$((i + 1))
+  done
+  tail -n 3 "$LOG"
+  exit 0
+fi
+if [ -n "${PREFILL_VARIANTS:-}" ]; then  # as BENCH_VARIANTS, prefill pp512 (-n 0) at DEPTHS
+  IFS=';' read -ra variants <<<"$PREFILL_VARIANTS"
+  i=0
+  for v in "${variants[@]}"; do
+    extra=()
+    [ "$v" != default ] && read -ra extra <<<"$v"
+    run "prefill-$i" "$WORK/m-${VARIANT_COMPOSE:-all}.tsr" -p 512 -n 0 -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
     i=$((i + 1))
   done
   tail -n 3 "$LOG"

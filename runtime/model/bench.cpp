@@ -399,6 +399,8 @@ BenchReport run_bench(const BenchOptions& o) {
   go.fused_router = o.fused_router;
   go.olat_q8 = o.olat_q8;
   go.fused_down = o.fused_down;
+  go.prefill_matmul = o.prefill_matmul;
+  go.matmul = o.matmul;
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
@@ -439,6 +441,10 @@ BenchReport run_bench(const BenchOptions& o) {
     h.prefill_dispatches = model.prefill_stats().dispatches;
     h.prefill_barriers = model.prefill_stats().barriers;
     h.prefill_weight_bytes = model.prefill_stats().weight_bytes;
+    const PrefillStats& ps = model.prefill_stats();
+    h.prefill_dense = !ps.matmul ? "batched matvecs (8 tokens per dispatch)"
+                      : ps.matmul_coop ? "matmuls on tensor cores (64 tokens per weight read)"
+                                       : "matmuls, plain FMAs (64 tokens per weight read)";
     GpuTarget t(model);
     report.results = run_grid(o, t, model.n_vocab());
     if (o.gate_stats) {

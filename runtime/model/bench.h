@@ -28,6 +28,7 @@
 
 #include "runtime/model/bench_roofline.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/model/profile.h"
@@ -63,6 +64,8 @@ struct BenchOptions {
   bool fused_router = true;               // GpuModelOptions::fused_router (--tune router=0|1)
   bool olat_q8 = true;                    // GpuModelOptions::olat_q8 (--tune olat_q8=0|1)
   bool fused_down = false;                // GpuModelOptions::fused_down (--tune moe_fused=0|1)
+  int prefill_matmul = -1;                // GpuModelOptions::prefill_matmul (--tune prefill_matmul=0|1|2)
+  vk::MatmulTuning matmul;                // GpuModelOptions::matmul (--tune matmul_rows / matmul_step / matmul_groups)
   bool head_q8 = false;                   // GpuModelOptions::head_q8 (--tune head_q8=0|1)
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)
   bool step_local = true;                 // GpuModelOptions::step_local (--tune step_local=0|1)
@@ -110,6 +113,7 @@ struct BenchHeader {
   uint32_t prefill_chunk = 0;             // batched prefill: tokens per chunk (0: none, Vulkan)
   uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head
   uint64_t prefill_weight_bytes = 0;      // per chunk, declared by the kernels
+  std::string prefill_dense;              // how the dense matrices run, e.g. "matmuls on tensor cores"
 };
 
 struct BenchResult {

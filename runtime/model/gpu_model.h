@@ -31,6 +31,7 @@
 #include "runtime/model/timeline.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/kernels_sample.h"
@@ -64,6 +65,13 @@ struct GpuModelOptions {
   uint32_t prefetch = 0;
   uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
                                   // 0 = prompts run token by token through the decode graph
+  // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
+  // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
+  // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the
+  // plain kernel elsewhere: the tests' path); 0 never (the batched matvec, 8 tokens per
+  // dispatch). bench --tune prefill_matmul=0|1 (2 = auto).
+  int prefill_matmul = -1;
+  vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
   // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
   // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer
@@ -200,6 +208,8 @@ struct PrefillStats {
   uint32_t barriers = 0;
   uint64_t weight_bytes = 0;      // weights read per chunk (declared by the kernels)
   uint64_t scratch_bytes = 0;     // device memory of the prefill buffers
+  bool matmul = false;            // dense matrices as matmuls (GpuModelOptions::prefill_matmul)
+  bool matmul_coop = false;       // ... on tensor cores
 };
 
 // What the early-started W_vo workgroups saw (GpuModelOptions::gate_stats), summed over the

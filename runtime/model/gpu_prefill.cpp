@@ -1,7 +1,8 @@
 // GpuModel's batched prefill (docs/PREFILL.md): the prompt in chunks of up to T tokens, one
 // pre-recorded command buffer resubmitted per chunk. Per-chunk values (first position p0, token
 // count n, the T token ids) live in a host-visible buffer; kernels skip tokens t >= n, so one
-// recording serves every chunk length. Dense matrices run as batched matvecs (8 tokens per
+// recording serves every chunk length. Dense matrices run as matmuls (each read once per 64
+// tokens, on tensor cores; GpuModelOptions::prefill_matmul) or as batched matvecs (8 tokens per
 // dispatch), the MoE expert-major (each expert read once per chunk), attention as T causal
 // queries over the cache the same chunk just wrote (PrefillAttentionOp: groups of queries share
 // each staged cache tile, then the per-query merge).
@@ -13,6 +14,7 @@
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/kernels_attention.h"
 #include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_prefill.h"
 
@@ -30,12 +32,20 @@ constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T quer
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
 
+// GpuModelOptions::prefill_matmul on this device: whether the dense matrices run as matmuls.
+bool prefill_matmul(int option, vk::Context& ctx) {
+  if (option == 0 || !vk::matmul_supported(ctx)) return false;
+  return option == 1 || vk::matmul_coop_supported(ctx);
+}
+
 }  // namespace
 
 struct GpuModel::Prefill {
   uint32_t T = 0;
   vk::Buffer chunk;  // host-visible: kPosWord, kCountWord, ids
   vk::Buffer x, cq, kv, qfull, q, olat, o, h2, router_logits, route, lists, h, y, partials, xlast, logits_all;
+  vk::Buffer x16;     // the matmuls' f16 input rows (T rounded up to 16; prefill_matmul)
+  bool matmul = false;
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
   std::unique_ptr<vk::CommandRecorder> profiled;  // Head::None with timestamps (profile_prefill)
   vk::AttentionTuning attn_tuning;
@@ -46,17 +56,19 @@ void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
 namespace {
 
 struct Sizes {
-  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all;
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16;
   uint64_t total() const {
     uint64_t s = 0;
-    for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */, logits_all})
+    for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */,
+                       logits_all, x16})
       s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
     return s;
   }
 };
 
-// Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none).
-Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe) {
+// Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none);
+// matmul: the dense matrices run as matmuls (x16 holds the widest input of T rounded up to 16).
+Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe, bool matmul) {
   const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
   const uint32_t K = moe ? c.n_expert_used : 0;
   Sizes s{};
@@ -78,6 +90,8 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const
   }
   s.partials = T * partials_per_query;
   s.logits_all = T * uint64_t(c.n_vocab) * 4;
+  const uint64_t widest = std::max({uint64_t(c.n_embd), uint64_t(c.q_lora_rank), H * R, H * c.n_v});
+  s.x16 = matmul ? (T + 15) / 16 * 16 * widest * 2 : 0;
   return s;
 }
 
@@ -93,7 +107,7 @@ uint64_t GpuModel::prefill_scratch_bytes() const {
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr).total();
+  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_matmul(options_.prefill_matmul, ctx_)).total();
 }
 
 void GpuModel::create_prefill() {
@@ -106,7 +120,8 @@ void GpuModel::create_prefill() {
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr);
+  p->matmul = prefill_matmul(options_.prefill_matmul, ctx_);
+  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul);
   struct Item {
     vk::Buffer* buf;
     const char* name;
@@ -118,7 +133,8 @@ void GpuModel::create_prefill() {
                         {&p->router_logits, "prefill router logits", s.router_logits}, {&p->route, "prefill route", s.route},
                         {&p->lists, "prefill expert lists", s.lists}, {&p->h, "prefill ffn h", s.h},
                         {&p->y, "prefill ffn y", s.y}, {&p->partials, "prefill attention partials", s.partials},
-                        {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all}};
+                        {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all},
+                        {&p->x16, "prefill f16 rows", s.x16}};
   for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
   p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
   std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
@@ -131,6 +147,8 @@ void GpuModel::create_prefill() {
   init.run();
   prefill_stats_.chunk = p->T;
   prefill_stats_.scratch_bytes = s.total();
+  prefill_stats_.matmul = p->matmul;
+  prefill_stats_.matmul_coop = p->matmul && vk::matmul_coop_supported(ctx_);
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
@@ -145,7 +163,51 @@ struct PrefillRecorder {
   uint32_t T;
   bool int8_activations;
   vk::MatvecTuning tuning;
+  const vk::Buffer* x16 = nullptr;  // set: dense matrices as matmuls reading these f16 rows
+  vk::MatmulTuning matmul_tuning;
   uint64_t weight_bytes = 0;
+
+  struct Out {
+    vk::MatrixRef w;
+    std::string name;
+    const vk::Buffer* y;
+  };
+  // y = W x[t] (+ y[t]) for each of `outs`, all reading x (W.cols floats per token), normalized
+  // with `norm` where set: matmuls where x16 is set (x normalized into x16 first, then a barrier),
+  // else batched matvecs. No barrier after.
+  void dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc) {
+    const uint32_t cols = outs.begin()->w.cols;
+    bool matmul = x16 != nullptr;
+    for (const Out& o : outs) matmul = matmul && o.w.cols == cols && o.w.cols % 32 == 0;
+    if (!matmul) {
+      for (const Out& o : outs) matvec(o.w, o.name, x, *o.y, norm, acc);
+      return;
+    }
+    vk::RmsNormOp n;
+    n.x = x.whole();
+    n.weight = norm;
+    n.normalize = norm.buffer != VK_NULL_HANDLE;
+    n.y = x16->whole();
+    n.n = cols;
+    n.rows = T;
+    n.eps = c.eps;
+    n.f16_out = true;
+    n.label = (n.normalize ? "rmsnorm.f16out " : "to_f16 ") + outs.begin()->name;
+    n.record(rec);
+    rec.barrier();
+    for (const Out& o : outs) {
+      vk::MatmulOp op;
+      op.w = o.w;
+      op.x16 = x16->whole();
+      op.y = o.y->whole();
+      op.n_tokens = T;
+      op.accumulate = acc;
+      op.tuning = matmul_tuning;
+      op.label = op.kernel_name(rec.context()) + " " + o.name;
+      op.record(rec);
+      weight_bytes += o.w.read_bytes() * ((T + 63) / 64);
+    }
+  }
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
   // int8 path takes 16 columns, but on an H200 that was slower overall: pp512 907 -> 796 tok/s,
@@ -183,7 +245,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   {
     auto rec = step_recorder(timestamps);
     rec->begin();
-    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec};
+    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, options_.matmul};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");
@@ -206,13 +268,13 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       const vk::Buffer& qdst = qk ? p.q : p.qfull;
       // Stage 1: what reads only x.
       const std::string qlabel = qname.substr(0, qname.size() - 7);  // without ".weight"
-      if (c.q_lora_rank) r.matvec(weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", p.x, p.cq, attn_norm, false);
-      else r.matvec(weight_matrix(qname), qlabel, p.x, qdst, attn_norm, false);
-      r.matvec(weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", p.x, p.kv, attn_norm, false);
+      const PrefillRecorder::Out kv_a{weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", &p.kv};
+      if (c.q_lora_rank) r.dense({{weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", &p.cq}, kv_a}, p.x, attn_norm, false);
+      else r.dense({{weight_matrix(qname), qlabel, &qdst}, kv_a}, p.x, attn_norm, false);
       rec->barrier();
       // Stage 2: queries, cache rows, (factored) absorbed queries.
       if (c.q_lora_rank)
-        r.matvec(weight_matrix(qname), qlabel, p.cq, qdst, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+        r.dense({{weight_matrix(qname), qlabel, &qdst}}, p.cq, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
       kv_write.record_rows(*rec, p.kv.whole(), weight_vec(L + "attn_kv_a_norm.weight", R), chunk, kPosWord, batch,
                            kv_cache(l), "kv_write " + L);
       if (!qk) {
@@ -228,7 +290,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
                   batch);
       rec->barrier();
       if (vo) {
-        r.matvec(weight_matrix(L + "attn_vo.weight"), L + "attn_vo", p.olat, p.x, {}, true);
+        r.dense({{weight_matrix(L + "attn_vo.weight"), L + "attn_vo", &p.x}}, p.olat, {}, true);
       } else {
         vk::AbsorbOp a = vk::AbsorbOp::value(weight_matrix(L + "attn_v_b.weight"), H, p.olat.whole(), p.o.whole());
         a.n_tokens = T;
@@ -236,7 +298,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         a.record(*rec);
         r.weight_bytes += a.w.read_bytes();
         rec->barrier();
-        r.matvec(weight_matrix(L + "attn_output.weight"), L + "attn_output", p.o, p.x, {}, true);
+        r.dense({{weight_matrix(L + "attn_output.weight"), L + "attn_output", &p.x}}, p.o, {}, true);
       }
       rec->barrier();
       // FFN: h2 = RMSNorm(x; ffn_norm) per token (and the router logits), then expert-major.
@@ -282,7 +344,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         r.weight_bytes += d.gate.read_bytes() + d.up.read_bytes() + d.down.read_bytes();
         continue;
       }
-      r.matvec(weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", p.x, p.router_logits, ffn_norm, false);
+      r.dense({{weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", &p.router_logits}}, p.x, ffn_norm, false);
       rec->barrier();
       vk::PrefillRouteOp route;
       route.n_expert = c.n_expert;
@@ -336,7 +398,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       gather.step = chunk;
       gather.count_word = kCountWord;
       gather.record(*rec);
-      if (head == Head::All) r.matvec(out_w, "output", p.x, p.logits_all, out_norm, false);
+      if (head == Head::All) r.dense({{out_w, "output", &p.logits_all}}, p.x, out_norm, false);
       rec->barrier();
       record_head(*rec, p.xlast.whole(), p.h2.whole(), " (last token)");  // h2's first row is free here
     }

@@ -10,28 +10,29 @@ namespace tessera::vk {
 
 namespace {
 
-constexpr uint32_t kTokensPerWorkgroup = 64;  // 4 groups of 16 tokens
-constexpr uint32_t kMinWorkgroups = 128;      // auto row_tiles: 2 only where this many remain
-constexpr uint32_t kAutoUnits = 2;
+constexpr uint32_t kMinWorkgroups = 128;  // auto row_tiles: 2 only where this many remain
+constexpr uint32_t kAutoStep = 512;
+constexpr uint32_t kAutoGroups = 4;
 
 struct Split {
-  uint32_t mr, units;
+  uint32_t mr, kt, tg;
   uint32_t rows_per_wg() const { return 16 * mr; }
-  uint32_t kt() const { return units * 256 / mr; }
-  // a_sh (f16, BM x (KT + 8)) and c_sh (4 groups x MR tiles of 256 floats).
-  uint64_t shared_bytes() const { return uint64_t(rows_per_wg()) * (kt() + 8) * 2 + 4ull * mr * 256 * 4; }
+  uint32_t tokens_per_wg() const { return 16 * tg; }
+  // a_sh (f16, BM x (KT + 8)) and c_sh (TG groups x MR tiles of 256 floats).
+  uint64_t shared_bytes() const { return uint64_t(rows_per_wg()) * (kt + 8) * 2 + uint64_t(tg) * mr * 256 * 4; }
 };
 
-// K-quant units interleave inside their 256-value block (weights.glsl split1_unit): a step must
-// hold whole blocks, KT = units * 256 / MR a multiple of 256, so MR divides units.
-bool whole_blocks(const MatmulOp& op, const Split& s) {
-  return type_info(op.w.type).block_elems <= 32 || s.units % s.mr == 0;
-}
+// The columns of one staged unit group: K-quant units interleave inside their 256-value block
+// (weights.glsl split1_unit), so a step holds whole blocks.
+uint32_t step_granule(const MatmulOp& op) { return std::max<uint32_t>(32, type_info(op.w.type).block_elems); }
 
-Split split_of(const MatmulOp& op) {
-  const uint32_t mr = op.tuning.row_tiles ? op.tuning.row_tiles : (op.w.rows + 31) / 32 >= kMinWorkgroups ? 2u : 1u;
-  Split s{mr, op.tuning.units ? op.tuning.units : kAutoUnits};
-  if (!op.tuning.units && !whole_blocks(op, s)) s.units = mr;
+Split split_of(const MatmulOp& op, const DeviceInfo& info) {
+  Split s{op.tuning.row_tiles, op.tuning.step, op.tuning.groups ? op.tuning.groups : kAutoGroups};
+  if (!s.mr) s.mr = (op.w.rows + 31) / 32 >= kMinWorkgroups ? 2u : 1u;
+  if (!s.kt) {
+    s.kt = kAutoStep;
+    while (s.kt > step_granule(op) && s.shared_bytes() > info.max_compute_shared_memory) s.kt /= 2;
+  }
   return s;
 }
 
@@ -49,14 +50,16 @@ bool MatmulOp::uses_coop(Context& ctx) const {
 }
 
 std::string MatmulOp::kernel_name(Context& ctx) const {
-  const Split s = split_of(*this);
+  const Split s = split_of(*this, ctx.info());
   std::string name = cat("matmul.", type_name(w.type), uses_coop(ctx) ? ".coop" : ".plain");
   if (s.mr != 1) name += cat(".m", s.mr);
+  if (s.tg != kAutoGroups) name += cat(".g", s.tg);
   return name;
 }
 
 uint64_t MatmulOp::bytes() const {
-  const uint64_t tiles = (uint64_t(n_tokens) + kTokensPerWorkgroup - 1) / kTokensPerWorkgroup;
+  const uint64_t per_wg = 16ull * (tuning.groups ? tuning.groups : kAutoGroups);
+  const uint64_t tiles = (uint64_t(n_tokens) + per_wg - 1) / per_wg;
   const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
   return tiles * w.read_bytes() + uint64_t(n_tokens) * w.cols * 2 + y_bytes * (accumulate ? 2 : 1);
 }
@@ -71,15 +74,16 @@ void MatmulOp::record(CommandRecorder& rec) const {
   const bool coop = uses_coop(ctx);
   if (coop && !matmul_coop_supported(ctx))
     runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
-  const Split s = split_of(*this);
-  if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || s.units < 1 || s.units > 4)
-    usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.units, " units (1..4)");
-  if (!whole_blocks(*this, s))
-    usage_error("matmul tuning: ", type_name(w.type), " steps hold whole 256-value blocks: the units (", s.units,
-                ") must be a multiple of the row tiles (", s.mr, ")");
+  const Split s = split_of(*this, ctx.info());
+  if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt > 2048)
+    usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.tg, " token groups (1, 2 or 4), steps of ", s.kt,
+                " columns (a multiple of 32 up to 2048)");
+  if (s.kt % step_granule(*this) != 0)
+    usage_error("matmul tuning: ", type_name(w.type), " steps hold whole ", step_granule(*this), "-value blocks, not ", s.kt,
+                " columns");
   if (s.shared_bytes() > ctx.info().max_compute_shared_memory)
-    runtime_error(what, ": ", s.mr, " row tiles x ", s.units, " units need ", s.shared_bytes(), " bytes of shared memory, the device has ",
-                  ctx.info().max_compute_shared_memory);
+    runtime_error(what, ": ", s.mr, " row tiles x ", s.kt, " columns need ", s.shared_bytes(),
+                  " bytes of shared memory, the device has ", ctx.info().max_compute_shared_memory);
   if (n_tokens == 0) runtime_error(what, ": no tokens");
   const uint32_t xs = x_stride ? x_stride : w.cols, ys = y_stride ? y_stride : w.rows;
   if (x_offset % 8 != 0 || xs % 8 != 0) runtime_error(what, ": x16 offset ", x_offset, " and stride ", xs, " must be multiples of 8");
@@ -91,7 +95,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
   if (x16.size < x_need)
     runtime_error(what, ": x16 binding has ", x16.size, " bytes, needs ", x_need, " (", padded, " token rows: the tokens rounded up to 16)");
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
-  const uint64_t token_tiles = (uint64_t(n_tokens) + kTokensPerWorkgroup - 1) / kTokensPerWorkgroup;
+  const uint64_t token_tiles = (uint64_t(n_tokens) + s.tokens_per_wg() - 1) / s.tokens_per_wg();
   if (token_tiles > ctx.info().max_workgroup_count[1])
     runtime_error(what, ": ", n_tokens, " tokens exceed the device's workgroup count");
 
@@ -100,7 +104,8 @@ void MatmulOp::record(CommandRecorder& rec) const {
   desc.file = "matmul.comp";
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(w.type))},
                   {"MR", std::to_string(s.mr)},
-                  {"UNITS", std::to_string(s.units)},
+                  {"TG", std::to_string(s.tg)},
+                  {"KT", std::to_string(s.kt)},
                   {"COOP", coop ? "1" : "0"}};
   desc.num_buffers = 4;
   desc.push_bytes = sizeof(gpu::MatmulArgs);

@@ -14,6 +14,7 @@
 #include "runtime/cpu/tsr_weights.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "tests/model/model_fixture.h"
 
 namespace tessera {
@@ -35,6 +36,7 @@ model::GpuModelOptions options(uint32_t n_ctx, uint32_t chunk) {
   o.n_ctx = n_ctx;
   o.prefill_chunk = chunk;
   o.int8_activations = false;  // prefill runs f32 activations; single tokens (decode) then match
+  o.prefill_matmul = 0;         // f32 matvecs (the matmuls' f16 products: MatmulPrefill below)
   return o;
 }
 
@@ -115,6 +117,33 @@ INSTANTIATE_TEST_SUITE_P(Tiny, PrefillVsCpu,
                            std::replace(s.begin(), s.end(), '-', '_');
                            return s;
                          });
+
+// The dense matrices as matmuls (GpuModelOptions::prefill_matmul 1: the tensor-core kernel where
+// the device has it, else the same kernel with plain FMAs): f16 inputs and weights, f32 sums.
+// Prompts of 70 tokens in chunks of 64 and of 20 in chunks of 8, every position's logits against
+// the CPU reference; the stats say which kernel ran.
+TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  if (!vk::matmul_supported(*context())) GTEST_SKIP() << "no shaderFloat16";
+  const Case& k = GetParam();
+  const std::string path = tsr_file(k.preset, k.type, k.compose);
+  TsrFile tsr = TsrFile::open(path);
+  TsrWeights packed(path);
+  for (uint32_t T : {64u, 8u}) {
+    model::GpuModelOptions o = options(128, T);
+    o.prefill_matmul = 1;
+    model::GpuModel gpu(*context(), tsr, o);
+    ASSERT_TRUE(gpu.prefill_stats().matmul);
+    EXPECT_EQ(gpu.prefill_stats().matmul_coop, vk::matmul_coop_supported(*context()));
+    const size_t n = T == 64 ? 70 : 20;
+    const auto p = prompt(gpu.n_vocab(), n);
+    const auto all = gpu.forward(p, false);
+    CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
+    const Compare c = compare(all, cpu.forward(p, false), gpu.n_vocab());
+    EXPECT_LT(c.max_rel, 4e-3) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
+    EXPECT_EQ(c.top1_diff, 0u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
+  }
+}
 
 // The default chunk (64) with a prompt of 70 tokens: one full chunk and a partial one.
 TEST(GpuPrefill, DefaultChunkMatchesTheReference) {

@@ -23,14 +23,14 @@ struct Case {
   bool accumulate = false;
   uint32_t x_pad = 0, y_pad = 0;  // stride - length
   uint64_t max_binding_bytes = 0;
-  uint32_t row_tiles = 0, units = 0;  // MatmulTuning
+  uint32_t row_tiles = 0, step = 0, groups = 0;  // MatmulTuning
 };
 
 std::string describe(const Case& c, vk::MatmulKernel k) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " tokens ", c.tokens, c.accumulate ? " acc" : "",
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
-             c.units ? cat(" units ", c.units) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+             c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
 void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
@@ -63,7 +63,7 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   op.y_stride = ys;
   op.accumulate = c.accumulate;
   op.kernel = kernel;
-  op.tuning = {c.row_tiles, c.units};
+  op.tuning = {c.row_tiles, c.step, c.groups};
   op.max_binding_bytes = c.max_binding_bytes;
   EXPECT_NE(op.kernel_name(*g.ctx).find(kernel == vk::MatmulKernel::Coop ? ".coop" : ".plain"), std::string::npos);
   vk::CommandRecorder rec(*g.ctx);
@@ -155,13 +155,21 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
   MATMUL_REQUIRE(g);
   uint32_t seed = 300;
   for (vk::MatmulKernel k : kernels(g)) {
+    // Row tiles x token groups at 256-column steps (40 and 16 tokens: partial and whole
+    // groups), then other step widths (64: a row of 17 steps; 512, 1024: one short step).
+    struct Split {
+      uint32_t mr, step, tg;
+    };
+    std::vector<Split> splits;
     for (uint32_t mr : {1u, 2u, 4u})
-      for (uint32_t units : {1u, 2u, 4u}) {
-        if (uint64_t(16 * mr) * (units * 256 / mr + 8) * 2 + 4096ull * mr > g.ctx->info().max_compute_shared_memory) continue;
-        run_case(g, {GgmlType::Q4_0, 83, 1088, 40, true, 0, 0, 0, mr, units}, k, seed++);
-        if (units % mr == 0)  // K-quant steps hold whole blocks
-          run_case(g, {GgmlType::Q6_K, 50, 768, 16, false, 0, 0, 0, mr, units}, k, seed++);
-      }
+      for (uint32_t tg : {1u, 2u, 4u}) splits.push_back({mr, 256, tg});
+    for (uint32_t step : {64u, 512u, 1024u}) splits.push_back({1, step, 4});
+    for (const Split& sp : splits) {
+      if (uint64_t(16 * sp.mr) * (sp.step + 8) * 2 + 1024ull * sp.tg * sp.mr > g.ctx->info().max_compute_shared_memory) continue;
+      run_case(g, {GgmlType::Q4_0, 83, 1088, 40, true, 0, 0, 0, sp.mr, sp.step, sp.tg}, k, seed++);
+      if (sp.step % 256 == 0)  // K-quant steps hold whole blocks
+        run_case(g, {GgmlType::Q6_K, 50, 768, 16, false, 0, 0, 0, sp.mr, sp.step, sp.tg}, k, seed++);
+    }
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
     run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
     // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).
@@ -204,14 +212,17 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
   bad.n_tokens = 0;
   refused(bad, "no tokens");
   bad = op;
-  bad.tuning.units = 5;
+  bad.tuning.step = 48;
+  refused(bad, "matmul tuning");
+  bad = op;
+  bad.tuning.groups = 3;
   refused(bad, "matmul tuning");
   std::mt19937 rng2(8);
   const std::vector<uint8_t> wk = vktest::random_matrix(rng2, GgmlType::Q4_K, 32, 256);
   auto dk = vktest::upload_matrix(g, GgmlType::Q4_K, 32, 256, wk);
   bad = op;
   bad.w = dk->ref;
-  bad.tuning = {2, 1};  // 128-column steps split the 256-value blocks
+  bad.tuning.step = 128;  // 128-column steps split the 256-value blocks
   refused(bad, "whole 256-value blocks");
   if (!vk::matmul_coop_supported(*g.ctx)) {
     bad = op;

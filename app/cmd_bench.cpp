@@ -84,7 +84,7 @@ const Knob<O> kTuneKnobs[] = {
     {"prefill_matmul", 2, "the prefill's dense matrices: 0 batched matvecs, 1 matmuls (plain FMAs without tensor cores), 2 auto (matmuls on tensor cores)",
      [](O& o, uint32_t v) { o.prefill_matmul = v == 2 ? -1 : int(v); }},
     {"matmul_rows", 4, "16-row tiles per prefill matmul workgroup: 1, 2 or 4; 0 auto", [](O& o, uint32_t v) { o.matmul.row_tiles = v; }},
-    {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 256 for K-quants); 0 auto (512)",
+    {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 256 for K-quants); 0 auto (256)",
      [](O& o, uint32_t v) { o.matmul.step = v; }},
     {"matmul_groups", 4, "groups of 16 tokens per prefill matmul workgroup: 1, 2 or 4; 0 auto (4)", [](O& o, uint32_t v) { o.matmul.groups = v; }},
     {"moe_fused", 1, "1: the MoE down fused into the gate-up", [](O& o, uint32_t v) { o.fused_down = v != 0; }},

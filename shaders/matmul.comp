@@ -1,6 +1,6 @@
 #version 450
 // Y = W X for a chunk of tokens (the prefill's dense matrices): each workgroup reads its BM rows
-// of W once for up to 64 tokens, on tensor cores where the device has them
+// of W once for its 16 TG tokens, on tensor cores where the device has them
 // (VK_NV_cooperative_matrix, 16 x 16 x 16 products of f16 with f32 sums). Arguments: MatmulArgs
 // (kernel_args.h); wrapper: MatmulOp (runtime/vulkan/kernels_matmul.h).
 //
@@ -8,19 +8,20 @@
 // groups of 32 invocations ("lanes"; with COOP the device's subgroups of 32), group g taking
 // tokens 16 (TG wy + g) .. + 16 and all BM rows: MR 16 x 16 f32 accumulators.
 //   step (KT columns of W; the last may be short):
-//     the invocations dequantize the BM x KT tile of W, 32-value units in turn, into a_sh (f16,
-//       row-major, row stride KTP = KT + 8: 16 bytes of padding against bank conflicts);
+//     the invocations dequantize the BM x KT tile of W, 32-value units in turn, into a_sh, and
+//       copy the tokens' KT x16 values, 16 bytes at a time, into b_sh (both f16 rows of KT + 8
+//       values held as uvec4: 16 bytes of padding per row against bank conflicts);
 //     barrier;
-//     each group, per 16 columns k: B = x16[tokens][k .. k + 16] (16 x 16, straight from the
-//       buffer: column-major with the token stride; KB of them loaded before their products, so
-//       that their L2 round trips overlap) and, per row tile m, A = a_sh[16 m ..][k ..],
-//       acc[m] += A B;
+//     each group, per 16 columns k: B = b_sh[its tokens][k .. k + 16] (column-major), and per
+//       row tile m, A = a_sh[16 m ..][k .. k + 16] (row-major), acc[m] += A B;
 //     barrier.
 //   epilogue: each group stores its accumulators into c_sh (row-major 16 x 16 each), then its
 //     lanes write the rows and tokens that exist to y (+ y with TS_MATVEC_ACCUMULATE).
 // Tokens past n_tokens read x16 rows up to the next multiple of 16 (the host makes them exist)
 // and are not stored; rows past `rows` are zero in a_sh and not stored; columns past `cols` are
 // never multiplied (cols is a multiple of 32).
+// The cooperative-matrix loads take a_sh / b_sh (uvec4 arrays) with offsets and strides in uvec4
+// units (8 f16 values).
 //
 // COOP 0 is the same kernel with the products as plain FMAs (lane l holds the accumulator
 // elements l + 32 i, i < 8, of each tile: row (l + 32 i) % 16, token (l + 32 i) / 16): the path the
@@ -64,17 +65,23 @@
 
 layout(local_size_x = WG_SIZE) in;
 
-layout(std430, binding = 2) readonly restrict buffer X16 { float16_t x16[]; };
+layout(std430, binding = 2) readonly restrict buffer X16 { uvec4 x16v[]; };  // 8 f16 per element
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 layout(push_constant) uniform Push { MatmulArgs args; };
 
 #define BM (16 * MR)
-#define KTP (KT + 8)  // a_sh row stride (f16)
+#define RS (KT / 8 + 1)  // a_sh / b_sh row stride in uvec4 (KT + 8 f16)
 #define UNITS_PER_ROW (KT / 32)
-#define KB 8          // B tiles loaded ahead of their products
 
-shared float16_t a_sh[BM * KTP];
+shared uvec4 a_sh[BM * RS];
+shared uvec4 b_sh[TG * 16 * RS];
 shared float c_sh[TG * MR * 256];
+
+// 8 values as 8 f16 in a uvec4.
+uvec4 pack8(float v0, float v1, float v2, float v3, float v4, float v5, float v6, float v7) {
+  return uvec4(packHalf2x16(vec2(v0, v1)), packHalf2x16(vec2(v2, v3)), packHalf2x16(vec2(v4, v5)), packHalf2x16(vec2(v6, v7)));
+}
+#define PACK8(a, o) pack8(a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], a[o + 6], a[o + 7])
 
 // Unit u (0 .. BM * UNITS_PER_ROW) of the step at column k0 into a_sh: 32 values of row
 // u / UNITS_PER_ROW (zeros past the bound rows; nothing for columns past cols).
@@ -82,40 +89,55 @@ void stage_unit(uint u, uint row0, uint k0) {
   const uint r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
   const uint k = k0 + 32u * ju;  // the unit's first column
   if (k >= args.cols) return;
-  const uint at = r * uint(KTP) + 32u * ju;
   if (row0 + r >= args.rows) {
-    [[unroll]] for (uint i = 0; i < 32; ++i) a_sh[at + i] = float16_t(0.0);
+    [[unroll]] for (uint i = 0; i < 4; ++i) a_sh[r * uint(RS) + 4u * ju + i] = uvec4(0u);
     return;
   }
 #if W_PLAIN
   float v[8];
   [[unroll]] for (uint g = 0; g < 4; ++g) {
     plain_vec8(((row0 + r) * args.cols + k) / 8u + g, v);
-    [[unroll]] for (uint i = 0; i < 8; ++i) a_sh[at + 8u * g + i] = float16_t(v[i]);
+    a_sh[r * uint(RS) + 4u * ju + g] = PACK8(v, 0);
   }
 #else
   // The unit of a block type: block k / W_BLOCK of the row, its unit (k % W_BLOCK) / 32, whose
-  // values land at the block offsets split1_unit reports.
+  // 16 + 16 values land at the block offsets split1_unit reports (multiples of 16).
   const uint nb = args.cols / uint(W_BLOCK);
   const uint entry = (row0 + r) * nb + k / uint(W_BLOCK), j = (k % uint(W_BLOCK)) / 32u;
   float lo[16], hi[16];
   uint off_lo, off_hi;
   split1_unit(0u, 0u, entry, j, lo, hi, off_lo, off_hi);
-  const uint base = at - (k % uint(W_BLOCK));  // a_sh index of the block's element 0
-  [[unroll]] for (uint i = 0; i < 16; ++i) {
-    a_sh[base + off_lo + i] = float16_t(lo[i]);
-    a_sh[base + off_hi + i] = float16_t(hi[i]);
-  }
+  const uint base = r * uint(RS) + (k - k0 - (k % uint(W_BLOCK))) / 8u;  // a_sh index of the block's element 0
+  a_sh[base + off_lo / 8u] = PACK8(lo, 0);
+  a_sh[base + off_lo / 8u + 1u] = PACK8(lo, 8);
+  a_sh[base + off_hi / 8u] = PACK8(hi, 0);
+  a_sh[base + off_hi / 8u + 1u] = PACK8(hi, 8);
 #endif
 }
+
+// The workgroup's tokens' columns k0 .. k0 + KT (those below cols) into b_sh, 8 values per copy:
+// the token rows that exist in x16 (n_tokens rounded up to 16).
+void stage_tokens(uint tok0, uint k0) {
+  const uint n8 = min(uint(KT), args.cols - k0) / 8u;  // uvec4 per token row this step
+  const uint nt = min(uint(TG * 16), (args.n_tokens + 15u) / 16u * 16u - tok0);
+  for (uint c = gl_LocalInvocationIndex; c < nt * n8; c += uint(WG_SIZE)) {
+    const uint t = c / n8, j = c % n8;
+    b_sh[t * uint(RS) + j] = x16v[(args.x_offset + (tok0 + t) * args.x_stride + k0) / 8u + j];
+  }
+}
+
+// f16 value k of row `row` of a staged tile (the plain path's reads).
+float sh_value(uint v, uint k) { return unpackHalf2x16(v >> ((k & 1u) * 16u)).x; }
+#define A_AT(row, k) sh_value(a_sh[(row) * uint(RS) + (k) / 8u][((k) % 8u) / 2u], (k))
+#define B_AT(tok, k) sh_value(b_sh[(tok) * uint(RS) + (k) / 8u][((k) % 8u) / 2u], (k))
 
 void main() {
   const uint row0 = gl_WorkGroupID.x * uint(BM);
   if (row0 >= args.rows) return;  // uniform per workgroup
   const uint lid = gl_LocalInvocationIndex, grp = lid / 32u, lane = lid % 32u;
-  const uint tok = (gl_WorkGroupID.y * uint(TG) + grp) * 16u;  // the group's first token
-  const bool has_tokens = tok < args.n_tokens;              // uniform per group
-  const uint xb = args.x_offset + tok * args.x_stride;  // x16 index of the group's B tiles
+  const uint tok0 = gl_WorkGroupID.y * uint(TG) * 16u;  // the workgroup's first token
+  const uint tok = tok0 + 16u * grp;                     // the group's first token
+  const bool has_tokens = tok < args.n_tokens;           // uniform per group
 
 #if COOP
   fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[MR];
@@ -129,38 +151,30 @@ void main() {
 
   for (uint k0 = 0; k0 < args.cols; k0 += uint(KT)) {  // uniform
     [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0);
+    stage_tokens(tok0, k0);
     barrier();
     const uint nk = min(uint(KT), args.cols - k0) / 16u;
     if (has_tokens) {
-#if COOP
-      for (uint kb = 0; kb < nk; kb += uint(KB)) {
-        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b[KB];
-        [[unroll]] for (uint i = 0; i < KB; ++i)
-          if (kb + i < nk) coopMatLoadNV(b[i], x16, xb + k0 + 16u * (kb + i), args.x_stride, true);
-        [[unroll]] for (uint i = 0; i < KB; ++i) {
-          if (kb + i < nk) {
-            [[unroll]] for (uint m = 0; m < MR; ++m) {
-              fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-              coopMatLoadNV(a, a_sh, 16u * m * uint(KTP) + 16u * (kb + i), uint(KTP), false);
-              acc[m] = coopMatMulAddNV(a, b[i], acc[m]);
-            }
-          }
-        }
-      }
-#else
       for (uint kk = 0; kk < nk; ++kk) {
+#if COOP
+        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b;
+        coopMatLoadNV(b, b_sh, 16u * grp * uint(RS) + 2u * kk, uint(RS), true);
+        [[unroll]] for (uint m = 0; m < MR; ++m) {
+          fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
+          coopMatLoadNV(a, a_sh, 16u * m * uint(RS) + 2u * kk, uint(RS), false);
+          acc[m] = coopMatMulAddNV(a, b, acc[m]);
+        }
+#else
         [[unroll]] for (uint i = 0; i < 8; ++i) {
           const uint r = (lane + 32u * i) % 16u, t = (lane + 32u * i) / 16u;
-          const uint xi = xb + t * args.x_stride + k0 + 16u * kk;
           [[unroll]] for (uint m = 0; m < MR; ++m) {
-            const uint ai = (16u * m + r) * uint(KTP) + 16u * kk;
             float s = acc[m][i];
-            for (uint q = 0; q < 16u; ++q) s += float(a_sh[ai + q]) * float(x16[xi + q]);
+            for (uint q = 0; q < 16u; ++q) s += A_AT(16u * m + r, 16u * kk + q) * B_AT(16u * grp + t, 16u * kk + q);
             acc[m][i] = s;
           }
         }
-      }
 #endif
+      }
     }
     barrier();
   }

@@ -11,15 +11,17 @@ namespace tessera::vk {
 namespace {
 
 constexpr uint32_t kMinWorkgroups = 128;  // auto row_tiles: 2 only where this many remain
-constexpr uint32_t kAutoStep = 512;
+constexpr uint32_t kAutoStep = 256;
 constexpr uint32_t kAutoGroups = 4;
 
 struct Split {
   uint32_t mr, kt, tg;
   uint32_t rows_per_wg() const { return 16 * mr; }
   uint32_t tokens_per_wg() const { return 16 * tg; }
-  // a_sh (f16, BM x (KT + 8)) and c_sh (TG groups x MR tiles of 256 floats).
-  uint64_t shared_bytes() const { return uint64_t(rows_per_wg()) * (kt + 8) * 2 + uint64_t(tg) * mr * 256 * 4; }
+  // a_sh and b_sh (f16, BM and 16 TG rows of KT + 8) and c_sh (TG groups x MR tiles of 256 floats).
+  uint64_t shared_bytes() const {
+    return uint64_t(rows_per_wg() + tokens_per_wg()) * (kt + 8) * 2 + uint64_t(tg) * mr * 256 * 4;
+  }
 };
 
 // The columns of one staged unit group: K-quant units interleave inside their 256-value block
@@ -33,6 +35,9 @@ Split split_of(const MatmulOp& op, const DeviceInfo& info) {
     s.kt = kAutoStep;
     while (s.kt > step_granule(op) && s.shared_bytes() > info.max_compute_shared_memory) s.kt /= 2;
   }
+  // Still too large (K-quant steps hold 256 columns): fewer token groups.
+  if (!op.tuning.groups)
+    while (s.tg > 1 && s.shared_bytes() > info.max_compute_shared_memory) s.tg /= 2;
   return s;
 }
 
@@ -57,8 +62,8 @@ std::string MatmulOp::kernel_name(Context& ctx) const {
   return name;
 }
 
-uint64_t MatmulOp::bytes() const {
-  const uint64_t per_wg = 16ull * (tuning.groups ? tuning.groups : kAutoGroups);
+uint64_t MatmulOp::bytes(Context& ctx) const {
+  const uint64_t per_wg = split_of(*this, ctx.info()).tokens_per_wg();
   const uint64_t tiles = (uint64_t(n_tokens) + per_wg - 1) / per_wg;
   const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
   return tiles * w.read_bytes() + uint64_t(n_tokens) * w.cols * 2 + y_bytes * (accumulate ? 2 : 1);
@@ -129,7 +134,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
     MatmulOp part = *this;
     part.w.rows = c.rows;
     rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 4), a, uint32_t(row_tiles), uint32_t(token_tiles), 1, what,
-                 chunks.size() == 1 ? bytes() : part.bytes());
+                 chunks.size() == 1 ? bytes(ctx) : part.bytes(ctx));
   }
 }
 

@@ -32,8 +32,9 @@ struct MatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: 2 where that still
                            // gives 128 workgroups, else 1)
   uint32_t step = 0;       // columns of W staged per step: a multiple of 32 (of 256 for K-quants)
-                           // up to 2048 (auto 512, halved until the device's shared memory holds it)
-  uint32_t groups = 0;     // groups of 16 tokens per workgroup: 1, 2 or 4 (auto 4)
+                           // up to 2048 (auto 256, halved until the device's shared memory holds it)
+  uint32_t groups = 0;     // groups of 16 tokens per workgroup: 1, 2 or 4 (auto 4, fewer where
+                           // the shared memory cannot hold the step otherwise)
 };
 
 struct MatmulOp {
@@ -57,7 +58,7 @@ struct MatmulOp {
   std::string kernel_name(Context& ctx) const;
   // Bytes moved: W once per workgroup's tokens (64 by default), x16 read, y written (and read
   // when accumulating).
-  uint64_t bytes() const;
+  uint64_t bytes(Context& ctx) const;
   // Records the dispatches (no barrier). Validates type, shapes, strides, sizes and the device
   // first; throws Error(Runtime) naming the label and the problem.
   void record(CommandRecorder& rec) const;

@@ -155,21 +155,31 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
   MATMUL_REQUIRE(g);
   uint32_t seed = 300;
   for (vk::MatmulKernel k : kernels(g)) {
-    // Row tiles x token groups at 256-column steps (40 and 16 tokens: partial and whole
-    // groups), then other step widths (64: a row of 17 steps; 512, 1024: one short step).
+    // Row tiles x token groups at 64-column steps (40 and 16 tokens: partial and whole groups;
+    // 17 steps a row), other step widths (128, 256; 512 and 1024: one short step), K-quant steps
+    // of whole blocks. Where the shared memory cannot hold a split it is skipped (lavapipe's 32
+    // KiB: four of them, the widest).
     struct Split {
+      GgmlType type;
       uint32_t mr, step, tg;
     };
     std::vector<Split> splits;
     for (uint32_t mr : {1u, 2u, 4u})
-      for (uint32_t tg : {1u, 2u, 4u}) splits.push_back({mr, 256, tg});
-    for (uint32_t step : {64u, 512u, 1024u}) splits.push_back({1, step, 4});
+      for (uint32_t tg : {1u, 2u, 4u}) splits.push_back({GgmlType::Q4_0, mr, 64, tg});
+    for (uint32_t step : {128u, 256u, 512u, 1024u}) splits.push_back({GgmlType::Q4_0, 1, step, 1});
+    for (uint32_t mr : {1u, 2u}) splits.push_back({GgmlType::Q6_K, mr, 256, 1});
+    splits.push_back({GgmlType::Q6_K, 1, 512, 1});
+    uint32_t ran = 0;
     for (const Split& sp : splits) {
-      if (uint64_t(16 * sp.mr) * (sp.step + 8) * 2 + 1024ull * sp.tg * sp.mr > g.ctx->info().max_compute_shared_memory) continue;
-      run_case(g, {GgmlType::Q4_0, 83, 1088, 40, true, 0, 0, 0, sp.mr, sp.step, sp.tg}, k, seed++);
-      if (sp.step % 256 == 0)  // K-quant steps hold whole blocks
+      if (uint64_t(16 * sp.mr + 16 * sp.tg) * (sp.step + 8) * 2 + 1024ull * sp.tg * sp.mr > g.ctx->info().max_compute_shared_memory)
+        continue;
+      if (sp.type == GgmlType::Q4_0)
+        run_case(g, {GgmlType::Q4_0, 83, 1088, 40, true, 0, 0, 0, sp.mr, sp.step, sp.tg}, k, seed++);
+      else
         run_case(g, {GgmlType::Q6_K, 50, 768, 16, false, 0, 0, 0, sp.mr, sp.step, sp.tg}, k, seed++);
+      ++ran;
     }
+    EXPECT_GE(ran, splits.size() - 4);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
     run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
     // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).

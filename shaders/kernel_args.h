@@ -60,6 +60,9 @@ struct MatvecArgs {
 
 // matmul.comp: y[t*y_stride + row_begin + r] (+)= sum_k W[r][k] * x16[x_offset + t*x_stride + k]
 // for r < rows (the rows bound in this dispatch), t < n_tokens; x16 f16, y f32.
+// Split over K (n_splits > 1): workgroup z sums columns [z k_split, (z + 1) k_split) into
+// part[(z*n_tokens + t)*part_rows + row_begin + r]; then the REDUCE variant adds the n_splits
+// partial sums in order into y.
 struct MatmulArgs {
   uint rows;       // rows of W bound to this dispatch (the weight bindings start at row_begin)
   uint cols;       // K: row length in elements
@@ -69,6 +72,10 @@ struct MatmulArgs {
   uint y_stride;   // floats between consecutive tokens of y
   uint n_tokens;   // tokens (x16 holds them rounded up to 16)
   uint x_offset;   // index in x16 of token 0's first element (a multiple of 8)
+  uint k_split;    // columns per workgroup along z (a multiple of KT; >= cols: no split)
+  uint n_splits;   // workgroups along z (1: y written directly)
+  uint part_rows;  // rows of the whole matrix (the partial sums' token stride)
+  uint pad0;
 };
 
 // rmsnorm.comp: for each row t < n_rows:

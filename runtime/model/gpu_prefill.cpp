@@ -29,6 +29,7 @@ constexpr uint32_t kPosWord = 0;
 constexpr uint32_t kCountWord = 1;
 constexpr uint32_t kIdsWord = 2;
 constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T queries add parallelism)
+constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and kv_a)
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
 
@@ -44,7 +45,8 @@ struct GpuModel::Prefill {
   uint32_t T = 0;
   vk::Buffer chunk;  // host-visible: kPosWord, kCountWord, ids
   vk::Buffer x, cq, kv, qfull, q, olat, o, h2, router_logits, route, lists, h, y, partials, xlast, logits_all;
-  vk::Buffer x16;     // the matmuls' f16 input rows (T rounded up to 16; prefill_matmul)
+  vk::Buffer x16;       // the matmuls' f16 input rows (T rounded up to 16; prefill_matmul)
+  vk::Buffer mm_partials;  // their split-K partial sums: one region per matmul of a stage
   bool matmul = false;
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
   std::unique_ptr<vk::CommandRecorder> profiled;  // Head::None with timestamps (profile_prefill)
@@ -56,11 +58,11 @@ void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
 namespace {
 
 struct Sizes {
-  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16;
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials;
   uint64_t total() const {
     uint64_t s = 0;
     for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */,
-                       logits_all, x16})
+                       logits_all, x16, mm_partials})
       s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
     return s;
   }
@@ -92,6 +94,7 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const
   s.logits_all = T * uint64_t(c.n_vocab) * 4;
   const uint64_t widest = std::max({uint64_t(c.n_embd), uint64_t(c.q_lora_rank), H * R, H * c.n_v});
   s.x16 = matmul ? (T + 15) / 16 * 16 * widest * 2 : 0;
+  s.mm_partials = matmul ? kMatmulsPerStage * vk::kMatmulMaxPartialBytes : 0;
   return s;
 }
 
@@ -134,7 +137,7 @@ void GpuModel::create_prefill() {
                         {&p->lists, "prefill expert lists", s.lists}, {&p->h, "prefill ffn h", s.h},
                         {&p->y, "prefill ffn y", s.y}, {&p->partials, "prefill attention partials", s.partials},
                         {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all},
-                        {&p->x16, "prefill f16 rows", s.x16}};
+                        {&p->x16, "prefill f16 rows", s.x16}, {&p->mm_partials, "prefill matmul partial sums", s.mm_partials}};
   for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
   p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
   std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
@@ -164,6 +167,7 @@ struct PrefillRecorder {
   bool int8_activations;
   vk::MatvecTuning tuning;
   const vk::Buffer* x16 = nullptr;  // set: dense matrices as matmuls reading these f16 rows
+  const vk::Buffer* partials = nullptr;  // their split-K partial sums (kMatmulsPerStage regions)
   vk::MatmulTuning matmul_tuning;
   uint64_t weight_bytes = 0;
 
@@ -172,9 +176,10 @@ struct PrefillRecorder {
     std::string name;
     const vk::Buffer* y;
   };
-  // y = W x[t] (+ y[t]) for each of `outs`, all reading x (W.cols floats per token), normalized
-  // with `norm` where set: matmuls where x16 is set (x normalized into x16 first, then a barrier),
-  // else batched matvecs. No barrier after.
+  // y = W x[t] (+ y[t]) for each of `outs` (at most kMatmulsPerStage), all reading x (W.cols
+  // floats per token), normalized with `norm` where set: matmuls where x16 is set (x normalized
+  // into x16 first, then a barrier; split-K matmuls: a barrier and their sums after them), else
+  // batched matvecs. No barrier after.
   void dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc) {
     const uint32_t cols = outs.begin()->w.cols;
     bool matmul = x16 != nullptr;
@@ -195,17 +200,27 @@ struct PrefillRecorder {
     n.label = (n.normalize ? "rmsnorm.f16out " : "to_f16 ") + outs.begin()->name;
     n.record(rec);
     rec.barrier();
+    if (outs.size() > kMatmulsPerStage) runtime_error(outs.begin()->name, ": more matmuls on one input than partial-sum regions");
+    std::vector<vk::MatmulOp> ops;
+    bool split = false;
     for (const Out& o : outs) {
       vk::MatmulOp op;
       op.w = o.w;
       op.x16 = x16->whole();
       op.y = o.y->whole();
+      op.partials = partials->whole().sub(ops.size() * vk::kMatmulMaxPartialBytes, vk::kMatmulMaxPartialBytes);
       op.n_tokens = T;
       op.accumulate = acc;
       op.tuning = matmul_tuning;
       op.label = op.kernel_name(rec.context()) + " " + o.name;
       op.record(rec);
+      split = split || op.splits(rec.context()) > 1;
       weight_bytes += o.w.read_bytes() * ((T + 63) / 64);
+      ops.push_back(op);
+    }
+    if (split) {
+      rec.barrier();
+      for (const vk::MatmulOp& op : ops) op.record_sum(rec);
     }
   }
 
@@ -245,7 +260,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   {
     auto rec = step_recorder(timestamps);
     rec->begin();
-    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, options_.matmul};
+    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
+                      options_.matmul};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");

@@ -10,17 +10,18 @@ namespace tessera::vk {
 
 namespace {
 
-constexpr uint32_t kMinWorkgroups = 128;  // auto row_tiles: 2 only where this many remain
-constexpr uint32_t kAutoStep = 256;
-constexpr uint32_t kAutoGroups = 4;
+constexpr uint32_t kTargetWorkgroups = 256;  // auto splits: enough workgroups to fill the GPU
+constexpr uint32_t kMaxAutoSplits = 16;
+constexpr uint32_t kMaxSplits = 64;
+constexpr uint32_t kReduceWorkgroup = 256;
 
 struct Split {
   uint32_t mr, kt, tg;
   uint32_t rows_per_wg() const { return 16 * mr; }
   uint32_t tokens_per_wg() const { return 16 * tg; }
-  // a_sh and b_sh (f16, BM and 16 TG rows of KT + 8) and c_sh (TG groups x MR tiles of 256 floats).
+  // The staged W and token rows (f16, KT + 8 each), or the accumulator tiles, whichever is larger.
   uint64_t shared_bytes() const {
-    return uint64_t(rows_per_wg() + tokens_per_wg()) * (kt + 8) * 2 + uint64_t(tg) * mr * 256 * 4;
+    return std::max<uint64_t>(uint64_t(rows_per_wg() + tokens_per_wg()) * (kt + 8) * 2, uint64_t(tg) * mr * 1024);
   }
 };
 
@@ -28,17 +29,37 @@ struct Split {
 // (weights.glsl split1_unit), so a step holds whole blocks.
 uint32_t step_granule(const MatmulOp& op) { return std::max<uint32_t>(32, type_info(op.w.type).block_elems); }
 
+// The tuned fields as given; the automatic ones as the first of a preference list (most rows and
+// tokens per workgroup, then the wider step) whose shared memory fits the device.
 Split split_of(const MatmulOp& op, const DeviceInfo& info) {
-  Split s{op.tuning.row_tiles, op.tuning.step, op.tuning.groups ? op.tuning.groups : kAutoGroups};
-  if (!s.mr) s.mr = (op.w.rows + 31) / 32 >= kMinWorkgroups ? 2u : 1u;
-  if (!s.kt) {
-    s.kt = kAutoStep;
-    while (s.kt > step_granule(op) && s.shared_bytes() > info.max_compute_shared_memory) s.kt /= 2;
+  const MatmulTuning& t = op.tuning;
+  const uint32_t g = step_granule(op);
+  for (uint32_t mr : {4u, 2u, 1u})
+    for (uint32_t tg : {4u, 2u, 1u})
+      for (uint32_t kt : {256u, 128u, 64u, 32u}) {
+        const Split s{t.row_tiles ? t.row_tiles : mr, t.step ? t.step : kt, t.groups ? t.groups : tg};
+        if (s.kt % g == 0 && s.shared_bytes() <= info.max_compute_shared_memory) return s;
+      }
+  return {t.row_tiles ? t.row_tiles : 1, t.step ? t.step : g, t.groups ? t.groups : 1};  // record() refuses it
+}
+
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Workgroups along K and the columns each takes (a multiple of the step).
+struct KSplit {
+  uint32_t n, cols;
+};
+KSplit k_split_of(const MatmulOp& op, const Split& s) {
+  const uint64_t steps = ceil_div(op.w.cols, s.kt);
+  uint64_t n = op.tuning.splits;
+  if (!n) {
+    const uint64_t tiles = ceil_div(op.w.rows, s.rows_per_wg()) * ceil_div(op.n_tokens, s.tokens_per_wg());
+    const uint64_t most = kMatmulMaxPartialBytes / std::max<uint64_t>(1, uint64_t(op.n_tokens) * op.w.rows * 4);
+    n = std::clamp<uint64_t>(ceil_div(kTargetWorkgroups, tiles), 1, std::min<uint64_t>({kMaxAutoSplits, steps, std::max<uint64_t>(most, 1)}));
   }
-  // Still too large (K-quant steps hold 256 columns): fewer token groups.
-  if (!op.tuning.groups)
-    while (s.tg > 1 && s.shared_bytes() > info.max_compute_shared_memory) s.tg /= 2;
-  return s;
+  n = std::clamp<uint64_t>(n, 1, steps);
+  const uint64_t cols = ceil_div(steps, n) * s.kt;
+  return {uint32_t(ceil_div(op.w.cols, cols)), uint32_t(cols)};
 }
 
 }  // namespace
@@ -54,19 +75,25 @@ bool MatmulOp::uses_coop(Context& ctx) const {
   return kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
 }
 
+uint32_t MatmulOp::splits(Context& ctx) const { return k_split_of(*this, split_of(*this, ctx.info())).n; }
+
+uint64_t MatmulOp::partials_bytes(Context& ctx) const {
+  const uint32_t n = splits(ctx);
+  return n > 1 ? uint64_t(n) * n_tokens * w.rows * 4 : 0;
+}
+
 std::string MatmulOp::kernel_name(Context& ctx) const {
   const Split s = split_of(*this, ctx.info());
-  std::string name = cat("matmul.", type_name(w.type), uses_coop(ctx) ? ".coop" : ".plain");
-  if (s.mr != 1) name += cat(".m", s.mr);
-  if (s.tg != kAutoGroups) name += cat(".g", s.tg);
+  std::string name = cat("matmul.", type_name(w.type), uses_coop(ctx) ? ".coop" : ".plain", ".m", s.mr);
+  if (s.tg != 4) name += cat(".g", s.tg);
+  if (k_split_of(*this, s).n > 1) name += ".splitk";
   return name;
 }
 
 uint64_t MatmulOp::bytes(Context& ctx) const {
-  const uint64_t per_wg = split_of(*this, ctx.info()).tokens_per_wg();
-  const uint64_t tiles = (uint64_t(n_tokens) + per_wg - 1) / per_wg;
+  const uint64_t tiles = ceil_div(n_tokens, split_of(*this, ctx.info()).tokens_per_wg());
   const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
-  return tiles * w.read_bytes() + uint64_t(n_tokens) * w.cols * 2 + y_bytes * (accumulate ? 2 : 1);
+  return tiles * w.read_bytes() + uint64_t(n_tokens) * w.cols * 2 + (splits(ctx) > 1 ? partials_bytes(ctx) : y_bytes * (accumulate ? 2 : 1));
 }
 
 void MatmulOp::record(CommandRecorder& rec) const {
@@ -80,29 +107,33 @@ void MatmulOp::record(CommandRecorder& rec) const {
   if (coop && !matmul_coop_supported(ctx))
     runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
   const Split s = split_of(*this, ctx.info());
-  if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt > 2048)
+  if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt == 0 ||
+      s.kt > 2048 || tuning.splits > kMaxSplits)
     usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.tg, " token groups (1, 2 or 4), steps of ", s.kt,
-                " columns (a multiple of 32 up to 2048)");
+                " columns (a multiple of 32 up to 2048), ", tuning.splits, " splits (at most ", kMaxSplits, ")");
   if (s.kt % step_granule(*this) != 0)
     usage_error("matmul tuning: ", type_name(w.type), " steps hold whole ", step_granule(*this), "-value blocks, not ", s.kt,
                 " columns");
   if (s.shared_bytes() > ctx.info().max_compute_shared_memory)
-    runtime_error(what, ": ", s.mr, " row tiles x ", s.kt, " columns need ", s.shared_bytes(),
+    runtime_error(what, ": ", s.mr, " row tiles, ", s.tg, " token groups and ", s.kt, "-column steps need ", s.shared_bytes(),
                   " bytes of shared memory, the device has ", ctx.info().max_compute_shared_memory);
   if (n_tokens == 0) runtime_error(what, ": no tokens");
   const uint32_t xs = x_stride ? x_stride : w.cols, ys = y_stride ? y_stride : w.rows;
   if (x_offset % 8 != 0 || xs % 8 != 0) runtime_error(what, ": x16 offset ", x_offset, " and stride ", xs, " must be multiples of 8");
   if (xs < w.cols || ys < w.rows)
     runtime_error(what, ": strides (x ", xs, ", y ", ys, ") smaller than the vectors (", w.cols, ", ", w.rows, ")");
-  const uint64_t padded = (uint64_t(n_tokens) + 15) / 16 * 16;
+  const uint64_t padded = ceil_div(n_tokens, 16) * 16;
   const uint64_t x_need = (uint64_t(x_offset) + (padded - 1) * xs + w.cols) * 2;
   const uint64_t y_need = (uint64_t(n_tokens - 1) * ys + w.rows) * 4;
   if (x16.size < x_need)
     runtime_error(what, ": x16 binding has ", x16.size, " bytes, needs ", x_need, " (", padded, " token rows: the tokens rounded up to 16)");
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
-  const uint64_t token_tiles = (uint64_t(n_tokens) + s.tokens_per_wg() - 1) / s.tokens_per_wg();
-  if (token_tiles > ctx.info().max_workgroup_count[1])
-    runtime_error(what, ": ", n_tokens, " tokens exceed the device's workgroup count");
+  const KSplit ks = k_split_of(*this, s);
+  if (ks.n > 1 && partials.size < partials_bytes(ctx))
+    runtime_error(what, ": ", ks.n, " splits along K need ", partials_bytes(ctx), " bytes of partial sums, the binding has ", partials.size);
+  const uint64_t token_tiles = ceil_div(n_tokens, s.tokens_per_wg());
+  if (token_tiles > ctx.info().max_workgroup_count[1] || ks.n > ctx.info().max_workgroup_count[2])
+    runtime_error(what, ": ", n_tokens, " tokens in ", ks.n, " splits exceed the device's workgroup counts");
 
   PipelineDesc desc;
   desc.name = kernel_name(ctx);
@@ -112,14 +143,14 @@ void MatmulOp::record(CommandRecorder& rec) const {
                   {"TG", std::to_string(s.tg)},
                   {"KT", std::to_string(s.kt)},
                   {"COOP", coop ? "1" : "0"}};
-  desc.num_buffers = 4;
+  desc.num_buffers = 5;
   desc.push_bytes = sizeof(gpu::MatmulArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();
   const Pipeline& pipe = ctx.pipeline(desc);
 
   const std::vector<RowChunk> chunks = row_chunks(w, ctx.info(), max_binding_bytes);
   for (const RowChunk& c : chunks) {
-    const uint64_t row_tiles = (uint64_t(c.rows) + s.rows_per_wg() - 1) / s.rows_per_wg();
+    const uint64_t row_tiles = ceil_div(c.rows, s.rows_per_wg());
     if (row_tiles > ctx.info().max_workgroup_count[0]) runtime_error(what, ": ", c.rows, " rows exceed the device's workgroup count");
     gpu::MatmulArgs a{};
     a.rows = c.rows;
@@ -130,12 +161,41 @@ void MatmulOp::record(CommandRecorder& rec) const {
     a.y_stride = ys;
     a.n_tokens = n_tokens;
     a.x_offset = x_offset;
-    const BufferSlice bufs[4] = {c.q, c.m, x16, y};
+    a.k_split = ks.cols;
+    a.n_splits = ks.n;
+    a.part_rows = w.rows;
+    const BufferSlice bufs[5] = {c.q, c.m, x16, y, ks.n > 1 ? partials : y};
     MatmulOp part = *this;
     part.w.rows = c.rows;
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 4), a, uint32_t(row_tiles), uint32_t(token_tiles), 1, what,
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, uint32_t(row_tiles), uint32_t(token_tiles), ks.n, what,
                  chunks.size() == 1 ? bytes(ctx) : part.bytes(ctx));
   }
+}
+
+void MatmulOp::record_sum(CommandRecorder& rec) const {
+  Context& ctx = rec.context();
+  const KSplit ks = k_split_of(*this, split_of(*this, ctx.info()));
+  if (ks.n <= 1) return;
+  PipelineDesc desc;
+  desc.name = "matmul.sum";
+  desc.file = "matmul.comp";
+  desc.defines = {{"REDUCE", "1"}, {"WG_SIZE", std::to_string(kReduceWorkgroup)}};
+  desc.num_buffers = 5;
+  desc.push_bytes = sizeof(gpu::MatmulArgs);
+  const Pipeline& pipe = ctx.pipeline(desc);
+  gpu::MatmulArgs a{};
+  a.rows = w.rows;
+  a.cols = w.cols;
+  a.flags = accumulate ? TS_MATVEC_ACCUMULATE : 0u;
+  a.y_stride = y_stride ? y_stride : w.rows;
+  a.n_tokens = n_tokens;
+  a.n_splits = ks.n;
+  a.part_rows = w.rows;
+  const BufferSlice bufs[5] = {y, y, y, y, partials};
+  const GroupCounts g = split_workgroups(ceil_div(uint64_t(w.rows) * n_tokens, kReduceWorkgroup), ctx.info());
+  const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, g.x, g.y, 1, (label.empty() ? desc.name : label) + " (sum)",
+               partials_bytes(ctx) + y_bytes * (accumulate ? 2 : 1));
 }
 
 }  // namespace tessera::vk

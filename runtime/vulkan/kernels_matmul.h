@@ -6,10 +6,15 @@
 // on tensor cores where the device has 16 x 16 x 16 f16 cooperative matrices
 // (VK_NV_cooperative_matrix, subgroups of 32), else the same kernel with plain FMAs
 // (MatmulKernel::Plain: the tests' path on devices without them; slower than the int8 matvec).
+// Matrices with few row tiles are split along K over several workgroups (split-K), whose partial
+// sums a second dispatch adds in order into Y: the same bits on every run.
 //
 //   vk::MatmulOp op;
 //   op.w = weight; op.x16 = x16.whole(); op.y = y.whole(); op.n_tokens = 64;
-//   op.record(rec);     // one dispatch per row chunk of the weight bindings (no barrier)
+//   op.partials = scratch;          // op.partials_bytes(ctx) bytes, where op.splits(ctx) > 1
+//   op.record(rec);                 // the matmul (one dispatch per row chunk of the bindings)
+//   rec.barrier();                  // where op.splits(ctx) > 1:
+//   op.record_sum(rec);             //   the partial sums into y
 #pragma once
 #include <cstdint>
 #include <string>
@@ -27,14 +32,19 @@ bool matmul_coop_supported(Context& ctx);
 // MatmulOp runs here at all (f16 arithmetic for its staging).
 bool matmul_supported(Context& ctx);
 
+// The most bytes of partial sums one MatmulOp asks for (automatic splits stay below it).
+constexpr uint64_t kMatmulMaxPartialBytes = 8ull << 20;
+
 // Work split; 0 = automatic.
 struct MatmulTuning {
-  uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: 2 where that still
-                           // gives 128 workgroups, else 1)
+  uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: the most of 4, 2, 1
+                           // whose step fits the device's shared memory)
   uint32_t step = 0;       // columns of W staged per step: a multiple of 32 (of 256 for K-quants)
-                           // up to 2048 (auto 256, halved until the device's shared memory holds it)
+                           // up to 2048 (auto 256 or 128, whichever fits)
   uint32_t groups = 0;     // groups of 16 tokens per workgroup: 1, 2 or 4 (auto 4, fewer where
                            // the shared memory cannot hold the step otherwise)
+  uint32_t splits = 0;     // workgroups along K per tile, 1..64 (auto: enough for 256 workgroups,
+                           // at most 16 and one step each, partial sums within kMatmulMaxPartialBytes)
 };
 
 struct MatmulOp {
@@ -42,6 +52,7 @@ struct MatmulOp {
   BufferSlice x16;            // f16: token t, element k at x_offset + t * x_stride + k, for t below
                               // n_tokens rounded up to 16 (rows past n_tokens are read, not used)
   BufferSlice y;              // f32: token t, row r at t * y_stride + r
+  BufferSlice partials;       // f32 scratch of partials_bytes(); needed where splits() > 1
   uint32_t n_tokens = 0;      // 1..
   uint32_t x_offset = 0;      // f16 elements; multiple of 8
   uint32_t x_stride = 0;      // f16 elements between tokens; 0 = cols; multiple of 8
@@ -54,14 +65,20 @@ struct MatmulOp {
 
   // Whether record() takes the tensor-core kernel on this device.
   bool uses_coop(Context& ctx) const;
-  // Pipeline name, e.g. "matmul.q4_0.coop" / "matmul.q8_0.plain".
+  // Workgroups along K per tile (1: no partial sums, no record_sum).
+  uint32_t splits(Context& ctx) const;
+  uint64_t partials_bytes(Context& ctx) const;
+  // Pipeline name, e.g. "matmul.q4_0.coop.m4" / "matmul.q8_0.plain".
   std::string kernel_name(Context& ctx) const;
   // Bytes moved: W once per workgroup's tokens (64 by default), x16 read, y written (and read
-  // when accumulating).
+  // when accumulating), the partial sums written.
   uint64_t bytes(Context& ctx) const;
-  // Records the dispatches (no barrier). Validates type, shapes, strides, sizes and the device
-  // first; throws Error(Runtime) naming the label and the problem.
+  // Records the matmul's dispatches (no barrier). Validates type, shapes, strides, sizes, the
+  // work split and the device first; throws Error(Runtime) naming the label and the problem.
   void record(CommandRecorder& rec) const;
+  // Where splits() > 1: the dispatch that adds the partial sums into y, to record after a
+  // barrier that follows record(); nothing otherwise.
+  void record_sum(CommandRecorder& rec) const;
 };
 
 }  // namespace tessera::vk

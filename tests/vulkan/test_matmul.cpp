@@ -23,14 +23,15 @@ struct Case {
   bool accumulate = false;
   uint32_t x_pad = 0, y_pad = 0;  // stride - length
   uint64_t max_binding_bytes = 0;
-  uint32_t row_tiles = 0, step = 0, groups = 0;  // MatmulTuning
+  uint32_t row_tiles = 0, step = 0, groups = 0, splits = 0;  // MatmulTuning
 };
 
 std::string describe(const Case& c, vk::MatmulKernel k) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " tokens ", c.tokens, c.accumulate ? " acc" : "",
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
-             c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+             c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "",
+             c.splits ? cat(" splits ", c.splits) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
 void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
@@ -63,12 +64,18 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   op.y_stride = ys;
   op.accumulate = c.accumulate;
   op.kernel = kernel;
-  op.tuning = {c.row_tiles, c.step, c.groups};
+  op.tuning = {c.row_tiles, c.step, c.groups, c.splits};
   op.max_binding_bytes = c.max_binding_bytes;
   EXPECT_NE(op.kernel_name(*g.ctx).find(kernel == vk::MatmulKernel::Coop ? ".coop" : ".plain"), std::string::npos);
+  if (c.splits > 1) EXPECT_GT(op.splits(*g.ctx), 1u) << describe(c, kernel);
+  vk::Buffer pb = vktest::make_buffer(g, std::max<uint64_t>(op.partials_bytes(*g.ctx), 16), "partials");
+  vktest::poison(g, pb);
+  op.partials = pb.whole();
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   op.record(rec);
+  rec.barrier();
+  op.record_sum(rec);
   rec.end();
   rec.run();
   const std::vector<float> got = vktest::download_floats(g, yb, y0.size());
@@ -180,6 +187,12 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
       ++ran;
     }
     EXPECT_GE(ran, splits.size() - 4);
+    // Split along K: 3 and 5 workgroups (the last shorter) over rows of 9 and 17 steps, with
+    // accumulation and padded strides; and the automatic split of a short, wide matrix.
+    run_case(g, {GgmlType::Q4_0, 37, 1152, 21, true, 0, 0, 0, 1, 128, 2, 3}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 45, 1088, 40, false, 8, 3, 0, 1, 64, 4, 5}, k, seed++);
+    run_case(g, {GgmlType::Q6_K, 20, 2304, 19, true, 0, 0, 0, 1, 256, 1, 4}, k, seed++);
+    run_case(g, {GgmlType::F32, 64, 2048, 64}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
     run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
     // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).
@@ -234,6 +247,10 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
   bad.w = dk->ref;
   bad.tuning.step = 128;  // 128-column steps split the 256-value blocks
   refused(bad, "whole 256-value blocks");
+  bad = op;
+  bad.w = dm->ref;
+  bad.tuning = {1, 32, 1, 2};  // two splits, no partial sums bound
+  refused(bad, "partial sums");
   if (!vk::matmul_coop_supported(*g.ctx)) {
     bad = op;
     bad.kernel = vk::MatmulKernel::Coop;

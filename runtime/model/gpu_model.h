@@ -68,8 +68,9 @@ struct GpuModelOptions {
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the
-  // plain kernel elsewhere: the tests' path); 0 never (the batched matvec, 8 tokens per
-  // dispatch). bench --tune prefill_matmul=0|1 (2 = auto).
+  // plain kernel elsewhere: the tests' path); 2 the plain kernel even where tensor cores are
+  // (a diagnostic); 0 never (the batched matvec, 8 tokens per dispatch). bench --tune
+  // prefill_matmul=0|1|2|3 (2 = auto, 3 = the plain kernel).
   int prefill_matmul = -1;
   vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the

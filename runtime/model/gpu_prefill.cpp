@@ -36,7 +36,7 @@ enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+
 // GpuModelOptions::prefill_matmul on this device: whether the dense matrices run as matmuls.
 bool prefill_matmul(int option, vk::Context& ctx) {
   if (option == 0 || !vk::matmul_supported(ctx)) return false;
-  return option == 1 || vk::matmul_coop_supported(ctx);
+  return option >= 1 || vk::matmul_coop_supported(ctx);
 }
 
 }  // namespace
@@ -151,7 +151,7 @@ void GpuModel::create_prefill() {
   prefill_stats_.chunk = p->T;
   prefill_stats_.scratch_bytes = s.total();
   prefill_stats_.matmul = p->matmul;
-  prefill_stats_.matmul_coop = p->matmul && vk::matmul_coop_supported(ctx_);
+  prefill_stats_.matmul_coop = p->matmul && options_.prefill_matmul != 2 && vk::matmul_coop_supported(ctx_);
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
@@ -169,6 +169,7 @@ struct PrefillRecorder {
   const vk::Buffer* x16 = nullptr;  // set: dense matrices as matmuls reading these f16 rows
   const vk::Buffer* partials = nullptr;  // their split-K partial sums (kMatmulsPerStage regions)
   vk::MatmulTuning matmul_tuning;
+  vk::MatmulKernel matmul_kernel = vk::MatmulKernel::Auto;
   uint64_t weight_bytes = 0;
 
   struct Out {
@@ -212,6 +213,7 @@ struct PrefillRecorder {
       op.n_tokens = T;
       op.accumulate = acc;
       op.tuning = matmul_tuning;
+      op.kernel = matmul_kernel;
       op.label = op.kernel_name(rec.context()) + " " + o.name;
       op.record(rec);
       split = split || op.splits(rec.context()) > 1;
@@ -261,7 +263,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     auto rec = step_recorder(timestamps);
     rec->begin();
     PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
-                      options_.matmul};
+                      options_.matmul, options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");

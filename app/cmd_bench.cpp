@@ -85,7 +85,7 @@ const Knob<O> kTuneKnobs[] = {
      "the prefill's dense matrices: 0 batched matvecs, 1 matmuls (plain FMAs without tensor cores), 2 auto (matmuls on tensor cores), 3 matmuls with plain FMAs",
      [](O& o, uint32_t v) { o.prefill_matmul = v == 2 ? -1 : v == 3 ? 2 : int(v); }},
     {"matmul_rows", 4, "16-row tiles per prefill matmul workgroup: 1, 2 or 4; 0 auto", [](O& o, uint32_t v) { o.matmul.row_tiles = v; }},
-    {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 256 for K-quants); 0 auto (256)",
+    {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 64 for Q4_K / Q5_K, 128 for Q6_K); 0 auto (64)",
      [](O& o, uint32_t v) { o.matmul.step = v; }},
     {"matmul_splits", 64, "workgroups along K per prefill matmul tile (split-K); 0 auto, 1 none",
      [](O& o, uint32_t v) { o.matmul.splits = v; }},

@@ -35,7 +35,8 @@
 // row i % rows, token i / rows, in order, into y (+ y with TS_MATVEC_ACCUMULATE).
 //
 // Defines: WTYPE (a SPLIT1 block type or F32 / F16 / BF16), MR (1, 2 or 4), TG (groups: 1, 2 or 4),
-// KT (a multiple of 32; of 256 for K-quants, whose units interleave inside a block), COOP;
+// KT (a multiple of 32; for K-quants, whose units interleave inside a block, of the span a unit's
+// values cover: 64 for Q4_K / Q5_K, 128 for Q6_K), COOP;
 // or REDUCE 1 (and WG_SIZE).
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32),
 // 4 = partial sums (f32).
@@ -84,10 +85,15 @@ void main() {
 #if KT % 32 != 0
 #error "matmul.comp: KT holds whole units of 32"
 #endif
-#if !W_PLAIN
-#if KT % W_BLOCK != 0
-#error "matmul.comp: KT holds whole blocks"
+#if WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
+#define UNIT_SPAN 64   // units 2c, 2c + 1 fill columns 64c .. 64c + 64 of their block
+#elif WTYPE == TS_TYPE_Q6_K
+#define UNIT_SPAN 128  // units 4n .. 4n + 3 fill columns 128n .. 128n + 128
+#else
+#define UNIT_SPAN 32
 #endif
+#if KT % UNIT_SPAN != 0
+#error "matmul.comp: KT holds whole unit spans"
 #endif
 #if COOP && (!USE_SUBGROUP || SUBGROUP_SIZE != 32)
 #error "matmul.comp: COOP needs subgroups of 32"
@@ -134,17 +140,19 @@ void stage_unit(uint u, uint row0, uint k0, uint k_end) {
   }
 #else
   // The unit of a block type: block k / W_BLOCK of the row, its unit (k % W_BLOCK) / 32, whose
-  // 16 + 16 values land at the block offsets split1_unit reports (multiples of 16).
+  // 16 + 16 values land at the block offsets split1_unit reports (multiples of 16, inside the
+  // step: it holds whole unit spans).
   const uint nb = args.cols / uint(W_BLOCK);
   const uint entry = (row0 + r) * nb + k / uint(W_BLOCK), j = (k % uint(W_BLOCK)) / 32u;
   float lo[16], hi[16];
   uint off_lo, off_hi;
   split1_unit(0u, 0u, entry, j, lo, hi, off_lo, off_hi);
-  const uint base = r * uint(RS) + (k - k0 - (k % uint(W_BLOCK))) / 8u;  // sh index of the block's element 0
-  sh[base + off_lo / 8u] = PACK8(lo, 0);
-  sh[base + off_lo / 8u + 1u] = PACK8(lo, 8);
-  sh[base + off_hi / 8u] = PACK8(hi, 0);
-  sh[base + off_hi / 8u + 1u] = PACK8(hi, 8);
+  const uint block0 = k - k % uint(W_BLOCK);  // the block's first column
+  const uint at_lo = r * uint(RS) + (block0 + off_lo - k0) / 8u, at_hi = r * uint(RS) + (block0 + off_hi - k0) / 8u;
+  sh[at_lo] = PACK8(lo, 0);
+  sh[at_lo + 1u] = PACK8(lo, 8);
+  sh[at_hi] = PACK8(hi, 0);
+  sh[at_hi + 1u] = PACK8(hi, 8);
 #endif
 }
 

@@ -142,7 +142,12 @@ TEST(KernelMatmul, KQuantTypesAwkwardShapes) {
   for (vk::MatmulKernel k : kernels(g))
     for (GgmlType t : {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
       run_case(g, {t, 21, 256, 5}, k, seed++);
-      run_case(g, {t, 48, 1280, 33, true}, k, seed++);  // 2.5 steps of 512
+      run_case(g, {t, 48, 1280, 33, true}, k, seed++);
+      // Steps of one unit span (64 / 128 columns) and of 384 (Q6_K: three 128-spans, straddling
+      // blocks), split along K.
+      const uint32_t span = t == GgmlType::Q6_K ? 128 : 64;
+      run_case(g, {t, 33, 1536, 20, false, 0, 0, 0, 1, span, 2, 3}, k, seed++);
+      run_case(g, {t, 40, 1536, 17, true, 0, 0, 0, 1, 384, 1, 2}, k, seed++);
     }
 }
 
@@ -174,7 +179,8 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     for (uint32_t mr : {1u, 2u, 4u})
       for (uint32_t tg : {1u, 2u, 4u}) splits.push_back({GgmlType::Q4_0, mr, 64, tg});
     for (uint32_t step : {128u, 256u, 512u, 1024u}) splits.push_back({GgmlType::Q4_0, 1, step, 1});
-    for (uint32_t mr : {1u, 2u}) splits.push_back({GgmlType::Q6_K, mr, 256, 1});
+    for (uint32_t mr : {1u, 2u}) splits.push_back({GgmlType::Q6_K, mr, 128, 2});
+    splits.push_back({GgmlType::Q6_K, 1, 256, 1});
     splits.push_back({GgmlType::Q6_K, 1, 512, 1});
     uint32_t ran = 0;
     for (const Split& sp : splits) {
@@ -245,8 +251,8 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
   auto dk = vktest::upload_matrix(g, GgmlType::Q4_K, 32, 256, wk);
   bad = op;
   bad.w = dk->ref;
-  bad.tuning.step = 128;  // 128-column steps split the 256-value blocks
-  refused(bad, "whole 256-value blocks");
+  bad.tuning.step = 32;  // Q4_K units fill 64 columns together
+  refused(bad, "multiples of 64");
   bad = op;
   bad.w = dm->ref;
   bad.tuning = {1, 32, 1, 2};  // two splits, no partial sums bound

@@ -37,7 +37,7 @@
 // Defines: WTYPE (a SPLIT1 block type or F32 / F16 / BF16), MR (1, 2 or 4), TG (groups: 1, 2 or 4),
 // KT (a multiple of 32; for K-quants, whose units interleave inside a block, of the span a unit's
 // values cover: 64 for Q4_K / Q5_K, 128 for Q6_K), COOP;
-// or REDUCE 1 (and WG_SIZE).
+// PREFETCH_B (0/1; KT <= 128); or REDUCE 1 (and WG_SIZE).
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32),
 // 4 = partial sums (f32).
 
@@ -111,6 +111,9 @@ layout(push_constant) uniform Push { MatmulArgs args; };
 #define UNITS_PER_ROW (KT / 32)
 #define B0 (BM * RS)     // sh index of the first token row
 #define MAX_(a, b) ((a) > (b) ? (a) : (b))
+#ifndef PREFETCH_B
+#define PREFETCH_B 0
+#endif
 
 // The staged W rows then token rows; after the last step, the groups' accumulator tiles
 // (TG x MR tiles of 16 x 16 f32 = 64 uvec4 each).
@@ -167,6 +170,27 @@ void stage_tokens(uint tok0, uint k0, uint k_end) {
   }
 }
 
+#if PREFETCH_B
+// PREFETCH_B: the next step's token values are loaded into registers (KT / 16 uvec4 per
+// invocation) before the products of this step, and stored into sh after them: their L2 latency
+// overlaps the tensor-core work instead of preceding it.
+uvec4 bq[KT / 16];
+void load_tokens(uint tok0, uint k0, uint k_end) {
+  const uint n8 = min(uint(KT), k_end - k0) / 8u;
+  const uint nt = min(uint(TG * 16), (args.n_tokens + 15u) / 16u * 16u - tok0);
+  [[unroll]] for (uint i = 0; i < uint(KT / 16); ++i) {
+    const uint c = gl_LocalInvocationIndex + i * uint(WG_SIZE), t = c / uint(KT / 8), j = c % uint(KT / 8);
+    bq[i] = t < nt && j < n8 ? x16v[(args.x_offset + (tok0 + t) * args.x_stride + k0) / 8u + j] : uvec4(0u);
+  }
+}
+void store_tokens() {
+  [[unroll]] for (uint i = 0; i < uint(KT / 16); ++i) {
+    const uint c = gl_LocalInvocationIndex + i * uint(WG_SIZE);
+    sh[B0 + c / uint(KT / 8) * uint(RS) + c % uint(KT / 8)] = bq[i];
+  }
+}
+#endif
+
 #if !COOP
 // f16 value k of staged row `row` (W rows from 0, token rows from BM).
 float sh_value(uint row, uint k) {
@@ -194,10 +218,19 @@ void main() {
   }
 #endif
 
+#if PREFETCH_B
+  load_tokens(tok0, k_begin, k_end);
+#endif
   for (uint k0 = k_begin; k0 < k_end; k0 += uint(KT)) {  // uniform
     [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0, k_end);
+#if PREFETCH_B
+    store_tokens();
+    barrier();
+    if (k0 + uint(KT) < k_end) load_tokens(tok0, k0 + uint(KT), k_end);
+#else
     stage_tokens(tok0, k0, k_end);
     barrier();
+#endif
     const uint nk = min(uint(KT), k_end - k0) / 16u;
     if (has_tokens) {
       for (uint kk = 0; kk < nk; ++kk) {

@@ -37,13 +37,14 @@ uint32_t step_granule(const MatmulOp& op) {
   }
 }
 
-// The tuned fields as given; the automatic ones as the first of a preference list (most rows and
-// tokens per workgroup, then steps of 64 columns: less shared memory per workgroup, more of them
-// resident; H100, GLM pp512 1181 -> 1209 tok/s against 128) whose shared memory fits the device.
+// The tuned fields as given; the automatic ones as the first of a preference list whose shared
+// memory fits the device: 32 rows (H100, GLM pp512 1226.6 tok/s against 1199.4 with 64 and 1153.5
+// with 16, the splits making up the workgroups), then the most tokens per workgroup, then steps of
+// 64 columns (less shared memory per workgroup, more of them resident: 1209 against 1181 with 128).
 Split split_of(const MatmulOp& op, const DeviceInfo& info) {
   const MatmulTuning& t = op.tuning;
   const uint32_t g = step_granule(op);
-  for (uint32_t mr : {4u, 2u, 1u})
+  for (uint32_t mr : {2u, 4u, 1u})
     for (uint32_t tg : {4u, 2u, 1u})
       for (uint32_t kt : {64u, 128u, 256u, 32u}) {
         const Split s{t.row_tiles ? t.row_tiles : mr, t.step ? t.step : kt, t.groups ? t.groups : tg};
@@ -53,6 +54,9 @@ Split split_of(const MatmulOp& op, const DeviceInfo& info) {
 }
 
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// MatmulTuning::prefetch under split s.
+bool prefetch_b(const MatmulOp& op, const Split& s) { return op.tuning.prefetch == 1 && s.kt <= 128; }
 
 // Workgroups along K and the columns each takes (a multiple of the step).
 struct KSplit {
@@ -96,6 +100,7 @@ std::string MatmulOp::kernel_name(Context& ctx) const {
   std::string name = cat("matmul.", type_name(w.type), uses_coop(ctx) ? ".coop" : ".plain", ".m", s.mr);
   if (s.tg != 4) name += cat(".g", s.tg);
   if (k_split_of(*this, s).n > 1) name += ".splitk";
+  if (prefetch_b(*this, s)) name += ".pf";
   return name;
 }
 
@@ -117,7 +122,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
   const Split s = split_of(*this, ctx.info());
   if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt == 0 ||
-      s.kt > 2048 || tuning.splits > kMaxSplits)
+      s.kt > 2048 || tuning.splits > kMaxSplits || tuning.prefetch > 2)
     usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.tg, " token groups (1, 2 or 4), steps of ", s.kt,
                 " columns (a multiple of 32 up to 2048), ", tuning.splits, " splits (at most ", kMaxSplits, ")");
   if (s.kt % step_granule(*this) != 0)
@@ -150,7 +155,8 @@ void MatmulOp::record(CommandRecorder& rec) const {
                   {"MR", std::to_string(s.mr)},
                   {"TG", std::to_string(s.tg)},
                   {"KT", std::to_string(s.kt)},
-                  {"COOP", coop ? "1" : "0"}};
+                  {"COOP", coop ? "1" : "0"},
+                  {"PREFETCH_B", prefetch_b(*this, s) ? "1" : "0"}};
   desc.num_buffers = 5;
   desc.push_bytes = sizeof(gpu::MatmulArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();

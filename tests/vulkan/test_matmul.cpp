@@ -23,7 +23,7 @@ struct Case {
   bool accumulate = false;
   uint32_t x_pad = 0, y_pad = 0;  // stride - length
   uint64_t max_binding_bytes = 0;
-  uint32_t row_tiles = 0, step = 0, groups = 0, splits = 0;  // MatmulTuning
+  uint32_t row_tiles = 0, step = 0, groups = 0, splits = 0, prefetch = 0;  // MatmulTuning
 };
 
 std::string describe(const Case& c, vk::MatmulKernel k) {
@@ -31,7 +31,7 @@ std::string describe(const Case& c, vk::MatmulKernel k) {
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
              c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "",
-             c.splits ? cat(" splits ", c.splits) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
 void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
@@ -64,7 +64,7 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   op.y_stride = ys;
   op.accumulate = c.accumulate;
   op.kernel = kernel;
-  op.tuning = {c.row_tiles, c.step, c.groups, c.splits};
+  op.tuning = {c.row_tiles, c.step, c.groups, c.prefetch, c.splits};
   op.max_binding_bytes = c.max_binding_bytes;
   EXPECT_NE(op.kernel_name(*g.ctx).find(kernel == vk::MatmulKernel::Coop ? ".coop" : ".plain"), std::string::npos);
   if (c.splits > 1) EXPECT_GT(op.splits(*g.ctx), 1u) << describe(c, kernel);
@@ -199,6 +199,11 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     run_case(g, {GgmlType::Q8_0, 45, 1088, 40, false, 8, 3, 0, 1, 64, 4, 5}, k, seed++);
     run_case(g, {GgmlType::Q6_K, 20, 2304, 19, true, 0, 0, 0, 1, 256, 1, 4}, k, seed++);
     run_case(g, {GgmlType::F32, 64, 2048, 64}, k, seed++);
+    // Token values loaded a step ahead: several steps, a short last one, split along K, 21 tokens
+    // (a partial group), K-quants.
+    run_case(g, {GgmlType::Q4_0, 37, 1120, 21, true, 0, 0, 0, 2, 64, 2, 2, 1}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1}, k, seed++);
+    run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
     run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
     // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).
@@ -255,7 +260,7 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
   refused(bad, "multiples of 64");
   bad = op;
   bad.w = dm->ref;
-  bad.tuning = {1, 32, 1, 2};  // two splits, no partial sums bound
+  bad.tuning = {1, 32, 1, 0, 2};  // two splits, no partial sums bound
   refused(bad, "partial sums");
   if (!vk::matmul_coop_supported(*g.ctx)) {
     bad = op;

@@ -401,6 +401,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.fused_down = o.fused_down;
   go.prefill_matmul = o.prefill_matmul;
   go.matmul = o.matmul;
+  go.prefill_moe_matmul = o.prefill_moe_matmul;
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;

@@ -73,6 +73,9 @@ struct GpuModelOptions {
   // prefill_matmul=0|1|2|3 (2 = auto, 3 = the plain kernel).
   int prefill_matmul = -1;
   vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
+  // Where the dense matrices run as matmuls: the experts (and a dense FFN) too, in their matmul
+  // form (shaders/moe_matmul.comp). bench --tune moe_matmul=0|1.
+  bool prefill_moe_matmul = true;
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
   // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
   // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer

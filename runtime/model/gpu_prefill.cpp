@@ -342,6 +342,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         rec->barrier();
         vk::DensePrefillOp d;
         d.int8_activations = options_.int8_activations;
+        d.matmul = p.matmul && options_.prefill_moe_matmul;
+        d.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -379,6 +381,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       rec->barrier();
       vk::MoePrefillOp moe;
       moe.int8_activations = options_.int8_activations;
+      moe.matmul = p.matmul && options_.prefill_moe_matmul;
+      moe.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;

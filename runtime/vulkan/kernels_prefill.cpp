@@ -86,6 +86,59 @@ struct FfnDispatch {
   uint64_t bytes;
 };
 
+// The matmul form's work split (moe_matmul.comp): 16 x MR staged rows (gate-up: a gate and an up
+// tile, MR 2), 16 x TG pairs, steps of KT columns: the widest of 64 / 128 / 256 that the weight
+// type's unit span allows and the shared memory holds.
+struct FfnMatmulSplit {
+  uint32_t mr, tg, kt;
+};
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type) {
+  const uint32_t span = type == GgmlType::Q4_K || type == GgmlType::Q5_K ? 64u : type == GgmlType::Q6_K ? 128u : 32u;
+  for (uint32_t tg : {4u, 2u, 1u})
+    for (uint32_t kt : {64u, 128u, 256u}) {
+      const uint64_t shared = std::max<uint64_t>(uint64_t(32 + 16 * tg) * (kt + 8) * 2, uint64_t(tg) * 2 * 1024);
+      if (kt % span == 0 && shared <= ctx.info().max_compute_shared_memory) return {2, tg, kt};
+    }
+  runtime_error("moe_matmul: no work split fits ", ctx.info().name, "'s shared memory");
+}
+
+// Whether the matmul form takes this dispatch: input rows of a multiple of 32 values, 16-byte
+// aligned (else the dispatch keeps moe_prefill.comp).
+bool ffn_matmul_fits(const FfnDispatch& d) {
+  const bool down = (d.args.flags & TS_PF_DOWN) != 0;
+  return (down ? d.args.width : d.args.n_embd) % 32 == 0 && d.args.in_stride % 4 == 0;
+}
+
+// The matmul form of one dispatch (moe_matmul.comp; same bindings and arguments).
+void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
+                       const BufferSlice& step, MatmulKernel kernel) {
+  Context& ctx = rec.context();
+  const bool down = (d.args.flags & TS_PF_DOWN) != 0;
+  if (!matmul_supported(ctx)) runtime_error(d.label, ": the matmul form needs shaderFloat16, which ", ctx.info().name, " lacks");
+  const bool coop = kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
+  if (coop && !matmul_coop_supported(ctx)) runtime_error(d.label, ": no 16x16x16 f16 cooperative matrices on ", ctx.info().name);
+  const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
+  if (in_cols % 32 != 0 || d.args.in_stride % 4 != 0)
+    runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", in_cols, ") and 16-byte input rows");
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type);
+  PipelineDesc desc;
+  desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
+  desc.file = "moe_matmul.comp";
+  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(d.type))},
+                  {"MR", std::to_string(s.mr)},
+                  {"TG", std::to_string(s.tg)},
+                  {"KT", std::to_string(s.kt)},
+                  {"COOP", coop ? "1" : "0"}};
+  desc.num_buffers = 6;
+  desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
+  desc.full_subgroups = ctx.pipelines().use_subgroup();
+  const Pipeline& pipe = ctx.pipeline(desc);
+  const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
+  const uint32_t outs = down ? 16 * s.mr : 8 * s.mr;  // gate-up: a gate and an up tile per 16 outputs
+  const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
+  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, outs), d.slots, ceil_div(d.args.t_max, 16 * s.tg), d.label + " matmul", d.bytes);
+}
+
 // int8: the op's int8_activations choice (the int8 path runs where it serves the type).
 void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
                 const BufferSlice& step, bool int8) {
@@ -245,11 +298,17 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 }  // namespace
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) record_ffn(rec, d, lists, route, step, int8_activations);
+  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) {
+    if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, matmul_kernel);
+    else record_ffn(rec, d, lists, route, step, int8_activations);
+  }
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) record_ffn(rec, d, lists, route, step, int8_activations);
+  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) {
+    if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, matmul_kernel);
+    else record_ffn(rec, d, lists, route, step, int8_activations);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,7 +350,8 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn(rec, d, {}, {}, step, int8_activations);
+  if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, {}, {}, step, matmul_kernel);
+  else record_ffn(rec, d, {}, {}, step, int8_activations);
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -318,7 +378,8 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn(rec, d, {}, {}, step, int8_activations);
+  if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, {}, {}, step, matmul_kernel);
+  else record_ffn(rec, d, {}, {}, step, int8_activations);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@
 #include <string>
 
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
@@ -73,6 +74,11 @@ struct MoePrefillOp {
   std::string label;    // dispatch labels: label + " gateup" / " down" (+ " shared")
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of expert ranges)
   bool int8_activations = true;    // Q4_0/Q8_0/Q4_K/Q6_K: inputs staged as int8 blocks, integer dot products
+  // Set: the matmul form (shaders/moe_matmul.comp: 16 x 16 x 16 f16 products on tensor cores,
+  // or with matmul_kernel Plain / no tensor cores the same with plain FMAs) for every part whose
+  // input rows are a multiple of 32 values; else moe_prefill.comp.
+  bool matmul = false;
+  MatmulKernel matmul_kernel = MatmulKernel::Auto;
 
   // Bytes of one call, counting every expert's weights once (the chunk's upper bound).
   uint64_t gateup_bytes() const;
@@ -93,6 +99,8 @@ struct DensePrefillOp {
   BufferSlice y;        // f32 [T][n_embd]
   std::string label;
   bool int8_activations = true;  // as MoePrefillOp
+  bool matmul = false;           // as MoePrefillOp
+  MatmulKernel matmul_kernel = MatmulKernel::Auto;
 
   uint64_t gateup_bytes() const;
   uint64_t down_bytes() const;

@@ -63,6 +63,25 @@ Compare compare(const std::vector<float>& a, const std::vector<float>& b, size_t
   return c;
 }
 
+// Rows whose argmax differs although the reference's top two logits are more than `margin`
+// (relative to the largest |logit| of the row) apart: a near tie may go either way under f16
+// rounding, a clear winner may not.
+size_t clear_top1_diffs(const std::vector<float>& a, const std::vector<float>& ref, size_t V, double margin) {
+  size_t n = 0;
+  for (size_t r = 0; r < std::min(a.size(), ref.size()) / V; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = ref.data() + r * V;
+    const size_t top = std::max_element(y, y + V) - y;
+    double second = -1e300, big = 0;
+    for (size_t i = 0; i < V; ++i) {
+      if (i != top) second = std::max(second, double(y[i]));
+      big = std::max(big, std::abs(double(y[i])));
+    }
+    if (double(y[top]) - second > margin * big && size_t(std::max_element(x, x + V) - x) != top) ++n;
+  }
+  return n;
+}
+
 struct Case {
   const char* preset;
   const char* type;
@@ -118,10 +137,11 @@ INSTANTIATE_TEST_SUITE_P(Tiny, PrefillVsCpu,
                            return s;
                          });
 
-// The dense matrices as matmuls (GpuModelOptions::prefill_matmul 1: the tensor-core kernel where
-// the device has it, else the same kernel with plain FMAs): f16 inputs and weights, f32 sums.
-// Prompts of 70 tokens in chunks of 64 and of 20 in chunks of 8, every position's logits against
-// the CPU reference; the stats say which kernel ran.
+// The dense matrices as matmuls and the experts in their matmul form (GpuModelOptions::
+// prefill_matmul 1: the tensor-core kernels where the device has them, else the same kernels with
+// plain FMAs): f16 inputs and weights, f32 sums. Prompts of 70 tokens in chunks of 64 and of 20 in
+// chunks of 8, every position's logits against the CPU reference (the argmax wherever the
+// reference's top two are apart); the stats say which kernel ran.
 TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
   if (!context()) GTEST_SKIP() << "no Vulkan device";
   if (!vk::matmul_supported(*context())) GTEST_SKIP() << "no shaderFloat16";
@@ -139,9 +159,11 @@ TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
     const auto p = prompt(gpu.n_vocab(), n);
     const auto all = gpu.forward(p, false);
     CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
-    const Compare c = compare(all, cpu.forward(p, false), gpu.n_vocab());
+    const auto ref = cpu.forward(p, false);
+    const Compare c = compare(all, ref, gpu.n_vocab());
     EXPECT_LT(c.max_rel, 4e-3) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
-    EXPECT_EQ(c.top1_diff, 0u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
+    EXPECT_LE(c.top1_diff, 2u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
+    EXPECT_EQ(clear_top1_diffs(all, ref, gpu.n_vocab(), 8e-3), 0u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
   }
 }
 

@@ -44,7 +44,27 @@ struct MoeCase {
   uint64_t max_binding_experts;  // 0: one binding; else expert ranges of this many slots
   bool sigmoid_bias;
   bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0 / Q4_K / Q6_K)
+  bool matmul = false;  // the matmul form (moe_matmul.comp): f16 inputs and weights, f32 sums
 };
+
+// v rounded to f16 (the matmul form stages inputs and weights as f16).
+double f16_round(double v) { return fp16_to_f32(f32_to_fp16(float(v))); }
+// The matmul form's down input: h times 2^-8 rounded to f16, times 2^8 (moe_matmul.comp).
+std::vector<double> f16_round_down_input(const std::vector<double>& h) {
+  std::vector<double> r(h.size());
+  for (size_t i = 0; i < h.size(); ++i) r[i] = f16_round(float(h[i] / 256.0)) * 256.0;
+  return r;
+}
+std::vector<double> f16_round(const std::vector<double>& v) {
+  std::vector<double> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = f16_round(v[i]);
+  return r;
+}
+std::vector<float> f16_round(const std::vector<float>& v) {
+  std::vector<float> r(v.size());
+  for (size_t i = 0; i < v.size(); ++i) r[i] = float(f16_round(v[i]));
+  return r;
+}
 
 bool q8_type(GgmlType t) {
   return t == GgmlType::Q4_0 || t == GgmlType::Q8_0 || t == GgmlType::Q4_K || t == GgmlType::Q6_K;
@@ -53,7 +73,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? " matmul" : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -112,6 +132,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.y = yb.whole();
   moe.max_binding_bytes = c.max_binding_experts * ht.g.slot_stride;
   moe.int8_activations = c.q8;
+  moe.matmul = c.matmul;
   vk::PrefillSumOp sum;
   sum.n_embd = D;
   sum.n_used = K;
@@ -170,15 +191,22 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
       const uint32_t w = uint32_t(ht.g.width(slot));
       // The int8 path rounds the inputs of the kernels whose type it serves (q8_activations.glsl).
       const bool shared = slot == E;
-      const bool q8_gu = c.q8 && q8_type(shared ? c.types.shared_gateup : c.types.gateup);
-      const bool q8_down = c.q8 && q8_type(shared ? c.types.shared_down : c.types.down);
-      moetest::ref_gateup([&](uint32_t i) { return ht.row(slot, MoePart::Gate, i); },
-                          [&](uint32_t i) { return ht.row(slot, MoePart::Up, i); }, w, q8_gu ? vktest::q8_round(in) : in,
-                          h, htol, q8_gu ? 1e-4 : 2e-5);
+      const bool q8_gu = !c.matmul && c.q8 && q8_type(shared ? c.types.shared_gateup : c.types.gateup);
+      const bool q8_down = !c.matmul && c.q8 && q8_type(shared ? c.types.shared_down : c.types.down);
+      // The matmul form: inputs and weights rounded to f16 (its parts whose rows are a multiple of 32).
+      const bool mm_gu = c.matmul && D % 32 == 0, mm_down = c.matmul && w % 32 == 0;
+      auto row_of = [&](MoePart part, uint32_t i, bool f16) {
+        const std::vector<float> r = ht.row(slot, part, i);
+        return f16 ? f16_round(r) : r;
+      };
+      const std::vector<double> in_gu = q8_gu ? vktest::q8_round(in) : mm_gu ? f16_round(in) : in;
+      moetest::ref_gateup([&](uint32_t i) { return row_of(MoePart::Gate, i, mm_gu); },
+                          [&](uint32_t i) { return row_of(MoePart::Up, i, mm_gu); }, w, in_gu, h, htol, q8_gu ? 1e-4 : 2e-5);
       const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
       std::vector<double> hf(hf32.begin(), hf32.end());
       if (q8_down) hf = vktest::q8_round(hf);
-      moetest::ref_down_add([&](uint32_t r) { return ht.row(slot, MoePart::Down, r); }, D, weight, hf.data(), y, abs);
+      if (mm_down) hf = f16_round_down_input(hf);
+      moetest::ref_down_add([&](uint32_t r) { return row_of(MoePart::Down, r, mm_down); }, D, weight, hf.data(), y, abs);
       double hmax = 0;
       for (double v : htol) hmax = std::max(hmax, v);
       for (uint32_t r = 0; r < D; ++r) abs[r] += 4 * hmax * w;  // h's own error through the down row
@@ -187,8 +215,10 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
     if (ht.g.has_shared()) slot_add(E, 1.0);
     for (uint32_t r = 0; r < D; ++r) {
       want[size_t(t) * D + r] += y[r];
-      tol[size_t(t) * D + r] =
-          moetest::sum_tol(abs[r] + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r], c.q8 ? 1e-4 : 2e-5);
+      // The matmul form rounds h to f16 for the down: where the GPU's h and the reference's
+      // round to neighbouring f16 values, one ulp (2^-11 relative) of h reaches the output.
+      tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r],
+                                                c.matmul ? 1e-3 : c.q8 ? 1e-4 : 2e-5);
     }
   }
   vktest::expect_close(got, want, tol, "x after the MoE block");
@@ -230,6 +260,21 @@ TEST(PrefillMoe, Int8ActivationPath) {
   run_moe_case(gs, {{T::Q4_K, T::Q6_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 256, 2, 9, 8, 2, true, true}, 19);
 }
 
+// The matmul form (moe_matmul.comp; tensor cores where the device has them, else plain FMAs):
+// every type family, expert ranges, a shared expert, token counts past one pair tile, a slot of
+// 36 values (its down stays on moe_prefill.comp), sigmoid routing with bias.
+TEST(PrefillMoe, MatmulForm) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::matmul_supported(*g.ctx)) GTEST_SKIP() << "no shaderFloat16";
+  using T = GgmlType;
+  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::Q4_0, T::Q4_0}, 9, 96, 64, 128, 3, 23, 21, 0, true, false, true}, 31);
+  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true, false, true}, 32);
+  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true, false, true}, 33);
+  run_moe_case(g, {{T::F16, T::BF16, T::F32, T::F16}, 5, 36, 0, 64, 2, 4, 4, 2, false, false, true}, 34);
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true}, 35);
+}
+
 TEST(PrefillMoe, SharedMemoryPathMatches) {
   Gpu& g = vktest::gpu(true);
   VK_TEST_REQUIRE_GPU(g);
@@ -241,8 +286,10 @@ TEST(PrefillMoe, SharedMemoryPathMatches) {
 TEST(PrefillDense, FfnAndGatherMatchTheReference) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
+  for (const bool mm : {false, true})
   for (GgmlType type : {GgmlType::Q4_K, GgmlType::Q8_0, GgmlType::F32}) {
-    SCOPED_TRACE(type_name(type));
+    if (mm && !vk::matmul_supported(*g.ctx)) continue;
+    SCOPED_TRACE(cat(type_name(type), mm ? " matmul" : ""));
     std::mt19937 rng(7);
     const uint32_t D = type == GgmlType::Q4_K ? 256 : 64, F = type == GgmlType::Q4_K ? 512 : type == GgmlType::Q8_0 ? 96 : 72, T = 6, n = 4;
     const auto gate = vktest::random_matrix(rng, type, F, D), up = vktest::random_matrix(rng, type, F, D);
@@ -282,6 +329,7 @@ TEST(PrefillDense, FfnAndGatherMatchTheReference) {
     d.h = hb.whole();
     d.y = yb.whole();
     d.int8_activations = false;  // f32 reference tolerance (the int8 path: PrefillMoe.Int8ActivationPath)
+    d.matmul = mm;               // f16 inputs and weights: the reference rounds them below
     vk::PrefillSumOp sum;
     sum.n_embd = D;
     sum.n_used = 0;
@@ -309,19 +357,26 @@ TEST(PrefillDense, FfnAndGatherMatchTheReference) {
     rec.run();
     std::vector<double> want(x0.begin(), x0.end()), tol(x0.size(), 0.0);
     for (uint32_t t = 0; t < n; ++t) {
-      const std::vector<double> in(h2.begin() + size_t(t) * D, h2.begin() + size_t(t + 1) * D);
+      std::vector<double> in(h2.begin() + size_t(t) * D, h2.begin() + size_t(t + 1) * D);
+      if (mm) in = f16_round(in);
+      // The matmul form takes the parts whose input rows are a multiple of 32 values.
+      auto rowf = [&](GgmlType ty, const std::vector<uint8_t>& q, uint32_t cols, uint32_t i) {
+        const std::vector<float> r = vktest::dequant_row(ty, q, cols, i);
+        return mm && cols % 32 == 0 ? f16_round(r) : r;
+      };
       std::vector<double> h, htol, y(D, 0.0), abs(D, 0.0);
-      moetest::ref_gateup([&](uint32_t i) { return vktest::dequant_row(type, gate, D, i); },
-                          [&](uint32_t i) { return vktest::dequant_row(type, up, D, i); }, F, in, h, htol);
+      moetest::ref_gateup([&](uint32_t i) { return rowf(type, gate, D, i); }, [&](uint32_t i) { return rowf(type, up, D, i); }, F,
+                          in, h, htol);
       const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
-      const std::vector<double> hf(hf32.begin(), hf32.end());
-      moetest::ref_down_add([&](uint32_t r) { return vktest::dequant_row(down_type, down_q, F, r); }, D, 1.0, hf.data(), y,
-                            abs);
+      std::vector<double> hf(hf32.begin(), hf32.end());
+      if (mm && F % 32 == 0) hf = f16_round_down_input(hf);
+      moetest::ref_down_add([&](uint32_t r) { return rowf(down_type, down_q, F, r); }, D, 1.0, hf.data(), y, abs);
       double hmax = 0;
       for (double v : htol) hmax = std::max(hmax, v);
       for (uint32_t r = 0; r < D; ++r) {
         want[size_t(t) * D + r] += y[r];
-        tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + 4 * hmax * F + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r]);
+        tol[size_t(t) * D + r] = moetest::sum_tol(abs[r] + 4 * hmax * F + std::fabs(x0[size_t(t) * D + r]), want[size_t(t) * D + r],
+                                                  mm ? 1e-3 : 2e-5);  // f16 h: one ulp where roundings part
       }
     }
     const std::vector<float> got = vktest::download_floats(g, xb, x0.size());

@@ -84,7 +84,7 @@ const Knob<O> kTuneKnobs[] = {
     {"prefill_matmul", 3,
      "the prefill's dense matrices: 0 batched matvecs, 1 matmuls (plain FMAs without tensor cores), 2 auto (matmuls on tensor cores), 3 matmuls with plain FMAs",
      [](O& o, uint32_t v) { o.prefill_matmul = v == 2 ? -1 : v == 3 ? 2 : int(v); }},
-    {"moe_matmul", 1, "1, default: with the prefill's matmuls, the experts (and a dense FFN) in their matmul form too",
+    {"moe_matmul", 1, "1: with the prefill's matmuls, the experts in their matmul form too (a dense FFN always); default 0",
      [](O& o, uint32_t v) { o.prefill_moe_matmul = v != 0; }},
     {"matmul_rows", 4, "16-row tiles per prefill matmul workgroup: 1, 2 or 4; 0 auto", [](O& o, uint32_t v) { o.matmul.row_tiles = v; }},
     {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 64 for Q4_K / Q5_K, 128 for Q6_K); 0 auto (64)",

@@ -73,9 +73,13 @@ struct GpuModelOptions {
   // prefill_matmul=0|1|2|3 (2 = auto, 3 = the plain kernel).
   int prefill_matmul = -1;
   vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
-  // Where the dense matrices run as matmuls: the experts (and a dense FFN) too, in their matmul
-  // form (shaders/moe_matmul.comp). bench --tune moe_matmul=0|1.
-  bool prefill_moe_matmul = true;
+  // Where the dense matrices run as matmuls, a dense FFN (leading layers) takes the matmul form
+  // of the FFN kernels too (shaders/moe_matmul.comp; H100, GLM layer 0: 1.6 -> 0.67 ms per
+  // chunk); with prefill_moe_matmul the experts also. Off for them: with ~4 tokens per expert in a
+  // 64-token chunk they are a weight stream, and the int8 kernels stream faster (gate-up 321 µs
+  // against 652 per layer; pp512 1215 -> 869 tok/s; PERFORMANCE.md session 19). bench --tune
+  // moe_matmul=0|1.
+  bool prefill_moe_matmul = false;
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
   // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
   // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer

@@ -342,7 +342,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         rec->barrier();
         vk::DensePrefillOp d;
         d.int8_activations = options_.int8_activations;
-        d.matmul = p.matmul && options_.prefill_moe_matmul;
+        d.matmul = p.matmul;
         d.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");

@@ -30,20 +30,6 @@
 #define W_M_BINDING 0
 #include "weights.glsl"
 
-#if WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
-#define UNIT_SPAN 64
-#elif WTYPE == TS_TYPE_Q6_K
-#define UNIT_SPAN 128
-#else
-#define UNIT_SPAN 32
-#endif
-#if KT % UNIT_SPAN != 0 || (MR != 1 && MR != 2 && MR != 4) || (TG != 1 && TG != 2 && TG != 4)
-#error "moe_matmul.comp: KT holds whole unit spans; MR and TG are 1, 2 or 4"
-#endif
-#if COOP && (!USE_SUBGROUP || SUBGROUP_SIZE != 32)
-#error "moe_matmul.comp: COOP needs subgroups of 32"
-#endif
-
 layout(local_size_x = WG_SIZE) in;
 
 layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
@@ -53,20 +39,10 @@ layout(std430, binding = 4) readonly restrict buffer RouteBuf { uint route[]; };
 layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
 layout(push_constant) uniform Push { PrefillFfnArgs args; };
 
-#define BM (16 * MR)
-#define RS (KT / 8 + 1)  // row stride of the staged tiles in uvec4 (KT + 8 f16)
-#define UNITS_PER_ROW (KT / 32)
-#define B0 (BM * RS)     // sh index of the first pair row
-#define MAX_(a, b) ((a) > (b) ? (a) : (b))
-shared uvec4 sh[MAX_((BM + 16 * TG) * RS, TG * MR * 64)];
+#include "matmul_tile.glsl"
 
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
-
-uvec4 pack8(float v0, float v1, float v2, float v3, float v4, float v5, float v6, float v7) {
-  return uvec4(packHalf2x16(vec2(v0, v1)), packHalf2x16(vec2(v2, v3)), packHalf2x16(vec2(v4, v5)), packHalf2x16(vec2(v6, v7)));
-}
-#define PACK8(a, o) pack8(a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], a[o + 6], a[o + 7])
 
 // A matrix of `rows` x `cols` at byte `base` of binding 0 (moe_prefill.comp's mat_at).
 struct Mat {
@@ -83,39 +59,19 @@ Mat mat_at(uint base, uint rows, uint cols) {
 }
 
 // Unit ju (32 columns from k0 + 32 ju) of row `wrow` of m (cols long) into staged row r; zeros
-// where !valid. Columns at or past k_end: nothing.
-void stage_unit(uint r, uint ju, bool valid, Mat m, uint wrow, uint cols, uint k0, uint k_end) {
-  const uint k = k0 + 32u * ju;
-  if (k >= k_end) return;
+// where !valid. Columns at or past cols: nothing.
+void stage_unit(uint r, uint ju, bool valid, Mat m, uint wrow, uint cols, uint k0) {
+  if (k0 + 32u * ju >= cols) return;
   if (!valid) {
-    [[unroll]] for (uint i = 0; i < 4; ++i) sh[r * uint(RS) + 4u * ju + i] = uvec4(0u);
+    stage_zero_unit(r, ju);
     return;
   }
 #if W_PLAIN
-  const uint e0 = m.qbase + wrow * cols + k;
-  [[unroll]] for (uint g = 0; g < 4; ++g)
-    sh[r * uint(RS) + 4u * ju + g] = pack8(plain_value(e0 + 8u * g), plain_value(e0 + 8u * g + 1u), plain_value(e0 + 8u * g + 2u),
-                                           plain_value(e0 + 8u * g + 3u), plain_value(e0 + 8u * g + 4u), plain_value(e0 + 8u * g + 5u),
-                                           plain_value(e0 + 8u * g + 6u), plain_value(e0 + 8u * g + 7u));
+  stage_plain_unit(r, ju, m.qbase + wrow * cols + k0 + 32u * ju);
 #else
-  const uint nb = cols / uint(W_BLOCK);
-  float lo[16], hi[16];
-  uint off_lo, off_hi;
-  split1_unit(m.qbase, m.mbase, wrow * nb + k / uint(W_BLOCK), (k % uint(W_BLOCK)) / 32u, lo, hi, off_lo, off_hi);
-  const uint block0 = k - k % uint(W_BLOCK);
-  const uint at_lo = r * uint(RS) + (block0 + off_lo - k0) / 8u, at_hi = r * uint(RS) + (block0 + off_hi - k0) / 8u;
-  sh[at_lo] = PACK8(lo, 0);
-  sh[at_lo + 1u] = PACK8(lo, 8);
-  sh[at_hi] = PACK8(hi, 0);
-  sh[at_hi + 1u] = PACK8(hi, 8);
+  stage_block_unit(r, ju, m.qbase, m.mbase, wrow, cols, k0);
 #endif
 }
-
-#if !COOP
-float sh_value(uint row, uint k) {
-  return unpackHalf2x16(sh[row * uint(RS) + k / 8u][(k % 8u) / 2u] >> ((k & 1u) * 16u)).x;
-}
-#endif
 
 float silu(float z) { return z / (1.0 + exp(-z)); }
 
@@ -151,15 +107,8 @@ void main() {
   // This invocation's pair rows to gather per step (rows t of the staged pair block).
   const uint nt = min(uint(16 * TG), (n_pairs - p0 + 15u) / 16u * 16u);
 
-#if COOP
-  fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> acc[MR];
-  [[unroll]] for (uint i = 0; i < MR; ++i) acc[i] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
-#else
-  float acc[MR][8];
-  [[unroll]] for (uint i = 0; i < MR; ++i) {
-    [[unroll]] for (uint q = 0; q < 8; ++q) acc[i][q] = 0.0;
-  }
-#endif
+  MATMUL_ACC(acc);
+  acc_zero(acc);
 
   for (uint k0 = 0; k0 < cols; k0 += uint(KT)) {  // uniform
     // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 0 the gate rows of
@@ -167,11 +116,11 @@ void main() {
     for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) {
       const uint r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
       if (down) {
-        stage_unit(r, ju, o0 + r < out_rows, m, o0 + r, cols, k0, cols);
+        stage_unit(r, ju, o0 + r < out_rows, m, o0 + r, cols, k0);
       } else {
         const uint i = o0 + r % 16u, up = r / 16u;  // MR == 2
         const uint wrow = separate ? i : 2u * i + up;
-        stage_unit(r, ju, i < out_rows, up == 1u && separate ? mu : m, wrow, cols, k0, cols);
+        stage_unit(r, ju, i < out_rows, up == 1u && separate ? mu : m, wrow, cols, k0);
       }
     }
     // The pairs' inputs, 8 values per copy (f32 -> f16); rows past the list: zeros.
@@ -190,47 +139,14 @@ void main() {
       sh[B0 + t * uint(RS) + j8] = v;
     }
     barrier();
-    const uint nk = min(uint(KT), cols - k0) / 16u;
-    if (has_pairs) {
-      for (uint kk = 0; kk < nk; ++kk) {
-#if COOP
-        fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b;
-        coopMatLoadNV(b, sh, B0 + 16u * grp * uint(RS) + 2u * kk, uint(RS), true);
-        [[unroll]] for (uint i = 0; i < MR; ++i) {
-          fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-          coopMatLoadNV(a, sh, 16u * i * uint(RS) + 2u * kk, uint(RS), false);
-          acc[i] = coopMatMulAddNV(a, b, acc[i]);
-        }
-#else
-        [[unroll]] for (uint q = 0; q < 8; ++q) {
-          const uint r = (lane + 32u * q) % 16u, t = (lane + 32u * q) / 16u;
-          [[unroll]] for (uint i = 0; i < MR; ++i) {
-            float s = acc[i][q];
-            for (uint kq = 0; kq < 16u; ++kq) s += sh_value(16u * i + r, 16u * kk + kq) * sh_value(BM + 16u * grp + t, 16u * kk + kq);
-            acc[i][q] = s;
-          }
-        }
-#endif
-      }
-    }
+    if (has_pairs) acc_step(min(uint(KT), cols - k0) / 16u, grp, lane, acc);
     barrier();
   }
 
-  // Epilogue: the group's tiles as f32 into sh (row-major 16 x 16), then out.
-  const uint cb = grp * uint(MR) * 64u;
-#if COOP
-  [[unroll]] for (uint i = 0; i < MR; ++i) coopMatStoreNV(acc[i], sh, cb + 64u * i, 4u, false);
-#else
-  [[unroll]] for (uint i = 0; i < MR; ++i) {
-    [[unroll]] for (uint q = 0; q < 8; ++q) {
-      const uint el = lane + 32u * q, f = (el % 16u) * 16u + el / 16u;
-      sh[cb + 64u * i + f / 4u][f % 4u] = floatBitsToUint(acc[i][q]);
-    }
-  }
-#endif
+  // Epilogue: the group's tiles through sh, then out.
+  acc_store(grp, lane, acc);
   barrier();
   if (!has_pairs) return;
-#define C_AT(tile, r, t) uintBitsToFloat(sh[cb + 64u * (tile) + ((r) * 16u + (t)) / 4u][((r) * 16u + (t)) % 4u])
   [[unroll]] for (uint q = 0; q < 8; ++q) {
     const uint el = lane + 32u * q, r = el % 16u, t = el / 16u;  // lanes 0..15: consecutive rows
     const uint j = p0 + 16u * grp + t;
@@ -240,11 +156,11 @@ void main() {
       const float w = (all_tokens() ? 1.0 : uintBitsToFloat(route[2u * p + 1u])) * (1.0 / DOWN_IN_SCALE);
       [[unroll]] for (uint i = 0; i < MR; ++i) {
         const uint row = o0 + 16u * i + r;
-        if (row < out_rows) out_v[p * args.out_stride + row] = w * C_AT(i, r, t);
+        if (row < out_rows) out_v[p * args.out_stride + row] = w * acc_value(grp, i, r, t);
       }
     } else {
       const uint i = o0 + r;
-      if (i < out_rows) out_v[p * args.out_stride + i] = silu(C_AT(0u, r, t)) * C_AT(1u, r, t);
+      if (i < out_rows) out_v[p * args.out_stride + i] = silu(acc_value(grp, 0u, r, t)) * acc_value(grp, 1u, r, t);
     }
   }
 }

@@ -31,6 +31,7 @@ struct ChatArgs {
   std::string model, backend = "auto", system, chat_template;
   int device = -1, ctx = 4096, n_predict = 1024;
   bool think = false, f32_activations = false;
+  uint32_t prefill_chunk = 64;
   text::SamplerParams sampling;
   std::optional<uint64_t> seed;
 };
@@ -47,7 +48,7 @@ int chat(const ChatArgs& a, const Globals& g) {
   sp.seed = a.seed ? *a.seed : std::random_device{}();
   OpenModel om = open_model({.path = a.model, .backend = a.backend, .device = a.device, .n_ctx = a.ctx,
                              .threads = g.thread_count(), .sampling = sp, .verbose = g.verbose,
-                             .f32_activations = a.f32_activations});
+                             .f32_activations = a.f32_activations, .prefill_chunk = a.prefill_chunk});
   LanguageModel& model = *om.model;
   const Metadata& md = om.weights->metadata();
   const text::Tokenizer tok = text::Tokenizer::from_metadata(md);
@@ -137,6 +138,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
       ->check(CLI::IsMember({"auto", "cpu", "vulkan"}))->capture_default_str();
   sub.add_option("--device", a->device, "Vulkan device number (tessera devices)");
   sub.add_flag("--f32-activations", a->f32_activations, "Vulkan: f32 inputs to every matvec (no int8 activations)");
+  sub.add_option("--prefill-chunk", a->prefill_chunk, "Vulkan: prompt tokens per batched prefill chunk (0: token by token)")
+      ->capture_default_str();
   sub.add_option("--ctx", a->ctx, "Context size in tokens")->check(CLI::PositiveNumber)->capture_default_str();
   sub.add_option("--system", a->system, "System prompt");
   sub.add_option("--chat-template", a->chat_template, "Chat format when the model's template is not recognized");

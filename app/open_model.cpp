@@ -33,6 +33,7 @@ OpenModel open_model(const ModelRequest& r) {
   mo.device_sampling = sp.repeat_penalty == 1.f && sp.presence_penalty == 0.f && sp.frequency_penalty == 0.f;
   mo.progress = stderr_is_tty();
   mo.int8_activations = !r.f32_activations;
+  mo.prefill_chunk = r.prefill_chunk;
   auto gm = std::make_unique<model::GpuModel>(*m.vk, packed->file(), mo);
   if (r.verbose)
     std::fprintf(stderr, "tessera: %s on %s: %u dispatches and %u barriers per token (%u layers), %.1f MB of device memory\n",

@@ -65,7 +65,7 @@ struct BenchOptions {
   bool olat_q8 = true;                    // GpuModelOptions::olat_q8 (--tune olat_q8=0|1)
   bool fused_down = false;                // GpuModelOptions::fused_down (--tune moe_fused=0|1)
   int prefill_matmul = -1;                // GpuModelOptions::prefill_matmul (--tune prefill_matmul=0..3)
-  bool prefill_moe_matmul = false;        // GpuModelOptions::prefill_moe_matmul (--tune moe_matmul=0|1)
+  int prefill_moe_matmul = -1;            // GpuModelOptions::prefill_moe_matmul (--tune moe_matmul=0|1|2)
   vk::MatmulTuning matmul;                // GpuModelOptions::matmul (--tune matmul_rows / matmul_step / matmul_groups)
   bool head_q8 = false;                   // GpuModelOptions::head_q8 (--tune head_q8=0|1)
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)

@@ -48,6 +48,9 @@ constexpr uint32_t kPrefetchFfnIn = 2;    // the router (read by its dispatch, o
 constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
 constexpr uint32_t kPrefetchAll = 7;
 
+// GpuModelOptions::prefill_moe_matmul -1: the experts' matmul form from chunks of this many tokens.
+constexpr uint32_t kMoeMatmulMinChunk = 256;
+
 struct GpuModelOptions {
   uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)
   vk::SampleParams sampling;      // the GPU sampler's parameters (temperature 0 = greedy)
@@ -75,11 +78,12 @@ struct GpuModelOptions {
   vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
   // Where the dense matrices run as matmuls, a dense FFN (leading layers) takes the matmul form
   // of the FFN kernels too (shaders/moe_matmul.comp; H100, GLM layer 0: 1.6 -> 0.67 ms per
-  // chunk); with prefill_moe_matmul the experts also. Off for them: with ~4 tokens per expert in a
-  // 64-token chunk they are a weight stream, and the int8 kernels stream faster (gate-up 321 µs
-  // against 652 per layer; pp512 1215 -> 869 tok/s; PERFORMANCE.md session 19). bench --tune
-  // moe_matmul=0|1.
-  bool prefill_moe_matmul = false;
+  // chunk); the experts also with prefill_moe_matmul 1, or -1 (auto) in chunks of at least
+  // kMoeMatmulMinChunk tokens. In 64-token chunks (~4 tokens per expert) the experts are a weight
+  // stream and the int8 kernels stream faster (H100 pp512 1215 vs 869 tok/s); in chunks of 256
+  // the matmul form wins (1817 -> 1972; 512: 2404; PERFORMANCE.md session 19). bench --tune
+  // moe_matmul=0|1|2 (2 = auto).
+  int prefill_moe_matmul = -1;
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
   // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
   // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer

@@ -381,7 +381,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       rec->barrier();
       vk::MoePrefillOp moe;
       moe.int8_activations = options_.int8_activations;
-      moe.matmul = p.matmul && options_.prefill_moe_matmul;
+      moe.matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
+                                (options_.prefill_moe_matmul < 0 && p.T >= kMoeMatmulMinChunk));
       moe.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;

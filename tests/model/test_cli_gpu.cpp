@@ -88,6 +88,23 @@ TEST_F(CliGpu, RunOnVulkanMatchesTheCpuReferenceGreedy) {
   EXPECT_EQ(last_line(gpu.text), last_line(cpu.text));
 }
 
+// --prefill-chunk reaches the model (-v says the chunk), and chunks of 3 and token by token give
+// the greedy tokens of the default chunk.
+TEST_F(CliGpu, RunTakesThePrefillChunk) {
+  const std::string args = " --tokens 5,17,300,42,9,77,1000 -n 8 --temp 0 --print-ids";
+  const Out def = sh(bin() + " run " + tsr_ + args + " 2>/dev/null");
+  const std::string err = (dir_ / "chunk3.err").string();
+  const Out three = sh(bin() + " -v run " + tsr_ + args + " --prefill-chunk 3 2>" + err);
+  const Out none = sh(bin() + " run " + tsr_ + args + " --prefill-chunk 0 2>/dev/null");
+  ASSERT_EQ(def.code, 0) << def.text;
+  ASSERT_EQ(three.code, 0) << three.text;
+  ASSERT_EQ(none.code, 0) << none.text;
+  const Out said = sh("cat " + err);
+  EXPECT_NE(said.text.find("prefill in chunks of 3 tokens"), std::string::npos) << said.text;
+  EXPECT_EQ(last_line(three.text), last_line(def.text));
+  EXPECT_EQ(last_line(none.text), last_line(def.text));
+}
+
 TEST_F(CliGpu, VulkanBackendRefusesAGguf) {
   const Out o = sh(bin() + " run " + gguf_ + " --backend vulkan --tokens 1 -n 1 2>&1");
   EXPECT_EQ(o.code, 1) << o.text;

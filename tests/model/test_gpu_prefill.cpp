@@ -152,7 +152,7 @@ TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
   for (uint32_t T : {64u, 8u}) {
     model::GpuModelOptions o = options(128, T);
     o.prefill_matmul = 1;
-    o.prefill_moe_matmul = T == 64;  // the experts' matmul form too (off by default: slower on an H100)
+    o.prefill_moe_matmul = T == 64 ? 1 : 0;  // the experts' matmul form too (auto: only in chunks of >= 256)
     model::GpuModel gpu(*context(), tsr, o);
     ASSERT_TRUE(gpu.prefill_stats().matmul);
     EXPECT_EQ(gpu.prefill_stats().matmul_coop, vk::matmul_coop_supported(*context()));

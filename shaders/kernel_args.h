@@ -75,8 +75,9 @@ struct MatmulArgs {
   uint k_split;    // columns per workgroup along z (a multiple of KT; >= cols: no split)
   uint n_splits;   // workgroups along z (1: y written directly)
   uint part_rows;  // rows of the whole matrix (the partial sums' token stride)
-  uint pad0;
+  uint count_word; // with TS_MATMUL_LIVE_COUNT: the word of binding 5 with the live token count
 };
+#define TS_MATMUL_LIVE_COUNT 2u  // MatmulArgs.flags: tokens past min(n_tokens, count) are skipped
 
 // rmsnorm.comp: for each row t < n_rows:
 //   y[y_offset + t*y_stride + i] = w[i] * x[x_offset + t*x_stride + i] / sqrt(mean_i(x^2) + eps)

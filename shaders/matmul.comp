@@ -35,7 +35,7 @@
 // values cover: 64 for Q4_K / Q5_K, 128 for Q6_K), COOP;
 // PREFETCH_B (0/1; KT <= 128); or REDUCE 1 (and WG_SIZE).
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32),
-// 4 = partial sums (f32).
+// 4 = partial sums (f32), 5 = the words holding the live token count (TS_MATMUL_LIVE_COUNT).
 
 #ifndef REDUCE
 #define REDUCE 0
@@ -46,11 +46,13 @@
 layout(local_size_x = WG_SIZE) in;
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 layout(std430, binding = 4) readonly restrict buffer Part { float part[]; };
+layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
 layout(push_constant) uniform Push { MatmulArgs args; };
 
 void main() {
   const uint i = linear_workgroup_id() * uint(WG_SIZE) + gl_LocalInvocationIndex;
-  if (i >= args.rows * args.n_tokens) return;
+  const uint n_live = (args.flags & TS_MATMUL_LIVE_COUNT) != 0u ? min(args.n_tokens, step_words[args.count_word]) : args.n_tokens;
+  if (i >= args.rows * n_live) return;
   const uint r = i % args.rows, t = i / args.rows;
   float s = 0.0;
   for (uint z = 0; z < args.n_splits; ++z) s += part[(z * args.n_tokens + t) * args.part_rows + args.row_begin + r];
@@ -77,9 +79,14 @@ layout(local_size_x = WG_SIZE) in;
 layout(std430, binding = 2) readonly restrict buffer X16 { uvec4 x16v[]; };  // 8 f16 per element
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
 layout(std430, binding = 4) writeonly restrict buffer Part { float part[]; };
+layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
 layout(push_constant) uniform Push { MatmulArgs args; };
 
 #include "matmul_tile.glsl"
+
+// The tokens this run computes: n_tokens, or with TS_MATMUL_LIVE_COUNT the live count of the
+// chunk (a recording for T tokens serves shorter chunks: workgroups past it exit at once).
+uint n_tok;
 
 #ifndef PREFETCH_B
 #define PREFETCH_B 0
@@ -105,7 +112,7 @@ void stage_unit(uint u, uint row0, uint k0, uint k_end) {
 // rows that exist in x16 (n_tokens rounded up to 16).
 void stage_tokens(uint tok0, uint k0, uint k_end) {
   const uint n8 = min(uint(KT), k_end - k0) / 8u;  // uvec4 per token row this step
-  const uint nt = min(uint(TG * 16), (args.n_tokens + 15u) / 16u * 16u - tok0);
+  const uint nt = min(uint(TG * 16), (n_tok + 15u) / 16u * 16u - tok0);
   for (uint c = gl_LocalInvocationIndex; c < nt * n8; c += uint(WG_SIZE)) {
     const uint t = c / n8, j = c % n8;
     sh[B0 + t * uint(RS) + j] = x16v[(args.x_offset + (tok0 + t) * args.x_stride + k0) / 8u + j];
@@ -119,7 +126,7 @@ void stage_tokens(uint tok0, uint k0, uint k_end) {
 uvec4 bq[KT / 16];
 void load_tokens(uint tok0, uint k0, uint k_end) {
   const uint n8 = min(uint(KT), k_end - k0) / 8u;
-  const uint nt = min(uint(TG * 16), (args.n_tokens + 15u) / 16u * 16u - tok0);
+  const uint nt = min(uint(TG * 16), (n_tok + 15u) / 16u * 16u - tok0);
   [[unroll]] for (uint i = 0; i < uint(KT / 16); ++i) {
     const uint c = gl_LocalInvocationIndex + i * uint(WG_SIZE), t = c / uint(KT / 8), j = c % uint(KT / 8);
     bq[i] = t < nt && j < n8 ? x16v[(args.x_offset + (tok0 + t) * args.x_stride + k0) / 8u + j] : uvec4(0u);
@@ -134,12 +141,13 @@ void store_tokens() {
 #endif
 
 void main() {
+  n_tok = (args.flags & TS_MATMUL_LIVE_COUNT) != 0u ? min(args.n_tokens, step_words[args.count_word]) : args.n_tokens;
   const uint row0 = gl_WorkGroupID.x * uint(BM);
-  if (row0 >= args.rows) return;  // uniform per workgroup
-  const uint lid = gl_LocalInvocationIndex, grp = lid / 32u, lane = lid % 32u;
   const uint tok0 = gl_WorkGroupID.y * uint(TG) * 16u;  // the workgroup's first token
+  if (row0 >= args.rows || tok0 >= n_tok) return;        // uniform per workgroup
+  const uint lid = gl_LocalInvocationIndex, grp = lid / 32u, lane = lid % 32u;
   const uint tok = tok0 + 16u * grp;                     // the group's first token
-  const bool has_tokens = tok < args.n_tokens;           // uniform per group
+  const bool has_tokens = tok < n_tok;                   // uniform per group
   const uint k_begin = gl_WorkGroupID.z * args.k_split;
   const uint k_end = min(args.cols, k_begin + args.k_split);
 
@@ -172,7 +180,7 @@ void main() {
     [[unroll]] for (uint i = 0; i < 8; ++i) {
       const uint e = lane + 32u * i, r = e % 16u, t = e / 16u;  // lanes 0..15: consecutive rows
       const uint row = row0 + 16u * m + r;
-      if (row < args.rows && tok + t < args.n_tokens) {
+      if (row < args.rows && tok + t < n_tok) {
         const float v = acc_value(grp, m, r, t);
         if (split) {
           part[(gl_WorkGroupID.z * args.n_tokens + tok + t) * args.part_rows + args.row_begin + row] = v;

@@ -50,6 +50,13 @@ constexpr uint32_t kPrefetchAll = 7;
 
 // GpuModelOptions::prefill_moe_matmul -1: the experts' matmul form from chunks of this many tokens.
 constexpr uint32_t kMoeMatmulMinChunk = 256;
+// GpuModelOptions::prefill_chunk: chosen by the device (512 with matmuls, else 64).
+constexpr uint32_t kPrefillChunkAuto = 0xFFFFFFFFu;
+constexpr uint32_t kPrefillChunkMatmul = 512, kPrefillChunkMatvec = 64;
+
+// Whether the prefill's dense matrices run as matmuls under these options on this device
+// (GpuModelOptions::prefill_matmul; gpu_prefill.cpp).
+bool prefill_uses_matmul(int prefill_matmul, vk::Context& ctx);
 
 struct GpuModelOptions {
   uint32_t n_ctx = 4096;          // KV-cache positions (clamped to the model's training context)
@@ -66,8 +73,12 @@ struct GpuModelOptions {
   // L2 prefetch of a later stage's weights, recorded beside latency-bound kernels (PrefetchOp,
   // docs/DECODE.md): kPrefetch* bits; bench --tune prefetch=N.
   uint32_t prefetch = 0;
-  uint32_t prefill_chunk = 64;    // prompt tokens per batched prefill submit (docs/PREFILL.md);
-                                  // 0 = prompts run token by token through the decode graph
+  // Prompt tokens per batched prefill submit (docs/PREFILL.md); 0 = prompts run token by token
+  // through the decode graph; kPrefillChunkAuto: 512 where the dense matrices run as matmuls
+  // (each read once per 64 tokens, and a short chunk costs only its live tokens: H100 pp512 2416
+  // tok/s against 1235 in chunks of 64), else 64 (the batched matvecs compute every column of a
+  // chunk). Clamped to the context.
+  uint32_t prefill_chunk = kPrefillChunkAuto;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the

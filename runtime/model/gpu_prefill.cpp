@@ -33,13 +33,12 @@ constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
 
-// GpuModelOptions::prefill_matmul on this device: whether the dense matrices run as matmuls.
-bool prefill_matmul(int option, vk::Context& ctx) {
+}  // namespace
+
+bool prefill_uses_matmul(int option, vk::Context& ctx) {
   if (option == 0 || !vk::matmul_supported(ctx)) return false;
   return option >= 1 || vk::matmul_coop_supported(ctx);
 }
-
-}  // namespace
 
 struct GpuModel::Prefill {
   uint32_t T = 0;
@@ -110,7 +109,7 @@ uint64_t GpuModel::prefill_scratch_bytes() const {
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_matmul(options_.prefill_matmul, ctx_)).total();
+  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_uses_matmul(options_.prefill_matmul, ctx_)).total();
 }
 
 void GpuModel::create_prefill() {
@@ -123,7 +122,7 @@ void GpuModel::create_prefill() {
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  p->matmul = prefill_matmul(options_.prefill_matmul, ctx_);
+  p->matmul = prefill_uses_matmul(options_.prefill_matmul, ctx_);
   const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul);
   struct Item {
     vk::Buffer* buf;
@@ -170,6 +169,7 @@ struct PrefillRecorder {
   const vk::Buffer* partials = nullptr;  // their split-K partial sums (kMatmulsPerStage regions)
   vk::MatmulTuning matmul_tuning;
   vk::MatmulKernel matmul_kernel = vk::MatmulKernel::Auto;
+  vk::BufferSlice chunk;  // the chunk words (kCountWord: its live tokens)
   uint64_t weight_bytes = 0;
 
   struct Out {
@@ -211,6 +211,8 @@ struct PrefillRecorder {
       op.y = o.y->whole();
       op.partials = partials->whole().sub(ops.size() * vk::kMatmulMaxPartialBytes, vk::kMatmulMaxPartialBytes);
       op.n_tokens = T;
+      op.live_count = chunk;  // the chunk's live tokens: a short chunk costs its own tokens
+      op.count_word = kCountWord;
       op.accumulate = acc;
       op.tuning = matmul_tuning;
       op.kernel = matmul_kernel;
@@ -263,7 +265,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     auto rec = step_recorder(timestamps);
     rec->begin();
     PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
-                      options_.matmul, options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto};
+                      options_.matmul, options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto,
+                      chunk};
     const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");

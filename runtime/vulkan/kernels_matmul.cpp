@@ -141,6 +141,9 @@ void MatmulOp::record(CommandRecorder& rec) const {
   if (x16.size < x_need)
     runtime_error(what, ": x16 binding has ", x16.size, " bytes, needs ", x_need, " (", padded, " token rows: the tokens rounded up to 16)");
   if (y.size < y_need) runtime_error(what, ": y binding has ", y.size, " bytes, needs ", y_need);
+  const bool live = live_count.buffer != VK_NULL_HANDLE;
+  if (live && live_count.size < (uint64_t(count_word) + 1) * 4)
+    runtime_error(what, ": the live token count's binding has no word ", count_word);
   const KSplit ks = k_split_of(*this, s);
   if (ks.n > 1 && partials.size < partials_bytes(ctx))
     runtime_error(what, ": ", ks.n, " splits along K need ", partials_bytes(ctx), " bytes of partial sums, the binding has ", partials.size);
@@ -157,7 +160,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
                   {"KT", std::to_string(s.kt)},
                   {"COOP", coop ? "1" : "0"},
                   {"PREFETCH_B", prefetch_b(*this, s) ? "1" : "0"}};
-  desc.num_buffers = 5;
+  desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::MatmulArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();
   const Pipeline& pipe = ctx.pipeline(desc);
@@ -170,7 +173,8 @@ void MatmulOp::record(CommandRecorder& rec) const {
     a.rows = c.rows;
     a.cols = w.cols;
     a.row_begin = c.row_begin;
-    a.flags = accumulate ? TS_MATVEC_ACCUMULATE : 0u;
+    a.flags = (accumulate ? TS_MATVEC_ACCUMULATE : 0u) | (live ? TS_MATMUL_LIVE_COUNT : 0u);
+    a.count_word = count_word;
     a.x_stride = xs;
     a.y_stride = ys;
     a.n_tokens = n_tokens;
@@ -178,10 +182,10 @@ void MatmulOp::record(CommandRecorder& rec) const {
     a.k_split = ks.cols;
     a.n_splits = ks.n;
     a.part_rows = w.rows;
-    const BufferSlice bufs[5] = {c.q, c.m, x16, y, ks.n > 1 ? partials : y};
+    const BufferSlice bufs[6] = {c.q, c.m, x16, y, ks.n > 1 ? partials : y, live ? live_count : y};
     MatmulOp part = *this;
     part.w.rows = c.rows;
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, uint32_t(row_tiles), uint32_t(token_tiles), ks.n, what,
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, uint32_t(row_tiles), uint32_t(token_tiles), ks.n, what,
                  chunks.size() == 1 ? bytes(ctx) : part.bytes(ctx));
   }
 }
@@ -194,21 +198,23 @@ void MatmulOp::record_sum(CommandRecorder& rec) const {
   desc.name = "matmul.sum";
   desc.file = "matmul.comp";
   desc.defines = {{"REDUCE", "1"}, {"WG_SIZE", std::to_string(kReduceWorkgroup)}};
-  desc.num_buffers = 5;
+  desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::MatmulArgs);
   const Pipeline& pipe = ctx.pipeline(desc);
+  const bool live = live_count.buffer != VK_NULL_HANDLE;
   gpu::MatmulArgs a{};
   a.rows = w.rows;
   a.cols = w.cols;
-  a.flags = accumulate ? TS_MATVEC_ACCUMULATE : 0u;
+  a.flags = (accumulate ? TS_MATVEC_ACCUMULATE : 0u) | (live ? TS_MATMUL_LIVE_COUNT : 0u);
+  a.count_word = count_word;
   a.y_stride = y_stride ? y_stride : w.rows;
   a.n_tokens = n_tokens;
   a.n_splits = ks.n;
   a.part_rows = w.rows;
-  const BufferSlice bufs[5] = {y, y, y, y, partials};
+  const BufferSlice bufs[6] = {y, y, y, y, partials, live ? live_count : y};
   const GroupCounts g = split_workgroups(ceil_div(uint64_t(w.rows) * n_tokens, kReduceWorkgroup), ctx.info());
   const uint64_t y_bytes = uint64_t(n_tokens) * w.rows * 4;
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 5), a, g.x, g.y, 1, (label.empty() ? desc.name : label) + " (sum)",
+  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 6), a, g.x, g.y, 1, (label.empty() ? desc.name : label) + " (sum)",
                partials_bytes(ctx) + y_bytes * (accumulate ? 2 : 1));
 }
 

@@ -60,6 +60,11 @@ struct MatmulOp {
   uint32_t x_stride = 0;      // f16 elements between tokens; 0 = cols; multiple of 8
   uint32_t y_stride = 0;      // floats between tokens; 0 = rows
   bool accumulate = false;    // y += W x
+  // Set: word count_word of this buffer holds the live token count (<= n_tokens), read by the GPU
+  // when the recording runs: tokens past it are neither computed nor stored (a recording for a
+  // chunk of n_tokens serves shorter chunks at their cost).
+  BufferSlice live_count;
+  uint32_t count_word = 0;
   MatmulKernel kernel = MatmulKernel::Auto;
   MatmulTuning tuning;
   std::string label;          // profile label; empty = kernel_name()

@@ -24,6 +24,7 @@ struct Case {
   uint32_t x_pad = 0, y_pad = 0;  // stride - length
   uint64_t max_binding_bytes = 0;
   uint32_t row_tiles = 0, step = 0, groups = 0, splits = 0, prefetch = 0;  // MatmulTuning
+  uint32_t live = 0;  // > 0: MatmulOp::live_count holds this many live tokens (the rest untouched)
 };
 
 std::string describe(const Case& c, vk::MatmulKernel k) {
@@ -31,7 +32,7 @@ std::string describe(const Case& c, vk::MatmulKernel k) {
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
              c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "",
-             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", c.live ? cat(" live ", c.live) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
 void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
@@ -71,6 +72,15 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   vk::Buffer pb = vktest::make_buffer(g, std::max<uint64_t>(op.partials_bytes(*g.ctx), 16), "partials");
   vktest::poison(g, pb);
   op.partials = pb.whole();
+  vk::Buffer cb;
+  if (c.live) {  // the count at word 1
+    const uint32_t words[2] = {12345u, c.live};
+    cb = vktest::make_buffer(g, 16, "live count");
+    vktest::upload_bytes(g, cb, words, 8);
+    op.live_count = cb.whole();
+    op.count_word = 1;
+  }
+  const uint32_t n_live = c.live ? std::min(c.live, c.tokens) : c.tokens;
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
   op.record(rec);
@@ -92,7 +102,7 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   for (uint32_t t = 0; t < c.tokens; ++t)
     for (uint32_t i = 0; i < ys; ++i) {
       const size_t o = size_t(t) * ys + i;
-      if (i >= c.rows) {  // padding between token rows: untouched
+      if (i >= c.rows || t >= n_live) {  // padding between token rows, tokens past the live count: untouched
         if (c.accumulate)
           EXPECT_EQ(got[o], y0[o]) << describe(c, kernel) << ": padding element " << o << " changed";
         else
@@ -205,6 +215,11 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     run_case(g, {GgmlType::Q8_0, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1}, k, seed++);
     run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
+    // A live token count below n_tokens: 20 of 70 (a partial token group, whole workgroups
+    // skipped), with accumulation and split along K; 64 of 64; 1 of 40.
+    run_case(g, {GgmlType::Q4_0, 37, 1152, 70, true, 0, 0, 0, 1, 128, 2, 3, 0, 20}, k, seed++);
+    run_case(g, {GgmlType::Q4_K, 50, 512, 64, false, 0, 0, 0, 0, 0, 0, 0, 0, 64}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 33, 256, 40, false, 0, 0, 0, 2, 64, 4, 2, 1, 1}, k, seed++);
     run_case(g, {GgmlType::Q4_0, 45, 288, 29, true, 24, 5}, k, seed++);
     // Row chunks: bindings of at most 4 KiB (several dispatches, each its own row_begin).
     run_case(g, {GgmlType::Q4_0, 100, 256, 20, false, 0, 0, 4096}, k, seed++);

@@ -50,9 +50,6 @@ constexpr uint32_t kPrefetchAll = 7;
 
 // GpuModelOptions::prefill_moe_matmul -1: the experts' matmul form from chunks of this many tokens.
 constexpr uint32_t kMoeMatmulMinChunk = 256;
-// GpuModelOptions::prefill_chunk: chosen by the device (512 with matmuls, else 64).
-constexpr uint32_t kPrefillChunkAuto = 0xFFFFFFFFu;
-constexpr uint32_t kPrefillChunkMatmul = 512, kPrefillChunkMatvec = 64;
 
 // Whether the prefill's dense matrices run as matmuls under these options on this device
 // (GpuModelOptions::prefill_matmul; gpu_prefill.cpp).
@@ -74,11 +71,11 @@ struct GpuModelOptions {
   // docs/DECODE.md): kPrefetch* bits; bench --tune prefetch=N.
   uint32_t prefetch = 0;
   // Prompt tokens per batched prefill submit (docs/PREFILL.md); 0 = prompts run token by token
-  // through the decode graph; kPrefillChunkAuto: 512 where the dense matrices run as matmuls
-  // (each read once per 64 tokens, and a short chunk costs only its live tokens: H100 pp512 2416
-  // tok/s against 1235 in chunks of 64), else 64 (the batched matvecs compute every column of a
-  // chunk). Clamped to the context.
-  uint32_t prefill_chunk = kPrefillChunkAuto;
+  // through the decode graph. Clamped to the context. 64 by default: short prompts cost their
+  // chunk (H100, GLM: pp16 563 tok/s in chunks of 64, 335 in chunks of 512); long prompts go
+  // twice as fast in chunks of 512 where the dense matrices run as matmuls (pp512 2416 against
+  // 1236, pp2048 1876 against 1049; `run`, `chat`, `bench --prefill-chunk 512`; session 19).
+  uint32_t prefill_chunk = 64;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the

@@ -174,8 +174,7 @@ TEST(GpuPrefill, DefaultChunkMatchesTheReference) {
   const std::string path = tsr_file("tiny", "q8_0", "all");
   TsrFile tsr = TsrFile::open(path);
   model::GpuModel gpu(*context(), tsr, options(128, model::GpuModelOptions{}.prefill_chunk));
-  // options() turns the matmuls off: the batched matvecs' default chunk.
-  EXPECT_EQ(gpu.prefill_stats().chunk, model::kPrefillChunkMatvec);
+  EXPECT_EQ(gpu.prefill_stats().chunk, 64u);
   const auto p = prompt(gpu.n_vocab(), 70);
   const auto lg = gpu.forward(p, false);
   TsrWeights packed(path);

@@ -215,8 +215,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--device", b.device, "Vulkan device number (default: the best one)")->check(CLI::NonNegativeNumber);
   sub.add_option("--threads", a->threads, "CPU reference threads (default: the global --threads, else all)");
   sub.add_option("--prefill-chunk", b.prefill_chunk,
-                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 64; 512 prefills long "
-                 "prompts twice as fast where tensor cores run the prefill's matrices, short ones pay for the chunk)")
+                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 512 where tensor cores "
+                 "run the prefill's matrices, else 64; a prompt's last tokens run in chunks of 64)")
       ->capture_default_str();
   sub.add_flag("--profile", b.profile, "Per-kernel GPU profile of a decoded token at each depth");
   sub.add_flag("--timeline", b.timeline,

@@ -31,7 +31,7 @@ struct ChatArgs {
   std::string model, backend = "auto", system, chat_template;
   int device = -1, ctx = 4096, n_predict = 1024;
   bool think = false, f32_activations = false;
-  uint32_t prefill_chunk = 64;
+  uint32_t prefill_chunk = model::kPrefillChunkAuto;
   text::SamplerParams sampling;
   std::optional<uint64_t> seed;
 };
@@ -139,8 +139,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("--device", a->device, "Vulkan device number (tessera devices)");
   sub.add_flag("--f32-activations", a->f32_activations, "Vulkan: f32 inputs to every matvec (no int8 activations)");
   sub.add_option("--prefill-chunk", a->prefill_chunk,
-                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 64; 512 prefills long "
-                 "prompts twice as fast where tensor cores run the prefill's matrices, short ones pay for the chunk)");
+                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 512 where tensor cores "
+                 "run the prefill's matrices, else 64; a prompt's last tokens run in chunks of 64)");
   sub.add_option("--ctx", a->ctx, "Context size in tokens")->check(CLI::PositiveNumber)->capture_default_str();
   sub.add_option("--system", a->system, "System prompt");
   sub.add_option("--chat-template", a->chat_template, "Chat format when the model's template is not recognized");

@@ -30,7 +30,7 @@ struct RunArgs {
   std::string backend = "auto";
   int device = -1;
   bool f32_activations = false;
-  uint32_t prefill_chunk = 64;
+  uint32_t prefill_chunk = model::kPrefillChunkAuto;
   std::string prompt, prompt_file, tokens;
   int n_predict = 128;
   text::SamplerParams sampling;
@@ -76,8 +76,8 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_flag("--f32-activations", a->f32_activations,
                "Vulkan: f32 inputs to every matvec (default: int8 activations with integer dot products for Q4_0/Q8_0/Q4_K/Q6_K weights)");
   sub.add_option("--prefill-chunk", a->prefill_chunk,
-                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 64; 512 prefills long "
-                 "prompts twice as fast where tensor cores run the prefill's matrices, short ones pay for the chunk)");
+                 "Vulkan: prompt tokens per batched prefill chunk (0: token by token; default 512 where tensor cores "
+                 "run the prefill's matrices, else 64; a prompt's last tokens run in chunks of 64)");
   auto* p = sub.add_option("-p,--prompt", a->prompt, "Prompt text");
   auto* f = sub.add_option("-f,--file", a->prompt_file, "Read the prompt text from a file");
   auto* t = sub.add_option("--tokens", a->tokens, "Prompt as token ids: ID,ID,...");

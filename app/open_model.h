@@ -23,7 +23,7 @@ struct ModelRequest {
   text::SamplerParams sampling;  // the GPU sampler takes these (penalties: the host samples)
   int verbose = 0;
   bool f32_activations = false;  // Vulkan: no int8-activation kernels
-  uint32_t prefill_chunk = 64;   // Vulkan: prompt tokens per batched prefill chunk (0: token by token)
+  uint32_t prefill_chunk = model::kPrefillChunkAuto;  // Vulkan: prompt tokens per prefill chunk (0: token by token)
 };
 
 struct OpenModel {

@@ -46,7 +46,7 @@ struct BenchOptions {
   int repetitions = 5;                    // timed runs per test after one warm-up
   int device = -1;                        // Vulkan device (-1: the best one)
   unsigned threads = 0;                   // CPU backend threads (0: all)
-  uint32_t prefill_chunk = 64;            // Vulkan: tokens per batched prefill chunk (0: token by token)
+  uint32_t prefill_chunk = kPrefillChunkAuto;  // Vulkan: tokens per batched prefill chunk (0: token by token)
   bool profile = false;                   // per-kernel profile per depth (Vulkan only)
   // The device-clock timeline of a decoded token per depth (timeline.h; Vulkan with a shader
   // clock). Every kernel then records its workgroups' times, in the throughput tests too.

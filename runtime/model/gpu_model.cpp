@@ -39,6 +39,8 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
       timeline_scope_(ctx.pipelines(), options.timeline),
       config_(ModelConfig::from_metadata(file.metadata())) {
   n_ctx_ = std::max<uint32_t>(1, std::min(options.n_ctx, std::max<uint32_t>(config_.n_ctx_train, 1)));
+  if (options_.prefill_chunk == kPrefillChunkAuto)
+    options_.prefill_chunk = prefill_uses_matmul(options_.prefill_matmul, ctx_) ? kPrefillChunkMatmul : kPrefillChunkMatvec;
   options_.prefill_chunk = std::min(options_.prefill_chunk, n_ctx_);  // a chunk never exceeds the context
   // Process-wide shader defines, set both ways: a model made earlier in the process may have set them.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));

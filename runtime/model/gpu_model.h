@@ -50,6 +50,9 @@ constexpr uint32_t kPrefetchAll = 7;
 
 // GpuModelOptions::prefill_moe_matmul -1: the experts' matmul form from chunks of this many tokens.
 constexpr uint32_t kMoeMatmulMinChunk = 256;
+// GpuModelOptions::prefill_chunk: chosen by the device (512 with matmuls, else 64).
+constexpr uint32_t kPrefillChunkAuto = 0xFFFFFFFFu;
+constexpr uint32_t kPrefillChunkMatmul = 512, kPrefillChunkMatvec = 64;
 
 // Whether the prefill's dense matrices run as matmuls under these options on this device
 // (GpuModelOptions::prefill_matmul; gpu_prefill.cpp).
@@ -71,11 +74,14 @@ struct GpuModelOptions {
   // docs/DECODE.md): kPrefetch* bits; bench --tune prefetch=N.
   uint32_t prefetch = 0;
   // Prompt tokens per batched prefill submit (docs/PREFILL.md); 0 = prompts run token by token
-  // through the decode graph. Clamped to the context. 64 by default: short prompts cost their
-  // chunk (H100, GLM: pp16 563 tok/s in chunks of 64, 335 in chunks of 512); long prompts go
-  // twice as fast in chunks of 512 where the dense matrices run as matmuls (pp512 2416 against
-  // 1236, pp2048 1876 against 1049; `run`, `chat`, `bench --prefill-chunk 512`; session 19).
-  uint32_t prefill_chunk = 64;
+  // through the decode graph. Clamped to the context. kPrefillChunkAuto: 512 where the dense
+  // matrices run as matmuls (H100, GLM: pp512 2416 tok/s against 1236 in chunks of 64, pp2048
+  // 1876 against 1049; session 19), else 64.
+  uint32_t prefill_chunk = kPrefillChunkAuto;
+  // A second, smaller recording for a prompt's last tokens: where at most twice this many remain
+  // (and it is below prefill_chunk), they run in chunks of this size, so that a short prompt
+  // does not pay for a large chunk (pp16: 563 tok/s in chunks of 64, 335 in one of 512). 0: none.
+  uint32_t prefill_tail_chunk = 64;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the
@@ -339,7 +345,8 @@ class GpuModel : public LanguageModel {
   uint64_t prefill_scratch_bytes() const;
   void create_prefill();
   std::vector<float> run_prefill(std::span<const int32_t> tokens, bool last_only);
-  std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false);  // head: gpu_prefill.cpp's Head
+  // head: gpu_prefill.cpp's Head; tail: the prefill_tail_chunk recording.
+  std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false, bool tail = false);
   void write_step(uint32_t token, uint32_t pos);  // the decode step buffer's words
   // For gpu_prefill.cpp: tensors by name and the layers' KV caches.
   vk::MatrixRef weight_matrix(std::string_view name) const;

@@ -35,6 +35,9 @@ enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+
 
 }  // namespace
 
+// The tail recording's chunk under options with chunks of T (0: none).
+static uint32_t tail_chunk(const GpuModelOptions& o, uint32_t T) { return o.prefill_tail_chunk < T ? o.prefill_tail_chunk : 0; }
+
 bool prefill_uses_matmul(int option, vk::Context& ctx) {
   if (option == 0 || !vk::matmul_supported(ctx)) return false;
   return option >= 1 || vk::matmul_coop_supported(ctx);
@@ -48,6 +51,12 @@ struct GpuModel::Prefill {
   vk::Buffer mm_partials;  // their split-K partial sums: one region per matmul of a stage
   bool matmul = false;
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
+  // The tail recording (GpuModelOptions::prefill_tail_chunk; 0: none): chunks of T_tail tokens on
+  // the same buffers, but its own route buffer (the route kernel's arrival counter sits at word
+  // 2 T K, a route entry of the other recording).
+  uint32_t T_tail = 0;
+  vk::Buffer route_tail;
+  std::unique_ptr<vk::CommandRecorder> rec_tail[3];
   std::unique_ptr<vk::CommandRecorder> profiled;  // Head::None with timestamps (profile_prefill)
   vk::AttentionTuning attn_tuning;
 };
@@ -57,19 +66,21 @@ void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
 namespace {
 
 struct Sizes {
-  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials;
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials, route_tail;
   uint64_t total() const {
     uint64_t s = 0;
     for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */,
-                       logits_all, x16, mm_partials})
+                       logits_all, x16, mm_partials, route_tail})
       s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
     return s;
   }
 };
 
 // Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none);
-// matmul: the dense matrices run as matmuls (x16 holds the widest input of T rounded up to 16).
-Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe, bool matmul) {
+// matmul: the dense matrices run as matmuls (x16 holds the widest input of T rounded up to 16);
+// tail: the tail recording's chunk (0: none; its own route buffer).
+Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe, bool matmul,
+            uint32_t tail) {
   const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
   const uint32_t K = moe ? c.n_expert_used : 0;
   Sizes s{};
@@ -82,6 +93,7 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const
   s.o = T * H * c.n_v * 4;
   s.router_logits = T * std::max<uint64_t>(c.n_expert, 1) * 4;
   s.route = vk::prefill_route_bytes(T, std::max<uint32_t>(K, 1));
+  s.route_tail = tail ? vk::prefill_route_bytes(tail, std::max<uint32_t>(K, 1)) : 0;
   s.lists = vk::prefill_list_bytes(T, std::max<uint32_t>(c.n_expert, 1));
   s.h = T * std::max<uint64_t>(c.n_ff, 4) * 4;
   s.y = s.x;
@@ -109,7 +121,9 @@ uint64_t GpuModel::prefill_scratch_bytes() const {
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_uses_matmul(options_.prefill_matmul, ctx_)).total();
+  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_uses_matmul(options_.prefill_matmul, ctx_),
+               tail_chunk(options_, T))
+      .total();
 }
 
 void GpuModel::create_prefill() {
@@ -123,7 +137,8 @@ void GpuModel::create_prefill() {
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
   p->matmul = prefill_uses_matmul(options_.prefill_matmul, ctx_);
-  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul);
+  p->T_tail = tail_chunk(options_, p->T);
+  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul, p->T_tail);
   struct Item {
     vk::Buffer* buf;
     const char* name;
@@ -138,6 +153,7 @@ void GpuModel::create_prefill() {
                         {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all},
                         {&p->x16, "prefill f16 rows", s.x16}, {&p->mm_partials, "prefill matmul partial sums", s.mm_partials}};
   for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
+  if (p->T_tail) p->route_tail = local_->create_buffer(s.route_tail, "prefill route (tail chunks)");
   p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
   std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
   // Zero everything once: padding tokens then only ever see finite values, and the route
@@ -145,6 +161,7 @@ void GpuModel::create_prefill() {
   vk::CommandRecorder init(ctx_);
   init.begin();
   for (const Item& it : items) init.fill(it.buf->whole(), 0);
+  if (p->T_tail) init.fill(p->route_tail.whole(), 0);
   init.end();
   init.run();
   prefill_stats_.chunk = p->T;
@@ -256,18 +273,20 @@ struct PrefillRecorder {
 
 }  // namespace
 
-std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps) {
+std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps, bool tail) {
   Prefill& p = *prefill_;
+  const uint32_t T = tail ? p.T_tail : p.T;
+  const vk::Buffer& route_buf = tail ? p.route_tail : p.route;
   const ModelConfig& c = config_;
   const Head head = Head(head_index);
   const vk::BufferSlice chunk = p.chunk.whole();
   {
     auto rec = step_recorder(timestamps);
     rec->begin();
-    PrefillRecorder r{*rec, c, p.T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
+    PrefillRecorder r{*rec, c, T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
                       options_.matmul, options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto,
                       chunk};
-    const uint32_t T = p.T, H = c.n_head, R = c.kv_lora_rank;
+    const uint32_t H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");
     embed.ids = chunk;
@@ -377,7 +396,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       if (c.has_exp_probs_b) route.bias = weight_vec(L + "exp_probs_b.bias", c.n_expert);
       route.step = chunk;
       route.count_word = kCountWord;
-      route.route = p.route.whole();
+      route.route = route_buf.whole();
       route.lists = p.lists.whole();
       route.label = "moe_prefill_route " + L;
       route.record(*rec);
@@ -385,7 +404,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       vk::MoePrefillOp moe;
       moe.int8_activations = options_.int8_activations;
       moe.matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
-                                (options_.prefill_moe_matmul < 0 && p.T >= kMoeMatmulMinChunk));
+                                (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
       moe.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
@@ -393,7 +412,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.step = chunk;
       moe.count_word = kCountWord;
       moe.h2 = p.h2.whole();
-      moe.route = p.route.whole();
+      moe.route = route_buf.whole();
       moe.lists = p.lists.whole();
       moe.h = p.h.whole();
       moe.y = p.y.whole();
@@ -464,12 +483,15 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
   std::vector<float> out;
   const size_t V = c.n_vocab;
   if (!last_only) out.reserve(V * tokens.size());
-  for (size_t i0 = 0; i0 < tokens.size(); i0 += p.T) {
-    const uint32_t n = uint32_t(std::min<size_t>(p.T, tokens.size() - i0));
+  for (size_t i0 = 0; i0 < tokens.size();) {
+    // The tail recording where at most twice its chunk remains.
+    const size_t left = tokens.size() - i0;
+    const bool tail = p.T_tail && left <= 2ull * p.T_tail;
+    const uint32_t n = uint32_t(std::min<size_t>(tail ? p.T_tail : p.T, left));
     const bool last_chunk = i0 + n == tokens.size();
     const Head head = !last_only ? Head::All : last_chunk ? Head::Last : Head::None;
-    std::unique_ptr<vk::CommandRecorder>& rec = p.rec[int(head)];
-    if (!rec) rec = record_prefill(int(head));
+    std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.rec_tail[int(head)] : p.rec[int(head)];
+    if (!rec) rec = record_prefill(int(head), false, tail);
     std::vector<uint32_t> words(kIdsWord + p.T, 0);
     words[kPosWord] = n_past_;
     words[kCountWord] = n;
@@ -486,6 +508,7 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
       out.resize(at + size_t(n) * V);
       read_back(p.logits_all, out.data() + at, size_t(n) * V * 4);
     }
+    i0 += n;
   }
   if (last_only) out = last_logits();
   return out;

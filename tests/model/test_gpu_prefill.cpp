@@ -184,6 +184,36 @@ TEST(GpuPrefill, DefaultChunkMatchesTheReference) {
   EXPECT_EQ(c.top1_diff, 0u);
 }
 
+// The tail recording: chunks of 32 with a tail chunk of 8. Prompts of 5 (tail), 20 (one chunk of
+// the large recording: more than twice the tail remain) and 45 (32, then 8 + 5 in the tail's),
+// each after a reset and continued by 3 tokens (tail), every position's logits against the CPU;
+// with the f32 matvecs and with the matmuls (live token counts).
+TEST(GpuPrefill, TailChunksMatchTheReference) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  const std::string path = tsr_file("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(path);
+  TsrWeights packed(path);
+  for (int matmul : {0, 1}) {
+    if (matmul && !vk::matmul_supported(*context())) continue;
+    model::GpuModelOptions o = options(128, 32);
+    o.prefill_tail_chunk = 8;
+    o.prefill_matmul = matmul;
+    model::GpuModel gpu(*context(), tsr, o);
+    const size_t V = gpu.n_vocab();
+    for (size_t n : {size_t(5), size_t(20), size_t(45)}) {
+      gpu.reset();
+      CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
+      const auto p = prompt(gpu.n_vocab(), n);
+      const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
+      EXPECT_LT(c.max_rel, matmul ? 4e-3 : 2e-3) << "n=" << n << " matmul " << matmul;
+      const auto more = prompt(gpu.n_vocab(), 3, 1);
+      const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
+      EXPECT_LT(cc.max_rel, matmul ? 4e-3 : 2e-3) << "continuation after n=" << n << " matmul " << matmul;
+      EXPECT_EQ(gpu.n_past(), int(n + 3));
+    }
+  }
+}
+
 // Prefill of a prompt, then 32 greedy steps, equals the same prompt run token by token through
 // the decode graph (prefill_chunk 0): the sampler's token and position carry over.
 TEST(GpuPrefill, PrefillThenDecodeEqualsTokenByToken) {

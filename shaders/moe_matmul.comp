@@ -44,23 +44,9 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
 
-// A matrix of `rows` x `cols` at byte `base` of binding 0 (moe_prefill.comp's mat_at).
-struct Mat {
-  uint qbase;  // SPLIT1: region Q in 16-byte units; plain: first element index
-  uint mbase;  // SPLIT1: region M in 32-bit words
-};
-Mat mat_at(uint base, uint rows, uint cols) {
-#if W_PLAIN
-  return Mat(base / uint(WTYPE == TS_TYPE_F32 ? 4 : 2), 0u);
-#else
-  const uint m_off = (rows * (cols / W_BLOCK) * (16u * W_QVEC) + 255u) & ~255u;
-  return Mat(base >> 4, (base + m_off) >> 2);
-#endif
-}
-
 // Unit ju (32 columns from k0 + 32 ju) of row `wrow` of m (cols long) into staged row r; zeros
 // where !valid. Columns at or past cols: nothing.
-void stage_unit(uint r, uint ju, bool valid, Mat m, uint wrow, uint cols, uint k0) {
+void stage_unit(uint r, uint ju, bool valid, WMat m, uint wrow, uint cols, uint k0) {
   if (k0 + 32u * ju >= cols) return;
   if (!valid) {
     stage_zero_unit(r, ju);
@@ -92,15 +78,15 @@ void main() {
   const uint K = args.n_used, cols = down ? args.width : args.n_embd;
 
   const uint base = all_tokens() ? 0u : slot * args.slot_stride;
-  Mat m, mu;
+  WMat m, mu;
   if (down) {
-    m = mat_at(base + args.mat_offset, args.n_embd, args.width);
+    m = w_mat_at(base + args.mat_offset, args.n_embd, args.width);
     mu = m;
   } else if (separate) {
-    m = mat_at(args.mat_offset, args.width, args.n_embd);
-    mu = mat_at(args.up_offset, args.width, args.n_embd);
+    m = w_mat_at(args.mat_offset, args.width, args.n_embd);
+    mu = w_mat_at(args.up_offset, args.width, args.n_embd);
   } else {
-    m = mat_at(base + args.mat_offset, 2u * args.width, args.n_embd);
+    m = w_mat_at(base + args.mat_offset, 2u * args.width, args.n_embd);
     mu = m;
   }
 

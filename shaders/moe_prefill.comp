@@ -46,24 +46,10 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
 
-// A matrix of `rows` x `cols` starting at byte `base` of the weight binding.
-struct Mat {
-  uint qbase;  // SPLIT1: region Q in 16-byte units; plain: first element index
-  uint mbase;  // SPLIT1: region M in 32-bit words
-};
-Mat mat_at(uint base, uint rows, uint cols) {
-#if W_PLAIN
-  return Mat(base / uint(WTYPE == TS_TYPE_F32 ? 4 : 2), 0u);
-#else
-  const uint m_off = (rows * (cols / W_BLOCK) * (16u * W_QVEC) + 255u) & ~255u;
-  return Mat(base >> 4, (base + m_off) >> 2);
-#endif
-}
-
 // Row r of m (cols long) dotted with the TB inputs starting at floats in_base[b] (component b of
 // the result; inputs of pairs past the list are computed on a valid row and ignored). This
 // lane's share of the row only.
-vec4 row_dot4(Mat m, uint r, uint cols, uvec4 in_base, uint lane) {
+vec4 row_dot4(WMat m, uint r, uint cols, uvec4 in_base, uint lane) {
   vec4 acc = vec4(0.0);
 #if !W_PLAIN
   const uint nb = cols / W_BLOCK, units = nb * W_UNITS;
@@ -107,7 +93,7 @@ void stage_inputs_q8(uint in_base[TB], uint nb) {
 
 // Row r of m (nb blocks) dotted with the TB staged inputs, this lane's blocks: each weight block
 // is loaded once for all TB pairs.
-void row_dot_q8(Mat m, uint r, uint nb, uint lane, inout vec4 acc[TB4]) {
+void row_dot_q8(WMat m, uint r, uint nb, uint lane, inout vec4 acc[TB4]) {
   for (uint b = lane; b < nb; b += THREADS_PER_ROW) {
     const Q8W w = q8_load_block(m.qbase, m.mbase, r * nb + b);
     [[unroll]] for (uint c = 0; c < TB; ++c) {
@@ -157,15 +143,15 @@ void main() {
   const uint K = args.n_used;
 
   const uint base = all_tokens() ? 0u : slot * args.slot_stride;
-  Mat m, mu;
+  WMat m, mu;
   if (is_down()) {
-    m = mat_at(base + args.mat_offset, args.n_embd, args.width);
+    m = w_mat_at(base + args.mat_offset, args.n_embd, args.width);
     mu = m;
   } else if ((args.flags & TS_PF_SEPARATE_GATE_UP) != 0u) {
-    m = mat_at(args.mat_offset, args.width, args.n_embd);
-    mu = mat_at(args.up_offset, args.width, args.n_embd);
+    m = w_mat_at(args.mat_offset, args.width, args.n_embd);
+    mu = w_mat_at(args.up_offset, args.width, args.n_embd);
   } else {
-    m = mat_at(base + args.mat_offset, 2u * args.width, args.n_embd);
+    m = w_mat_at(base + args.mat_offset, 2u * args.width, args.n_embd);
     mu = m;
   }
   const bool separate = (args.flags & TS_PF_SEPARATE_GATE_UP) != 0u;

@@ -268,6 +268,22 @@ void split1_unit8(uint qbase, uint mbase, uint entry, uint j, out vec4 lo, out v
 }
 #endif  // !W_PLAIN
 
+// A rows x cols matrix at byte `base` of a binding that holds both its regions (W_Q_BINDING ==
+// W_M_BINDING: a MoE tile): SPLIT1 region Q in 16-byte units and region M (at the next 256-byte
+// boundary) in 32-bit words; plain: its first element's index (mbase 0).
+struct WMat {
+  uint qbase;
+  uint mbase;
+};
+WMat w_mat_at(uint base, uint rows, uint cols) {
+#if W_PLAIN
+  return WMat(base / uint(WTYPE == TS_TYPE_F32 ? 4 : 2), 0u);
+#else
+  const uint m_off = (rows * (cols / W_BLOCK) * (16u * W_QVEC) + 255u) & ~255u;
+  return WMat(base >> 4, (base + m_off) >> 2);
+#endif
+}
+
 #if W_PLAIN
 // Element `idx` of a plain matrix (counted from the Q binding start).
 float plain_value(uint idx) {

@@ -50,6 +50,7 @@ struct GpuModel::Prefill {
   vk::Buffer x16;       // the matmuls' f16 input rows (T rounded up to 16; prefill_matmul)
   vk::Buffer mm_partials;  // their split-K partial sums: one region per matmul of a stage
   bool matmul = false;
+  vk::MatmulKernel kernel = vk::MatmulKernel::Auto;  // the matmuls' kernel (prefill_matmul 2: Plain)
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
   // The tail recording (GpuModelOptions::prefill_tail_chunk; 0: none): chunks of T_tail tokens on
   // the same buffers, but its own route buffer (the route kernel's arrival counter sits at word
@@ -137,6 +138,7 @@ void GpuModel::create_prefill() {
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
   p->matmul = prefill_uses_matmul(options_.prefill_matmul, ctx_);
+  p->kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
   p->T_tail = tail_chunk(options_, p->T);
   const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul, p->T_tail);
   struct Item {
@@ -167,7 +169,7 @@ void GpuModel::create_prefill() {
   prefill_stats_.chunk = p->T;
   prefill_stats_.scratch_bytes = s.total();
   prefill_stats_.matmul = p->matmul;
-  prefill_stats_.matmul_coop = p->matmul && options_.prefill_matmul != 2 && vk::matmul_coop_supported(ctx_);
+  prefill_stats_.matmul_coop = p->matmul && vk::matmul_uses_coop(ctx_, p->kernel);
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
@@ -206,6 +208,7 @@ struct PrefillRecorder {
       for (const Out& o : outs) matvec(o.w, o.name, x, *o.y, norm, acc);
       return;
     }
+    if (outs.size() > kMatmulsPerStage) runtime_error(outs.begin()->name, ": more matmuls on one input than partial-sum regions");
     vk::RmsNormOp n;
     n.x = x.whole();
     n.weight = norm;
@@ -218,7 +221,6 @@ struct PrefillRecorder {
     n.label = (n.normalize ? "rmsnorm.f16out " : "to_f16 ") + outs.begin()->name;
     n.record(rec);
     rec.barrier();
-    if (outs.size() > kMatmulsPerStage) runtime_error(outs.begin()->name, ": more matmuls on one input than partial-sum regions");
     std::vector<vk::MatmulOp> ops;
     bool split = false;
     for (const Out& o : outs) {
@@ -284,8 +286,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     auto rec = step_recorder(timestamps);
     rec->begin();
     PrefillRecorder r{*rec, c, T, options_.int8_activations, options_.matvec, p.matmul ? &p.x16 : nullptr, p.matmul ? &p.mm_partials : nullptr,
-                      options_.matmul, options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto,
-                      chunk};
+                      options_.matmul, p.kernel, chunk};
     const uint32_t H = c.n_head, R = c.kv_lora_rank;
     vk::EmbedOp embed;
     embed.table = weight_matrix("token_embd.weight");
@@ -365,7 +366,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         vk::DensePrefillOp d;
         d.int8_activations = options_.int8_activations;
         d.matmul = p.matmul;
-        d.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
+        d.matmul_kernel = p.kernel;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -405,7 +406,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.int8_activations = options_.int8_activations;
       moe.matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
                                 (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
-      moe.matmul_kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
+      moe.matmul_kernel = p.kernel;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;

@@ -19,23 +19,10 @@ struct Split {
   uint32_t mr, kt, tg;
   uint32_t rows_per_wg() const { return 16 * mr; }
   uint32_t tokens_per_wg() const { return 16 * tg; }
-  // The staged W and token rows (f16, KT + 8 each), or the accumulator tiles, whichever is larger.
-  uint64_t shared_bytes() const {
-    return std::max<uint64_t>(uint64_t(rows_per_wg() + tokens_per_wg()) * (kt + 8) * 2, uint64_t(tg) * mr * 1024);
-  }
+  uint64_t shared_bytes() const { return matmul_shared_bytes(mr, tg, kt); }
 };
 
-// The columns a step's width is a multiple of: K-quant units interleave inside their 256-value
-// block (weights.glsl split1_unit), a step holds the spans they fill together (matmul.comp
-// UNIT_SPAN): 64 columns for Q4_K / Q5_K, 128 for Q6_K; 32 otherwise.
-uint32_t step_granule(const MatmulOp& op) {
-  switch (op.w.type) {
-    case GgmlType::Q4_K:
-    case GgmlType::Q5_K: return 64;
-    case GgmlType::Q6_K: return 128;
-    default: return 32;
-  }
-}
+uint32_t step_granule(const MatmulOp& op) { return matmul_step_granule(op.w.type); }
 
 // The tuned fields as given; the automatic ones as the first of a preference list whose shared
 // memory fits the device: 32 rows (H100, GLM pp512 1226.6 tok/s against 1199.4 with 64 and 1153.5
@@ -79,14 +66,31 @@ KSplit k_split_of(const MatmulOp& op, const Split& s) {
 
 bool matmul_supported(Context& ctx) { return ctx.device().enabled().shader_float16; }
 
+bool matmul_uses_coop(Context& ctx, MatmulKernel kernel) {
+  return kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
+}
+
+// K-quant units interleave inside their 256-value block (weights.glsl split1_unit): a step holds
+// the spans they fill together.
+uint32_t matmul_step_granule(GgmlType t) {
+  switch (t) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: return 64;
+    case GgmlType::Q6_K: return 128;
+    default: return 32;
+  }
+}
+
+uint64_t matmul_shared_bytes(uint32_t mr, uint32_t tg, uint32_t kt) {
+  return std::max<uint64_t>(uint64_t(16 * mr + 16 * tg) * (kt + 8) * 2, uint64_t(tg) * mr * 1024);
+}
+
 bool matmul_coop_supported(Context& ctx) {
   const DeviceFeatures& f = ctx.device().enabled();
   return f.cooperative_matrix_nv && f.shader_float16 && ctx.pipelines().use_subgroup() && ctx.info().subgroup_size == 32;
 }
 
-bool MatmulOp::uses_coop(Context& ctx) const {
-  return kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
-}
+bool MatmulOp::uses_coop(Context& ctx) const { return matmul_uses_coop(ctx, kernel); }
 
 uint32_t MatmulOp::splits(Context& ctx) const { return k_split_of(*this, split_of(*this, ctx.info())).n; }
 

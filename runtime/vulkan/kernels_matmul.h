@@ -31,6 +31,14 @@ enum class MatmulKernel { Auto, Coop, Plain };  // Auto: Coop where matmul_coop_
 bool matmul_coop_supported(Context& ctx);
 // MatmulOp runs here at all (f16 arithmetic for its staging).
 bool matmul_supported(Context& ctx);
+// Whether `kernel` runs on tensor cores here (Auto: where matmul_coop_supported).
+bool matmul_uses_coop(Context& ctx, MatmulKernel kernel);
+// The columns a step's width must be a multiple of for weights of type t (matmul_tile.glsl
+// UNIT_SPAN: K-quant units interleave inside their block): 64 for Q4_K / Q5_K, 128 for Q6_K, else 32.
+uint32_t matmul_step_granule(GgmlType t);
+// Shared memory of a workgroup of the matmul kernels (matmul_tile.glsl): 16 mr weight rows and
+// 16 tg input rows of kt + 8 f16 each, or the tg x mr accumulator tiles, whichever is larger.
+uint64_t matmul_shared_bytes(uint32_t mr, uint32_t tg, uint32_t kt);
 
 // The most bytes of partial sums one MatmulOp asks for (automatic splits stay below it).
 constexpr uint64_t kMatmulMaxPartialBytes = 16ull << 20;

@@ -93,12 +93,10 @@ struct FfnMatmulSplit {
   uint32_t mr, tg, kt;
 };
 FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type) {
-  const uint32_t span = type == GgmlType::Q4_K || type == GgmlType::Q5_K ? 64u : type == GgmlType::Q6_K ? 128u : 32u;
   for (uint32_t tg : {4u, 2u, 1u})
-    for (uint32_t kt : {64u, 128u, 256u}) {
-      const uint64_t shared = std::max<uint64_t>(uint64_t(32 + 16 * tg) * (kt + 8) * 2, uint64_t(tg) * 2 * 1024);
-      if (kt % span == 0 && shared <= ctx.info().max_compute_shared_memory) return {2, tg, kt};
-    }
+    for (uint32_t kt : {64u, 128u, 256u})
+      if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(2, tg, kt) <= ctx.info().max_compute_shared_memory)
+        return {2, tg, kt};
   runtime_error("moe_matmul: no work split fits ", ctx.info().name, "'s shared memory");
 }
 
@@ -115,11 +113,11 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   Context& ctx = rec.context();
   const bool down = (d.args.flags & TS_PF_DOWN) != 0;
   if (!matmul_supported(ctx)) runtime_error(d.label, ": the matmul form needs shaderFloat16, which ", ctx.info().name, " lacks");
-  const bool coop = kernel == MatmulKernel::Coop || (kernel == MatmulKernel::Auto && matmul_coop_supported(ctx));
+  const bool coop = matmul_uses_coop(ctx, kernel);
   if (coop && !matmul_coop_supported(ctx)) runtime_error(d.label, ": no 16x16x16 f16 cooperative matrices on ", ctx.info().name);
-  const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
-  if (in_cols % 32 != 0 || d.args.in_stride % 4 != 0)
-    runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", in_cols, ") and 16-byte input rows");
+  if (!ffn_matmul_fits(d))
+    runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
+                  ") and 16-byte input rows");
   const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
@@ -152,6 +150,18 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
   // int8 path: z = the slot's passes of tb pairs, one workgroup each (empty ones exit at once).
   rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? kQ8RowsPerWg : kRowsPerWg), d.slots,
                tb ? ceil_div(d.args.t_max, tb) : 1, tb ? d.label + " q8act" : d.label, d.bytes);
+}
+
+// How an op records its FFN dispatches: the matmul form where asked and the dispatch fits it, else
+// moe_prefill.comp (int8 where asked and served).
+struct FfnForm {
+  bool int8, matmul;
+  MatmulKernel kernel;
+};
+void record_ffn_part(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
+                     const BufferSlice& step, const FfnForm& form) {
+  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel);
+  else record_ffn(rec, d, lists, route, step, form.int8);
 }
 
 uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
@@ -298,17 +308,13 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 }  // namespace
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context())) {
-    if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, matmul_kernel);
-    else record_ffn(rec, d, lists, route, step, int8_activations);
-  }
+  for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context()))
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel});
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
-  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context())) {
-    if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, matmul_kernel);
-    else record_ffn(rec, d, lists, route, step, int8_activations);
-  }
+  for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context()))
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -350,8 +356,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, {}, {}, step, matmul_kernel);
-  else record_ffn(rec, d, {}, {}, step, int8_activations);
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel});
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -378,8 +383,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  if (matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, {}, {}, step, matmul_kernel);
-  else record_ffn(rec, d, {}, {}, step, int8_activations);
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel});
 }
 
 // ---------------------------------------------------------------------------------------------

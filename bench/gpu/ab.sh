@@ -61,9 +61,13 @@ if [ -n "${ATTN_VARIANTS:-}" ]; then  # e.g. "default heads=4 slice=8": decode a
   tail -n 3 "$LOG"
   exit 0
 fi
-if [ -n "${BENCH_VARIANTS:-}" ]; then
-  IFS=';' read -ra variants <<<"$BENCH_VARIANTS"
-  i=0
+# run_variants PREFIX VARIANTS TEST_ARGS...: one bench run per ';'-separated variant (extra
+# arguments, "default" = none; "@NAME rest": on m-NAME.tsr) with TEST_ARGS at DEPTHS, REPS times.
+run_variants() {
+  local prefix="$1" list="$2"
+  shift 2
+  IFS=';' read -ra variants <<<"$list"
+  local i=0 v file
   for v in "${variants[@]}"; do
     file="m-${VARIANT_COMPOSE:-all}.tsr"
     if [[ "$v" == @* ]]; then  # "@NAME rest": the variant's own file
@@ -73,22 +77,17 @@ if [ -n "${BENCH_VARIANTS:-}" ]; then
     fi
     extra=()
     [ "$v" != default ] && read -ra extra <<<"$v"
-    run "variant-$i" "$WORK/$file" -p 0 -n 128 -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
+    run "$prefix-$i" "$WORK/$file" "$@" -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
     i=$((i + 1))
   done
   tail -n 3 "$LOG"
+}
+if [ -n "${BENCH_VARIANTS:-}" ]; then
+  run_variants variant "$BENCH_VARIANTS" -p 0 -n 128
   exit 0
 fi
 if [ -n "${PREFILL_VARIANTS:-}" ]; then  # as BENCH_VARIANTS, prefill pp512 (-n 0) at DEPTHS
-  IFS=';' read -ra variants <<<"$PREFILL_VARIANTS"
-  i=0
-  for v in "${variants[@]}"; do
-    extra=()
-    [ "$v" != default ] && read -ra extra <<<"$v"
-    run "prefill-$i" "$WORK/m-${VARIANT_COMPOSE:-all}.tsr" -p 512 -n 0 -d "${DEPTHS:-0,4096}" -r "${REPS:-2}" --profile "${extra[@]}"
-    i=$((i + 1))
-  done
-  tail -n 3 "$LOG"
+  run_variants prefill "$PREFILL_VARIANTS" -p 512 -n 0
   exit 0
 fi
 if [ -n "${ONLY_PREFILL:-}" ]; then

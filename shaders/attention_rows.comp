@@ -3,7 +3,7 @@
 // attention_partial.comp (same arguments, chunking and partials layout, so the same merge), with
 // another work split: workgroup (x = chunk c, y = head group, z = query) handles RH heads (by
 // default one), and its NSG subgroups take the chunk's rows RB at a time (subgroup g: rows begin + g*RB .. +RB-1, then
-// begin + (NSG + g)*RB ...). A lane holds DPL consecutive values of a row — the query's in
+// begin + (NSG + g)*RB ...). A lane holds DPL values of a row (words lane, lane + SUBGROUP_SIZE, ...) — the query's in
 // registers for the whole chunk, the cache row's as it is loaded — so a score is one subgroup
 // sum, and the lane's latent values of the rows it loaded are the ones it accumulates into o:
 // no shared-memory staging, no workgroup barrier until the subgroups' states are combined once.
@@ -31,6 +31,12 @@
 //   olat[h*R + d] = sum_g exp(m_g - M) o_g[d] / sum_g exp(m_g - M) l_g
 // Its query and (SINGLE_EARLY) its first round of rows are loaded before the step word (they do
 // not depend on it), so those loads overlap the position's. One query (count_word is not read).
+//
+// Define ROWS_F16 (0/1, default 0; needs shaderFloat16): scores and the value sums in packed
+// halves (a word of a row, two values, per instruction; the score's 18 products of a lane summed
+// in f16, each round's weighted rows in f16, then in f32): ~2/3 of the instructions per (row, head).
+// Define ROWS_COALESCED (0/1, default 1): lane l holds words l, l + SUBGROUP_SIZE, ... of a row (0: words
+// l * kWpl ..., the layout until session 20).
 //
 // Defines: N_HEAD, KV_LORA (R), N_ROT (Dr) + the rope.glsl table; TILE (the chunking's rounding,
 // as in attention_partial.comp); NSG (subgroups per workgroup), RB (rows per subgroup and
@@ -61,6 +67,12 @@
 #extension GL_KHR_shader_subgroup_arithmetic : require
 #include "attention_args.h"
 #include "rope.glsl"
+#ifndef ROWS_F16
+#define ROWS_F16 0
+#endif
+#if ROWS_F16
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#endif
 #ifndef MERGE_TAIL
 #define MERGE_TAIL 0
 #endif
@@ -227,13 +239,36 @@ void merge_head(uint a, uint h, uint n_chunks) {
 float qv[RH][kDpl];
 float m[RH], l[RH];
 float o[RH][kDpl];
+#if ROWS_F16
+f16vec2 qh[RH][kWpl];  // qv as f16 pairs, one per word of a row (pack_query)
+
+// qv (loaded, scaled and roped) into qh.
+void pack_query() {
+  [[unroll]] for (uint a = 0; a < RH; ++a)
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) qh[a][t] = f16vec2(qv[a][2u * t], qv[a][2u * t + 1u]);
+}
+#endif
+
+// The lane's words of a row: word t * SUBGROUP_SIZE + lane for t = 0 .. kWpl - 1, so that each
+// load instruction of a subgroup reads consecutive words (one 128-byte line for 32 lanes). With a
+// lane's words consecutive instead (18 values at 36-byte strides between lanes) every load
+// touched 9 lines: 8x the L1 traffic per row and head, the bound of the long-context kernel.
+// Value i of a lane's slots (i = 2t + half) is row value lane_value(i).
+#ifndef ROWS_COALESCED
+#define ROWS_COALESCED 1
+#endif
+#if ROWS_COALESCED
+uint lane_word(uint t) { return t * SUBGROUP_SIZE + gl_SubgroupInvocationID; }
+#else  // the layout until session 20 (AttentionTuning::rows_coalesced false)
+uint lane_word(uint t) { return gl_SubgroupInvocationID * kWpl + t; }
+#endif
+uint lane_value(uint i) { return 2u * lane_word(i / 2u) + (i & 1u); }
 
 // The lane's words of rows j0 .. j0 + RB - 1, rows past `last` repeating it.
 void load_rows(uint j0, uint last, out uint w[RB][kWpl]) {
-  const uint d0 = gl_SubgroupInvocationID * kDpl;
   [[unroll]] for (uint b = 0; b < RB; ++b) {
     const uint row = min(j0 + b, last);
-    [[unroll]] for (uint t = 0; t < kWpl; ++t) w[b][t] = d0 + 2u * t < kRow ? cache_w[row * kRowW + d0 / 2u + t] : 0u;
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) w[b][t] = lane_word(t) < kRowW ? cache_w[row * kRowW + lane_word(t)] : 0u;
   }
 }
 
@@ -243,12 +278,22 @@ void attend(uint j0, uint end, uint w[RB][kWpl]) {
     float s[RB];
     float m_new = m[a];
     [[unroll]] for (uint b = 0; b < RB; ++b) {
+#if ROWS_F16
+      // Packed half products, one instruction per word, summed in two f16 pairs (even and odd
+      // words: at most 5 terms each) and then in f32.
+      f16vec2 acc0 = f16vec2(0.0), acc1 = f16vec2(0.0);
+      [[unroll]] for (uint t = 0; t < kWpl; t += 2u) acc0 = fma(unpackFloat2x16(w[b][t]), qh[a][t], acc0);
+      [[unroll]] for (uint t = 1u; t < kWpl; t += 2u) acc1 = fma(unpackFloat2x16(w[b][t]), qh[a][t], acc1);
+      const float part = (float(acc0.x) + float(acc0.y)) + (float(acc1.x) + float(acc1.y));
+#else
       // Two chains of fused multiply-adds (one per half of a word): two instructions per word where
       // dot() and a sum took three; the kernel is bound by its instructions at long contexts.
       vec2 acc = vec2(0.0);
       [[unroll]] for (uint t = 0; t < kWpl; ++t)
         acc = fma(unpackHalf2x16(w[b][t]), vec2(qv[a][2u * t], qv[a][2u * t + 1u]), acc);
-      s[b] = j0 + b < end ? subgroupAdd(acc.x + acc.y) : kNegHuge;
+      const float part = acc.x + acc.y;
+#endif
+      s[b] = j0 + b < end ? subgroupAdd(part) : kNegHuge;
       m_new = max(m_new, s[b]);
     }
     // Rescale what is accumulated only where the maximum grew (the same in every lane of the
@@ -268,30 +313,40 @@ void attend(uint j0, uint end, uint w[RB][kWpl]) {
       psum += p[b];
     }
     l[a] = l[a] * alpha + psum;
+#if ROWS_F16
+    // The round's rows weighed in packed halves (p <= 1), their sum added to o in f32.
+    f16vec2 ph[RB];
+    [[unroll]] for (uint b = 0; b < RB; ++b) ph[b] = f16vec2(float16_t(p[b]));
+    [[unroll]] for (uint t = 0; t < kWpl; ++t) {
+      f16vec2 v = f16vec2(0.0);
+      [[unroll]] for (uint b = 0; b < RB; ++b) v = fma(ph[b], unpackFloat2x16(w[b][t]), v);
+      o[a][2u * t] += float(v.x);
+      o[a][2u * t + 1u] += float(v.y);
+    }
+#else
     [[unroll]] for (uint t = 0; t < kWpl; ++t) {
       vec2 v = vec2(o[a][2u * t], o[a][2u * t + 1u]);
       [[unroll]] for (uint b = 0; b < RB; ++b) v += p[b] * unpackHalf2x16(w[b][t]);
       o[a][2u * t] = v.x;
       o[a][2u * t + 1u] = v.y;
     }
+#endif
   }
 }
 
 // Each head's query values d0 .. d0 + kDpl - 1 scaled by kq_scale (zero past the row), unroped.
 void load_query(uint qt, uint head0, uint n_heads) {
-  const uint d0 = gl_SubgroupInvocationID * kDpl;
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     const uint q_base = (qt * N_HEAD + head0 + min(a, n_heads - 1u)) * kRow;
-    [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[a][i] = d0 + i < kRow ? q[q_base + d0 + i] * args.kq_scale : 0.0;
+    [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[a][i] = lane_value(i) < kRow ? q[q_base + lane_value(i)] * args.kq_scale : 0.0;
   }
 }
 
-// The rope part of the query rotated to position pos (pairs (R + 2k, R + 2k + 1); d0 is even).
+// The rope part of the query rotated to position pos (pairs (R + 2k, R + 2k + 1): a lane's word).
 void rope_query(uint pos) {
-  const uint d0 = gl_SubgroupInvocationID * kDpl;
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     [[unroll]] for (uint i = 0; i < kDpl; i += 2u) {
-      const uint d = d0 + i;
+      const uint d = lane_value(i);
       if (d >= KV_LORA && d < kRow) {
         const vec2 r = rope_rotate(vec2(qv[a][i], qv[a][i + 1u]), rope_cos_sin(pos, (d - KV_LORA) / 2u));
         qv[a][i] = r.x;
@@ -306,8 +361,7 @@ void main() {
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing loaded ahead
 #endif
   const uint chunk = gl_WorkGroupID.x, head0 = gl_WorkGroupID.y * RH, qt = gl_WorkGroupID.z;
-  const uint lane = gl_SubgroupInvocationID, g = gl_SubgroupID;
-  const uint d0 = lane * kDpl;  // this lane's first value of a row
+  const uint g = gl_SubgroupID;
   [[unroll]] for (uint a = 0; a < RH; ++a) {
     m[a] = kNegHuge;
     l[a] = 0.0;
@@ -328,6 +382,9 @@ void main() {
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
   const uint end = kv_len;
   rope_query(pos);
+#if ROWS_F16
+  pack_query();
+#endif
   TS_MARK_EARLY();  // bench --timeline: the query loaded and roped
 #if SINGLE_EARLY
   [[unroll]] for (uint b = 0; b < RB; ++b)
@@ -355,6 +412,9 @@ void main() {
   if (begin >= kv_len || head0 >= N_HEAD) return;  // uniform
   const uint end = min(kv_len, begin + chunk_len);
   rope_query(pos);
+#if ROWS_F16
+  pack_query();
+#endif
   for (uint j0 = begin + g * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
     // RB rows' words for this lane, all loads issued before any is used (rows past the chunk
     // repeat its last row and are masked in attend); each row serves the RH heads.
@@ -372,7 +432,7 @@ void main() {
       sg_l[g * RH + a] = l[a];
     }
     [[unroll]] for (uint i = 0; i < kDpl; ++i)
-      if (d0 + i < KV_LORA) sg_o[(g * RH + a) * KV_LORA + d0 + i] = o[a][i];
+      if (lane_value(i) < KV_LORA) sg_o[(g * RH + a) * KV_LORA + lane_value(i)] = o[a][i];
   }
   barrier();
 #if SINGLE

@@ -259,6 +259,14 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
       pp.what = cat("prefill chunk of ", T, " tokens");
       out.push_back(std::move(pp));
     }
+    // And the tail recording's chunk (a prompt's last tokens), where there is one.
+    const uint32_t Tt = m.prefill_stats().tail_chunk;
+    if (Tt > 0 && d + Tt <= uint32_t(m.n_ctx())) {
+      say(o, cat("profiling a tail chunk of ", Tt, " tokens at depth ", d));
+      TokenProfile pp = profile([&](double* wall) { return m.profile_prefill(wall, true); }, d);
+      pp.what = cat("prefill tail chunk of ", Tt, " tokens");
+      out.push_back(std::move(pp));
+    }
   }
   return out;
 }
@@ -402,6 +410,9 @@ BenchReport run_bench(const BenchOptions& o) {
   go.prefill_matmul = o.prefill_matmul;
   go.matmul = o.matmul;
   go.prefill_moe_matmul = o.prefill_moe_matmul;
+  go.prefill_attention_groups = o.prefill_attention_groups;
+  go.prefill_attention_min_chunk = o.prefill_attention_min_chunk;
+  go.prefill_attention = o.prefill_attention;
   go.head_q8 = o.head_q8;
   go.dense_down_matvec = o.dense_down_matvec;
   go.step_local = o.step_local;
@@ -446,6 +457,7 @@ BenchReport run_bench(const BenchOptions& o) {
     h.prefill_dense = !ps.matmul ? "batched matvecs (8 tokens per dispatch)"
                       : ps.matmul_coop ? "matmuls on tensor cores (64 tokens per weight read)"
                                        : "matmuls, plain FMAs (64 tokens per weight read)";
+    h.prefill_attention = ps.attention_tc ? "on tensor cores (one pass per 16 query-head rows)" : "split along the context + merge";
     GpuTarget t(model);
     report.results = run_grid(o, t, model.n_vocab());
     if (o.gate_stats) {

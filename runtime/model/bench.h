@@ -67,6 +67,9 @@ struct BenchOptions {
   bool fused_down = false;                // GpuModelOptions::fused_down (--tune moe_fused=0|1)
   int prefill_matmul = -1;                // GpuModelOptions::prefill_matmul (--tune prefill_matmul=0..3)
   int prefill_moe_matmul = -1;            // GpuModelOptions::prefill_moe_matmul (--tune moe_matmul=0|1|2)
+  uint32_t prefill_attention_groups = 0;     // GpuModelOptions::prefill_attention_groups (--tune pattn_groups)
+  uint32_t prefill_attention_min_chunk = 0;  // ... _min_chunk (--tune pattn_min_chunk)
+  vk::PrefillAttentionTuning prefill_attention;  // --tune pattn_queries / pattn_pairs
   vk::MatmulTuning matmul;                // GpuModelOptions::matmul (--tune matmul_rows / matmul_step / matmul_groups)
   bool head_q8 = false;                   // GpuModelOptions::head_q8 (--tune head_q8=0|1)
   bool dense_down_matvec = true;          // GpuModelOptions::dense_down_matvec (--tune dense_down=0|1)
@@ -116,6 +119,7 @@ struct BenchHeader {
   uint32_t prefill_dispatches = 0, prefill_barriers = 0;  // per chunk, without the LM head
   uint64_t prefill_weight_bytes = 0;      // per chunk, declared by the kernels
   std::string prefill_dense;              // how the dense matrices run, e.g. "matmuls on tensor cores"
+  std::string prefill_attention;          // how the attention runs, e.g. "on tensor cores"
 };
 
 struct BenchResult {

@@ -101,7 +101,8 @@ std::string bench_markdown(const BenchReport& r) {
       s += "prefill:    chunks of " + std::to_string(h.prefill_chunk) + " tokens: " + std::to_string(h.prefill_dispatches) +
            " dispatches, " + std::to_string(h.prefill_barriers) + " barriers, " +
            f("%.3f GB of weights read per chunk", h.prefill_weight_bytes / 1e9) +
-           (h.prefill_dense.empty() ? "" : "; dense matrices: " + h.prefill_dense) + "\n";
+           (h.prefill_dense.empty() ? "" : "; dense matrices: " + h.prefill_dense) +
+           (h.prefill_attention.empty() ? "" : "; attention: " + h.prefill_attention) + "\n";
     else if (h.backend == "vulkan") s += "prefill:    the decode graph token by token\n";
   }
   if (!r.results.empty()) {

@@ -34,6 +34,7 @@
 #include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/kernels_prefill.h"
 #include "runtime/vulkan/kernels_sample.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
@@ -98,6 +99,14 @@ struct GpuModelOptions {
   // the matmul form wins (1817 -> 1972; 512: 2404; PERFORMANCE.md session 19). bench --tune
   // moe_matmul=0|1|2 (2 = auto).
   int prefill_moe_matmul = -1;
+  // The prefill attention (vk::PrefillAttentionOp): chunks along the context per query (split-K;
+  // 0: auto, 2048 / chunk tokens within 1..32) and their fewest positions (0: auto, 128), and the
+  // kernel's query / head grouping (gpu_prefill.cpp prefill_attention_split), or the tensor-core
+  // kernel (prefill_attention.tensor_cores; auto where cooperative matrices are). bench --tune
+  // pattn_groups / pattn_min_chunk / pattn_queries / pattn_pairs / pattn_tc.
+  uint32_t prefill_attention_groups = 0;
+  uint32_t prefill_attention_min_chunk = 0;
+  vk::PrefillAttentionTuning prefill_attention;
   // The router fold (docs/ARCHITECTURE.md "Router fold"): the decode step's MoE layers compute the
   // router logits in the epilogue of the matvec that writes x and route in the gate-up kernel (no
   // router dispatch, one barrier less). Off by itself where the device lacks 64-bit integer
@@ -230,12 +239,14 @@ struct GpuModelOptions {
 // The batched prefill graph (docs/PREFILL.md), per chunk of up to `chunk` tokens.
 struct PrefillStats {
   uint32_t chunk = 0;             // T (0: no prefill graph)
+  uint32_t tail_chunk = 0;        // the second recording's chunk for a prompt's last tokens (0: none)
   uint32_t dispatches = 0;        // per chunk, without the LM head
   uint32_t barriers = 0;
   uint64_t weight_bytes = 0;      // weights read per chunk (declared by the kernels)
   uint64_t scratch_bytes = 0;     // device memory of the prefill buffers
   bool matmul = false;            // dense matrices as matmuls (GpuModelOptions::prefill_matmul)
   bool matmul_coop = false;       // ... on tensor cores
+  bool attention_tc = false;      // the attention as attention_prefill_tc.comp (vk::PrefillAttentionOp::tensor_cores)
 };
 
 // What the early-started W_vo workgroups saw (GpuModelOptions::gate_stats), summed over the
@@ -324,8 +335,9 @@ class GpuModel : public LanguageModel {
   // Runs one full prefill chunk (prefill_stats().chunk deterministic tokens at positions n_past()..)
   // with GPU timestamps, without advancing the session (its cache rows are simply overwritten
   // later), and returns per-dispatch timings; *wall_us: submit to done. Error(Usage) without a
-  // prefill graph or when the chunk does not fit the context.
-  std::vector<vk::DispatchTiming> profile_prefill(double* wall_us = nullptr);
+  // prefill graph or when the chunk does not fit the context. tail: the tail recording's chunk
+  // instead (prefill_stats().tail_chunk tokens; Error(Usage) without one).
+  std::vector<vk::DispatchTiming> profile_prefill(double* wall_us = nullptr, bool tail = false);
   // With GpuModelOptions::timeline: runs one decode step (the recording the decode runs for that
   // context, unchanged) at position kv_len - 1 without advancing the session, and returns every
   // dispatch's device-clock span (timeline.h); *wall_us: host time from submit to done.

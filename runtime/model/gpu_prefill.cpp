@@ -28,7 +28,23 @@ constexpr uint32_t kPrefillColumns = 8;  // tokens per batched matvec dispatch
 constexpr uint32_t kPosWord = 0;
 constexpr uint32_t kCountWord = 1;
 constexpr uint32_t kIdsWord = 2;
-constexpr uint32_t kPrefillAttnGroups = 32;  // split-K groups per query (T queries add parallelism)
+// The prefill attention's split along the context: about kPrefillAttnQueryChunks (query,
+// context chunk) pairs per chunk of T tokens (T = 512: 4 chunks per query, T = 64: 32), chunks of
+// at least kPrefillAttnMinChunk positions. Each chunk's partials are written and merged (20 heads
+// x 514 floats per query and chunk): the decode step's split (32 chunks of >= 8 positions) cost a
+// 512-token chunk 1.24 ms per layer in partials and merge at depth 0, and fewer, longer chunks
+// beat it at every depth measured (H100, session 20: pp512 2415 -> 2703 at depth 0 with chunks
+// of >= 128, 972 -> 1023 at 4096 with 4 chunks per query). Options override both.
+constexpr uint32_t kPrefillAttnQueryChunks = 2048;
+constexpr uint32_t kPrefillAttnMaxGroups = 32;
+constexpr uint32_t kPrefillAttnMinChunk = 128;
+vk::AttentionTuning prefill_attention_split(const GpuModelOptions& o, uint32_t T) {
+  vk::AttentionTuning t;
+  t.n_groups = o.prefill_attention_groups ? o.prefill_attention_groups
+                                          : std::clamp(kPrefillAttnQueryChunks / std::max(T, 1u), 1u, kPrefillAttnMaxGroups);
+  t.min_chunk = o.prefill_attention_min_chunk ? o.prefill_attention_min_chunk : kPrefillAttnMinChunk;
+  return t;
+}
 constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and kv_a)
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
@@ -58,8 +74,7 @@ struct GpuModel::Prefill {
   uint32_t T_tail = 0;
   vk::Buffer route_tail;
   std::unique_ptr<vk::CommandRecorder> rec_tail[3];
-  std::unique_ptr<vk::CommandRecorder> profiled;  // Head::None with timestamps (profile_prefill)
-  vk::AttentionTuning attn_tuning;
+  std::unique_ptr<vk::CommandRecorder> profiled, profiled_tail;  // Head::None with timestamps (profile_prefill)
 };
 
 void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
@@ -80,7 +95,7 @@ struct Sizes {
 // Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none);
 // matmul: the dense matrices run as matmuls (x16 holds the widest input of T rounded up to 16);
 // tail: the tail recording's chunk (0: none; its own route buffer).
-Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const MoeTileGeometry* moe, bool matmul,
+Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t attention_partials, const MoeTileGeometry* moe, bool matmul,
             uint32_t tail) {
   const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
   const uint32_t K = moe ? c.n_expert_used : 0;
@@ -102,12 +117,26 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t partials_per_query, const
     s.h = std::max<uint64_t>(s.h, vk::prefill_pairs(T, K) * vk::moe_h_stride(*moe) * 4);
     s.y = std::max<uint64_t>(s.y, vk::prefill_pairs(T, K) * c.n_embd * 4);
   }
-  s.partials = T * partials_per_query;
+  s.partials = attention_partials;
   s.logits_all = T * uint64_t(c.n_vocab) * 4;
   const uint64_t widest = std::max({uint64_t(c.n_embd), uint64_t(c.q_lora_rank), H * R, H * c.n_v});
   s.x16 = matmul ? (T + 15) / 16 * 16 * widest * 2 : 0;
   s.mm_partials = matmul ? kMatmulsPerStage * vk::kMatmulMaxPartialBytes : 0;
   return s;
+}
+
+// The attention partials of the recordings of chunks of T and tail tokens (tail 0: none), each
+// with its own split (prefill_attention_split); none where the tensor-core kernel runs.
+uint64_t attention_partials(vk::Context& ctx, const ModelConfig& c, uint32_t n_ctx, const GpuModelOptions& o, uint32_t T,
+                            uint32_t tail) {
+  uint64_t most = 0;
+  for (uint32_t t : {T, tail}) {
+    if (t == 0) continue;
+    const vk::PrefillAttentionOp probe(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, t),
+                                       o.prefill_attention);
+    if (!probe.tensor_cores()) most = std::max(most, t * probe.partials_bytes());
+  }
+  return most;
 }
 
 }  // namespace
@@ -117,13 +146,13 @@ uint64_t GpuModel::prefill_scratch_bytes() const {
   // configuration (the tile widths; the strides only matter for h).
   const ModelConfig& c = config_;
   const uint32_t T = options_.prefill_chunk;
-  vk::AttentionOp probe(ctx_, vk::AttentionShape::from_config(c, n_ctx_), {.n_groups = kPrefillAttnGroups});
   MoeTileGeometry g;
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
   const bool any_moe = c.n_expert > 0 && c.n_layer > c.n_leading_dense;
-  return sizes(c, T, probe.partials_bytes(), any_moe ? &g : nullptr, prefill_uses_matmul(options_.prefill_matmul, ctx_),
-               tail_chunk(options_, T))
+  const uint32_t tail = tail_chunk(options_, T);
+  return sizes(c, T, attention_partials(ctx_, c, n_ctx_, options_, T, tail), any_moe ? &g : nullptr,
+               prefill_uses_matmul(options_.prefill_matmul, ctx_), tail)
       .total();
 }
 
@@ -131,8 +160,6 @@ void GpuModel::create_prefill() {
   const ModelConfig& c = config_;
   auto p = std::unique_ptr<Prefill, PrefillDeleter>(new Prefill);
   p->T = options_.prefill_chunk;
-  p->attn_tuning.n_groups = kPrefillAttnGroups;
-  vk::AttentionOp probe(ctx_, vk::AttentionShape::from_config(c, n_ctx_), p->attn_tuning);
   MoeTileGeometry g;
   g.w_routed = c.n_ff_exp;
   g.w_shared = uint64_t(c.n_expert_shared) * c.n_ff_exp;
@@ -140,7 +167,8 @@ void GpuModel::create_prefill() {
   p->matmul = prefill_uses_matmul(options_.prefill_matmul, ctx_);
   p->kernel = options_.prefill_matmul == 2 ? vk::MatmulKernel::Plain : vk::MatmulKernel::Auto;
   p->T_tail = tail_chunk(options_, p->T);
-  const Sizes s = sizes(c, p->T, probe.partials_bytes(), any_moe ? &g : nullptr, p->matmul, p->T_tail);
+  const Sizes s = sizes(c, p->T, attention_partials(ctx_, c, n_ctx_, options_, p->T, p->T_tail), any_moe ? &g : nullptr,
+                        p->matmul, p->T_tail);
   struct Item {
     vk::Buffer* buf;
     const char* name;
@@ -167,9 +195,13 @@ void GpuModel::create_prefill() {
   init.end();
   init.run();
   prefill_stats_.chunk = p->T;
+  prefill_stats_.tail_chunk = p->T_tail;
   prefill_stats_.scratch_bytes = s.total();
   prefill_stats_.matmul = p->matmul;
   prefill_stats_.matmul_coop = p->matmul && vk::matmul_uses_coop(ctx_, p->kernel);
+  prefill_stats_.attention_tc = vk::PrefillAttentionOp(ctx_, vk::AttentionShape::from_config(c, n_ctx_),
+                                                       prefill_attention_split(options_, p->T), options_.prefill_attention)
+                                    .tensor_cores();
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
@@ -299,7 +331,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
 
     const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
     vk::KvWriteOp kv_write(ctx_, ashape);
-    vk::PrefillAttentionOp attn(ctx_, ashape, p.attn_tuning);  // query groups share each cache tile
+    // Query groups share each cache tile; the split along the context suits T.
+    vk::PrefillAttentionOp attn(ctx_, ashape, prefill_attention_split(options_, T), options_.prefill_attention);
     const vk::QueryBatch batch{T, kCountWord};
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");
@@ -453,26 +486,29 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
   }
 }
 
-std::vector<vk::DispatchTiming> GpuModel::profile_prefill(double* wall_us) {
+std::vector<vk::DispatchTiming> GpuModel::profile_prefill(double* wall_us, bool tail) {
   if (!prefill_) usage_error("profile_prefill: the model was loaded without the prefill graph (prefill_chunk 0)");
   if (!ctx_.device().has_timestamps()) runtime_error("profile: ", ctx_.info().name, " has no timestamp queries");
   Prefill& p = *prefill_;
-  if (uint64_t(n_past_) + p.T > n_ctx_)
-    usage_error("profile_prefill: a chunk of ", p.T, " tokens at position ", n_past_, " exceeds the context of ", n_ctx_);
-  if (!p.profiled) {
+  if (tail && !p.T_tail) usage_error("profile_prefill: the model has no tail recording (prefill_tail_chunk)");
+  const uint32_t T = tail ? p.T_tail : p.T;
+  if (uint64_t(n_past_) + T > n_ctx_)
+    usage_error("profile_prefill: a chunk of ", T, " tokens at position ", n_past_, " exceeds the context of ", n_ctx_);
+  std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.profiled_tail : p.profiled;
+  if (!rec) {
     const PrefillStats keep = prefill_stats_;
-    p.profiled = record_prefill(int(Head::None), true);
+    rec = record_prefill(int(Head::None), true, tail);
     prefill_stats_ = keep;
   }
   std::vector<uint32_t> words(kIdsWord + p.T, 0);
   words[kPosWord] = n_past_;
-  words[kCountWord] = p.T;
-  for (uint32_t t = 0; t < p.T; ++t) words[kIdsWord + t] = uint32_t((uint64_t(t) * 7919 + 13) % config_.n_vocab);
+  words[kCountWord] = T;
+  for (uint32_t t = 0; t < T; ++t) words[kIdsWord + t] = uint32_t((uint64_t(t) * 7919 + 13) % config_.n_vocab);
   p.chunk.write(0, words.data(), words.size() * 4);
   const auto t0 = std::chrono::steady_clock::now();
-  p.profiled->run();
+  rec->run();
   if (wall_us) *wall_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  return p.profiled->timings();
+  return rec->timings();
 }
 
 std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool last_only) {

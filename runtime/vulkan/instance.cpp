@@ -169,6 +169,8 @@ DeviceInfo query_device(VkInstance instance, VkPhysicalDevice pd, uint32_t index
   f.subgroup_arithmetic = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_BASIC_BIT) &&
                           (sg.supportedOperations & VK_SUBGROUP_FEATURE_ARITHMETIC_BIT);
+  f.subgroup_shuffle = (sg.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                       (sg.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT);
   f.pipeline_statistics = has_exe && fexe.pipelineExecutableInfo;
   f.device_clock = has_clock && fclk.shaderDeviceClock;
   f.cooperative_matrix_khr = info.has_extension("VK_KHR_cooperative_matrix");

@@ -26,6 +26,7 @@ struct DeviceFeatures {
   bool subgroup_size_control = false;    // used when present (fixes the compute subgroup size)
   bool compute_full_subgroups = false;
   bool subgroup_arithmetic = false;  // subgroupAdd etc. in compute; else shared-memory reductions
+  bool subgroup_shuffle = false;     // subgroupShuffleXor in compute (the prefill attention on tensor cores)
   bool cooperative_matrix_khr = false;  // VK_KHR_cooperative_matrix extension present
   bool cooperative_matrix_nv = false;   // VK_NV_cooperative_matrix with 16x16x16 f16 -> f32 products (used when present)
   bool host_query_reset = false;

@@ -345,6 +345,12 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   const ShaderDefines common = merged({{"N_HEAD", std::to_string(shape.n_head)}, {"KV_LORA", std::to_string(shape.kv_lora)},
                                        {"TILE", std::to_string(tile_)}},
                                       shape.rope.defines());
+  // The rows kernels' lane layout (attention_rows.comp ROWS_COALESCED).
+  // The rows kernels' lane layout and arithmetic (attention_rows.comp ROWS_COALESCED, ROWS_F16:
+  // packed halves where the device has fp16 arithmetic).
+  const bool rows_f16 = tuning.rows_f16 && ctx.device().enabled().shader_float16;
+  const ShaderDefines rows_common =
+      merged(common, {{"ROWS_COALESCED", tuning.rows_coalesced ? "1" : "0"}, {"ROWS_F16", rows_f16 ? "1" : "0"}});
   PipelineDesc p;
   p.name = "attention_partial";
   p.file = "attention_partial.comp";
@@ -378,7 +384,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       usage_error("attention rows kernel: ", nsg, " subgroups need ", shared_bytes, " bytes of shared memory and ",
                   nsg * info.subgroup_size, " threads; ", info.name, " has ", info.max_compute_shared_memory, " and ",
                   info.max_compute_workgroup_invocations);
-    pr.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", std::to_string(rh)}});
+    pr.defines = merged(rows_common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", std::to_string(rh)}});
     pr.num_buffers = 4;
     pr.push_bytes = sizeof(gpu::AttnPartialArgs);
     pr.full_subgroups = true;
@@ -407,7 +413,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       PipelineDesc ps;
       ps.name = "attention_single";
       ps.file = "attention_rows.comp";
-      ps.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
+      ps.defines = merged(rows_common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(rb)}, {"RH", "1"}, {"SINGLE", "1"},
                                    {"SINGLE_EARLY", tuning.single_early ? "1" : "0"}});
       ps.num_buffers = 4;
       single_ = olat_pipelines(ctx, ps, shape, tuning.gate_signal);
@@ -425,7 +431,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       PipelineDesc pm;
       pm.name = "attention_mid";
       pm.file = "attention_rows.comp";
-      pm.defines = merged(common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
+      pm.defines = merged(rows_common, {{"NSG", std::to_string(nsg)}, {"RB", std::to_string(kMidRound)}, {"RH", "1"},
                                    {"MERGE_TAIL", "1"}});
       pm.num_buffers = 6;
       mid_ = olat_pipelines(ctx, pm, shape, tuning.gate_signal);

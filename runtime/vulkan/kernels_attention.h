@@ -196,6 +196,13 @@ struct AttentionTuning {
   uint32_t single_subgroups = 0;  // subgroups per workgroup, 1..16; auto 16
   uint32_t single_round = 0;      // rows a subgroup loads per round, 1..8; auto 2
   bool single_early = true;       // the first round's rows loaded before the step word
+  // The rows kernels' (single, mid, short) lane layout: lane l of a subgroup holds words l,
+  // l + subgroup size, ... of a cache row, so each load instruction reads consecutive words;
+  // false: the layout until session 20 (a lane's 9 words consecutive, 36-byte strides between lanes).
+  bool rows_coalesced = true;
+  // The rows kernels' scores and value sums in packed halves (attention_rows.comp ROWS_F16) where
+  // the device has fp16 arithmetic: fewer instructions per (cache row, head), f16 partial sums.
+  bool rows_f16 = false;
   // The next range (single_max_kv < kv_len <= mid_max_kv): the rows kernel on mid_groups
   // workgroups per head of mid_subgroups subgroups, the last to finish merging the head into olat
   // and its int8 blocks (attention_rows.comp MERGE_TAIL + Q8_OUT): one dispatch, no barrier, no

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "shaders/attention_args.h"
 #include "shaders/moe_args.h"
@@ -467,10 +468,35 @@ ShaderDefines with(ShaderDefines a, const ShaderDefines& b) {
 
 }  // namespace
 
+bool attention_tc_supported(Context& ctx, bool plain) {
+  const DeviceFeatures& f = ctx.device().enabled();
+  const bool lanes = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && ctx.info().subgroup_size >= 8;
+  return lanes && (plain || matmul_coop_supported(ctx));
+}
+
+bool attention_tc_shape_ok(const AttentionShape& shape) { return shape.kv_lora % 16 == 0 && shape.row() % 16 == 0; }
+
 PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
                                        const PrefillAttentionTuning& tuning)
     : attn_(ctx, shape, split), shape_(shape) {
   const DeviceInfo& info = ctx.info();
+  if (tuning.tensor_cores != 0 && attention_tc_shape_ok(shape) &&
+      attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
+    PipelineDesc p;
+    p.name = "attention_prefill_tc";
+    p.file = "attention_prefill_tc.comp";
+    const bool coop = matmul_coop_supported(ctx);
+    p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
+                      {"KV_LORA", std::to_string(shape.kv_lora)},
+                      {"COOP", coop ? "1" : "0"}},
+                     shape.rope.defines());
+    p.num_buffers = 4;
+    p.push_bytes = sizeof(gpu::AttnPartialArgs);
+    p.full_subgroups = true;
+    tc_ = &ctx.pipeline(p);
+    profile_kv_len_ = shape.n_ctx;
+    return;
+  }
   const uint32_t max_pairs = tuning.max_pairs ? tuning.max_pairs : kDefaultMaxPairs;
   if (max_pairs != 32 && max_pairs != 64) usage_error("prefill attention: max pairs must be 32 or 64, found ", max_pairs);
   gq_ = tuning.queries_per_group ? tuning.queries_per_group : kDefaultQueriesPerGroup;
@@ -517,6 +543,7 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
 }
 
 uint64_t PrefillAttentionOp::partial_bytes(uint32_t kv_len, uint32_t n) const {
+  if (tc_) return 0;  // no partials
   const uint64_t len = std::min(kv_len, shape_.n_ctx);
   const uint64_t reads = uint64_t(ceil_div(n, gq_)) * ceil_div(shape_.n_head, hw_);  // cache passes
   return reads * len * shape_.row() * 2 + uint64_t(n) * shape_.n_head * shape_.row() * 4 +
@@ -527,6 +554,7 @@ void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, Buf
                                         uint32_t pos_word, BufferSlice partials, std::string_view label,
                                         const QueryBatch& batch) const {
   const std::string what(label);
+  if (tc_) runtime_error(what, ": the tensor-core prefill attention writes olat directly (record), no partials");
   const uint32_t n = batch.checked(label);
   if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
   need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
@@ -543,6 +571,23 @@ void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, Buf
 void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                 BufferSlice partials, BufferSlice olat, std::string_view label,
                                 const QueryBatch& batch) const {
+  if (tc_) {
+    const std::string what(label);
+    const uint32_t n = batch.checked(label);
+    if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
+    need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
+    need(cache, shape_.cache_bytes(), what, "cache");
+    need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+    need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * 4, what, "olat");
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, 1, shape_.kq_scale, batch.count_word, 0, 0};
+    const BufferSlice b[] = {q, cache, step, olat};
+    // Bytes: each workgroup's cache rows twice (two passes), the queries, olat.
+    const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, 16);
+    const uint64_t bytes = wgs * 2 * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
+                           uint64_t(n) * shape_.n_head * (shape_.row() + shape_.kv_lora) * 4;
+    rec.dispatch(*tc_, b, args, uint32_t(wgs), 1, 1, what + " tc", bytes);
+    return;
+  }
   record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
   rec.barrier();
   attn_.record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);

@@ -132,18 +132,31 @@ struct PrefillGatherOp {
 };
 
 // Causal attention of the T queries of a chunk (query t at position step[pos_word] + t sees
-// rows [0, that position]; t >= step[batch.count_word] skipped) over a layer's cache, in
-// workgroups of (KV chunk, head group, query group): each staged tile of cache rows serves
-// queries_per_group() queries x heads_per_group() heads, so the cache is read once per (query
-// group, head group), not once per query. The partials (per query: partials_bytes(), the layout
-// of AttentionOp) are then combined by the merge of attention() (unchanged).
+// rows [0, that position]; t >= step[batch.count_word] skipped) over a layer's cache. Where
+// tensor cores run it (tensor_cores()): one dispatch of attention_prefill_tc.comp, 16 (query,
+// head) rows per workgroup, olat written directly. Otherwise in workgroups of (KV chunk, head
+// group, query group): each staged tile of cache rows serves queries_per_group() queries x
+// heads_per_group() heads, so the cache is read once per (query group, head group), not once per
+// query; the partials (per query: partials_bytes(), the layout of AttentionOp) are then combined
+// by the merge of attention() (unchanged).
 struct PrefillAttentionTuning {
   uint32_t queries_per_group = 0;  // GQ (1..64); auto: 8
   uint32_t max_pairs = 0;          // (query, head) pairs per workgroup, 32 or 64; auto: 32 (64 doubles
                                    // the threads and the registers, see attention_prefill.comp)
   uint32_t tile = 0;               // rows staged per step (2, 4 or 8, dividing attention().tile());
                                    // auto: the largest that fits the device
+  // The tensor-core kernel (attention_prefill_tc.comp: no split along the context, olat written
+  // directly): -1 auto, where attention_tc_supported(ctx, false); 0 never; 1 wherever
+  // attention_tc_supported(ctx, true) (its plain-FMA form where there are no cooperative
+  // matrices: the tests' path).
+  int tensor_cores = -1;
 };
+
+// Whether the tensor-core prefill attention can run here: with cooperative matrices
+// (matmul_coop_supported), or (plain) in its plain-FMA form; both need subgroup shuffles of >= 8
+// lanes. Its shape needs R and R + Dr multiples of 16 (attention_tc_shape_ok).
+bool attention_tc_supported(Context& ctx, bool plain);
+bool attention_tc_shape_ok(const AttentionShape& shape);
 
 class PrefillAttentionOp {
  public:
@@ -157,7 +170,8 @@ class PrefillAttentionOp {
   // Partials of batch.n queries (q: [n][H][R+Dr], partials: n * partials_bytes()); no barrier.
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                       BufferSlice partials, std::string_view label, const QueryBatch& batch) const;
-  // record_partial, barrier, attention().record_merge (olat: [n][H][R]).
+  // record_partial, barrier, attention().record_merge (olat: [n][H][R]); with tensor cores the
+  // one dispatch that writes olat (partials unused).
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch) const;
 
@@ -170,6 +184,7 @@ class PrefillAttentionOp {
     attn_.set_profile_kv_len(kv_len);
   }
 
+  bool tensor_cores() const { return tc_ != nullptr; }
   uint32_t queries_per_group() const { return gq_; }
   uint32_t heads_per_group() const { return hw_; }
   uint32_t tile() const { return tile_; }
@@ -178,6 +193,7 @@ class PrefillAttentionOp {
  private:
   AttentionOp attn_;
   const Pipeline* pipeline_ = nullptr;
+  const Pipeline* tc_ = nullptr;  // attention_prefill_tc.comp
   AttentionShape shape_;
   uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;
   uint32_t profile_kv_len_ = 0;

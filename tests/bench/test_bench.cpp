@@ -589,5 +589,27 @@ TEST(BenchCli, ProfileAddsUpToTheTokenTime) {
   EXPECT_NE(text.find("attention"), std::string::npos);
 }
 
+// With a tail recording (chunks of 128, the last tokens in chunks of 64) the profile holds both
+// chunks: the large one (every dispatch of its recording) and the tail's (fewer: without tensor
+// cores the dense matrices are batched matvecs of 8 tokens per dispatch).
+TEST(BenchCli, ProfileHoldsTheTailChunk) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 128 -n 1 -d 0 -r 1 --prefill-chunk 128 --profile -o json");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  const Value j = testjson::parse(r.out);
+  std::vector<std::string> whats;
+  const double chunk_dispatches = j["model"]["prefill_dispatches_per_chunk"].num;
+  for (const Value& p : j["profiles"].arr) {
+    whats.push_back(p["what"].str);
+    if (p["what"].str == "prefill chunk of 128 tokens") EXPECT_EQ(p["dispatches"].num, chunk_dispatches);
+    if (p["what"].str == "prefill tail chunk of 64 tokens") {
+      EXPECT_GT(p["dispatches"].num, 0);
+      EXPECT_LE(p["dispatches"].num, chunk_dispatches);
+      EXPECT_GT(p["kernel_us"].num, 0);
+    }
+  }
+  EXPECT_EQ(whats, (std::vector<std::string>{"decoded token", "prefill chunk of 128 tokens", "prefill tail chunk of 64 tokens"}));
+}
+
 }  // namespace
 }  // namespace tessera

@@ -214,6 +214,41 @@ TEST(GpuPrefill, TailChunksMatchTheReference) {
   }
 }
 
+// The prefill attention's work split (GpuModelOptions::prefill_attention_*): one chunk per query,
+// chunks of at least 16 positions, 4 queries x 64 pairs per workgroup, and the tensor-core kernel
+// (its plain-FMA form here); each against the CPU reference over prompts that cross chunk and
+// group boundaries, then a continuation.
+TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
+  if (!context()) GTEST_SKIP() << "no Vulkan device";
+  const std::string path = tsr_file("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(path);
+  TsrWeights packed(path);
+  struct Split {
+    uint32_t groups, min_chunk, queries, pairs;
+    int tc = 0;  // PrefillAttentionTuning::tensor_cores
+  };
+  for (const Split& sp : {Split{1, 0, 0, 0}, Split{3, 16, 0, 0}, Split{0, 0, 4, 64}, Split{0, 0, 0, 0, 1}}) {
+    if (sp.tc && !vk::attention_tc_supported(*context(), true)) continue;
+    model::GpuModelOptions o = options(128, 32);
+    o.prefill_attention_groups = sp.groups;
+    o.prefill_attention_min_chunk = sp.min_chunk;
+    o.prefill_attention.queries_per_group = sp.queries;
+    o.prefill_attention.max_pairs = sp.pairs;
+    o.prefill_attention.tensor_cores = sp.tc;
+    model::GpuModel gpu(*context(), tsr, o);
+    EXPECT_EQ(gpu.prefill_stats().attention_tc, sp.tc == 1);
+    const size_t V = gpu.n_vocab();
+    CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
+    const auto p = prompt(gpu.n_vocab(), 77);
+    const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
+    EXPECT_LT(c.max_rel, 2e-3) << "groups " << sp.groups << " min_chunk " << sp.min_chunk << " queries " << sp.queries
+                               << " tc " << sp.tc;
+    const auto more = prompt(gpu.n_vocab(), 5, 1);
+    const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
+    EXPECT_LT(cc.max_rel, 2e-3) << "continuation, groups " << sp.groups;
+  }
+}
+
 // Prefill of a prompt, then 32 greedy steps, equals the same prompt run token by token through
 // the decode graph (prefill_chunk 0): the sampler's token and position carry over.
 TEST(GpuPrefill, PrefillThenDecodeEqualsTokenByToken) {

@@ -299,6 +299,8 @@ struct DecodeCase {
   std::vector<uint32_t> kv_lens;
   bool direct = false;  // AttentionTuning::direct_partial: every context workgroup, no indirect counts
   uint32_t short_groups = 0;  // AttentionTuning::short_groups (0: auto)
+  bool coalesced = true;      // AttentionTuning::rows_coalesced
+  bool f16 = false;           // AttentionTuning::rows_f16
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -321,6 +323,12 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // direct dispatches of every context workgroup (the surplus exit), merge separate and folded
       {"direct, merge dispatch", 20, 512, 64, 300, 40, true, false, 0, 0, 0, {1, 17, 40, 41, 299}, true},
       {"direct, merge folded", 16, 512, 64, 400, 399, true, true, 37, 8, 0, {1, 9, 300, 399, 400, 5}, true},
+      // the rows kernels' lane layout until session 20 (a lane's words consecutive)
+      {"folded, per-lane words", 20, 512, 64, 300, 299, true, true, 0, 0, 0, {1, 9, 299, 300}, false, 0, false},
+      {"rows of 80, per-lane words", 3, 64, 16, 200, 150, true, false, 7, 8, 0, {1, 8, 150, 151}, false, 7, false},
+      // the rows kernel in packed halves (short range folded; the long range's kernel unchanged)
+      {"folded, packed halves", 20, 512, 64, 1100, 1000, true, true, 0, 0, 0, {1, 9, 300, 1000, 1001}, false, 0, true, true},
+      {"2 heads, packed halves", 5, 80, 16, 200, 150, true, false, 7, 8, 2, {1, 8, 150, 151}, false, 7, true, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -334,6 +342,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_heads = c.rows_heads;
     t.direct_partial = c.direct;
     t.short_groups = c.short_groups;
+    t.rows_coalesced = c.coalesced;
+    t.rows_f16 = c.f16;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
@@ -385,7 +395,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       upload(step, sw);
       (op.decode_range(kv_len) == vk::DecodeRange::Short ? rec_short : rec_long).run();
       const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
-      expect_olat_near(got, q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, shape.kq_scale, rope);
+      expect_olat_near(got, q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, shape.kq_scale, rope,
+                       c.f16 ? kF16OlatTol : kF32OlatTol);
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
     }

@@ -24,7 +24,8 @@ using attntest::gpu;  // (tessera::gpu is the shader-argument namespace)
 // blocks against the CPU quantization of the olat written beside them (where the latent is a
 // multiple of 32), and the arrival counters left at zero. One dispatch, no barrier.
 void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t n_head, uint32_t kv_lora,
-                      uint32_t n_rot, uint32_t n_ctx, const std::vector<uint32_t>& kv_lens, uint32_t seed) {
+                      uint32_t n_rot, uint32_t n_ctx, const std::vector<uint32_t>& kv_lens, uint32_t seed,
+                      double rel_tol = kF32OlatTol) {
   const uint32_t row = kv_lora + n_rot;
   const vk::AttentionShape shape = make_shape(n_head, kv_lora, n_rot, n_ctx, kGlmRope);
   const cpu::Rope rope = cpu_rope(kGlmRope, n_rot);
@@ -69,7 +70,7 @@ void check_olat_range(const vk::AttentionOp& op, vk::DecodeRange range, uint32_t
     upload(step, std::vector<uint32_t>{0, kv_len - 1, 0, 0});
     rec.run();
     const std::vector<float> got = download<float>(olat, size_t(n_head) * kv_lora);
-    expect_olat_near(got, q_h, cache_h, n_head, kv_lora, n_rot, kv_len, shape.kq_scale, rope);
+    expect_olat_near(got, q_h, cache_h, n_head, kv_lora, n_rot, kv_len, shape.kq_scale, rope, rel_tol);
     std::vector<uint32_t> got_q8;
     if (q8) {
       got_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
@@ -108,22 +109,30 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
   struct SingleCase {
     uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, subgroups, round;
     std::vector<uint32_t> kv_lens;
-    bool early = true;  // AttentionTuning::single_early
+    bool early = true;      // AttentionTuning::single_early
+    bool coalesced = true;  // AttentionTuning::rows_coalesced
+    bool f16 = false;       // AttentionTuning::rows_f16
   };
   const std::vector<SingleCase> cases = {
       {20, 512, 64, 300, 0, 0, 0, {1, 2, 63, 64, 65, 200, 256, 5}},
       {20, 512, 64, 300, 0, 0, 4, {1, 2, 63, 64, 65, 200, 256, 5}, false},
       {3, 64, 16, 100, 97, 3, 3, {1, 8, 9, 10, 96, 97}},
       {5, 80, 16, 50, 50, 2, 5, {1, 11, 49, 50}, false},
+      {20, 512, 64, 300, 0, 0, 0, {1, 64, 65, 256}, true, false},  // the lane layout until session 20
+      {20, 512, 64, 300, 0, 0, 0, {1, 2, 63, 64, 65, 256}, true, true, true},  // packed halves
+      {5, 80, 16, 50, 50, 3, 3, {1, 11, 49, 50}, false, true, true},
   };
   for (const SingleCase& c : cases) {
     SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " single_max ", c.single_max, " nsg ", c.subgroups,
-                     " rb ", c.round, " early ", c.early));
+                     " rb ", c.round, " early ", c.early, " coalesced ", c.coalesced,
+                     " f16 ", c.f16));
     vk::AttentionTuning t;
     t.single_max_kv = c.single_max;
     t.single_subgroups = c.subgroups;
     t.single_round = c.round;
     t.single_early = c.early;
+    t.rows_coalesced = c.coalesced;
+    t.rows_f16 = c.f16;
     t.gate_signal = true;
     vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.single_max_kv()) GTEST_SKIP() << "no single-workgroup kernel (subgroup arithmetic)";
@@ -145,7 +154,8 @@ TEST(AttentionDecode, SingleRangeMatchesTheReference) {
     op.decode_counts(max_kv, words);
     EXPECT_EQ(words[0], 0u) << "short range idle";
     EXPECT_EQ(words[3], 0u) << "long range idle";
-    check_olat_range(op, vk::DecodeRange::Single, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 41);
+    check_olat_range(op, vk::DecodeRange::Single, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 41,
+                     c.f16 ? kF16OlatTol : kF32OlatTol);
   }
 }
 
@@ -159,11 +169,13 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
   struct MidCase {
     uint32_t n_head, kv_lora, n_rot, n_ctx, single_max, mid_max, groups, subgroups;
     std::vector<uint32_t> kv_lens;
+    bool f16 = false;  // AttentionTuning::rows_f16
   };
   const std::vector<MidCase> cases = {
       {20, 512, 64, 1100, 0, 0, 0, 0, {257, 258, 300, 511, 768, 700, 257}},
       {3, 64, 16, 200, 20, 150, 3, 5, {21, 22, 100, 150, 23}},
       {5, 80, 16, 100, 10, 100, 7, 2, {11, 50, 99, 100}},
+      {20, 512, 64, 1100, 0, 0, 0, 0, {257, 511, 768}, true},  // packed halves
   };
   for (const MidCase& c : cases) {
     SCOPED_TRACE(cat("H", c.n_head, " R", c.kv_lora, " Dr", c.n_rot, " mid_max ", c.mid_max, " groups ", c.groups,
@@ -173,6 +185,7 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
     t.mid_max_kv = c.mid_max;
     t.mid_groups = c.groups;
     t.mid_subgroups = c.subgroups;
+    t.rows_f16 = c.f16;
     t.gate_signal = true;
     vk::AttentionOp op(*gpu().ctx, make_shape(c.n_head, c.kv_lora, c.n_rot, c.n_ctx, kGlmRope), t);
     if (!op.mid_max_kv()) GTEST_SKIP() << "no mid-range kernel (subgroup arithmetic)";
@@ -190,7 +203,8 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
     op.decode_counts(hi, words);
     EXPECT_EQ(words[0], 0u) << "short range idle";
     EXPECT_EQ(words[3], 0u) << "long range idle";
-    check_olat_range(op, vk::DecodeRange::Mid, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 51);
+    check_olat_range(op, vk::DecodeRange::Mid, c.n_head, c.kv_lora, c.n_rot, c.n_ctx, c.kv_lens, 51,
+                     c.f16 ? kF16OlatTol : kF32OlatTol);
   }
 }
 

@@ -33,7 +33,7 @@ inline std::vector<uint16_t> ref_kv_row(const std::vector<float>& kv, const std:
 // f16 values [latent | roped k_pe]. Returns olat, n_head x R.
 inline std::vector<float> ref_attention(const std::vector<float>& q, const std::vector<uint16_t>& cache, uint32_t n_head,
                                         uint32_t kv_lora, uint32_t n_rot, uint32_t kv_len, uint32_t pos, float kq_scale,
-                                        const cpu::Rope& rope) {
+                                        const cpu::Rope& rope, bool f16_query = false) {
   const uint32_t row = kv_lora + n_rot;
   std::vector<double> key(size_t(kv_len) * row);
   for (size_t i = 0; i < key.size(); ++i) key[i] = fp16_to_f32(cache[i]);
@@ -44,11 +44,14 @@ inline std::vector<float> ref_attention(const std::vector<float>& q, const std::
     std::vector<float> pe(qh.begin() + kv_lora, qh.end());
     rope.apply(pe, pos);
     std::copy(pe.begin(), pe.end(), qh.begin() + kv_lora);
+    // f16_query: the scaled, roped query rounded to f16 as the tensor-core kernel stages it.
+    if (f16_query)
+      for (float& v : qh) v = fp16_to_f32(f32_to_fp16(v * kq_scale));
     double mx = -INFINITY;
     for (uint32_t j = 0; j < kv_len; ++j) {
       double s = 0;
       for (uint32_t d = 0; d < row; ++d) s += double(qh[d]) * key[size_t(j) * row + d];
-      score[j] = s * kq_scale;
+      score[j] = f16_query ? s : s * kq_scale;
       mx = std::max(mx, score[j]);
     }
     double sum = 0;

@@ -55,18 +55,24 @@ vk::AttentionShape make_shape(const PrefillAttnCase& c) {
 
 class PrefillAttentionGroups : public ::testing::TestWithParam<PrefillAttnCase> {};
 
-TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
+// One case on one kernel: the grouped FMA kernel (tensor_cores 0) against the reference and the
+// per-query path within f32 rounding, or the tensor-core kernel (1; its plain-FMA form where the
+// device has no cooperative matrices) against the reference with its query rounded to f16 as the
+// kernel stages it, within the f16 weights' rounding (rel_tol of the largest value).
+void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol) {
   Gpu& g = vktest::gpu();
-  VK_TEST_REQUIRE_GPU(g);
-  const PrefillAttnCase& c = GetParam();
   const vk::AttentionShape s = make_shape(c);
   const cpu::Rope rope(c.n_rot, 1e6f, 1.f, 0.f, 1.f, cpu::YarnCorrDims{0.f, 0.f});
   const uint32_t T = c.T, H = c.n_head, R = c.kv_lora, row = s.row();
-  vk::PrefillAttentionOp op(*g.ctx, s, c.split, c.tuning);
+  vk::PrefillAttentionTuning tuning = c.tuning;
+  tuning.tensor_cores = tensor_cores;
+  vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
+  ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
-  SCOPED_TRACE(cat(c.name, ": G ", op.queries_per_group(), " heads/group ", op.heads_per_group(), " tile ", op.tile(),
-                   " threads ", op.threads(), " split tile ", op.attention().tile()));
+  SCOPED_TRACE(cat(c.name, op.tensor_cores() ? ", tensor cores" : "", ": G ", op.queries_per_group(), " heads/group ",
+                   op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
+                   op.attention().tile()));
 
   std::mt19937 rng(5);
   std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
@@ -101,20 +107,35 @@ TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
     for (uint32_t t = 0; t < run.n; ++t) {
       const uint32_t pos = run.p0 + t, kv_len = std::min(pos + 1, c.n_ctx);
       const std::vector<float> qt(q_h.begin() + long(t) * H * row, q_h.begin() + long(t + 1) * H * row);
-      const std::vector<float> want = test::ref_attention(qt, cache_h, H, R, c.n_rot, kv_len, pos, s.kq_scale, rope);
+      const std::vector<float> want =
+          test::ref_attention(qt, cache_h, H, R, c.n_rot, kv_len, pos, s.kq_scale, rope, op.tensor_cores());
       double max_ref = 0;
       for (float v : want) max_ref = std::max(max_ref, double(std::fabs(v)));
-      const double tol = 5e-6 + 2e-5 * max_ref;
+      const double tol = 5e-6 + rel_tol * max_ref;
       for (size_t i = 0; i < want.size(); ++i) {
         const size_t k = size_t(t) * H * R + i;
         ASSERT_TRUE(std::isfinite(a[k])) << "query " << t << " head " << i / R << " col " << i % R;
         ASSERT_NEAR(a[k], want[i], tol) << "vs reference: query " << t << " head " << i / R << " col " << i % R;
-        ASSERT_NEAR(a[k], b[k], tol) << "vs per-query kernel: query " << t << " head " << i / R << " col " << i % R;
+        if (!op.tensor_cores()) ASSERT_NEAR(a[k], b[k], tol) << "vs per-query kernel: query " << t << " head " << i / R << " col " << i % R;
       }
     }
     for (size_t k = size_t(run.n) * H * R; k < a.size(); ++k)
       ASSERT_TRUE(std::isnan(a[k])) << "padding query " << k / (size_t(H) * R) << " wrote";
   }
+}
+
+TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
+  VK_TEST_REQUIRE_GPU(vktest::gpu());
+  check_prefill_attention(GetParam(), 0, 2e-5);
+}
+
+// The tensor-core kernel (attention_prefill_tc.comp) on the same cases: f16 queries (roped and
+// scaled; the reference rounds them too) and f16 weights P, f32 sums.
+TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
+  VK_TEST_REQUIRE_GPU(vktest::gpu());
+  if (!vk::attention_tc_supported(*vktest::gpu().ctx, true)) GTEST_SKIP() << "no subgroup shuffles of >= 8 lanes";
+  ASSERT_TRUE(vk::attention_tc_shape_ok(make_shape(GetParam())));
+  check_prefill_attention(GetParam(), 1, 1e-3);
 }
 
 vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {

@@ -1,0 +1,252 @@
+#version 450
+// D3 of the prefill chunk on tensor cores (docs/PREFILL.md): causal absorbed MLA attention of the
+// chunk's (query, head) rows over one layer's latent cache, as 16 x 16 x 16 matrix products
+// (VK_NV_cooperative_matrix, f16 operands, f32 sums), writing olat directly: no split along the
+// context, no partials, no merge. Wrapper: PrefillAttentionOp (runtime/vulkan/kernels_prefill.h).
+//
+// Rows: r = t * N_HEAD + h (query t of the chunk, head h; q and olat are laid out this way).
+// Workgroup x takes rows 16 x .. 16 x + 15 (one M tile: about one query's heads, so its rows'
+// causal bounds differ by at most a position or two) and walks the cache in blocks of 16 rows,
+// [0, kv_end) with kv_end the bound of its last live row:
+//   s(r, j) = kq_scale * (q_lat_r . c_j + rope(q_pe_r, pos_t) . kpe_j),   j < kv_len_t
+//   pass 1 (row statistics): per block S = Q K^T, then per row m = max s, l = sum exp(s - m) online;
+//   pass 2 (output): per block S again, P = exp(S - m) / l (f16), O += P V (V = the rows' first R
+//     values), so that O's accumulators never need a per-row rescale (which cooperative matrices
+//     cannot do); olat[r] = O[r].
+// Four groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them (partial
+// tiles summed through shared memory), O's R / 16 column tiles split over them.
+//
+//   sh (uvec4, 8 f16 or 4 f32 per element):
+//     [Q_BASE]  16 query rows, f16, roped and scaled (RS uvec4 a row: ROW values + 8 padding)
+//     [K_BASE]  the block's 16 cache rows, f16 (zeros past kv_end)
+//     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each)
+//     [P_BASE]  P, f16 row-major 16 x 16 (2 uvec4 a row)
+//     after the last block, O's tiles as f32 row-major 16 x 16 from 0 (tile j at 64 j)
+//
+// COOP 1: the products on tensor cores. COOP 0: the same with plain FMAs, lane l of a group
+// holding elements l + 32 i (i < 8) of each tile (row (l + 32 i) % 16, column (l + 32 i) / 16):
+// the tests' path where no tensor cores are, and the proof of everything but the product itself.
+//
+// Defines: N_HEAD, KV_LORA (R, a multiple of 16), N_ROT (Dr; R + Dr a multiple of 16) + the
+// rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8 lanes).
+// Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
+// words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
+// Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
+#extension GL_GOOGLE_include_directive : require
+#include "timeline.glsl"  // before main(): bench --timeline
+#extension GL_EXT_control_flow_attributes : require
+#extension GL_KHR_shader_subgroup_basic : require
+#extension GL_KHR_shader_subgroup_shuffle : require
+#if COOP
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_NV_cooperative_matrix : require
+#endif
+#include "attention_args.h"
+#include "rope.glsl"
+
+#define ROW (KV_LORA + N_ROT)
+#if ROW % 16 != 0 || KV_LORA % 16 != 0
+#error "attention_prefill_tc.comp: R and R + Dr must be multiples of 16"
+#endif
+#if COOP && SUBGROUP_SIZE != 32
+#error "attention_prefill_tc.comp: COOP needs subgroups of 32"
+#endif
+#if SUBGROUP_SIZE < 8
+#error "attention_prefill_tc.comp: the row statistics need subgroups of at least 8"
+#endif
+
+#define WG_SIZE 128
+#define RS (ROW / 8 + 1)           // row stride in uvec4 (ROW f16 + 8 f16 of padding)
+#define NT_K (ROW / 16)            // k-tiles of S
+#define KPG ((NT_K + 3) / 4)       // ... per group
+#define NT_V (KV_LORA / 16)        // column tiles of O
+#define RT ((NT_V + 3) / 4)        // ... per group
+#define Q_BASE 0
+#define K_BASE (16 * RS)
+#define SP_BASE (32 * RS)
+#define P_BASE (SP_BASE + 256)
+#define SH_STAGE (P_BASE + 32)
+#define SH_OUT (4 * RT * 64)
+#define SH_SIZE (SH_STAGE > SH_OUT ? SH_STAGE : SH_OUT)
+
+layout(local_size_x = WG_SIZE) in;
+
+layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
+layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; };
+layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
+layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
+
+layout(push_constant) uniform Push { AttnPartialArgs args; };
+
+shared uvec4 sh[SH_SIZE];
+shared float row_m[16], row_l[16];  // pass 1's running max and sum per row
+
+const float kNegHuge = -3.0e38;
+
+#if COOP
+#define ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+void acc_zero(out ACC a) { a = ACC(0.0); }
+// acc += A B: A row-major at a0 (stride as), B at b0 (stride bs) column-major (BCOL) or row-major.
+#define MMA(ACCV, A0, AS, B0, BS, BCOL)                             \
+  {                                                                 \
+    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ma, mb;                \
+    coopMatLoadNV(ma, sh, (A0), (AS), false);                       \
+    coopMatLoadNV(mb, sh, (B0), (BS), BCOL);                        \
+    ACCV = coopMatMulAddNV(ma, mb, ACCV);                           \
+  }
+void acc_store(ACC a, uint at) { coopMatStoreNV(a, sh, at, 4u, false); }
+#else
+#define ACC float[8]
+void acc_zero(out ACC a) {
+  [[unroll]] for (uint i = 0; i < 8; ++i) a[i] = 0.0;
+}
+// f16 value (row r, column c) of a row-major f16 matrix at uvec4 index base, stride in uvec4.
+float sh_h(uint base, uint stride, uint r, uint c) {
+  return unpackHalf2x16(sh[base + r * stride + c / 8u][(c % 8u) / 2u] >> ((c & 1u) * 16u)).x;
+}
+#define MMA(ACCV, A0, AS, B0, BS, BCOL)                                                         \
+  {                                                                                             \
+    const uint ln = gl_LocalInvocationIndex % 32u;                                              \
+    [[unroll]] for (uint i = 0; i < 8; ++i) {                                                   \
+      const uint e = ln + 32u * i, mr = e % 16u, mn = e / 16u;                                  \
+      float sum = ACCV[i];                                                                      \
+      for (uint k = 0; k < 16u; ++k)                                                            \
+        sum += sh_h((A0), (AS), mr, k) * ((BCOL) ? sh_h((B0), (BS), mn, k) : sh_h((B0), (BS), k, mn)); \
+      ACCV[i] = sum;                                                                            \
+    }                                                                                           \
+  }
+void acc_store(ACC a, uint at) {
+  const uint ln = gl_LocalInvocationIndex % 32u;
+  [[unroll]] for (uint i = 0; i < 8; ++i) {
+    const uint e = ln + 32u * i, f = (e % 16u) * 16u + e / 16u;  // row-major (row, column)
+    sh[at + f / 4u][f % 4u] = floatBitsToUint(a[i]);
+  }
+}
+#endif
+
+// f32 element (row r, column c) of a row-major 16 x 16 f32 tile at uvec4 index at.
+float tile_f(uint at, uint r, uint c) { return uintBitsToFloat(sh[at + r * 4u + c / 4u][c % 4u]); }
+
+// The block's cache rows kb .. kb + 15 into K_BASE (zeros from kv_end on).
+void stage_block(uint kb, uint kv_end) {
+  for (uint i = gl_LocalInvocationIndex; i < 16u * (ROW / 8u); i += WG_SIZE) {
+    const uint r = i / (ROW / 8u), u = i % (ROW / 8u);
+    sh[K_BASE + r * RS + u] = kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
+  }
+}
+
+// Group g's part of S for the staged block: its k-tiles of Q K^T, stored at SP_BASE + 64 g.
+void partial_scores(uint g) {
+  ACC s;
+  acc_zero(s);
+  [[unroll]] for (uint i = 0; i < KPG; ++i) {
+    const uint kk = g * KPG + i;
+    if (kk < NT_K) MMA(s, Q_BASE + 2u * kk, RS, K_BASE + 2u * kk, RS, true);
+  }
+  acc_store(s, SP_BASE + 64u * g);
+}
+
+// S (row r, block column c): the groups' partial tiles summed.
+float score(uint r, uint c) {
+  float s = 0.0;
+  [[unroll]] for (uint g = 0; g < 4u; ++g) s += tile_f(SP_BASE + 64u * g, r, c);
+  return s;
+}
+
+// Sum / max over the 8 lanes of a row (consecutive invocations of one subgroup).
+float max8(float v) {
+  v = max(v, subgroupShuffleXor(v, 1u));
+  v = max(v, subgroupShuffleXor(v, 2u));
+  return max(v, subgroupShuffleXor(v, 4u));
+}
+float sum8(float v) {
+  v += subgroupShuffleXor(v, 1u);
+  v += subgroupShuffleXor(v, 2u);
+  return v + subgroupShuffleXor(v, 4u);
+}
+
+void main() {
+  const uint r0 = gl_WorkGroupID.x * 16u;
+  const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
+  if (r0 / uint(N_HEAD) >= n_q) return;  // uniform: no live row
+  const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
+  const uint t_last = min((r0 + 15u) / uint(N_HEAD), n_q - 1u);
+  const uint kv_end = min(pos0 + t_last + 1u, args.n_ctx);
+
+  // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
+  for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
+    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
+    float v[8];
+    [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(r0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
+    if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
+      [[unroll]] for (uint k = 0; k < 8u; k += 2u) {
+        const vec2 rr = rope_rotate(vec2(v[k], v[k + 1u]), rope_cos_sin(pos0 + t, (c0 + k - KV_LORA) / 2u));
+        v[k] = rr.x;
+        v[k + 1u] = rr.y;
+      }
+    }
+    sh[Q_BASE + r * RS + i % (ROW / 8u)] =
+        uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
+              packHalf2x16(vec2(v[6], v[7])));
+  }
+  if (tid < 16u) {
+    row_m[tid] = kNegHuge;
+    row_l[tid] = 0.0;
+  }
+  TS_MARK_EARLY();  // bench --timeline: the queries staged
+
+  // This thread's row of the statistics and P (8 threads a row, 2 columns each) and its bound.
+  const uint sr = tid / 8u, sc = 2u * (tid % 8u);
+  const uint st = (r0 + sr) / uint(N_HEAD);
+  const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
+
+  // Pass 1: each row's maximum and sum of exponentials.
+  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
+    stage_block(kb, kv_end);
+    barrier();
+    partial_scores(g);
+    barrier();
+    const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
+    const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
+    const float m_old = row_m[sr];
+    const float m_new = max(m_old, max8(max(s0, s1)));
+    const float e = (live0 ? exp(s0 - m_new) : 0.0) + (live1 ? exp(s1 - m_new) : 0.0);
+    const float l_new = row_l[sr] * exp(m_old - m_new) + sum8(e);
+    barrier();  // every lane of the row has read row_m / row_l
+    if (tid % 8u == 0u) {
+      row_m[sr] = m_new;
+      row_l[sr] = l_new;
+    }
+  }
+  barrier();
+
+  // Pass 2: O = sum over blocks of P V, P normalized with the final statistics.
+  const float m_fin = row_m[sr], inv_l = row_l[sr] > 0.0 ? 1.0 / row_l[sr] : 0.0;
+  ACC o[RT];
+  [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
+  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
+    stage_block(kb, kv_end);
+    barrier();
+    partial_scores(g);
+    barrier();
+    const float p0 = kb + sc < kv_row ? exp(score(sr, sc) - m_fin) * inv_l : 0.0;
+    const float p1 = kb + sc + 1u < kv_row ? exp(score(sr, sc + 1u) - m_fin) * inv_l : 0.0;
+    sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
+    barrier();
+    [[unroll]] for (uint j = 0; j < RT; ++j) {
+      const uint jt = g * RT + j;
+      if (jt < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * jt, RS, false);
+    }
+    barrier();  // K and P are rewritten by the next block
+  }
+  TS_MARK();  // bench --timeline: the rows attended
+
+  // O's tiles through sh (tile jt at 64 jt), then the live rows out.
+  [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
+  barrier();
+  for (uint i = tid; i < 16u * uint(KV_LORA); i += WG_SIZE) {
+    const uint r = i / uint(KV_LORA), c = i % uint(KV_LORA);
+    if ((r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + c] = tile_f(64u * (c / 16u), r, c % 16u);
+  }
+}

@@ -28,7 +28,8 @@
 // the tests' path where no tensor cores are, and the proof of everything but the product itself.
 //
 // Defines: N_HEAD, KV_LORA (R, a multiple of 16), N_ROT (Dr; R + Dr a multiple of 16) + the
-// rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8 lanes).
+// rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8 lanes);
+// TC_PREFETCH (0/1, below).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
@@ -136,6 +137,38 @@ void stage_block(uint kb, uint kv_end) {
   }
 }
 
+#ifndef TC_PREFETCH
+#define TC_PREFETCH 0
+#endif
+#if TC_PREFETCH
+// TC_PREFETCH: the next block's cache rows are loaded into registers while the current block is
+// multiplied, and stored into K_BASE at the next block's start (its load latency off the chain).
+#define KPT ((16u * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)  // uvec4 per invocation and block
+uvec4 pf[KPT];
+void load_block(uint kb, uint kv_end) {
+  [[unroll]] for (uint i = 0; i < KPT; ++i) {
+    const uint idx = gl_LocalInvocationIndex + i * WG_SIZE, r = idx / (ROW / 8u), u = idx % (ROW / 8u);
+    pf[i] = idx < 16u * (ROW / 8u) && kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
+  }
+}
+void store_block() {
+  [[unroll]] for (uint i = 0; i < KPT; ++i) {
+    const uint idx = gl_LocalInvocationIndex + i * WG_SIZE;
+    if (idx < 16u * (ROW / 8u)) sh[K_BASE + (idx / (ROW / 8u)) * RS + idx % (ROW / 8u)] = pf[i];
+  }
+}
+#define STAGE(kb)                                     \
+  store_block();                                      \
+  barrier();                                          \
+  if ((kb) + 16u < kv_end) load_block((kb) + 16u, kv_end);
+#define STAGE_FIRST() load_block(0u, kv_end);
+#else
+#define STAGE(kb)              \
+  stage_block((kb), kv_end);   \
+  barrier();
+#define STAGE_FIRST()
+#endif
+
 // Group g's part of S for the staged block: its k-tiles of Q K^T, stored at SP_BASE + 64 g.
 void partial_scores(uint g) {
   ACC s;
@@ -202,9 +235,9 @@ void main() {
   const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
 
   // Pass 1: each row's maximum and sum of exponentials.
+  STAGE_FIRST()
   for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
-    stage_block(kb, kv_end);
-    barrier();
+    STAGE(kb)
     partial_scores(g);
     barrier();
     const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
@@ -223,27 +256,42 @@ void main() {
 
   // Pass 2: O = sum over blocks of P V, P normalized with the final statistics.
   const float m_fin = row_m[sr], inv_l = row_l[sr] > 0.0 ? 1.0 / row_l[sr] : 0.0;
-  ACC o[RT];
-  [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
+  // O's accumulators, tile g * RT + j in the j-th: with COOP named variables o0 .. o7 (an array
+  // of cooperative matrices may live in local memory: PERFORMANCE.md session 17); without, an
+  // array (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes).
+#if COOP
+#if RT > 8
+#error "attention_prefill_tc.comp: at most 8 column tiles per group (R <= 512)"
+#endif
+#define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
+#define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
+#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, K_BASE + 2u * (g * RT + J), RS, false)
+#define O_STORE(J, V) if (J < RT) acc_store(V, 64u * (g * RT + J));
+#define O_DECLS FOR_O(O_DECL)
+#define O_MMAS FOR_O(O_MMA)
+#define O_STORES FOR_O(O_STORE)
+#else
+#define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
+#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * (g * RT + j), RS, false)
+#define O_STORES [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
+#endif
+  O_DECLS
+  STAGE_FIRST()
   for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
-    stage_block(kb, kv_end);
-    barrier();
+    STAGE(kb)
     partial_scores(g);
     barrier();
     const float p0 = kb + sc < kv_row ? exp(score(sr, sc) - m_fin) * inv_l : 0.0;
     const float p1 = kb + sc + 1u < kv_row ? exp(score(sr, sc + 1u) - m_fin) * inv_l : 0.0;
     sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
     barrier();
-    [[unroll]] for (uint j = 0; j < RT; ++j) {
-      const uint jt = g * RT + j;
-      if (jt < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * jt, RS, false);
-    }
+    O_MMAS
     barrier();  // K and P are rewritten by the next block
   }
   TS_MARK();  // bench --timeline: the rows attended
 
   // O's tiles through sh (tile jt at 64 jt), then the live rows out.
-  [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
+  O_STORES
   barrier();
   for (uint i = tid; i < 16u * uint(KV_LORA); i += WG_SIZE) {
     const uint r = i / uint(KV_LORA), c = i % uint(KV_LORA);

@@ -474,13 +474,23 @@ bool attention_tc_supported(Context& ctx, bool plain) {
   return lanes && (plain || matmul_coop_supported(ctx));
 }
 
-bool attention_tc_shape_ok(const AttentionShape& shape) { return shape.kv_lora % 16 == 0 && shape.row() % 16 == 0; }
+uint64_t attention_tc_shared_bytes(const AttentionShape& shape) {
+  // attention_prefill_tc.comp's sh: Q and K rows (RS uvec4 each), 4 partial S tiles and P, or
+  // O's tiles after the last block; then the rows' statistics.
+  const uint64_t rs = shape.row() / 8 + 1, rt = ceil_div(shape.kv_lora / 16, 4);
+  return std::max(32 * rs + 256 + 32, 4 * rt * 64) * 16 + 2 * 16 * 4;
+}
+
+bool attention_tc_fits(Context& ctx, const AttentionShape& shape) {
+  return shape.kv_lora % 16 == 0 && shape.row() % 16 == 0 && shape.kv_lora <= 512 &&
+         attention_tc_shared_bytes(shape) <= ctx.info().max_compute_shared_memory;
+}
 
 PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
                                        const PrefillAttentionTuning& tuning)
     : attn_(ctx, shape, split), shape_(shape) {
   const DeviceInfo& info = ctx.info();
-  if (tuning.tensor_cores != 0 && attention_tc_shape_ok(shape) &&
+  if (tuning.tensor_cores != 0 && attention_tc_fits(ctx, shape) &&
       attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
     PipelineDesc p;
     p.name = "attention_prefill_tc";
@@ -488,7 +498,8 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
     const bool coop = matmul_coop_supported(ctx);
     p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
                       {"KV_LORA", std::to_string(shape.kv_lora)},
-                      {"COOP", coop ? "1" : "0"}},
+                      {"COOP", coop ? "1" : "0"},
+                      {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"}},
                      shape.rope.defines());
     p.num_buffers = 4;
     p.push_bytes = sizeof(gpu::AttnPartialArgs);

@@ -150,13 +150,16 @@ struct PrefillAttentionTuning {
   // attention_tc_supported(ctx, true) (its plain-FMA form where there are no cooperative
   // matrices: the tests' path).
   int tensor_cores = -1;
+  bool tc_prefetch = false;  // its next block of cache rows loaded during the current one (TC_PREFETCH)
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices
 // (matmul_coop_supported), or (plain) in its plain-FMA form; both need subgroup shuffles of >= 8
-// lanes. Its shape needs R and R + Dr multiples of 16 (attention_tc_shape_ok).
+// lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, and its shared memory
+// (attention_tc_shared_bytes: ~42 KB for GLM's rows) within the device's (attention_tc_fits).
 bool attention_tc_supported(Context& ctx, bool plain);
-bool attention_tc_shape_ok(const AttentionShape& shape);
+uint64_t attention_tc_shared_bytes(const AttentionShape& shape);
+bool attention_tc_fits(Context& ctx, const AttentionShape& shape);
 
 class PrefillAttentionOp {
  public:

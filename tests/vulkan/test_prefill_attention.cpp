@@ -59,13 +59,14 @@ class PrefillAttentionGroups : public ::testing::TestWithParam<PrefillAttnCase> 
 // per-query path within f32 rounding, or the tensor-core kernel (1; its plain-FMA form where the
 // device has no cooperative matrices) against the reference with its query rounded to f16 as the
 // kernel stages it, within the f16 weights' rounding (rel_tol of the largest value).
-void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol) {
+void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol, bool tc_prefetch = false) {
   Gpu& g = vktest::gpu();
   const vk::AttentionShape s = make_shape(c);
   const cpu::Rope rope(c.n_rot, 1e6f, 1.f, 0.f, 1.f, cpu::YarnCorrDims{0.f, 0.f});
   const uint32_t T = c.T, H = c.n_head, R = c.kv_lora, row = s.row();
   vk::PrefillAttentionTuning tuning = c.tuning;
   tuning.tensor_cores = tensor_cores;
+  tuning.tc_prefetch = tc_prefetch;
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
@@ -134,8 +135,10 @@ TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
 TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   VK_TEST_REQUIRE_GPU(vktest::gpu());
   if (!vk::attention_tc_supported(*vktest::gpu().ctx, true)) GTEST_SKIP() << "no subgroup shuffles of >= 8 lanes";
-  ASSERT_TRUE(vk::attention_tc_shape_ok(make_shape(GetParam())));
+  if (!vk::attention_tc_fits(*vktest::gpu().ctx, make_shape(GetParam())))
+    GTEST_SKIP() << vk::attention_tc_shared_bytes(make_shape(GetParam())) << " bytes of shared memory: more than the device has";
   check_prefill_attention(GetParam(), 1, 1e-3);
+  check_prefill_attention(GetParam(), 1, 1e-3, true);  // the next block loaded ahead
 }
 
 vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {
@@ -146,8 +149,10 @@ vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile =
   return t;
 }
 
+// The grouped FMA kernel's tuning (tensor_cores 0: these cases check it wherever they run).
 vk::PrefillAttentionTuning group(uint32_t queries, uint32_t max_pairs = 0, uint32_t tile = 0) {
   vk::PrefillAttentionTuning t;
+  t.tensor_cores = 0;
   t.queries_per_group = queries;
   t.max_pairs = max_pairs;
   t.tile = tile;
@@ -187,9 +192,9 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(PrefillAttentionBytes, CacheReadOncePerGroup) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
-  PrefillAttnCase c{"glm", 20, 512, 64, 8192 + 64, 64, split(32, 8), {}, {}};
+  PrefillAttnCase c{"glm", 20, 512, 64, 8192 + 64, 64, split(32, 8), group(0), {}};
   const vk::AttentionShape s = make_shape(c);
-  vk::PrefillAttentionOp op(*g.ctx, s, c.split);
+  vk::PrefillAttentionOp op(*g.ctx, s, c.split, c.tuning);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   const uint64_t row_bytes = s.row() * 2ull, kv = 8192;
   const uint64_t passes = (64 / op.queries_per_group()) * ((20 + op.heads_per_group() - 1) / op.heads_per_group());

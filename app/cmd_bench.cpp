@@ -95,7 +95,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.prefill_attention.max_pairs = v; }},
     {"pattn_tc", 2, "the prefill attention on tensor cores: 0 never, 1 always (plain FMAs without them), 2 auto",
      [](O& o, uint32_t v) { o.prefill_attention.tensor_cores = v == 2 ? -1 : int(v); }},
-    {"pattn_tc_prefetch", 1, "1: the tensor-core prefill attention loads its next block of cache rows ahead",
+    {"pattn_tc_prefetch", 1, "the tensor-core prefill attention loads its next block of cache rows ahead: 1 (default) / 0",
      [](O& o, uint32_t v) { o.prefill_attention.tc_prefetch = v != 0; }},
     {"matmul_rows", 4, "16-row tiles per prefill matmul workgroup: 1, 2 or 4; 0 auto", [](O& o, uint32_t v) { o.matmul.row_tiles = v; }},
     {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 64 for Q4_K / Q5_K, 128 for Q6_K); 0 auto (64)",

@@ -150,7 +150,9 @@ struct PrefillAttentionTuning {
   // attention_tc_supported(ctx, true) (its plain-FMA form where there are no cooperative
   // matrices: the tests' path).
   int tensor_cores = -1;
-  bool tc_prefetch = false;  // its next block of cache rows loaded during the current one (TC_PREFETCH)
+  // Its next block of cache rows loaded during the current one (TC_PREFETCH; H100, GLM pp512:
+  // +1.1 % at depth 0, +11.3 % at 4096, session 20).
+  bool tc_prefetch = true;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

@@ -190,6 +190,7 @@ class PrefillAttentionOp {
   }
 
   bool tensor_cores() const { return tc_ != nullptr; }
+  // The grouped kernel's work split (all 0 where the tensor-core kernel runs instead).
   uint32_t queries_per_group() const { return gq_; }
   uint32_t heads_per_group() const { return hw_; }
   uint32_t tile() const { return tile_; }

@@ -251,20 +251,15 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
     say(o, cat("profiling a decoded token at depth ", d));
     t.set_depth(d);
     out.push_back(profile([&](double* wall) { return m.profile_step(d + 1, wall); }, d));
-    // One prefill chunk at the same depth (the batched graph: its own kernels and bottlenecks).
-    const uint32_t T = m.prefill_stats().chunk;
-    if (T > 0 && d + T <= uint32_t(m.n_ctx())) {
-      say(o, cat("profiling a prefill chunk of ", T, " tokens at depth ", d));
-      TokenProfile pp = profile([&](double* wall) { return m.profile_prefill(wall); }, d);
-      pp.what = cat("prefill chunk of ", T, " tokens");
-      out.push_back(std::move(pp));
-    }
-    // And the tail recording's chunk (a prompt's last tokens), where there is one.
-    const uint32_t Tt = m.prefill_stats().tail_chunk;
-    if (Tt > 0 && d + Tt <= uint32_t(m.n_ctx())) {
-      say(o, cat("profiling a tail chunk of ", Tt, " tokens at depth ", d));
-      TokenProfile pp = profile([&](double* wall) { return m.profile_prefill(wall, true); }, d);
-      pp.what = cat("prefill tail chunk of ", Tt, " tokens");
+    // One prefill chunk at the same depth (the batched graph: its own kernels and bottlenecks),
+    // and the tail recording's chunk (a prompt's last tokens) where there is one.
+    for (const bool tail : {false, true}) {
+      const uint32_t T = tail ? m.prefill_stats().tail_chunk : m.prefill_stats().chunk;
+      if (T == 0 || d + T > uint32_t(m.n_ctx())) continue;
+      const std::string what = cat(tail ? "prefill tail chunk of " : "prefill chunk of ", T, " tokens");
+      say(o, cat("profiling a ", what, " at depth ", d));
+      TokenProfile pp = profile([&](double* wall) { return m.profile_prefill(wall, tail); }, d);
+      pp.what = what;
       out.push_back(std::move(pp));
     }
   }

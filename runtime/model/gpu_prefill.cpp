@@ -45,6 +45,13 @@ vk::AttentionTuning prefill_attention_split(const GpuModelOptions& o, uint32_t T
   t.min_chunk = o.prefill_attention_min_chunk ? o.prefill_attention_min_chunk : kPrefillAttnMinChunk;
   return t;
 }
+
+// The attention of a recording of chunks of T tokens under options o.
+vk::PrefillAttentionOp prefill_attention(vk::Context& ctx, const ModelConfig& c, uint32_t n_ctx, const GpuModelOptions& o,
+                                         uint32_t T) {
+  return vk::PrefillAttentionOp(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, T),
+                                o.prefill_attention);
+}
 constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and kv_a)
 
 enum class Head { None, Last, All };  // LM head of a chunk: none, last token (+ sampler), all tokens
@@ -132,8 +139,7 @@ uint64_t attention_partials(vk::Context& ctx, const ModelConfig& c, uint32_t n_c
   uint64_t most = 0;
   for (uint32_t t : {T, tail}) {
     if (t == 0) continue;
-    const vk::PrefillAttentionOp probe(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, t),
-                                       o.prefill_attention);
+    const vk::PrefillAttentionOp probe = prefill_attention(ctx, c, n_ctx, o, t);
     if (!probe.tensor_cores()) most = std::max(most, t * probe.partials_bytes());
   }
   return most;
@@ -199,9 +205,7 @@ void GpuModel::create_prefill() {
   prefill_stats_.scratch_bytes = s.total();
   prefill_stats_.matmul = p->matmul;
   prefill_stats_.matmul_coop = p->matmul && vk::matmul_uses_coop(ctx_, p->kernel);
-  prefill_stats_.attention_tc = vk::PrefillAttentionOp(ctx_, vk::AttentionShape::from_config(c, n_ctx_),
-                                                       prefill_attention_split(options_, p->T), options_.prefill_attention)
-                                    .tensor_cores();
+  prefill_stats_.attention_tc = prefill_attention(ctx_, c, n_ctx_, options_, p->T).tensor_cores();
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
@@ -331,8 +335,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
 
     const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
     vk::KvWriteOp kv_write(ctx_, ashape);
-    // Query groups share each cache tile; the split along the context suits T.
-    vk::PrefillAttentionOp attn(ctx_, ashape, prefill_attention_split(options_, T), options_.prefill_attention);
+    const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T);
     const vk::QueryBatch batch{T, kCountWord};
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");

@@ -561,16 +561,22 @@ uint64_t PrefillAttentionOp::partial_bytes(uint32_t kv_len, uint32_t n) const {
          uint64_t(n) * attn_.num_chunks(kv_len) * shape_.n_head * (shape_.kv_lora + 2) * 4;
 }
 
+uint32_t PrefillAttentionOp::check_inputs(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                          const std::string& what, const QueryBatch& batch) const {
+  const uint32_t n = batch.checked(what);
+  if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
+  need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
+  need(cache, shape_.cache_bytes(), what, "cache");
+  need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+  return n;
+}
+
 void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                         uint32_t pos_word, BufferSlice partials, std::string_view label,
                                         const QueryBatch& batch) const {
   const std::string what(label);
   if (tc_) runtime_error(what, ": the tensor-core prefill attention writes olat directly (record), no partials");
-  const uint32_t n = batch.checked(label);
-  if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
-  need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
-  need(cache, shape_.cache_bytes(), what, "cache");
-  need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+  const uint32_t n = check_inputs(q, cache, step, pos_word, what, batch);
   need(partials, n * partials_bytes(), what, "partials");
   const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, attn_.n_groups(), attn_.min_chunk(), shape_.kq_scale,
                                   batch.count_word, 0, 0};
@@ -584,11 +590,7 @@ void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice
                                 const QueryBatch& batch) const {
   if (tc_) {
     const std::string what(label);
-    const uint32_t n = batch.checked(label);
-    if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
-    need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
-    need(cache, shape_.cache_bytes(), what, "cache");
-    need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+    const uint32_t n = check_inputs(q, cache, step, pos_word, what, batch);
     need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * 4, what, "olat");
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, 1, shape_.kq_scale, batch.count_word, 0, 0};
     const BufferSlice b[] = {q, cache, step, olat};

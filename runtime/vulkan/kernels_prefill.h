@@ -197,6 +197,10 @@ class PrefillAttentionOp {
   uint32_t threads() const { return wg_; }
 
  private:
+  // The batch's query count after checking it and the q, cache and step bindings (both kernels).
+  uint32_t check_inputs(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word, const std::string& what,
+                        const QueryBatch& batch) const;
+
   AttentionOp attn_;
   const Pipeline* pipeline_ = nullptr;
   const Pipeline* tc_ = nullptr;  // attention_prefill_tc.comp

@@ -9,10 +9,14 @@
 // causal bounds differ by at most a position or two) and walks the cache in blocks of 16 rows,
 // [0, kv_end) with kv_end the bound of its last live row:
 //   s(r, j) = kq_scale * (q_lat_r . c_j + rope(q_pe_r, pos_t) . kpe_j),   j < kv_len_t
-//   pass 1 (row statistics): per block S = Q K^T, then per row m = max s, l = sum exp(s - m) online;
-//   pass 2 (output): per block S again, P = exp(S - m) / l (f16), O += P V (V = the rows' first R
-//     values), so that O's accumulators never need a per-row rescale (which cooperative matrices
-//     cannot do); olat[r] = O[r].
+//   ONE_PASS 1 (default): per block S = Q K^T, then per row a reference m (the row's running
+//     maximum, moved only when a block's maximum passes it by more than MARGIN nats), P = exp(S - m)
+//     (f16, at most e^MARGIN), l = sum P, O += P V (V = the rows' first R values); where some row's m
+//     moved, O's tiles go through shared memory once to be scaled by exp(m_old - m_new) (cooperative
+//     matrices have no per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
+//   ONE_PASS 0: pass 1 (row statistics): per block S, per row m = max s, l = sum exp(s - m) online;
+//     pass 2 (output): per block S again, P = exp(S - m) / l, O += P V: no rescale, twice the S
+//     products and the block loads.
 // Four groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them (partial
 // tiles summed through shared memory), O's R / 16 column tiles split over them.
 //
@@ -29,7 +33,8 @@
 //
 // Defines: N_HEAD, KV_LORA (R, a multiple of 16), N_ROT (Dr; R + Dr a multiple of 16) + the
 // rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8 lanes);
-// TC_PREFETCH (0/1, below).
+// TC_PREFETCH (0/1, below); ONE_PASS (0/1) and MARGIN (nats, a float literal, 0 .. 10: P <= e^10
+// stays far inside f16).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
@@ -81,7 +86,8 @@ layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
 shared uvec4 sh[SH_SIZE];
-shared float row_m[16], row_l[16];  // pass 1's running max and sum per row
+shared float row_m[16], row_l[16];  // ONE_PASS 0: pass 1's running max and sum per row; l at the end
+shared float row_a[16];             // ONE_PASS: the block's scale of each row's O (1 where m stayed)
 
 const float kNegHuge = -3.0e38;
 
@@ -139,6 +145,12 @@ void stage_block(uint kb, uint kv_end) {
 
 #ifndef TC_PREFETCH
 #define TC_PREFETCH 0
+#endif
+#ifndef ONE_PASS
+#define ONE_PASS 0
+#endif
+#ifndef MARGIN
+#define MARGIN 8.0
 #endif
 #if TC_PREFETCH
 // TC_PREFETCH: the next block's cache rows are loaded into registers while the current block is
@@ -199,6 +211,45 @@ float sum8(float v) {
   return v + subgroupShuffleXor(v, 4u);
 }
 
+// O's accumulators, tile g * RT + j in the j-th: with COOP named variables o0 .. o7 (an array of
+// cooperative matrices may live in local memory: PERFORMANCE.md session 17); without, an array
+// (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes). O_SCALE
+// multiplies row r of every tile by row_a[r]: with COOP through the group's own 1 KB of SP_BASE
+// (free once P is written), in the plain form on the lanes' known elements.
+#if COOP
+#if RT > 8
+#error "attention_prefill_tc.comp: at most 8 column tiles per group (R <= 512)"
+#endif
+#define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
+#define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
+#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, K_BASE + 2u * (g * RT + J), RS, false)
+#define O_STORE(J, V) if (J < RT) acc_store(V, 64u * (g * RT + J));
+#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); scale_tile(SP_BASE + 64u * g); coopMatLoadNV(V, sh, SP_BASE + 64u * g, 4u, false); }
+#define O_DECLS FOR_O(O_DECL)
+#define O_MMAS FOR_O(O_MMA)
+#define O_STORES FOR_O(O_STORE)
+#define O_SCALE FOR_O(O_SCALE1)
+// The f32 row-major tile at uvec4 index at (this group's), row r scaled by row_a[r].
+void scale_tile(uint at) {
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+  const uint ln = gl_LocalInvocationIndex % 32u;
+  [[unroll]] for (uint i = 0; i < 2u; ++i) {
+    const uint u = at + ln + 32u * i;  // uvec4 u - at holds row (u - at) / 4
+    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[(u - at) / 4u]);
+  }
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+}
+#else
+#define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
+#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * (g * RT + j), RS, false)
+#define O_STORES [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
+#define O_SCALE                                                                       \
+  [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
+    o[j][i] *= row_a[(gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
+#endif
+
 void main() {
   const uint r0 = gl_WorkGroupID.x * 16u;
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
@@ -223,10 +274,12 @@ void main() {
         uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
               packHalf2x16(vec2(v[6], v[7])));
   }
+#if !ONE_PASS
   if (tid < 16u) {
     row_m[tid] = kNegHuge;
     row_l[tid] = 0.0;
   }
+#endif
   TS_MARK_EARLY();  // bench --timeline: the queries staged
 
   // This thread's row of the statistics and P (8 threads a row, 2 columns each) and its bound.
@@ -234,6 +287,43 @@ void main() {
   const uint st = (r0 + sr) / uint(N_HEAD);
   const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
 
+#if ONE_PASS
+  // The row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
+  float m_ref = kNegHuge, l_sum = 0.0;
+  O_DECLS
+  STAGE_FIRST()
+  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
+    STAGE(kb)
+    partial_scores(g);
+    barrier();
+    const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
+    const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
+    const float m_blk = max8(max(s0, s1));
+    float a = 1.0;
+    if (m_blk > m_ref + MARGIN) {  // the same in the row's 8 lanes
+      // O and l are still 0 before a row's first live block (nothing to scale); after it, a may
+      // be 0 (a jump of > ~87 nats) and O must be scaled all the same.
+      a = m_ref == kNegHuge ? 1.0 : exp(m_ref - m_blk);
+      l_sum *= a;
+      m_ref = m_blk;
+    }
+    const float p0 = live0 ? exp(s0 - m_ref) : 0.0, p1 = live1 ? exp(s1 - m_ref) : 0.0;
+    l_sum += sum8(p0 + p1);
+    sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
+    if (tid % 8u == 0u) row_a[sr] = a;
+    barrier();
+    // O needs scaling where a row moved its m.
+    bool moved = false;
+    [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || row_a[r] < 1.0;
+    if (moved) {  // uniform
+      O_SCALE
+    }
+    O_MMAS
+    barrier();  // K, P and row_a are rewritten by the next block
+  }
+  TS_MARK();  // bench --timeline: the rows attended
+  if (tid % 8u == 0u) row_l[sr] = l_sum;
+#else
   // Pass 1: each row's maximum and sum of exponentials.
   STAGE_FIRST()
   for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
@@ -256,25 +346,6 @@ void main() {
 
   // Pass 2: O = sum over blocks of P V, P normalized with the final statistics.
   const float m_fin = row_m[sr], inv_l = row_l[sr] > 0.0 ? 1.0 / row_l[sr] : 0.0;
-  // O's accumulators, tile g * RT + j in the j-th: with COOP named variables o0 .. o7 (an array
-  // of cooperative matrices may live in local memory: PERFORMANCE.md session 17); without, an
-  // array (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes).
-#if COOP
-#if RT > 8
-#error "attention_prefill_tc.comp: at most 8 column tiles per group (R <= 512)"
-#endif
-#define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
-#define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
-#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, K_BASE + 2u * (g * RT + J), RS, false)
-#define O_STORE(J, V) if (J < RT) acc_store(V, 64u * (g * RT + J));
-#define O_DECLS FOR_O(O_DECL)
-#define O_MMAS FOR_O(O_MMA)
-#define O_STORES FOR_O(O_STORE)
-#else
-#define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
-#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * (g * RT + j), RS, false)
-#define O_STORES [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
-#endif
   O_DECLS
   STAGE_FIRST()
   for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
@@ -289,12 +360,15 @@ void main() {
     barrier();  // K and P are rewritten by the next block
   }
   TS_MARK();  // bench --timeline: the rows attended
+  if (tid < 16u) row_l[tid] = 1.0;  // P was normalized
+#endif
 
-  // O's tiles through sh (tile jt at 64 jt), then the live rows out.
+  // O's tiles through sh (tile jt at 64 jt), then the live rows out, divided by their sums.
   O_STORES
   barrier();
   for (uint i = tid; i < 16u * uint(KV_LORA); i += WG_SIZE) {
     const uint r = i / uint(KV_LORA), c = i % uint(KV_LORA);
-    if ((r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + c] = tile_f(64u * (c / 16u), r, c % 16u);
+    const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
+    if ((r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + c] = tile_f(64u * (c / 16u), r, c % 16u) * inv;
   }
 }

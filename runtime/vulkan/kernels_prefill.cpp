@@ -476,9 +476,9 @@ bool attention_tc_supported(Context& ctx, bool plain) {
 
 uint64_t attention_tc_shared_bytes(const AttentionShape& shape) {
   // attention_prefill_tc.comp's sh: Q and K rows (RS uvec4 each), 4 partial S tiles and P, or
-  // O's tiles after the last block; then the rows' statistics.
+  // O's tiles after the last block; then the rows' statistics and scales.
   const uint64_t rs = shape.row() / 8 + 1, rt = ceil_div(shape.kv_lora / 16, 4);
-  return std::max(32 * rs + 256 + 32, 4 * rt * 64) * 16 + 2 * 16 * 4;
+  return std::max(32 * rs + 256 + 32, 4 * rt * 64) * 16 + 3 * 16 * 4;
 }
 
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape) {
@@ -490,6 +490,7 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
                                        const PrefillAttentionTuning& tuning)
     : attn_(ctx, shape, split), shape_(shape) {
   const DeviceInfo& info = ctx.info();
+  if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
   if (tuning.tensor_cores != 0 && attention_tc_fits(ctx, shape) &&
       attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
     PipelineDesc p;
@@ -499,7 +500,9 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
     p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
                       {"KV_LORA", std::to_string(shape.kv_lora)},
                       {"COOP", coop ? "1" : "0"},
-                      {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"}},
+                      {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
+                      {"ONE_PASS", tuning.tc_one_pass ? "1" : "0"},
+                      {"MARGIN", std::to_string(tuning.tc_margin) + ".0"}},
                      shape.rope.defines());
     p.num_buffers = 4;
     p.push_bytes = sizeof(gpu::AttnPartialArgs);

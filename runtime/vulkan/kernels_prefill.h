@@ -153,6 +153,11 @@ struct PrefillAttentionTuning {
   // Its next block of cache rows loaded during the current one (TC_PREFETCH; H100, GLM pp512:
   // +1.1 % at depth 0, +11.3 % at 4096, session 20).
   bool tc_prefetch = true;
+  // One pass over the cache (ONE_PASS: each row's O rescaled only where its running maximum grows
+  // by more than tc_margin nats, 0 = at every growth, at most 10) instead of a statistics pass
+  // and an output pass.
+  bool tc_one_pass = true;
+  uint32_t tc_margin = 8;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

@@ -9,32 +9,28 @@
 // causal bounds differ by at most a position or two) and walks the cache in blocks of 16 rows,
 // [0, kv_end) with kv_end the bound of its last live row:
 //   s(r, j) = kq_scale * (q_lat_r . c_j + rope(q_pe_r, pos_t) . kpe_j),   j < kv_len_t
-//   ONE_PASS 1 (default): per block S = Q K^T, then per row a reference m (the row's running
-//     maximum, moved only when a block's maximum passes it by more than MARGIN nats), P = exp(S - m)
-//     (f16, at most e^MARGIN), l = sum P, O += P V (V = the rows' first R values); where some row's m
-//     moved, O's tiles go through shared memory once to be scaled by exp(m_old - m_new) (cooperative
-//     matrices have no per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
-//   ONE_PASS 0: pass 1 (row statistics): per block S, per row m = max s, l = sum exp(s - m) online;
-//     pass 2 (output): per block S again, P = exp(S - m) / l, O += P V: no rescale, twice the S
-//     products and the block loads.
+//   per block S = Q K^T, then per row a reference m (the row's running maximum, moved only when a
+//   block's maximum passes it by more than MARGIN nats), P = exp(S - m) (f16, at most e^MARGIN),
+//   l = sum P, O += P V (V = the rows' first R values); where some row's m moved, O's tiles go
+//   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
+//   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
 // Four groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them (partial
-// tiles summed through shared memory), O's R / 16 column tiles split over them.
+// tiles summed through shared memory), O's R / 16 column tiles split over them. Per block: the
+// block's rows stored (barrier), S (barrier), P and the rows' scales (barrier), O += P V; with
+// DOUBLE_K the next block's rows go to the other buffer, so no fourth barrier guards them.
 //
 //   sh (uvec4, 8 f16 or 4 f32 per element):
-//     [Q_BASE]  16 query rows, f16, roped and scaled (RS uvec4 a row: ROW values + 8 padding)
-//     [K_BASE]  the block's 16 cache rows, f16 (zeros past kv_end)
-//     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each)
+//     [Q_BASE]  (without QREG) 16 query rows, f16, roped and scaled (RS uvec4 a row: ROW values +
+//               8 padding); with QREG they pass through K buffer 0 into the groups' registers
+//     [K_BASE]  1 or 2 (DOUBLE_K) buffers of a block's 16 cache rows, f16 (zeros past kv_end)
+//     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each); also each
+//               group's scratch for its O tiles (rescales, the output)
 //     [P_BASE]  P, f16 row-major 16 x 16 (2 uvec4 a row)
-//     after the last block, O's tiles as f32 row-major 16 x 16 from 0 (tile j at 64 j)
 //
-// COOP 1: the products on tensor cores. COOP 0: the same with plain FMAs, lane l of a group
-// holding elements l + 32 i (i < 8) of each tile (row (l + 32 i) % 16, column (l + 32 i) / 16):
-// the tests' path where no tensor cores are, and the proof of everything but the product itself.
-//
-// Defines: N_HEAD, KV_LORA (R, a multiple of 16), N_ROT (Dr; R + Dr a multiple of 16) + the
-// rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8 lanes);
-// TC_PREFETCH (0/1, below); ONE_PASS (0/1) and MARGIN (nats, a float literal, 0 .. 10: P <= e^10
-// stays far inside f16).
+// Defines: N_HEAD, KV_LORA (R, a multiple of 16, <= 512), N_ROT (Dr; R + Dr a multiple of 16,
+// <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
+// lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
+// inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
@@ -68,13 +64,37 @@
 #define KPG ((NT_K + 3) / 4)       // ... per group
 #define NT_V (KV_LORA / 16)        // column tiles of O
 #define RT ((NT_V + 3) / 4)        // ... per group
+#if KPG > 9 || RT > 8
+#error "attention_prefill_tc.comp: R <= 512 and R + Dr <= 576"
+#endif
+#ifndef TC_PREFETCH
+#define TC_PREFETCH 0
+#endif
+#ifndef MARGIN
+#define MARGIN 8.0
+#endif
+#ifndef DOUBLE_K
+#define DOUBLE_K 0
+#endif
+#if !COOP
+#undef QREG
+#define QREG 0
+#endif
+#if QREG
+#define Q_BASE 0  // staged in K buffer 0, then held in registers
+#define K_BASE 0
+#else
 #define Q_BASE 0
 #define K_BASE (16 * RS)
-#define SP_BASE (32 * RS)
+#endif
+#if DOUBLE_K
+#define N_KBUF 2
+#else
+#define N_KBUF 1
+#endif
+#define SP_BASE (K_BASE + N_KBUF * 16 * RS)
 #define P_BASE (SP_BASE + 256)
-#define SH_STAGE (P_BASE + 32)
-#define SH_OUT (4 * RT * 64)
-#define SH_SIZE (SH_STAGE > SH_OUT ? SH_STAGE : SH_OUT)
+#define SH_SIZE (P_BASE + 32)
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -86,23 +106,37 @@ layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
 shared uvec4 sh[SH_SIZE];
-shared float row_m[16], row_l[16];  // ONE_PASS 0: pass 1's running max and sum per row; l at the end
-shared float row_a[16];             // ONE_PASS: the block's scale of each row's O (1 where m stayed)
+shared float row_l[16];  // each row's sum, at the end
+shared float row_a[16];  // the block's scale of each row's O (1 where m stayed)
 
 const float kNegHuge = -3.0e38;
 
 #if COOP
 #define ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
+#define F16M fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
 void acc_zero(out ACC a) { a = ACC(0.0); }
 // acc += A B: A row-major at a0 (stride as), B at b0 (stride bs) column-major (BCOL) or row-major.
-#define MMA(ACCV, A0, AS, B0, BS, BCOL)                             \
-  {                                                                 \
-    fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> ma, mb;                \
-    coopMatLoadNV(ma, sh, (A0), (AS), false);                       \
-    coopMatLoadNV(mb, sh, (B0), (BS), BCOL);                        \
-    ACCV = coopMatMulAddNV(ma, mb, ACCV);                           \
+#define MMA(ACCV, A0, AS, B0, BS, BCOL)        \
+  {                                            \
+    F16M ma, mb;                               \
+    coopMatLoadNV(ma, sh, (A0), (AS), false);  \
+    coopMatLoadNV(mb, sh, (B0), (BS), BCOL);   \
+    ACCV = coopMatMulAddNV(ma, mb, ACCV);      \
+  }
+// acc += A B with A held in a register matrix.
+#define MMA_REG(ACCV, MA, B0, BS, BCOL)        \
+  {                                            \
+    F16M mb;                                   \
+    coopMatLoadNV(mb, sh, (B0), (BS), BCOL);   \
+    ACCV = coopMatMulAddNV((MA), mb, ACCV);    \
   }
 void acc_store(ACC a, uint at) { coopMatStoreNV(a, sh, at, 4u, false); }
+void acc_load(out ACC a, uint at) { coopMatLoadNV(a, sh, at, 4u, false); }
+// The group's lanes see each other's shared-memory writes (a group is one subgroup).
+void group_sync() {
+  subgroupMemoryBarrierShared();
+  subgroupBarrier();
+}
 #else
 #define ACC float[8]
 void acc_zero(out ACC a) {
@@ -130,31 +164,27 @@ void acc_store(ACC a, uint at) {
     sh[at + f / 4u][f % 4u] = floatBitsToUint(a[i]);
   }
 }
+// A group is several subgroups here: the whole workgroup waits (called in uniform control flow).
+void group_sync() {
+  memoryBarrierShared();
+  barrier();
+}
 #endif
 
 // f32 element (row r, column c) of a row-major 16 x 16 f32 tile at uvec4 index at.
 float tile_f(uint at, uint r, uint c) { return uintBitsToFloat(sh[at + r * 4u + c / 4u][c % 4u]); }
 
-// The block's cache rows kb .. kb + 15 into K_BASE (zeros from kv_end on).
-void stage_block(uint kb, uint kv_end) {
+// The block's cache rows kb .. kb + 15 into the K buffer at kbase (zeros from kv_end on).
+void stage_block(uint kb, uint kv_end, uint kbase) {
   for (uint i = gl_LocalInvocationIndex; i < 16u * (ROW / 8u); i += WG_SIZE) {
     const uint r = i / (ROW / 8u), u = i % (ROW / 8u);
-    sh[K_BASE + r * RS + u] = kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
+    sh[kbase + r * RS + u] = kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
   }
 }
 
-#ifndef TC_PREFETCH
-#define TC_PREFETCH 0
-#endif
-#ifndef ONE_PASS
-#define ONE_PASS 0
-#endif
-#ifndef MARGIN
-#define MARGIN 8.0
-#endif
 #if TC_PREFETCH
 // TC_PREFETCH: the next block's cache rows are loaded into registers while the current block is
-// multiplied, and stored into K_BASE at the next block's start (its load latency off the chain).
+// multiplied, and stored into its K buffer at the next block's start (its load latency off the chain).
 #define KPT ((16u * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)  // uvec4 per invocation and block
 uvec4 pf[KPT];
 void load_block(uint kb, uint kv_end) {
@@ -163,34 +193,44 @@ void load_block(uint kb, uint kv_end) {
     pf[i] = idx < 16u * (ROW / 8u) && kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
   }
 }
-void store_block() {
+void store_block(uint kbase) {
   [[unroll]] for (uint i = 0; i < KPT; ++i) {
     const uint idx = gl_LocalInvocationIndex + i * WG_SIZE;
-    if (idx < 16u * (ROW / 8u)) sh[K_BASE + (idx / (ROW / 8u)) * RS + idx % (ROW / 8u)] = pf[i];
+    if (idx < 16u * (ROW / 8u)) sh[kbase + (idx / (ROW / 8u)) * RS + idx % (ROW / 8u)] = pf[i];
   }
 }
-#define STAGE(kb)                                     \
-  store_block();                                      \
+#define STAGE(kb, kbase)                              \
+  store_block(kbase);                                 \
   barrier();                                          \
   if ((kb) + 16u < kv_end) load_block((kb) + 16u, kv_end);
 #define STAGE_FIRST() load_block(0u, kv_end);
 #else
-#define STAGE(kb)              \
-  stage_block((kb), kv_end);   \
+#define STAGE(kb, kbase)               \
+  stage_block((kb), kv_end, (kbase));  \
   barrier();
 #define STAGE_FIRST()
 #endif
 
-// Group g's part of S for the staged block: its k-tiles of Q K^T, stored at SP_BASE + 64 g.
-void partial_scores(uint g) {
-  ACC s;
-  acc_zero(s);
-  [[unroll]] for (uint i = 0; i < KPG; ++i) {
-    const uint kk = g * KPG + i;
-    if (kk < NT_K) MMA(s, Q_BASE + 2u * kk, RS, K_BASE + 2u * kk, RS, true);
+// Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
+#if QREG
+#define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
+#define Q_DECL(I, V) F16M V;
+#define Q_LOAD(I, V) if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);
+#define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (g * KPG + I), RS, true)
+#else
+#define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
+#define Q_DECL(I, V)
+#define Q_LOAD(I, V)
+#define S_MMA(I, V) if (g * KPG + I < NT_K) MMA(s, Q_BASE + 2u * (g * KPG + I), RS, kbase + 2u * (g * KPG + I), RS, true)
+#endif
+// Group g's part of S for the block in the K buffer at kbase, stored at SP_BASE + 64 g.
+#define PARTIAL_SCORES(kbase) \
+  {                           \
+    ACC s;                    \
+    acc_zero(s);              \
+    FOR_Q(S_MMA)              \
+    acc_store(s, SP_BASE + 64u * g); \
   }
-  acc_store(s, SP_BASE + 64u * g);
-}
 
 // S (row r, block column c): the groups' partial tiles summed.
 float score(uint r, uint c) {
@@ -211,43 +251,56 @@ float sum8(float v) {
   return v + subgroupShuffleXor(v, 4u);
 }
 
+// The group's f32 row-major tile at uvec4 index at, row r scaled by row_a[r].
+void scale_tile(uint at) {
+  group_sync();
+  const uint ln = gl_LocalInvocationIndex % 32u;
+  [[unroll]] for (uint i = 0; i < 2u; ++i) {
+    const uint u = at + ln + 32u * i;  // uvec4 u - at holds row (u - at) / 4
+    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[(u - at) / 4u]);
+  }
+  group_sync();
+}
+
+// The group's tile jt (O's columns 16 jt ..; none past NT_V) of the live rows out, divided by
+// their sums, through its scratch tile at `at` (stored there before the call).
+void write_tile(uint at, uint jt, uint r0, uint n_q) {
+  group_sync();
+  const uint ln = gl_LocalInvocationIndex % 32u;
+  [[unroll]] for (uint i = 0; i < 8u; ++i) {
+    const uint e = ln + 32u * i, r = e / 16u, c = e % 16u;
+    const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
+    if (jt < NT_V && (r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + 16u * jt + c] = tile_f(at, r, c) * inv;
+  }
+  group_sync();
+}
+
 // O's accumulators, tile g * RT + j in the j-th: with COOP named variables o0 .. o7 (an array of
 // cooperative matrices may live in local memory: PERFORMANCE.md session 17); without, an array
 // (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes). O_SCALE
 // multiplies row r of every tile by row_a[r]: with COOP through the group's own 1 KB of SP_BASE
 // (free once P is written), in the plain form on the lanes' known elements.
 #if COOP
-#if RT > 8
-#error "attention_prefill_tc.comp: at most 8 column tiles per group (R <= 512)"
-#endif
 #define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
 #define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
-#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, K_BASE + 2u * (g * RT + J), RS, false)
-#define O_STORE(J, V) if (J < RT) acc_store(V, 64u * (g * RT + J));
-#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); scale_tile(SP_BASE + 64u * g); coopMatLoadNV(V, sh, SP_BASE + 64u * g, 4u, false); }
+#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
+#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); scale_tile(SP_BASE + 64u * g); acc_load(V, SP_BASE + 64u * g); }
+#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); write_tile(SP_BASE + 64u * g, g * RT + J, r0, n_q); }
 #define O_DECLS FOR_O(O_DECL)
 #define O_MMAS FOR_O(O_MMA)
-#define O_STORES FOR_O(O_STORE)
 #define O_SCALE FOR_O(O_SCALE1)
-// The f32 row-major tile at uvec4 index at (this group's), row r scaled by row_a[r].
-void scale_tile(uint at) {
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-  const uint ln = gl_LocalInvocationIndex % 32u;
-  [[unroll]] for (uint i = 0; i < 2u; ++i) {
-    const uint u = at + ln + 32u * i;  // uvec4 u - at holds row (u - at) / 4
-    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[(u - at) / 4u]);
-  }
-  subgroupMemoryBarrierShared();
-  subgroupBarrier();
-}
+#define O_WRITE FOR_O(O_WRITE1)
 #else
 #define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
-#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, K_BASE + 2u * (g * RT + j), RS, false)
-#define O_STORES [[unroll]] for (uint j = 0; j < RT; ++j) acc_store(o[j], 64u * (g * RT + j));
+#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, kbase + 2u * (g * RT + j), RS, false)
 #define O_SCALE                                                                       \
   [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
     o[j][i] *= row_a[(gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
+#define O_WRITE                                   \
+  [[unroll]] for (uint j = 0; j < RT; ++j) {      \
+    acc_store(o[j], SP_BASE + 64u * g);           \
+    write_tile(SP_BASE + 64u * g, g * RT + j, r0, n_q); \
+  }
 #endif
 
 void main() {
@@ -274,27 +327,26 @@ void main() {
         uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
               packHalf2x16(vec2(v[6], v[7])));
   }
-#if !ONE_PASS
-  if (tid < 16u) {
-    row_m[tid] = kNegHuge;
-    row_l[tid] = 0.0;
-  }
+  STAGE_FIRST()
+  barrier();
+#if QREG
+  FOR_Q(Q_DECL)
+  FOR_Q(Q_LOAD)
+  barrier();  // K buffer 0, where the query passed, is written by the first block
 #endif
   TS_MARK_EARLY();  // bench --timeline: the queries staged
 
-  // This thread's row of the statistics and P (8 threads a row, 2 columns each) and its bound.
+  // This thread's row of the statistics and P (8 threads a row, 2 columns each) and its bound;
+  // the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
   const uint st = (r0 + sr) / uint(N_HEAD);
   const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
-
-#if ONE_PASS
-  // The row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   float m_ref = kNegHuge, l_sum = 0.0;
   O_DECLS
-  STAGE_FIRST()
   for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
-    STAGE(kb)
-    partial_scores(g);
+    const uint kbase = K_BASE + (DOUBLE_K != 0 ? (kb / 16u) % 2u : 0u) * 16u * RS;
+    STAGE(kb, kbase)
+    PARTIAL_SCORES(kbase)
     barrier();
     const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
     const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
@@ -319,56 +371,15 @@ void main() {
       O_SCALE
     }
     O_MMAS
-    barrier();  // K, P and row_a are rewritten by the next block
+    // Without DOUBLE_K, K and P are rewritten by the next block; with it, the next block's rows
+    // go to the other buffer, and the next barrier (its rows stored) comes before P, row_a and
+    // the partial tiles are rewritten.
+    if (DOUBLE_K == 0) barrier();
   }
   TS_MARK();  // bench --timeline: the rows attended
   if (tid % 8u == 0u) row_l[sr] = l_sum;
-#else
-  // Pass 1: each row's maximum and sum of exponentials.
-  STAGE_FIRST()
-  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
-    STAGE(kb)
-    partial_scores(g);
-    barrier();
-    const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
-    const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
-    const float m_old = row_m[sr];
-    const float m_new = max(m_old, max8(max(s0, s1)));
-    const float e = (live0 ? exp(s0 - m_new) : 0.0) + (live1 ? exp(s1 - m_new) : 0.0);
-    const float l_new = row_l[sr] * exp(m_old - m_new) + sum8(e);
-    barrier();  // every lane of the row has read row_m / row_l
-    if (tid % 8u == 0u) {
-      row_m[sr] = m_new;
-      row_l[sr] = l_new;
-    }
-  }
-  barrier();
+  barrier();  // row_l; every group's last products done with the scratch tiles (SP)
 
-  // Pass 2: O = sum over blocks of P V, P normalized with the final statistics.
-  const float m_fin = row_m[sr], inv_l = row_l[sr] > 0.0 ? 1.0 / row_l[sr] : 0.0;
-  O_DECLS
-  STAGE_FIRST()
-  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
-    STAGE(kb)
-    partial_scores(g);
-    barrier();
-    const float p0 = kb + sc < kv_row ? exp(score(sr, sc) - m_fin) * inv_l : 0.0;
-    const float p1 = kb + sc + 1u < kv_row ? exp(score(sr, sc + 1u) - m_fin) * inv_l : 0.0;
-    sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
-    barrier();
-    O_MMAS
-    barrier();  // K and P are rewritten by the next block
-  }
-  TS_MARK();  // bench --timeline: the rows attended
-  if (tid < 16u) row_l[tid] = 1.0;  // P was normalized
-#endif
-
-  // O's tiles through sh (tile jt at 64 jt), then the live rows out, divided by their sums.
-  O_STORES
-  barrier();
-  for (uint i = tid; i < 16u * uint(KV_LORA); i += WG_SIZE) {
-    const uint r = i / uint(KV_LORA), c = i % uint(KV_LORA);
-    const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
-    if ((r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + c] = tile_f(64u * (c / 16u), r, c % 16u) * inv;
-  }
+  // O's tiles out through each group's scratch tile, the live rows divided by their sums.
+  O_WRITE
 }

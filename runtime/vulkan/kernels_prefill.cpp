@@ -474,16 +474,43 @@ bool attention_tc_supported(Context& ctx, bool plain) {
   return lanes && (plain || matmul_coop_supported(ctx));
 }
 
-uint64_t attention_tc_shared_bytes(const AttentionShape& shape) {
-  // attention_prefill_tc.comp's sh: Q and K rows (RS uvec4 each), 4 partial S tiles and P, or
-  // O's tiles after the last block; then the rows' statistics and scales.
-  const uint64_t rs = shape.row() / 8 + 1, rt = ceil_div(shape.kv_lora / 16, 4);
-  return std::max(32 * rs + 256 + 32, 4 * rt * 64) * 16 + 3 * 16 * 4;
+namespace {
+// attention_prefill_tc.comp's layout: the query in registers (QREG, with tensor cores) or in
+// shared memory, one or two buffers of 16 cache rows.
+struct TcLayout {
+  bool qreg = false, double_k = false;
+};
+
+TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k};
 }
 
-bool attention_tc_fits(Context& ctx, const AttentionShape& shape) {
-  return shape.kv_lora % 16 == 0 && shape.row() % 16 == 0 && shape.kv_lora <= 512 &&
-         attention_tc_shared_bytes(shape) <= ctx.info().max_compute_shared_memory;
+uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + 4 partial S tiles + P; then the
+  // rows' sums and scales.
+  const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
+  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 256 + 32) * 16 + 2 * 16 * 4;
+}
+
+// The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
+// where not even one fits or the shape is not the kernel's.
+std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  if (shape.kv_lora % 16 != 0 || shape.row() % 16 != 0 || shape.kv_lora > 512 || shape.row() > 576) return std::nullopt;
+  for (bool dk : {tuning.tc_double_k, false}) {
+    const TcLayout l = tc_layout(ctx, tuning, dk);
+    if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  const std::optional<TcLayout> l = tc_fitting_layout(ctx, shape, tuning);
+  return tc_shared_bytes(shape, l ? *l : tc_layout(ctx, tuning, false));
+}
+
+bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  return tc_fitting_layout(ctx, shape, tuning).has_value();
 }
 
 PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
@@ -491,8 +518,8 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
     : attn_(ctx, shape, split), shape_(shape) {
   const DeviceInfo& info = ctx.info();
   if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
-  if (tuning.tensor_cores != 0 && attention_tc_fits(ctx, shape) &&
-      attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
+  const std::optional<TcLayout> tc_layout = tc_fitting_layout(ctx, shape, tuning);
+  if (tuning.tensor_cores != 0 && tc_layout && attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
     PipelineDesc p;
     p.name = "attention_prefill_tc";
     p.file = "attention_prefill_tc.comp";
@@ -501,8 +528,9 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
                       {"KV_LORA", std::to_string(shape.kv_lora)},
                       {"COOP", coop ? "1" : "0"},
                       {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
-                      {"ONE_PASS", tuning.tc_one_pass ? "1" : "0"},
-                      {"MARGIN", std::to_string(tuning.tc_margin) + ".0"}},
+                      {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
+                      {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
+                      {"QREG", tc_layout->qreg ? "1" : "0"}},
                      shape.rope.defines());
     p.num_buffers = 4;
     p.push_bytes = sizeof(gpu::AttnPartialArgs);

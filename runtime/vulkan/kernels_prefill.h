@@ -153,20 +153,25 @@ struct PrefillAttentionTuning {
   // Its next block of cache rows loaded during the current one (TC_PREFETCH; H100, GLM pp512:
   // +1.1 % at depth 0, +11.3 % at 4096, session 20).
   bool tc_prefetch = true;
-  // One pass over the cache (ONE_PASS: each row's O rescaled only where its running maximum grows
-  // by more than tc_margin nats, 0 = at every growth, at most 10) instead of a statistics pass
-  // and an output pass.
-  bool tc_one_pass = true;
+  // Nats a row's running maximum may grow before its O is rescaled (0: at every growth; <= 10;
+  // H100, GLM pp512 @4096: 8 is 7 % faster than 0, session 21).
   uint32_t tc_margin = 8;
+  // Two buffers of cache rows, so a block needs 3 barriers, not 4 (where the shared memory holds
+  // them; H100, GLM pp512 @4096: 12 % slower, 42 KB of shared memory a workgroup against 23 KB,
+  // session 21); each group's query tiles held in registers where there are tensor cores (QREG;
+  // with one buffer, +13 % there).
+  bool tc_double_k = false;
+  bool tc_qreg = true;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices
 // (matmul_coop_supported), or (plain) in its plain-FMA form; both need subgroup shuffles of >= 8
-// lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, and its shared memory
-// (attention_tc_shared_bytes: ~42 KB for GLM's rows) within the device's (attention_tc_fits).
+// lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, R + Dr <= 576, and its shared
+// memory (attention_tc_shared_bytes: ~42 KB for GLM's rows) within the device's
+// (attention_tc_fits: with one buffer of cache rows where two do not fit).
 bool attention_tc_supported(Context& ctx, bool plain);
-uint64_t attention_tc_shared_bytes(const AttentionShape& shape);
-bool attention_tc_fits(Context& ctx, const AttentionShape& shape);
+uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
+bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
 
 class PrefillAttentionOp {
  public:

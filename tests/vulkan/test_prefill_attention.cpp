@@ -14,6 +14,7 @@
 #include "format/fp16.h"
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_prefill.h"
 #include "tests/vulkan/test_attention_ref.h"
 #include "tests/vulkan/vk_test_util.h"
@@ -61,10 +62,11 @@ class PrefillAttentionGroups : public ::testing::TestWithParam<PrefillAttnCase> 
 // per-query path within f32 rounding, or the tensor-core kernel (1; its plain-FMA form where the
 // device has no cooperative matrices) against the reference with its query rounded to f16 as the
 // kernel stages it, within the f16 weights' rounding (rel_tol of the largest value).
-// The tensor-core kernel's variants: its load schedule, one or two passes, the rescale margin.
+// The tensor-core kernel's variants: its load schedule, the rescale margin, its buffers.
 struct TcVariant {
-  bool prefetch = true, one_pass = true;
+  bool prefetch = true;
   uint32_t margin = 8;
+  bool double_k = false, qreg = true;
 };
 
 void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol, TcVariant tc = {}) {
@@ -75,14 +77,15 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   vk::PrefillAttentionTuning tuning = c.tuning;
   tuning.tensor_cores = tensor_cores;
   tuning.tc_prefetch = tc.prefetch;
-  tuning.tc_one_pass = tc.one_pass;
   tuning.tc_margin = tc.margin;
+  tuning.tc_double_k = tc.double_k;
+  tuning.tc_qreg = tc.qreg;
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
-  SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tc.prefetch, " one pass ", tc.one_pass,
-                                                    " margin ", tc.margin)
+  SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tc.prefetch, " margin ", tc.margin,
+                                                    " double_k ", tc.double_k, " qreg ", tc.qreg)
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
                    op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
@@ -152,12 +155,14 @@ TEST_P(PrefillAttentionGroups, MatchReferenceAndPerQueryPath) {
 TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   VK_TEST_REQUIRE_GPU(vktest::gpu());
   if (!vk::attention_tc_supported(*vktest::gpu().ctx, true)) GTEST_SKIP() << "no subgroup shuffles of >= 8 lanes";
-  if (!vk::attention_tc_fits(*vktest::gpu().ctx, make_shape(GetParam())))
-    GTEST_SKIP() << vk::attention_tc_shared_bytes(make_shape(GetParam())) << " bytes of shared memory: more than the device has";
+  vk::Context& ctx = *vktest::gpu().ctx;
+  if (!vk::attention_tc_fits(ctx, make_shape(GetParam())))
+    GTEST_SKIP() << vk::attention_tc_shared_bytes(ctx, make_shape(GetParam())) << " bytes of shared memory: more than the device has";
   check_prefill_attention(GetParam(), 1, 1e-3);
   check_prefill_attention(GetParam(), 1, 1e-3, {.prefetch = false});  // each block loaded in its turn
   check_prefill_attention(GetParam(), 1, 1e-3, {.margin = 0});         // a rescale at every new maximum
-  check_prefill_attention(GetParam(), 1, 1e-3, {.one_pass = false});   // statistics pass, output pass
+  check_prefill_attention(GetParam(), 1, 1e-3, {.double_k = true});    // two buffers, three barriers
+  if (vk::matmul_coop_supported(ctx)) check_prefill_attention(GetParam(), 1, 1e-3, {.qreg = false});
 }
 
 vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {

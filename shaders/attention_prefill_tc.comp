@@ -14,8 +14,8 @@
 //   l = sum P, O += P V (V = the rows' first R values); where some row's m moved, O's tiles go
 //   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
 //   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
-// Four groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them (partial
-// tiles summed through shared memory), O's R / 16 column tiles split over them. Per block: the
+// N_GROUPS (4 or 8) groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them
+// (partial tiles summed through shared memory), O's R / 16 column tiles split over them. Per block: the
 // block's rows stored (barrier), S (barrier), P and the rows' scales (barrier), O += P V; with
 // DOUBLE_K the next block's rows go to the other buffer, so no fourth barrier guards them.
 //
@@ -58,12 +58,18 @@
 #error "attention_prefill_tc.comp: the row statistics need subgroups of at least 8"
 #endif
 
-#define WG_SIZE 128
+#ifndef N_GROUPS
+#define N_GROUPS 4
+#endif
+#if N_GROUPS != 4 && N_GROUPS != 8
+#error "attention_prefill_tc.comp: N_GROUPS is 4 or 8"
+#endif
+#define WG_SIZE (32 * N_GROUPS)
 #define RS (ROW / 8 + 1)           // row stride in uvec4 (ROW f16 + 8 f16 of padding)
 #define NT_K (ROW / 16)            // k-tiles of S
-#define KPG ((NT_K + 3) / 4)       // ... per group
+#define KPG ((NT_K + N_GROUPS - 1) / N_GROUPS)  // ... per group
 #define NT_V (KV_LORA / 16)        // column tiles of O
-#define RT ((NT_V + 3) / 4)        // ... per group
+#define RT ((NT_V + N_GROUPS - 1) / N_GROUPS)   // ... per group
 #if KPG > 9 || RT > 8
 #error "attention_prefill_tc.comp: R <= 512 and R + Dr <= 576"
 #endif
@@ -93,7 +99,7 @@
 #define N_KBUF 1
 #endif
 #define SP_BASE (K_BASE + N_KBUF * 16 * RS)
-#define P_BASE (SP_BASE + 256)
+#define P_BASE (SP_BASE + 64 * N_GROUPS)
 #define SH_SIZE (P_BASE + 32)
 
 layout(local_size_x = WG_SIZE) in;
@@ -235,7 +241,7 @@ void store_block(uint kbase) {
 // S (row r, block column c): the groups' partial tiles summed.
 float score(uint r, uint c) {
   float s = 0.0;
-  [[unroll]] for (uint g = 0; g < 4u; ++g) s += tile_f(SP_BASE + 64u * g, r, c);
+  [[unroll]] for (uint g = 0; g < N_GROUPS; ++g) s += tile_f(SP_BASE + 64u * g, r, c);
   return s;
 }
 
@@ -336,8 +342,8 @@ void main() {
 #endif
   TS_MARK_EARLY();  // bench --timeline: the queries staged
 
-  // This thread's row of the statistics and P (8 threads a row, 2 columns each) and its bound;
-  // the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
+  // This thread's row of the statistics and P (invocations 0 .. 127: 8 a row, 2 columns each) and
+  // its bound; the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
   const uint st = (r0 + sr) / uint(N_HEAD);
   const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
@@ -348,21 +354,23 @@ void main() {
     STAGE(kb, kbase)
     PARTIAL_SCORES(kbase)
     barrier();
-    const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
-    const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
-    const float m_blk = max8(max(s0, s1));
-    float a = 1.0;
-    if (m_blk > m_ref + MARGIN) {  // the same in the row's 8 lanes
-      // O and l are still 0 before a row's first live block (nothing to scale); after it, a may
-      // be 0 (a jump of > ~87 nats) and O must be scaled all the same.
-      a = m_ref == kNegHuge ? 1.0 : exp(m_ref - m_blk);
-      l_sum *= a;
-      m_ref = m_blk;
+    if (tid < 128u) {  // the rows' 8 lanes each (whole subgroups)
+      const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
+      const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
+      const float m_blk = max8(max(s0, s1));
+      float a = 1.0;
+      if (m_blk > m_ref + MARGIN) {  // the same in the row's 8 lanes
+        // O and l are still 0 before a row's first live block (nothing to scale); after it, a may
+        // be 0 (a jump of > ~87 nats) and O must be scaled all the same.
+        a = m_ref == kNegHuge ? 1.0 : exp(m_ref - m_blk);
+        l_sum *= a;
+        m_ref = m_blk;
+      }
+      const float p0 = live0 ? exp(s0 - m_ref) : 0.0, p1 = live1 ? exp(s1 - m_ref) : 0.0;
+      l_sum += sum8(p0 + p1);
+      sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
+      if (tid % 8u == 0u) row_a[sr] = a;
     }
-    const float p0 = live0 ? exp(s0 - m_ref) : 0.0, p1 = live1 ? exp(s1 - m_ref) : 0.0;
-    l_sum += sum8(p0 + p1);
-    sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
-    if (tid % 8u == 0u) row_a[sr] = a;
     barrier();
     // O needs scaling where a row moved its m.
     bool moved = false;
@@ -377,7 +385,7 @@ void main() {
     if (DOUBLE_K == 0) barrier();
   }
   TS_MARK();  // bench --timeline: the rows attended
-  if (tid % 8u == 0u) row_l[sr] = l_sum;
+  if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;
   barrier();  // row_l; every group's last products done with the scratch tiles (SP)
 
   // O's tiles out through each group's scratch tile, the live rows divided by their sums.

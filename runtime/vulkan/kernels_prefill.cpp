@@ -479,17 +479,20 @@ namespace {
 // shared memory, one or two buffers of 16 cache rows.
 struct TcLayout {
   bool qreg = false, double_k = false;
+  uint32_t groups = 4;
 };
 
 TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
-  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k};
+  if (tuning.tc_groups != 4 && tuning.tc_groups != 8)
+    usage_error("prefill attention: ", tuning.tc_groups, " groups per workgroup, expected 4 or 8");
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups};
 }
 
 uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
-  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + 4 partial S tiles + P; then the
-  // rows' sums and scales.
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P;
+  // then the rows' sums and scales.
   const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
-  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 256 + 32) * 16 + 2 * 16 * 4;
+  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 2 * 16 * 4;
 }
 
 // The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
@@ -530,7 +533,8 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
                       {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
                       {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
                       {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
-                      {"QREG", tc_layout->qreg ? "1" : "0"}},
+                      {"QREG", tc_layout->qreg ? "1" : "0"},
+                      {"N_GROUPS", std::to_string(tc_layout->groups)}},
                      shape.rope.defines());
     p.num_buffers = 4;
     p.push_bytes = sizeof(gpu::AttnPartialArgs);

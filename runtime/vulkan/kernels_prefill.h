@@ -162,6 +162,8 @@ struct PrefillAttentionTuning {
   // with one buffer, +13 % there).
   bool tc_double_k = false;
   bool tc_qreg = true;
+  uint32_t tc_groups = 4;  // groups of 32 invocations per workgroup (4 or 8): S's k-tiles and O's
+                           // column tiles split over them
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

@@ -67,6 +67,7 @@ struct TcVariant {
   bool prefetch = true;
   uint32_t margin = 8;
   bool double_k = false, qreg = true;
+  uint32_t groups = 4;
 };
 
 void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol, TcVariant tc = {}) {
@@ -80,12 +81,14 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   tuning.tc_margin = tc.margin;
   tuning.tc_double_k = tc.double_k;
   tuning.tc_qreg = tc.qreg;
+  tuning.tc_groups = tc.groups;
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tc.prefetch, " margin ", tc.margin,
-                                                    " double_k ", tc.double_k, " qreg ", tc.qreg)
+                                                    " double_k ", tc.double_k, " qreg ", tc.qreg,
+                                                    " groups ", tc.groups)
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
                    op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
@@ -162,6 +165,7 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, {.prefetch = false});  // each block loaded in its turn
   check_prefill_attention(GetParam(), 1, 1e-3, {.margin = 0});         // a rescale at every new maximum
   check_prefill_attention(GetParam(), 1, 1e-3, {.double_k = true});    // two buffers, three barriers
+  check_prefill_attention(GetParam(), 1, 1e-3, {.groups = 8});         // 256 invocations
   if (vk::matmul_coop_supported(ctx)) check_prefill_attention(GetParam(), 1, 1e-3, {.qreg = false});
 }
 

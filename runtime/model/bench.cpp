@@ -176,7 +176,10 @@ void say(const BenchOptions& o, const std::string& s) {
   if (o.log) o.log(s);
 }
 
-// Runs every test of the grid on `t`, depths ascending.
+constexpr uint32_t kMaxWarmupRuns = 1000;
+
+// Runs every test of the grid on `t`, depths ascending: per test the warm-up runs
+// (BenchOptions::warmup_seconds), then the timed ones.
 std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_vocab) {
   std::vector<uint32_t> depths = o.depths;
   std::sort(depths.begin(), depths.end());
@@ -190,19 +193,27 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
       r.kind = kind;
       r.n_tokens = n;
       r.depth = d;
-      say(o, cat("running ", r.name(), " (1 warm-up + ", o.repetitions, " runs)"));
+      say(o, cat("running ", r.name(), " (warm-up of >= ", o.warmup_seconds, " s + ", o.repetitions, " runs)"));
       const std::vector<int32_t> prompt = bench_tokens(n, 7 * d + 1, n_vocab);
       const std::vector<int32_t> forced = bench_tokens(n, 11 * d + 3, n_vocab);
       uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the timed runs' token ids
-      for (int rep = -1; rep < o.repetitions; ++rep) {
+      auto run_once = [&](std::vector<int32_t>& ids) {
         t.set_depth(d);
         const double t0 = now_s();
-        std::vector<int32_t> ids;
         if (r.kind == "pp") t.prefill(prompt);
         else ids = t.decode(n, o.forced_tokens ? &forced : nullptr);
-        const double dt = now_s() - t0;
-        if (rep < 0) continue;
-        r.seconds.push_back(dt);
+        return now_s() - t0;
+      };
+      // A greedy decode (no forced tokens) starts from the token the run before it sampled: its
+      // warm-up is one run, so that the timed runs' tokens (the digest) do not depend on timing.
+      const bool warm_by_time = r.kind == "pp" || o.forced_tokens;
+      std::vector<int32_t> ids;
+      for (double warm = 0;
+           r.warmup_runs == 0 || (warm_by_time && warm < o.warmup_seconds && r.warmup_runs < kMaxWarmupRuns);
+           ++r.warmup_runs)
+        warm += run_once(ids);
+      for (int rep = 0; rep < o.repetitions; ++rep) {
+        r.seconds.push_back(run_once(ids));
         for (int32_t id : ids)
           for (int b = 0; b < 4; ++b) digest = (digest ^ ((uint32_t(id) >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
       }
@@ -298,6 +309,8 @@ uint32_t max_of(const std::vector<uint32_t>& v) { return v.empty() ? 0 : *std::m
 
 void check_options(const BenchOptions& o) {
   if (o.repetitions < 1) usage_error("bench: -r must be >= 1, got ", o.repetitions);
+  if (!(o.warmup_seconds >= 0 && o.warmup_seconds <= 60))
+    usage_error("bench: --warmup must be 0..60 seconds, got ", o.warmup_seconds);
   if (o.model_path.empty()) {
     if (!o.roofline) usage_error("bench: give a model file, or --roofline to measure only the device");
     return;

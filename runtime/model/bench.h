@@ -43,7 +43,12 @@ struct BenchOptions {
   std::vector<uint32_t> prompt_sizes{512};  // -p (0 entries are skipped)
   std::vector<uint32_t> decode_sizes{128};  // -n (0 entries are skipped)
   std::vector<uint32_t> depths{0};          // -d
-  int repetitions = 5;                    // timed runs per test after one warm-up
+  int repetitions = 5;                    // timed runs per test after the warm-up
+  // Untimed warm-up runs per test: until this many seconds have passed, at least one (a 16-token
+  // prefill after the model's upload ran at 36 % speed for its first ~0.2 s on the H100 and H200:
+  // the GPU's clocks coming up, session 21). A greedy decode test (no forced tokens) warms up
+  // with one run: each run starts from the token the one before sampled.
+  double warmup_seconds = 0.5;
   int device = -1;                        // Vulkan device (-1: the best one)
   unsigned threads = 0;                   // CPU backend threads (0: all)
   uint32_t prefill_chunk = kPrefillChunkAuto;  // Vulkan: tokens per batched prefill chunk (0: token by token)
@@ -127,6 +132,7 @@ struct BenchResult {
   uint32_t n_tokens = 0;
   uint32_t depth = 0;
   std::vector<double> seconds; // per timed repetition
+  uint32_t warmup_runs = 0;    // untimed runs before them
   double tps_mean = 0, tps_stddev = 0, tps_median = 0;  // tokens per second
   // tg: FNV-1a of every token id the timed runs decoded (each fed the one before, greedy), so
   // that two variants of the same model and kernels can be seen to decode the same tokens.

@@ -150,7 +150,8 @@ std::string bench_json(const BenchReport& r) {
     s += i ? ",\n    " : "\n    ";
     s += "{\"test\": " + js(b.kind + std::to_string(b.n_tokens)) + ", \"kind\": " +
          js(b.kind == "pp" ? "prefill" : "decode") + ", \"n_tokens\": " + ju(b.n_tokens) + ", \"depth\": " +
-         ju(b.depth) + ", \"repetitions\": " + ju(b.seconds.size()) + ", \"tok_per_s_mean\": " + jn(b.tps_mean) +
+         ju(b.depth) + ", \"repetitions\": " + ju(b.seconds.size()) + ", \"warmup_runs\": " + ju(b.warmup_runs) +
+         ", \"tok_per_s_mean\": " + jn(b.tps_mean) +
          ", \"tok_per_s_stddev\": " + jn(b.tps_stddev) + ", \"tok_per_s_median\": " + jn(b.tps_median) +
          (b.kind == "tg" ? ", \"ids_digest\": " + js(hex64(b.ids_digest)) : std::string()) + ", \"seconds\": [";
     for (size_t k = 0; k < b.seconds.size(); ++k) s += (k ? ", " : "") + jn(b.seconds[k]);

@@ -160,6 +160,23 @@ TEST(BenchProfile, MismatchedStepsAreRefused) {
 // ---------------------------------------------------------------------------------------------
 // The command, end to end.
 
+// The warm-up runs until its seconds have passed: one run with --warmup 0, several where a run
+// takes a fraction of them; a greedy decode test always one (its runs continue from each
+// other's samples); a negative time is refused (CLI11's range check).
+TEST(BenchCli, WarmupRunsUntilItsTime) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* warmup : {"0", "1"}) {
+    const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 3 -n 2 -r 1 -o json --warmup " + warmup);
+    ASSERT_EQ(r.rc, 0) << r.out;
+    const Value j = testjson::parse(r.out);
+    const Value& pp = j["results"].arr.at(0);
+    if (std::string(warmup) == "0") EXPECT_EQ(pp["warmup_runs"].num, 1);
+    else if (pp["seconds"].arr.at(0).num < 0.1) EXPECT_GE(pp["warmup_runs"].num, 2) << "runs of " << pp["seconds"].arr[0].num << " s";
+    EXPECT_EQ(j["results"].arr.at(1)["warmup_runs"].num, 1);  // tg2, greedy
+  }
+  EXPECT_NE(run_tessera("bench '" + tiny_tsr() + "' -p 3 -n 0 --warmup -1").rc, 0);
+}
+
 TEST(BenchCli, JsonHasTheSchemaFields) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   const RunResult r = run_tessera("bench '" + tiny_tsr() + "' -p 3 -n 4 -d 0,5 -r 2 -o json");
@@ -186,6 +203,7 @@ TEST(BenchCli, JsonHasTheSchemaFields) {
     EXPECT_EQ(t["kind"].str, i % 2 ? "decode" : "prefill");
     EXPECT_EQ(t["depth"].num, depths[i]);
     EXPECT_EQ(t["repetitions"].num, 2);
+    EXPECT_GE(t["warmup_runs"].num, 1);
     ASSERT_EQ(t["seconds"].arr.size(), 2u);
     EXPECT_GT(t["tok_per_s_mean"].num, 0);
     EXPECT_GE(t["tok_per_s_stddev"].num, 0);

@@ -233,7 +233,7 @@ Action setup(CLI::App& sub, const Globals& globals) {
   sub.add_option("-r,--repetitions", b.repetitions, "Timed runs per test, after the warm-up")
       ->check(CLI::PositiveNumber)->capture_default_str();
   sub.add_option("--warmup", b.warmup_seconds,
-                 "Seconds of untimed runs before each test's timed ones (at least one run; the GPU's clocks come up; greedy decode tests: one run)")
+                 "Seconds of untimed runs before each test's timed ones, after a first one (the GPU's clocks come up; greedy decode tests: one run)")
       ->check(CLI::Range(0.0, 60.0))->capture_default_str();
   sub.add_option("-o,--output", a->output, "Output format")->check(CLI::IsMember({"md", "json", "csv"}))->capture_default_str();
   sub.add_option("--backend", b.backend, "vulkan or cpu (default: vulkan for .tsr, cpu for .gguf)")

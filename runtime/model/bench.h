@@ -44,10 +44,10 @@ struct BenchOptions {
   std::vector<uint32_t> decode_sizes{128};  // -n (0 entries are skipped)
   std::vector<uint32_t> depths{0};          // -d
   int repetitions = 5;                    // timed runs per test after the warm-up
-  // Untimed warm-up runs per test: until this many seconds have passed, at least one (a 16-token
-  // prefill after the model's upload ran at 36 % speed for its first ~0.2 s on the H100 and H200:
-  // the GPU's clocks coming up, session 21). A greedy decode test (no forced tokens) warms up
-  // with one run: each run starts from the token the one before sampled.
+  // Untimed warm-up runs per test: one, then more until this many seconds of them have passed
+  // (a 16-token prefill after the model's upload ran at 36 % speed for its first ~0.2 s on the
+  // H100 and H200: the GPU's clocks coming up, session 21). A greedy decode test (no forced
+  // tokens) warms up with one run: each run starts from the token the one before sampled.
   double warmup_seconds = 0.5;
   int device = -1;                        // Vulkan device (-1: the best one)
   unsigned threads = 0;                   // CPU backend threads (0: all)

@@ -160,8 +160,8 @@ TEST(BenchProfile, MismatchedStepsAreRefused) {
 // ---------------------------------------------------------------------------------------------
 // The command, end to end.
 
-// The warm-up runs until its seconds have passed: one run with --warmup 0, several where a run
-// takes a fraction of them; a greedy decode test always one (its runs continue from each
+// The warm-up: one run, then more until its seconds have passed: one run with --warmup 0,
+// several where a run takes a fraction of them; a greedy decode test always one (its runs continue from each
 // other's samples); a negative time is refused (CLI11's range check).
 TEST(BenchCli, WarmupRunsUntilItsTime) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";

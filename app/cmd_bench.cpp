@@ -112,6 +112,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matmul.splits = v; }},
     {"matmul_prefetch", 2, "1: prefill matmuls load the next step's token values ahead; 2 / 0: not",
      [](O& o, uint32_t v) { o.matmul.prefetch = v; }},
+    {"ffn_matmul_rows", 4, "16-row tiles of W per workgroup of the experts' / dense FFN's matmul form: 2 or 4; 0 auto (4)",
+     [](O& o, uint32_t v) { o.matmul.ffn_row_tiles = v; }},
     {"matmul_groups", 4, "groups of 16 tokens per prefill matmul workgroup: 1, 2 or 4; 0 auto (4)", [](O& o, uint32_t v) { o.matmul.groups = v; }},
     {"moe_fused", 1, "1: the MoE down fused into the gate-up", [](O& o, uint32_t v) { o.fused_down = v != 0; }},
     {"head_q8", 1, "1: the LM head reads the output norm's int8 blocks", [](O& o, uint32_t v) { o.head_q8 = v != 0; }},

@@ -4,8 +4,8 @@
 // rows of one slot's matrix by up to 16 TG of the slot's pairs, steps of KT columns, as
 // matmul.comp does (VK_NV_cooperative_matrix 16 x 16 x 16 f16 products, f32 sums; COOP 0: the
 // same with plain FMAs, the tests' path where no tensor cores are):
-//   gate-up: staged rows 0..15 = the gate rows of outputs i0 .. i0 + 16, rows 16..31 = their up
-//            rows (MR = 2); h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
+//   gate-up: staged tile 2q (rows 32q .. 32q + 15) = the gate rows of outputs i0 + 16q .. + 16,
+//            tile 2q + 1 their up rows (MR = 2 or 4); h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
 //   down:    staged rows = output rows r0 .. r0 + 16 MR; y[p][r] = w_p * (down_r . h[p])
 // The pairs' input rows (f32: h2 rows of their tokens, or h rows of the pairs) are gathered and
 // converted to f16 into shared memory per step. The down's h is staged times 2^-8 (its products
@@ -14,7 +14,7 @@
 // of 16 TG pairs; empty tiles exit at once).
 // Pairs, lists and layouts: prefill_args.h; arguments: PrefillFfnArgs; wrapper: MoePrefillOp
 // (runtime/vulkan/kernels_prefill.h, `matmul`).
-// Defines: WTYPE, MR (down: 1, 2 or 4; gate-up: 2), TG (1, 2 or 4), KT (as matmul.comp), COOP.
+// Defines: WTYPE, MR (2 or 4; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -97,14 +97,14 @@ void main() {
   acc_zero(acc);
 
   for (uint k0 = 0; k0 < cols; k0 += uint(KT)) {  // uniform
-    // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 0 the gate rows of
-    // outputs o0 + r, tile 1 their up rows).
+    // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 2q the gate rows of
+    // outputs o0 + 16q + r % 16, tile 2q + 1 their up rows).
     for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) {
       const uint r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
       if (down) {
         stage_unit(r, ju, o0 + r < out_rows, m, o0 + r, cols, k0);
       } else {
-        const uint i = o0 + r % 16u, up = r / 16u;  // MR == 2
+        const uint i = o0 + 16u * (r / 32u) + r % 16u, up = (r / 16u) % 2u;
         const uint wrow = separate ? i : 2u * i + up;
         stage_unit(r, ju, i < out_rows, up == 1u && separate ? mu : m, wrow, cols, k0);
       }
@@ -145,8 +145,10 @@ void main() {
         if (row < out_rows) out_v[p * args.out_stride + row] = w * acc_value(grp, i, r, t);
       }
     } else {
-      const uint i = o0 + r;
-      if (i < out_rows) out_v[p * args.out_stride + i] = silu(acc_value(grp, 0u, r, t)) * acc_value(grp, 1u, r, t);
+      [[unroll]] for (uint gt = 0; gt < MR / 2; ++gt) {  // gate tile 2 gt, up tile 2 gt + 1
+        const uint i = o0 + 16u * gt + r;
+        if (i < out_rows) out_v[p * args.out_stride + i] = silu(acc_value(grp, 2u * gt, r, t)) * acc_value(grp, 2u * gt + 1u, r, t);
+      }
     }
   }
 }

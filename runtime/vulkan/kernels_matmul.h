@@ -55,6 +55,11 @@ struct MatmulTuning {
                            // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (not)
   uint32_t splits = 0;     // workgroups along K per tile, 1..64 (auto: enough for 1024 workgroups,
                            // at most 32 and one step each, partial sums within kMatmulMaxPartialBytes)
+  // The FFN kernels' matmul form (moe_matmul.comp, MoePrefillOp / DensePrefillOp): 16-row tiles
+  // of W per workgroup (the gate-up's half gate and half up), 2 or 4; 0 auto (4 where it fits,
+  // else 2). Each workgroup stages its pairs' inputs once per
+  // step, so more rows per workgroup read the inputs fewer times.
+  uint32_t ffn_row_tiles = 0;
 };
 
 struct MatmulOp {

@@ -87,17 +87,22 @@ struct FfnDispatch {
   uint64_t bytes;
 };
 
-// The matmul form's work split (moe_matmul.comp): 16 x MR staged rows (gate-up: a gate and an up
-// tile, MR 2), 16 x TG pairs, steps of KT columns: the widest of 64 / 128 / 256 that the weight
-// type's unit span allows and the shared memory holds.
+// The matmul form's work split (moe_matmul.comp): 16 x MR staged rows (gate-up: MR / 2 gate and
+// MR / 2 up tiles; MR = row_tiles, auto 4, else 2 where 4 does not fit: each workgroup stages its
+// pairs' inputs once per step, so 4 row tiles read them half as often: H100, GLM pp512 3191 ->
+// 3606 tok/s, session 21), 16 x TG pairs, steps of KT columns: the widest of 64 / 128 / 256 that
+// the weight type's unit span allows and the shared memory holds.
 struct FfnMatmulSplit {
   uint32_t mr, tg, kt;
 };
-FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type) {
-  for (uint32_t tg : {4u, 2u, 1u})
-    for (uint32_t kt : {64u, 128u, 256u})
-      if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(2, tg, kt) <= ctx.info().max_compute_shared_memory)
-        return {2, tg, kt};
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, uint32_t row_tiles) {
+  if (row_tiles && row_tiles != 2 && row_tiles != 4) usage_error("moe_matmul: ", row_tiles, " row tiles, expected 2 or 4");
+  const std::vector<uint32_t> mrs = row_tiles ? std::vector<uint32_t>{row_tiles} : std::vector<uint32_t>{4, 2};
+  for (uint32_t mr : mrs)
+    for (uint32_t tg : {4u, 2u, 1u})
+      for (uint32_t kt : {64u, 128u, 256u})
+        if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
+          return {mr, tg, kt};
   runtime_error("moe_matmul: no work split fits ", ctx.info().name, "'s shared memory");
 }
 
@@ -110,7 +115,7 @@ bool ffn_matmul_fits(const FfnDispatch& d) {
 
 // The matmul form of one dispatch (moe_matmul.comp; same bindings and arguments).
 void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
-                       const BufferSlice& step, MatmulKernel kernel) {
+                       const BufferSlice& step, MatmulKernel kernel, uint32_t row_tiles) {
   Context& ctx = rec.context();
   const bool down = (d.args.flags & TS_PF_DOWN) != 0;
   if (!matmul_supported(ctx)) runtime_error(d.label, ": the matmul form needs shaderFloat16, which ", ctx.info().name, " lacks");
@@ -119,7 +124,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   if (!ffn_matmul_fits(d))
     runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
                   ") and 16-byte input rows");
-  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type);
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, row_tiles);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
   desc.file = "moe_matmul.comp";
@@ -158,10 +163,11 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
 struct FfnForm {
   bool int8, matmul;
   MatmulKernel kernel;
+  uint32_t row_tiles;
 };
 void record_ffn_part(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
                      const BufferSlice& step, const FfnForm& form) {
-  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel);
+  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel, form.row_tiles);
   else record_ffn(rec, d, lists, route, step, form.int8);
 }
 
@@ -310,12 +316,12 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -357,7 +363,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -384,7 +390,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
 }
 
 // ---------------------------------------------------------------------------------------------

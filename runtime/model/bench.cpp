@@ -193,7 +193,7 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
       r.kind = kind;
       r.n_tokens = n;
       r.depth = d;
-      say(o, cat("running ", r.name(), " (warm-up of >= ", o.warmup_seconds, " s + ", o.repetitions, " runs)"));
+      say(o, cat("running ", r.name(), " (warm-up + ", o.repetitions, " runs)"));
       const std::vector<int32_t> prompt = bench_tokens(n, 7 * d + 1, n_vocab);
       const std::vector<int32_t> forced = bench_tokens(n, 11 * d + 3, n_vocab);
       uint64_t digest = 0xcbf29ce484222325ull;  // FNV-1a over the timed runs' token ids

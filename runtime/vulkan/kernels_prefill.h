@@ -171,8 +171,9 @@ struct PrefillAttentionTuning {
 // Whether the tensor-core prefill attention can run here: with cooperative matrices
 // (matmul_coop_supported), or (plain) in its plain-FMA form; both need subgroup shuffles of >= 8
 // lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, R + Dr <= 576, and its shared
-// memory (attention_tc_shared_bytes: ~42 KB for GLM's rows) within the device's
-// (attention_tc_fits: with one buffer of cache rows where two do not fit).
+// memory (attention_tc_shared_bytes: for GLM's rows ~23 KB with tensor cores, the query in
+// registers; ~42 KB in the plain form) within the device's (attention_tc_fits: with one buffer
+// of cache rows where two do not fit).
 bool attention_tc_supported(Context& ctx, bool plain);
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});

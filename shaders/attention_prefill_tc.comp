@@ -15,9 +15,10 @@
 //   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
 //   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
 // N_GROUPS (4 or 8) groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them
-// (partial tiles summed through shared memory), O's R / 16 column tiles split over them. Per block: the
-// block's rows stored (barrier), S (barrier), P and the rows' scales (barrier), O += P V; with
-// DOUBLE_K the next block's rows go to the other buffer, so no fourth barrier guards them.
+// (partial tiles summed through shared memory), O's R / 16 column tiles split over them. Per
+// block: the block's rows stored (barrier), S (barrier), P and the rows' scales (barrier),
+// O += P V (barrier); with DOUBLE_K the next block's rows go to the other buffer, so no fourth
+// barrier guards them. The row statistics and P: invocations 0 .. 127, 8 a row.
 //
 //   sh (uvec4, 8 f16 or 4 f32 per element):
 //     [Q_BASE]  (without QREG) 16 query rows, f16, roped and scaled (RS uvec4 a row: ROW values +
@@ -30,7 +31,8 @@
 // Defines: N_HEAD, KV_LORA (R, a multiple of 16, <= 512), N_ROT (Dr; R + Dr a multiple of 16,
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
-// inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers).
+// inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
+// N_GROUPS (4 or 8).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
@@ -290,22 +292,25 @@ void write_tile(uint at, uint jt, uint r0, uint n_q) {
 #define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
 #define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
 #define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
-#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); scale_tile(SP_BASE + 64u * g); acc_load(V, SP_BASE + 64u * g); }
-#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SP_BASE + 64u * g); write_tile(SP_BASE + 64u * g, g * RT + J, r0, n_q); }
+#define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
+#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH); acc_load(V, SCRATCH); }
+#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, g * RT + J, r0, n_q); }
 #define O_DECLS FOR_O(O_DECL)
 #define O_MMAS FOR_O(O_MMA)
 #define O_SCALE FOR_O(O_SCALE1)
 #define O_WRITE FOR_O(O_WRITE1)
 #else
 #define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
-#define O_MMAS [[unroll]] for (uint j = 0; j < RT; ++j) if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, kbase + 2u * (g * RT + j), RS, false)
+#define O_MMAS                             \
+  [[unroll]] for (uint j = 0; j < RT; ++j) \
+    if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, kbase + 2u * (g * RT + j), RS, false)
 #define O_SCALE                                                                       \
   [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
     o[j][i] *= row_a[(gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
-#define O_WRITE                                   \
-  [[unroll]] for (uint j = 0; j < RT; ++j) {      \
-    acc_store(o[j], SP_BASE + 64u * g);           \
-    write_tile(SP_BASE + 64u * g, g * RT + j, r0, n_q); \
+#define O_WRITE                                           \
+  [[unroll]] for (uint j = 0; j < RT; ++j) {              \
+    acc_store(o[j], SP_BASE + 64u * g);                   \
+    write_tile(SP_BASE + 64u * g, g * RT + j, r0, n_q);   \
   }
 #endif
 

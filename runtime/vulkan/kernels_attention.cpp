@@ -345,7 +345,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   const ShaderDefines common = merged({{"N_HEAD", std::to_string(shape.n_head)}, {"KV_LORA", std::to_string(shape.kv_lora)},
                                        {"TILE", std::to_string(tile_)}},
                                       shape.rope.defines());
-  // The rows kernels' lane layout (attention_rows.comp ROWS_COALESCED).
   // The rows kernels' lane layout and arithmetic (attention_rows.comp ROWS_COALESCED, ROWS_F16:
   // packed halves where the device has fp16 arithmetic).
   const bool rows_f16 = tuning.rows_f16 && ctx.device().enabled().shader_float16;

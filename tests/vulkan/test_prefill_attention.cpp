@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -62,33 +63,23 @@ class PrefillAttentionGroups : public ::testing::TestWithParam<PrefillAttnCase> 
 // per-query path within f32 rounding, or the tensor-core kernel (1; its plain-FMA form where the
 // device has no cooperative matrices) against the reference with its query rounded to f16 as the
 // kernel stages it, within the f16 weights' rounding (rel_tol of the largest value).
-// The tensor-core kernel's variants: its load schedule, the rescale margin, its buffers.
-struct TcVariant {
-  bool prefetch = true;
-  uint32_t margin = 8;
-  bool double_k = false, qreg = true;
-  uint32_t groups = 4;
-};
-
-void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol, TcVariant tc = {}) {
+// tc: changes to the tensor-core kernel's tuning (its defaults otherwise).
+void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double rel_tol,
+                             const std::function<void(vk::PrefillAttentionTuning&)>& tc = {}) {
   Gpu& g = vktest::gpu();
   const vk::AttentionShape s = make_shape(c);
   const cpu::Rope rope(c.n_rot, 1e6f, 1.f, 0.f, 1.f, cpu::YarnCorrDims{0.f, 0.f});
   const uint32_t T = c.T, H = c.n_head, R = c.kv_lora, row = s.row();
   vk::PrefillAttentionTuning tuning = c.tuning;
   tuning.tensor_cores = tensor_cores;
-  tuning.tc_prefetch = tc.prefetch;
-  tuning.tc_margin = tc.margin;
-  tuning.tc_double_k = tc.double_k;
-  tuning.tc_qreg = tc.qreg;
-  tuning.tc_groups = tc.groups;
+  if (tc) tc(tuning);
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
-  SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tc.prefetch, " margin ", tc.margin,
-                                                    " double_k ", tc.double_k, " qreg ", tc.qreg,
-                                                    " groups ", tc.groups)
+  SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
+                                                    " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
+                                                    " groups ", tuning.tc_groups)
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
                    op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
@@ -162,11 +153,13 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   if (!vk::attention_tc_fits(ctx, make_shape(GetParam())))
     GTEST_SKIP() << vk::attention_tc_shared_bytes(ctx, make_shape(GetParam())) << " bytes of shared memory: more than the device has";
   check_prefill_attention(GetParam(), 1, 1e-3);
-  check_prefill_attention(GetParam(), 1, 1e-3, {.prefetch = false});  // each block loaded in its turn
-  check_prefill_attention(GetParam(), 1, 1e-3, {.margin = 0});         // a rescale at every new maximum
-  check_prefill_attention(GetParam(), 1, 1e-3, {.double_k = true});    // two buffers, three barriers
-  check_prefill_attention(GetParam(), 1, 1e-3, {.groups = 8});         // 256 invocations
-  if (vk::matmul_coop_supported(ctx)) check_prefill_attention(GetParam(), 1, 1e-3, {.qreg = false});
+  using Tuning = vk::PrefillAttentionTuning;
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_prefetch = false; });  // each block in its turn
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_margin = 0; });  // a rescale at every new maximum
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_double_k = true; });  // two buffers, 3 barriers
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_groups = 8; });       // 256 invocations
+  if (vk::matmul_coop_supported(ctx))
+    check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
 }
 
 vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {

@@ -14,7 +14,9 @@
 // of 16 TG pairs; empty tiles exit at once).
 // Pairs, lists and layouts: prefill_args.h; arguments: PrefillFfnArgs; wrapper: MoePrefillOp
 // (runtime/vulkan/kernels_prefill.h, `matmul`).
-// Defines: WTYPE, MR (2 or 4; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP.
+// Defines: WTYPE, MR (2 or 4; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP,
+// STEP_PREFETCH (bits: 1 = the next step's W words (SPLIT1 types), 2 = its input values, loaded
+// into registers before this step's products; 0 = each step loads its own after the barrier).
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -24,6 +26,9 @@
 #endif
 
 #define WG_SIZE (32 * TG)
+#ifndef STEP_PREFETCH
+#define STEP_PREFETCH 0
+#endif
 #include "common.glsl"
 #include "prefill_args.h"
 #define W_Q_BINDING 0
@@ -44,24 +49,94 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
 
-// Unit ju (32 columns from k0 + 32 ju) of row `wrow` of m (cols long) into staged row r; zeros
-// where !valid. Columns at or past cols: nothing.
-void stage_unit(uint r, uint ju, bool valid, WMat m, uint wrow, uint cols, uint k0) {
-  if (k0 + 32u * ju >= cols) return;
-  if (!valid) {
-    stage_zero_unit(r, ju);
-    return;
-  }
-#if W_PLAIN
-  stage_plain_unit(r, ju, m.qbase + wrow * cols + k0 + 32u * ju);
-#else
-  stage_block_unit(r, ju, m.qbase, m.mbase, wrow, cols, k0);
-#endif
-}
-
 float silu(float z) { return z / (1.0 + exp(-z)); }
 
 #define DOWN_IN_SCALE (1.0 / 256.0)  // the down's h as staged (exact: a power of two)
+
+// Each invocation's share of a step, fixed for the whole K loop (so the pair list is read once):
+// staged W units u = lid + WG_SIZE i (row u / UNITS_PER_ROW, unit u % UNITS_PER_ROW) and input
+// copies c = lid + WG_SIZE i (pair row c / (KT / 8), values 8 (c % (KT / 8)) .. + 8).
+#define N_WU ((BM * UNITS_PER_ROW + WG_SIZE - 1) / WG_SIZE)
+#define N_IC (KT / 16)  // (16 TG rows x KT / 8 copies) / 32 TG invocations
+#define UNIT_NONE 0xFFFFFFFFu  // no unit for this invocation
+#define UNIT_ZERO 0xFFFFFFFEu  // a row past the matrix: zeros
+#define ROW_NONE 0xFFFFFFFFu   // a pair row past the list: zeros
+#define PREFETCH_W ((STEP_PREFETCH & 1) != 0 && !W_PLAIN)
+#define PREFETCH_X ((STEP_PREFETCH & 2) != 0)
+
+struct StepShare {
+  uint wrow[N_WU];  // the unit's row of its matrix, or UNIT_NONE / UNIT_ZERO
+  WMat wmat[N_WU];
+  uint xrow[N_IC];  // in4 index of the copy's first values at column 0, or ROW_NONE
+};
+
+// The columns of the step at k0 (KT, less on the last step).
+uint step_cols(uint k0, uint cols) { return min(uint(KT), cols - k0); }
+
+#if PREFETCH_W
+// Unit i's words for the step at k0 (loaded, not used: split1_raw).
+void load_w(StepShare sv, uint k0, uint cols, out W1Raw raw[N_WU]) {
+  [[unroll]] for (uint i = 0; i < N_WU; ++i) {
+    const uint ju = (gl_LocalInvocationIndex + uint(WG_SIZE) * i) % uint(UNITS_PER_ROW), k = k0 + 32u * ju;
+    if (sv.wrow[i] < UNIT_ZERO && k < cols) {
+      const uvec2 eu = block_unit_at(sv.wrow[i], cols, k);
+      raw[i] = split1_raw(sv.wmat[i].qbase, sv.wmat[i].mbase, eu.x, eu.y);
+    }
+  }
+}
+#endif
+
+// Stages unit i's values for the step at k0 (PREFETCH_W: from raw, loaded by load_w).
+void stage_w(StepShare sv, uint k0, uint cols
+#if PREFETCH_W
+             , W1Raw raw[N_WU]
+#endif
+) {
+  [[unroll]] for (uint i = 0; i < N_WU; ++i) {
+    const uint u = gl_LocalInvocationIndex + uint(WG_SIZE) * i;
+    const uint r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
+    if (sv.wrow[i] == UNIT_NONE || k0 + 32u * ju >= cols) continue;
+    if (sv.wrow[i] == UNIT_ZERO) {
+      stage_zero_unit(r, ju);
+      continue;
+    }
+#if W_PLAIN
+    stage_plain_unit(r, ju, sv.wmat[i].qbase + sv.wrow[i] * cols + k0 + 32u * ju);
+#elif PREFETCH_W
+    const uvec2 eu = block_unit_at(sv.wrow[i], cols, k0 + 32u * ju);
+    float lo[16], hi[16];
+    uint off_lo, off_hi;
+    split1_decode(raw[i], eu.x, eu.y, lo, hi, off_lo, off_hi);
+    stage_block_values(r, ju, k0, lo, hi, off_lo, off_hi);
+#else
+    stage_block_unit(r, ju, sv.wmat[i].qbase, sv.wmat[i].mbase, sv.wrow[i], cols, k0);
+#endif
+  }
+}
+
+// Copy i's 8 input values of the step at k0 (zeros past the list; nothing past the step's columns).
+void load_x(StepShare sv, uint k0, uint cols, out vec4 xa[N_IC], out vec4 xb[N_IC]) {
+  [[unroll]] for (uint i = 0; i < N_IC; ++i) {
+    const uint j8 = (gl_LocalInvocationIndex + uint(WG_SIZE) * i) % uint(KT / 8);
+    xa[i] = vec4(0.0);
+    xb[i] = vec4(0.0);
+    if (sv.xrow[i] != ROW_NONE && 8u * j8 < step_cols(k0, cols)) {
+      xa[i] = in4[sv.xrow[i] + (k0 >> 2)];
+      xb[i] = in4[sv.xrow[i] + (k0 >> 2) + 1u];
+    }
+  }
+}
+
+// Stores copy i's values (f16; the down's times DOWN_IN_SCALE) for the step at k0.
+void stage_x(uint k0, uint cols, uint nt, vec4 xa[N_IC], vec4 xb[N_IC]) {
+  const float s = is_down() ? DOWN_IN_SCALE : 1.0;
+  [[unroll]] for (uint i = 0; i < N_IC; ++i) {
+    const uint c = gl_LocalInvocationIndex + uint(WG_SIZE) * i, t = c / uint(KT / 8), j8 = c % uint(KT / 8);
+    if (t >= nt || 8u * j8 >= step_cols(k0, cols)) continue;
+    const vec4 a = xa[i] * s, b = xb[i] * s;
+    sh[B0 + t * uint(RS) + j8] = pack8(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+  }
+}
 
 void main() {
   const uint n_tok = min(step_words[args.count_word], args.t_max);
@@ -90,42 +165,67 @@ void main() {
     mu = m;
   }
 
-  // This invocation's pair rows to gather per step (rows t of the staged pair block).
+  // The staged pair rows: up to 16 TG, whole groups of 16 (rows past the list are zeros).
   const uint nt = min(uint(16 * TG), (n_pairs - p0 + 15u) / 16u * 16u);
+
+  // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 2q the gate rows of
+  // outputs o0 + 16q + r % 16, tile 2q + 1 their up rows).
+  StepShare sv;
+  [[unroll]] for (uint i = 0; i < N_WU; ++i) {
+    const uint u = lid + uint(WG_SIZE) * i, r = u / uint(UNITS_PER_ROW);
+    sv.wmat[i] = m;
+    if (u >= uint(BM * UNITS_PER_ROW)) {
+      sv.wrow[i] = UNIT_NONE;
+    } else if (down) {
+      sv.wrow[i] = o0 + r < out_rows ? o0 + r : UNIT_ZERO;
+    } else {
+      const uint io = o0 + 16u * (r / 32u) + r % 16u, up = (r / 16u) % 2u;
+      sv.wrow[i] = io >= out_rows ? UNIT_ZERO : separate ? io : 2u * io + up;
+      if (up == 1u && separate) sv.wmat[i] = mu;
+    }
+  }
+  [[unroll]] for (uint i = 0; i < N_IC; ++i) {
+    const uint c = lid + uint(WG_SIZE) * i, t = c / uint(KT / 8), j8 = c % uint(KT / 8), j = p0 + t;
+    sv.xrow[i] = ROW_NONE;
+    if (t < nt && j < n_pairs) {
+      const uint p = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
+      const uint row_in = down ? p : (all_tokens() ? j : p / K);
+      sv.xrow[i] = (row_in * args.in_stride + 8u * j8) >> 2;
+    }
+  }
 
   MATMUL_ACC(acc);
   acc_zero(acc);
 
+  vec4 xa[N_IC], xb[N_IC];
+#if PREFETCH_W
+  W1Raw wraw[N_WU];
+  load_w(sv, 0u, cols, wraw);
+#endif
+#if PREFETCH_X
+  load_x(sv, 0u, cols, xa, xb);
+#endif
   for (uint k0 = 0; k0 < cols; k0 += uint(KT)) {  // uniform
-    // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 2q the gate rows of
-    // outputs o0 + 16q + r % 16, tile 2q + 1 their up rows).
-    for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) {
-      const uint r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
-      if (down) {
-        stage_unit(r, ju, o0 + r < out_rows, m, o0 + r, cols, k0);
-      } else {
-        const uint i = o0 + 16u * (r / 32u) + r % 16u, up = (r / 16u) % 2u;
-        const uint wrow = separate ? i : 2u * i + up;
-        stage_unit(r, ju, i < out_rows, up == 1u && separate ? mu : m, wrow, cols, k0);
-      }
-    }
-    // The pairs' inputs, 8 values per copy (f32 -> f16); rows past the list: zeros.
-    const uint n8 = min(uint(KT), cols - k0) / 8u;
-    for (uint c = lid; c < nt * n8; c += uint(WG_SIZE)) {
-      const uint t = c / n8, j8 = c % n8, j = p0 + t;
-      uvec4 v = uvec4(0u);
-      if (j < n_pairs) {
-        const uint p = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
-        const uint row_in = down ? p : (all_tokens() ? j : p / K);
-        const uint at = (row_in * args.in_stride + k0 + 8u * j8) >> 2;
-        const float s = down ? DOWN_IN_SCALE : 1.0;
-        const vec4 a = in4[at] * s, b = in4[at + 1u] * s;
-        v = pack8(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
-      }
-      sh[B0 + t * uint(RS) + j8] = v;
-    }
+#if PREFETCH_W
+    stage_w(sv, k0, cols, wraw);
+#else
+    stage_w(sv, k0, cols);
+#endif
+#if !PREFETCH_X
+    load_x(sv, k0, cols, xa, xb);
+#endif
+    stage_x(k0, cols, nt, xa, xb);
     barrier();
-    if (has_pairs) acc_step(min(uint(KT), cols - k0) / 16u, grp, lane, acc);
+    // The next step's loads, in flight during this step's products.
+    if (k0 + uint(KT) < cols) {
+#if PREFETCH_W
+      load_w(sv, k0 + uint(KT), cols, wraw);
+#endif
+#if PREFETCH_X
+      load_x(sv, k0 + uint(KT), cols, xa, xb);
+#endif
+    }
+    if (has_pairs) acc_step(step_cols(k0, cols) / 16u, grp, lane, acc);
     barrier();
   }
 

@@ -85,24 +85,91 @@ vec2 kquant_scale_min(uvec3 s, uint j) {
 // 0x4B000000 | q are the float 2^23 + q, exactly.
 #define U2F_MINUS(q, offset) (uintBitsToFloat((q) | 0x4B000000u) - (8388608.0 + (offset)))
 
-void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], out float hi[16], out uint off_lo,
-                 out uint off_hi) {
-#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q4_1 || WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
-  const uvec4 q = w_q[qbase + entry];
+// split1_unit in two halves, for kernels that load a later step's units before they use the
+// current ones (moe_matmul.comp): split1_raw loads the words unit j of `entry` reads and does no
+// arithmetic on them; split1_decode turns them into the values. Region M words per type (m[]):
+//   Q4_0 / Q8_0: the word holding d (u16 `entry`); Q4_1: d|m; Q5_0: the two words from u16 3 entry
+//   (d, qh lo, qh hi); Q5_1: d|m, qh; Q4_K: d|dmin, scales[12]; Q5_K: those + unit j's qh[16]
+//   quarter (4 words); Q6_K: the 5 words from the unit's first qh u16, the words of its two
+//   scales' u16, the word of d.
+#if WTYPE == TS_TYPE_Q4_K
+#define W_RAW_M 4
+#elif WTYPE == TS_TYPE_Q5_K || WTYPE == TS_TYPE_Q6_K
+#define W_RAW_M 8
+#elif WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+#define W_RAW_M 2
+#else
+#define W_RAW_M 1
+#endif
+struct W1Raw {
+  uvec4 q;  // the unit's 16 quant bytes (Q8_0: the block's first 16)
+#if WTYPE == TS_TYPE_Q8_0
+  uvec4 q2;  // Q8_0: the block's last 16
+#endif
+  uint m[W_RAW_M];
+};
+
+// The u16 that starts at bit 16 * (par + k) of the consecutive words a, b (par, k: 0 or 1).
+uint raw_u16(uint a, uint b, uint par, uint k) { return ((((par + k) >> 1) == 0u ? a : b) >> (((par + k) & 1u) * 16u)) & 0xFFFFu; }
+
+W1Raw split1_raw(uint qbase, uint mbase, uint entry, uint j) {
+  W1Raw r;
+#if WTYPE == TS_TYPE_Q8_0
+  r.q = w_q[qbase + 2u * entry];
+  r.q2 = w_q[qbase + 2u * entry + 1u];
+  r.m[0] = w_m[mbase + (entry >> 1)];
+#elif W_UNITS == 1
+  r.q = w_q[qbase + entry];
 #if WTYPE == TS_TYPE_Q4_0
-  const float d = m_half(mbase, entry), m = 0.0, offset = 8.0;
+  r.m[0] = w_m[mbase + (entry >> 1)];
+#elif WTYPE == TS_TYPE_Q4_1
+  r.m[0] = w_m[mbase + entry];
+#elif WTYPE == TS_TYPE_Q5_0
+  r.m[0] = w_m[mbase + (3u * entry >> 1)];
+  r.m[1] = w_m[mbase + (3u * entry >> 1) + 1u];
+#else
+  r.m[0] = w_m[mbase + 2u * entry];
+  r.m[1] = w_m[mbase + 2u * entry + 1u];
+#endif
+#elif WTYPE == TS_TYPE_Q4_K || WTYPE == TS_TYPE_Q5_K
+  r.q = w_q[qbase + 8u * entry + j];
+#if WTYPE == TS_TYPE_Q4_K
+  const uint mw = mbase + 4u * entry;  // M entry: d, dmin, scales[12] (4 words)
+#else
+  const uint mw = mbase + 12u * entry;  // M entry: d, dmin, scales[12], qh[32] (12 words)
+  [[unroll]] for (uint i = 0; i < 4; ++i) r.m[4 + i] = w_m[mw + 4u + 4u * (j & 1u) + i];
+#endif
+  [[unroll]] for (uint i = 0; i < 4; ++i) r.m[i] = w_m[mw + i];
+#else  // Q6_K: M entry (82 bytes, 41 u16): qh[64] at byte 0, scales[16] (int8) at byte 64, d (f16) at byte 80
+  const uint n = j >> 2, jj = j & 3u, e16 = 41u * entry;
+  r.q = w_q[qbase + 8u * entry + j];
+  const uint h0 = e16 + 16u * n + 8u * (jj & 1u);  // the unit's first qh u16
+  [[unroll]] for (uint i = 0; i < 5; ++i) r.m[i] = w_m[mbase + (h0 >> 1) + i];
+  r.m[5] = w_m[mbase + ((e16 + 32u + 4u * n + (jj >> 1)) >> 1)];
+  r.m[6] = w_m[mbase + ((e16 + 34u + 4u * n + (jj >> 1)) >> 1)];
+  r.m[7] = w_m[mbase + ((e16 + 40u) >> 1)];
+#endif
+  return r;
+}
+
+void split1_decode(W1Raw r, uint entry, uint j, out float lo[16], out float hi[16], out uint off_lo, out uint off_hi) {
+#if WTYPE == TS_TYPE_Q4_0 || WTYPE == TS_TYPE_Q4_1 || WTYPE == TS_TYPE_Q5_0 || WTYPE == TS_TYPE_Q5_1
+  const uvec4 q = r.q;
+#if WTYPE == TS_TYPE_Q4_0
+  const float d = unpackHalf2x16(r.m[0] >> ((entry & 1u) * 16u)).x, m = 0.0, offset = 8.0;
   const uint qh = 0u;
 #elif WTYPE == TS_TYPE_Q4_1
-  const vec2 dm = unpackHalf2x16(w_m[mbase + entry]);
+  const vec2 dm = unpackHalf2x16(r.m[0]);
   const float d = dm.x, m = dm.y, offset = 0.0;
   const uint qh = 0u;
 #elif WTYPE == TS_TYPE_Q5_0
-  const float d = m_half(mbase, 3u * entry), m = 0.0, offset = 16.0;
-  const uint qh = m_u16(mbase, 3u * entry + 1u) | (m_u16(mbase, 3u * entry + 2u) << 16);
+  const uint par = (3u * entry) & 1u;
+  const float d = unpackHalf2x16(raw_u16(r.m[0], r.m[1], par, 0u)).x, m = 0.0, offset = 16.0;
+  const uint qh = raw_u16(r.m[0], r.m[1], par, 1u) | (raw_u16(r.m[0], r.m[1], par + 1u, 1u) << 16);
 #else
-  const vec2 dm = unpackHalf2x16(w_m[mbase + 2u * entry]);
+  const vec2 dm = unpackHalf2x16(r.m[0]);
   const float d = dm.x, m = dm.y, offset = 0.0;
-  const uint qh = w_m[mbase + 2u * entry + 1u];
+  const uint qh = r.m[1];
 #endif
   [[unroll]] for (uint i = 0; i < 16; ++i) {
     const uint b = byte_of(q, i);
@@ -113,12 +180,10 @@ void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], o
   off_hi = 16;
 #elif WTYPE == TS_TYPE_Q8_0
   // Signed bytes: b ^ 0x80 = b + 128 as an unsigned byte.
-  const uvec4 q0 = w_q[qbase + 2u * entry];
-  const uvec4 q1 = w_q[qbase + 2u * entry + 1u];
-  const float d = m_half(mbase, entry);
+  const float d = unpackHalf2x16(r.m[0] >> ((entry & 1u) * 16u)).x;
   [[unroll]] for (uint i = 0; i < 16; ++i) {
-    lo[i] = U2F_MINUS(byte_of(q0, i) ^ 0x80u, 128.0) * d;
-    hi[i] = U2F_MINUS(byte_of(q1, i) ^ 0x80u, 128.0) * d;
+    lo[i] = U2F_MINUS(byte_of(r.q, i) ^ 0x80u, 128.0) * d;
+    hi[i] = U2F_MINUS(byte_of(r.q2, i) ^ 0x80u, 128.0) * d;
   }
   off_lo = 0;
   off_hi = 16;
@@ -126,20 +191,16 @@ void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], o
   // Unit j: chunk c = j/2 of 64 elements, half h = j%2: qs[32c + 16h + i] holds element
   // 64c + 16h + i (low nibble, sub-block 2c) and 64c + 32 + 16h + i (high nibble, sub-block 2c+1).
   const uint c = j >> 1, h = j & 1u;
-  const uvec4 q = w_q[qbase + 8u * entry + j];
-#if WTYPE == TS_TYPE_Q4_K
-  const uint mw = mbase + 4u * entry;  // M entry: d, dmin, scales[12] (4 words)
-#else
-  const uint mw = mbase + 12u * entry;  // M entry: d, dmin, scales[12], qh[32] (12 words)
-  const uvec4 qh = uvec4(w_m[mw + 4u + 4u * h], w_m[mw + 5u + 4u * h], w_m[mw + 6u + 4u * h], w_m[mw + 7u + 4u * h]);
+#if WTYPE == TS_TYPE_Q5_K
+  const uvec4 qh = uvec4(r.m[4], r.m[5], r.m[6], r.m[7]);
 #endif
-  const vec2 dm = unpackHalf2x16(w_m[mw]);
-  const uvec3 sc = uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]);
+  const vec2 dm = unpackHalf2x16(r.m[0]);
+  const uvec3 sc = uvec3(r.m[1], r.m[2], r.m[3]);
   const vec2 sm_lo = kquant_scale_min(sc, 2u * c), sm_hi = kquant_scale_min(sc, 2u * c + 1u);
   const float d_lo = dm.x * sm_lo.x, m_lo = dm.y * sm_lo.y;
   const float d_hi = dm.x * sm_hi.x, m_hi = dm.y * sm_hi.y;
   [[unroll]] for (uint i = 0; i < 16; ++i) {
-    const uint b = byte_of(q, i);
+    const uint b = byte_of(r.q, i);
     uint vl = b & 15u, vh = b >> 4;
 #if WTYPE == TS_TYPE_Q5_K
     const uint hb = byte_of(qh, i);
@@ -155,29 +216,33 @@ void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], o
   // Unit j: half n = j/4 (128 elements), jj = j%4: ql[64n + 16jj + i] holds element
   // 128n + 16jj + i (low nibble) and 128n + 64 + 16jj + i (high nibble); their 2 high bits are in
   // qh[32n + 16(jj%2) + i] at bit 0/4 (jj < 2) or bit 2/6 (jj >= 2).
-  // M entry (82 bytes, 41 u16): qh[64] at byte 0, scales[16] (int8) at byte 64, d (f16) at byte 80.
-  const uint n = j >> 2, jj = j & 3u;
-  const uvec4 q = w_q[qbase + 8u * entry + j];
-  const uint e16 = 41u * entry;
-  const uint hbyte0 = 32u * n + 16u * (jj & 1u);
+  const uint n = j >> 2, jj = j & 3u, par = entry & 1u;  // par: the parity of u16 41 entry
   const uint shift = jj >= 2u ? 2u : 0u;
   off_lo = 128u * n + 16u * jj;
   off_hi = off_lo + 64u;
-  const float d = m_half(mbase, e16 + 40u);
-  const uint sb_lo = m_u16(mbase, e16 + 32u + (off_lo >> 5)) >> (((off_lo >> 4) & 1u) * 8u);
-  const uint sb_hi = m_u16(mbase, e16 + 32u + (off_hi >> 5)) >> (((off_hi >> 4) & 1u) * 8u);
+  const float d = unpackHalf2x16(r.m[7] >> (par * 16u)).x;
+  const uint spar = (par + (jj >> 1)) & 1u;  // the parity of the scales' u16 (41 entry + 32 + 4n + jj / 2)
+  const uint sb_lo = raw_u16(r.m[5], 0u, spar, 0u) >> (((off_lo >> 4) & 1u) * 8u);
+  const uint sb_hi = raw_u16(r.m[6], 0u, spar, 0u) >> (((off_hi >> 4) & 1u) * 8u);
   const float d_lo = d * float(bitfieldExtract(int(sb_lo), 0, 8));
   const float d_hi = d * float(bitfieldExtract(int(sb_hi), 0, 8));
   [[unroll]] for (uint i = 0; i < 16; i += 2) {
-    const uint hpair = m_u16(mbase, e16 + ((hbyte0 + i) >> 1));  // qh bytes i, i+1 of this unit
-    [[unroll]] for (uint k = 0; k < 2; ++k) {
-      const uint b = byte_of(q, i + k);
-      const uint hb = (hpair >> (8u * k)) & 0xFFu;
-      lo[i + k] = d_lo * U2F_MINUS((b & 15u) | (((hb >> shift) & 3u) << 4), 32.0);
-      hi[i + k] = d_hi * U2F_MINUS((b >> 4) | (((hb >> (shift + 4u)) & 3u) << 4), 32.0);
+    const uint k = i >> 1;  // qh bytes i, i+1 of this unit: u16 k from the unit's first
+    const uint hpair = raw_u16(r.m[k >> 1], r.m[(k >> 1) + 1u], par, k & 1u);
+    [[unroll]] for (uint b2 = 0; b2 < 2; ++b2) {
+      const uint b = byte_of(r.q, i + b2);
+      const uint hb = (hpair >> (8u * b2)) & 0xFFu;
+      lo[i + b2] = d_lo * U2F_MINUS((b & 15u) | (((hb >> shift) & 3u) << 4), 32.0);
+      hi[i + b2] = d_hi * U2F_MINUS((b >> 4) | (((hb >> (shift + 4u)) & 3u) << 4), 32.0);
     }
   }
 #endif
+}
+
+// Unit j of `entry`: 32 values, lo[i] = element off_lo + i, hi[i] = element off_hi + i.
+void split1_unit(uint qbase, uint mbase, uint entry, uint j, out float lo[16], out float hi[16], out uint off_lo,
+                 out uint off_hi) {
+  split1_decode(split1_raw(qbase, mbase, entry, j), entry, j, lo, hi, off_lo, off_hi);
 }
 
 // The 4 bytes of a word as uvec4 (byte i in component i).

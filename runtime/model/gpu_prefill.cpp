@@ -403,7 +403,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         d.int8_activations = options_.int8_activations;
         d.matmul = p.matmul;
         d.matmul_kernel = p.kernel;
-        d.matmul_row_tiles = options_.matmul.ffn_row_tiles;
+        d.matmul_tuning = options_.matmul.ffn;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -444,7 +444,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
                                 (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
       moe.matmul_kernel = p.kernel;
-      moe.matmul_row_tiles = options_.matmul.ffn_row_tiles;
+      moe.matmul_tuning = options_.matmul.ffn;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;

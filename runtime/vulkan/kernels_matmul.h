@@ -43,6 +43,17 @@ uint64_t matmul_shared_bytes(uint32_t mr, uint32_t tg, uint32_t kt);
 // The most bytes of partial sums one MatmulOp asks for (automatic splits stay below it).
 constexpr uint64_t kMatmulMaxPartialBytes = 16ull << 20;
 
+// The FFN kernels' matmul form (moe_matmul.comp, MoePrefillOp / DensePrefillOp); 0 = automatic.
+struct FfnMatmulTuning {
+  uint32_t row_tiles = 0;  // 16-row tiles of W per workgroup (the gate-up's half gate and half
+                           // up): 2 or 4 (auto: 4 where it fits, else 2). Each workgroup stages its
+                           // pairs' inputs once per step: more rows read them fewer times.
+  uint32_t step = 0;       // columns per step: 64, 128 or 256 (auto: the first of 64, 128, 256
+                           // that the type's unit span allows and the shared memory holds)
+  uint32_t prefetch = 0;   // the next step's loads issued before this step's products: 1 none,
+                           // 2 W words, 3 input values, 4 both (auto: none)
+};
+
 // Work split; 0 = automatic.
 struct MatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: the first of 2, 4, 1
@@ -55,11 +66,7 @@ struct MatmulTuning {
                            // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (not)
   uint32_t splits = 0;     // workgroups along K per tile, 1..64 (auto: enough for 1024 workgroups,
                            // at most 32 and one step each, partial sums within kMatmulMaxPartialBytes)
-  // The FFN kernels' matmul form (moe_matmul.comp, MoePrefillOp / DensePrefillOp): 16-row tiles
-  // of W per workgroup (the gate-up's half gate and half up), 2 or 4; 0 auto (4 where it fits,
-  // else 2). Each workgroup stages its pairs' inputs once per
-  // step, so more rows per workgroup read the inputs fewer times.
-  uint32_t ffn_row_tiles = 0;
+  FfnMatmulTuning ffn;      // the FFN kernels' matmul form
 };
 
 struct MatmulOp {

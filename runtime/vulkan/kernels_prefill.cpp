@@ -90,20 +90,25 @@ struct FfnDispatch {
 // The matmul form's work split (moe_matmul.comp): 16 x MR staged rows (gate-up: MR / 2 gate and
 // MR / 2 up tiles; MR = row_tiles, auto 4, else 2 where 4 does not fit: each workgroup stages its
 // pairs' inputs once per step, so 4 row tiles read them half as often: H100, GLM pp512 3191 ->
-// 3606 tok/s, session 21), 16 x TG pairs, steps of KT columns: the widest of 64 / 128 / 256 that
-// the weight type's unit span allows and the shared memory holds.
+// 3606 tok/s, session 21), 16 x TG pairs, steps of KT columns: the first of 64 / 128 / 256 that
+// the weight type's unit span allows and the shared memory holds; STEP_PREFETCH bits.
 struct FfnMatmulSplit {
-  uint32_t mr, tg, kt;
+  uint32_t mr, tg, kt, prefetch;
 };
-FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, uint32_t row_tiles) {
-  if (row_tiles && row_tiles != 2 && row_tiles != 4) usage_error("moe_matmul: ", row_tiles, " row tiles, expected 2 or 4");
-  const std::vector<uint32_t> mrs = row_tiles ? std::vector<uint32_t>{row_tiles} : std::vector<uint32_t>{4, 2};
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t) {
+  if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4) usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2 or 4");
+  if (t.step && t.step != 64 && t.step != 128 && t.step != 256) usage_error("moe_matmul: steps of ", t.step, " columns, expected 64, 128 or 256");
+  if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
+  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 0;
+  const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
+  const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
   for (uint32_t mr : mrs)
     for (uint32_t tg : {4u, 2u, 1u})
-      for (uint32_t kt : {64u, 128u, 256u})
+      for (uint32_t kt : kts)
         if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
-          return {mr, tg, kt};
-  runtime_error("moe_matmul: no work split fits ", ctx.info().name, "'s shared memory");
+          return {mr, tg, kt, prefetch};
+  runtime_error("moe_matmul: no work split of ", type_name(type), " fits ", ctx.info().name, "'s shared memory",
+                t.step ? cat(" with steps of ", t.step, " columns") : std::string());
 }
 
 // Whether the matmul form takes this dispatch: input rows of a multiple of 32 values, 16-byte
@@ -115,7 +120,7 @@ bool ffn_matmul_fits(const FfnDispatch& d) {
 
 // The matmul form of one dispatch (moe_matmul.comp; same bindings and arguments).
 void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
-                       const BufferSlice& step, MatmulKernel kernel, uint32_t row_tiles) {
+                       const BufferSlice& step, MatmulKernel kernel, const FfnMatmulTuning& tuning) {
   Context& ctx = rec.context();
   const bool down = (d.args.flags & TS_PF_DOWN) != 0;
   if (!matmul_supported(ctx)) runtime_error(d.label, ": the matmul form needs shaderFloat16, which ", ctx.info().name, " lacks");
@@ -124,7 +129,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   if (!ffn_matmul_fits(d))
     runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
                   ") and 16-byte input rows");
-  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, row_tiles);
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
   desc.file = "moe_matmul.comp";
@@ -132,6 +137,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
                   {"MR", std::to_string(s.mr)},
                   {"TG", std::to_string(s.tg)},
                   {"KT", std::to_string(s.kt)},
+                  {"STEP_PREFETCH", std::to_string(s.prefetch)},
                   {"COOP", coop ? "1" : "0"}};
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
@@ -163,11 +169,11 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
 struct FfnForm {
   bool int8, matmul;
   MatmulKernel kernel;
-  uint32_t row_tiles;
+  FfnMatmulTuning tuning;
 };
 void record_ffn_part(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
                      const BufferSlice& step, const FfnForm& form) {
-  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel, form.row_tiles);
+  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel, form.tuning);
   else record_ffn(rec, d, lists, route, step, form.int8);
 }
 
@@ -316,12 +322,12 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -363,7 +369,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -390,7 +396,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_row_tiles});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
 }
 
 // ---------------------------------------------------------------------------------------------

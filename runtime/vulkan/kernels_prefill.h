@@ -79,7 +79,7 @@ struct MoePrefillOp {
   // input rows are a multiple of 32 values; else moe_prefill.comp.
   bool matmul = false;
   MatmulKernel matmul_kernel = MatmulKernel::Auto;
-  uint32_t matmul_row_tiles = 0;  // MatmulTuning::ffn_row_tiles
+  FfnMatmulTuning matmul_tuning;
 
   // Bytes of one call, counting every expert's weights once (the chunk's upper bound).
   uint64_t gateup_bytes() const;
@@ -102,7 +102,7 @@ struct DensePrefillOp {
   bool int8_activations = true;  // as MoePrefillOp
   bool matmul = false;           // as MoePrefillOp
   MatmulKernel matmul_kernel = MatmulKernel::Auto;
-  uint32_t matmul_row_tiles = 0;
+  FfnMatmulTuning matmul_tuning;
 
   uint64_t gateup_bytes() const;
   uint64_t down_bytes() const;

@@ -45,7 +45,7 @@ struct MoeCase {
   bool sigmoid_bias;
   bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0 / Q4_K / Q6_K)
   bool matmul = false;  // the matmul form (moe_matmul.comp): f16 inputs and weights, f32 sums
-  uint32_t matmul_rows = 0;  // its 16-row tiles of W per workgroup (MatmulTuning::ffn_row_tiles)
+  vk::FfnMatmulTuning matmul_tuning = {};  // its work split (0s: automatic)
 };
 
 // v rounded to f16 (the matmul form stages inputs and weights as f16).
@@ -74,7 +74,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_rows) : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " prefetch ", c.matmul_tuning.prefetch) : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -134,7 +134,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.max_binding_bytes = c.max_binding_experts * ht.g.slot_stride;
   moe.int8_activations = c.q8;
   moe.matmul = c.matmul;
-  moe.matmul_row_tiles = c.matmul_rows;
+  moe.matmul_tuning = c.matmul_tuning;
   vk::PrefillSumOp sum;
   sum.n_embd = D;
   sum.n_used = K;
@@ -278,10 +278,40 @@ TEST(PrefillMoe, MatmulForm) {
   // The cases above run 4 row tiles a workgroup (the default: the gate-up's 2 gate + 2 up tiles,
   // 32 outputs; the down's 64 rows); here 2, and with 4 a shared width of 48 (f16 / f32: a
   // half-empty last output tile).
-  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::F16, T::F32}, 9, 96, 48, 128, 3, 23, 21, 0, true, false, true, 4}, 36);
-  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true, false, true, 2}, 37);
-  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true, false, true, 2}, 38);
-  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true, 2}, 39);
+  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::F16, T::F32}, 9, 96, 48, 128, 3, 23, 21, 0, true, false, true, {4}}, 36);
+  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true, false, true, {2}}, 37);
+  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true, false, true, {2}}, 38);
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true, {2}}, 39);
+}
+
+// The matmul form's steps and prefetch (moe_matmul.comp STEP_PREFETCH: the next step's W words
+// and input values loaded before this step's products; MatmulForm runs the automatic choice):
+// every SPLIT1 type family with both loads ahead, each one alone, none, steps of 128 and 256
+// columns (inputs of 96 and 160 columns: a short last step), plain types, expert ranges. Each
+// case compiles its own kernels: kept few for CI's cold shader cache.
+TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::matmul_supported(*g.ctx)) GTEST_SKIP() << "no shaderFloat16";
+  using T = GgmlType;
+  const MoeCase q4{{T::Q4_0, T::Q5_0, T::Q4_1, T::Q5_1}, 9, 96, 64, 160, 3, 23, 21, 0, true, false, true};
+  const MoeCase q8{{T::Q8_0, T::Q4_0, T::Q5_0, T::Q8_0}, 5, 64, 96, 96, 2, 37, 35, 3, true, false, true};
+  const MoeCase kq{{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 4, 256, 256, 512, 2, 9, 9, 0, true, false, true};
+  const MoeCase plain{{T::F16, T::BF16, T::F32, T::F16}, 5, 64, 0, 96, 2, 4, 4, 2, false, false, true};
+  struct Variant {
+    MoeCase c;
+    vk::FfnMatmulTuning t;
+  };
+  const Variant variants[] = {
+      {q4, {0, 0, 4}}, {q8, {2, 0, 4}}, {kq, {0, 0, 4}}, {kq, {0, 128, 1}}, {q4, {0, 0, 2}}, {q8, {0, 0, 3}},
+      {q4, {0, 128, 1}}, {q4, {0, 256, 4}}, {plain, {2, 128, 4}}, {plain, {0, 256, 1}},
+  };
+  uint32_t seed = 40;
+  for (const Variant& v : variants) {
+    MoeCase c = v.c;
+    c.matmul_tuning = v.t;
+    run_moe_case(g, c, seed++);
+  }
 }
 
 TEST(PrefillMoe, SharedMemoryPathMatches) {

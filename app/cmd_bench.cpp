@@ -114,6 +114,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matmul.prefetch = v; }},
     {"ffn_matmul_rows", 4, "16-row tiles of W per workgroup of the experts' / dense FFN's matmul form: 2 or 4; 0 auto (4)",
      [](O& o, uint32_t v) { o.matmul.ffn.row_tiles = v; }},
+    {"moe_f16_in", 1, "1, default: the experts' matmul form reads the router matmul's f16 rows; 0: the f32 rows",
+     [](O& o, uint32_t v) { o.prefill_moe_f16_input = v != 0; }},
     {"ffn_matmul_step", 256, "... columns per step: 64, 128 or 256; 0 auto (the first that fits: 64, Q6_K 128)",
      [](O& o, uint32_t v) { o.matmul.ffn.step = v; }},
     {"ffn_matmul_prefetch", 4, "... the next step's loads before this step's products: 1 none, 2 W, 3 inputs, 4 both; 0 auto",

@@ -16,7 +16,9 @@
 // (runtime/vulkan/kernels_prefill.h, `matmul`).
 // Defines: WTYPE, MR (2 or 4; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP,
 // STEP_PREFETCH (bits: 1 = the next step's W words (SPLIT1 types), 2 = its input values, loaded
-// into registers before this step's products; 0 = each step loads its own after the barrier).
+// into registers before this step's products; 0 = each step loads its own after the barrier),
+// IN_F16 (0/1; the gate-up: its input rows are f16 (the router matmul's normed rows), in_stride
+// in f16 values, a multiple of 8: copied as they are, half the bytes and registers).
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -29,6 +31,9 @@
 #ifndef STEP_PREFETCH
 #define STEP_PREFETCH 0
 #endif
+#ifndef IN_F16
+#define IN_F16 0
+#endif
 #include "common.glsl"
 #include "prefill_args.h"
 #define W_Q_BINDING 0
@@ -37,7 +42,11 @@
 
 layout(local_size_x = WG_SIZE) in;
 
+#if IN_F16
+layout(std430, binding = 1) readonly restrict buffer InBuf16 { uvec4 in16[]; };  // 8 f16 each
+#else
 layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
+#endif
 layout(std430, binding = 2) writeonly restrict buffer OutBuf { float out_v[]; };
 layout(std430, binding = 3) readonly restrict buffer ListBuf { uint lists[]; };
 layout(std430, binding = 4) readonly restrict buffer RouteBuf { uint route[]; };
@@ -67,7 +76,7 @@ float silu(float z) { return z / (1.0 + exp(-z)); }
 struct StepShare {
   uint wrow[N_WU];  // the unit's row of its matrix, or UNIT_NONE / UNIT_ZERO
   WMat wmat[N_WU];
-  uint xrow[N_IC];  // in4 index of the copy's first values at column 0, or ROW_NONE
+  uint xrow[N_IC];  // in4 (IN_F16: in16) index of the copy's first values at column 0, or ROW_NONE
 };
 
 // The columns of the step at k0 (KT, less on the last step).
@@ -114,27 +123,45 @@ void stage_w(StepShare sv, uint k0, uint cols
   }
 }
 
-// Copy i's 8 input values of the step at k0 (zeros past the list; nothing past the step's columns).
+// Copy i's 8 input values of the step at k0 (zeros past the list; nothing past the step's
+// columns): f32 in xa / xb, or (IN_F16) as they are in xa's bits.
+#if IN_F16
+void load_x(StepShare sv, uint k0, uint cols, out uvec4 xa[N_IC]) {
+#else
 void load_x(StepShare sv, uint k0, uint cols, out vec4 xa[N_IC], out vec4 xb[N_IC]) {
+#endif
   [[unroll]] for (uint i = 0; i < N_IC; ++i) {
     const uint j8 = (gl_LocalInvocationIndex + uint(WG_SIZE) * i) % uint(KT / 8);
+    const bool live = sv.xrow[i] != ROW_NONE && 8u * j8 < step_cols(k0, cols);
+#if IN_F16
+    xa[i] = live ? in16[sv.xrow[i] + (k0 >> 3)] : uvec4(0u);
+#else
     xa[i] = vec4(0.0);
     xb[i] = vec4(0.0);
-    if (sv.xrow[i] != ROW_NONE && 8u * j8 < step_cols(k0, cols)) {
+    if (live) {
       xa[i] = in4[sv.xrow[i] + (k0 >> 2)];
       xb[i] = in4[sv.xrow[i] + (k0 >> 2) + 1u];
     }
+#endif
   }
 }
 
 // Stores copy i's values (f16; the down's times DOWN_IN_SCALE) for the step at k0.
+#if IN_F16
+void stage_x(uint k0, uint cols, uint nt, uvec4 xa[N_IC]) {
+#else
 void stage_x(uint k0, uint cols, uint nt, vec4 xa[N_IC], vec4 xb[N_IC]) {
+#endif
   const float s = is_down() ? DOWN_IN_SCALE : 1.0;
   [[unroll]] for (uint i = 0; i < N_IC; ++i) {
     const uint c = gl_LocalInvocationIndex + uint(WG_SIZE) * i, t = c / uint(KT / 8), j8 = c % uint(KT / 8);
     if (t >= nt || 8u * j8 >= step_cols(k0, cols)) continue;
+#if IN_F16
+    sh[B0 + t * uint(RS) + j8] = xa[i];
+#else
     const vec4 a = xa[i] * s, b = xb[i] * s;
     sh[B0 + t * uint(RS) + j8] = pack8(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);
+#endif
   }
 }
 
@@ -190,20 +217,26 @@ void main() {
     if (t < nt && j < n_pairs) {
       const uint p = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
       const uint row_in = down ? p : (all_tokens() ? j : p / K);
-      sv.xrow[i] = (row_in * args.in_stride + 8u * j8) >> 2;
+      sv.xrow[i] = (row_in * args.in_stride + 8u * j8) >> (IN_F16 != 0 ? 3 : 2);
     }
   }
 
   MATMUL_ACC(acc);
   acc_zero(acc);
 
+#if IN_F16
+  uvec4 xa[N_IC];
+#define XS xa
+#else
   vec4 xa[N_IC], xb[N_IC];
+#define XS xa, xb
+#endif
 #if PREFETCH_W
   W1Raw wraw[N_WU];
   load_w(sv, 0u, cols, wraw);
 #endif
 #if PREFETCH_X
-  load_x(sv, 0u, cols, xa, xb);
+  load_x(sv, 0u, cols, XS);
 #endif
   for (uint k0 = 0; k0 < cols; k0 += uint(KT)) {  // uniform
 #if PREFETCH_W
@@ -212,9 +245,9 @@ void main() {
     stage_w(sv, k0, cols);
 #endif
 #if !PREFETCH_X
-    load_x(sv, k0, cols, xa, xb);
+    load_x(sv, k0, cols, XS);
 #endif
-    stage_x(k0, cols, nt, xa, xb);
+    stage_x(k0, cols, nt, XS);
     barrier();
     // The next step's loads, in flight during this step's products.
     if (k0 + uint(KT) < cols) {
@@ -222,7 +255,7 @@ void main() {
       load_w(sv, k0 + uint(KT), cols, wraw);
 #endif
 #if PREFETCH_X
-      load_x(sv, k0 + uint(KT), cols, xa, xb);
+      load_x(sv, k0 + uint(KT), cols, XS);
 #endif
     }
     if (has_pairs) acc_step(step_cols(k0, cols) / 16u, grp, lane, acc);

@@ -99,6 +99,9 @@ struct GpuModelOptions {
   // the matmul form wins (1817 -> 1972; 512: 2404; PERFORMANCE.md session 19). bench --tune
   // moe_matmul=0|1|2 (2 = auto).
   int prefill_moe_matmul = -1;
+  // The experts' matmul form reads the router matmul's f16 copy of the normed rows (x16) instead
+  // of the f32 rows, where the router ran as a matmul. bench --tune moe_f16_in=0|1.
+  bool prefill_moe_f16_input = true;
   // The prefill attention (vk::PrefillAttentionOp): chunks along the context per query (split-K;
   // 0: auto, 2048 / chunk tokens within 1..32) and their fewest positions (0: auto, 128), and the
   // kernel's query / head grouping (gpu_prefill.cpp prefill_attention_split), or the tensor-core

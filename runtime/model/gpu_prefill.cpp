@@ -235,14 +235,14 @@ struct PrefillRecorder {
   // y = W x[t] (+ y[t]) for each of `outs` (at most kMatmulsPerStage), all reading x (W.cols
   // floats per token), normalized with `norm` where set: matmuls where x16 is set (x normalized
   // into x16 first, then a barrier; split-K matmuls: a barrier and their sums after them), else
-  // batched matvecs. No barrier after.
-  void dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc) {
+  // batched matvecs. No barrier after. Returns whether x16 now holds the (normalized) rows.
+  bool dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc) {
     const uint32_t cols = outs.begin()->w.cols;
     bool matmul = x16 != nullptr;
     for (const Out& o : outs) matmul = matmul && o.w.cols == cols && o.w.cols % 32 == 0;
     if (!matmul) {
       for (const Out& o : outs) matvec(o.w, o.name, x, *o.y, norm, acc);
-      return;
+      return false;
     }
     if (outs.size() > kMatmulsPerStage) runtime_error(outs.begin()->name, ": more matmuls on one input than partial-sum regions");
     vk::RmsNormOp n;
@@ -281,6 +281,7 @@ struct PrefillRecorder {
       rec.barrier();
       for (const vk::MatmulOp& op : ops) op.record_sum(rec);
     }
+    return true;
   }
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
@@ -424,7 +425,9 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         r.weight_bytes += d.gate.read_bytes() + d.up.read_bytes() + d.down.read_bytes();
         continue;
       }
-      r.dense({{weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", &p.router_logits}}, p.x, ffn_norm, false);
+      // x16 then holds RMSNorm(x; ffn_norm) as f16: the experts' matmul form reads it.
+      const bool normed_f16 =
+          r.dense({{weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", &p.router_logits}}, p.x, ffn_norm, false);
       rec->barrier();
       vk::PrefillRouteOp route;
       route.n_expert = c.n_expert;
@@ -451,6 +454,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.step = chunk;
       moe.count_word = kCountWord;
       moe.h2 = p.h2.whole();
+      if (normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
       moe.route = route_buf.whole();
       moe.lists = p.lists.whole();
       moe.h = p.h.whole();

@@ -83,6 +83,7 @@ struct FfnDispatch {
   gpu::PrefillFfnArgs args;
   uint32_t slots;
   BufferSlice in, out;
+  BufferSlice in_f16;  // set: in's rows as f16 (args.in_stride f16 values apart), for the matmul form
   std::string label;
   uint64_t bytes;
 };
@@ -99,7 +100,7 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4) usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2 or 4");
   if (t.step && t.step != 64 && t.step != 128 && t.step != 256) usage_error("moe_matmul: steps of ", t.step, " columns, expected 64, 128 or 256");
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
-  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 0;
+  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3;
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
   const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
   for (uint32_t mr : mrs)
@@ -138,6 +139,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
                   {"TG", std::to_string(s.tg)},
                   {"KT", std::to_string(s.kt)},
                   {"STEP_PREFETCH", std::to_string(s.prefetch)},
+                  {"IN_F16", d.in_f16.buffer ? "1" : "0"},
                   {"COOP", coop ? "1" : "0"}};
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
@@ -145,7 +147,8 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   const Pipeline& pipe = ctx.pipeline(desc);
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   const uint32_t outs = down ? 16 * s.mr : 8 * s.mr;  // gate-up: a gate and an up tile per 16 outputs
-  const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
+  const BufferSlice in = d.in_f16.buffer ? d.in_f16 : d.in;
+  const BufferSlice b[6] = {d.w, in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
   rec.dispatch(pipe, b, d.args, ceil_div(out_rows, outs), d.slots, ceil_div(d.args.t_max, 16 * s.tg), d.label + " matmul", d.bytes);
 }
 
@@ -230,7 +233,7 @@ uint64_t MoePrefillOp::gateup_bytes() const {
   const MoeTileGeometry& g = tile.geometry;
   uint64_t w = uint64_t(g.n_expert) * split_read_bytes(g.gateup(0));
   if (g.has_shared()) w += split_read_bytes(g.gateup(g.n_expert));
-  return w + uint64_t(t_max) * g.n_embd * 4 + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
+  return w + uint64_t(t_max) * g.n_embd * (h2_f16.buffer ? 2 : 4) + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
 }
 
 uint64_t MoePrefillOp::down_bytes() const {
@@ -255,6 +258,11 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
   const uint32_t hs = moe_h_stride(g);
   const uint64_t pairs = prefill_pairs(op.t_max, K);
   need(op.h2, uint64_t(op.t_max) * g.n_embd * 4, what, "h2");
+  const bool in_f16 = !down && op.h2_f16.buffer != VK_NULL_HANDLE;
+  if (in_f16) {
+    if (g.n_embd % 8 != 0) runtime_error(what, ": f16 input rows of ", g.n_embd, " values; expected a multiple of 8");
+    need(op.h2_f16, uint64_t(op.t_max) * g.n_embd * 2, what, "h2_f16");
+  }
   need(op.h, pairs * hs * 4, what, "h");
   need(op.y, pairs * g.n_embd * 4, what, "y");
   need(op.route, prefill_route_bytes(op.t_max, K), what, "route");
@@ -289,6 +297,7 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     d.args.mat_offset = uint32_t(down ? g.down_offset : 0);
     d.slots = uint32_t(hi - lo);
     d.in = in;
+    if (in_f16) d.in_f16 = op.h2_f16;
     d.out = out;
     d.label = what;
     d.bytes = (hi - lo) * routed_w;
@@ -306,6 +315,7 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     d.args.pair_base = op.t_max * K;
     d.slots = 1;
     d.in = in;
+    if (in_f16) d.in_f16 = op.h2_f16;
     d.out = out;
     d.label = what + " shared";
     d.bytes = split_read_bytes(sg);

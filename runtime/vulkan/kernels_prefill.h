@@ -67,6 +67,9 @@ struct MoePrefillOp {
   BufferSlice step;
   uint32_t count_word = 0;
   BufferSlice h2;       // f32 [T][n_embd]: RMSNorm(x; ffn_norm) per token
+  // Set: the same rows as f16 (the router matmul's input, x16): the gate-up's matmul form reads
+  // them instead of h2 (half the bytes, no conversion). n_embd a multiple of 8.
+  BufferSlice h2_f16;
   BufferSlice route;    // PrefillRouteOp::route
   BufferSlice lists;    // PrefillRouteOp::lists
   BufferSlice h;        // f32 [prefill_pairs][moe_h_stride(g)]

@@ -46,6 +46,7 @@ struct MoeCase {
   bool q8 = false;  // the int8-activation path where the type allows (Q4_0 / Q8_0 / Q4_K / Q6_K)
   bool matmul = false;  // the matmul form (moe_matmul.comp): f16 inputs and weights, f32 sums
   vk::FfnMatmulTuning matmul_tuning = {};  // its work split (0s: automatic)
+  bool h2_f16 = false;  // the gate-up's matmul form reads an f16 copy of h2 (MoePrefillOp::h2_f16)
 };
 
 // v rounded to f16 (the matmul form stages inputs and weights as f16).
@@ -74,7 +75,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " prefetch ", c.matmul_tuning.prefetch) : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -102,6 +103,14 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   vktest::upload_bytes(g, lb, logits.data(), logits.size() * 4);
   vktest::upload_bytes(g, bb, bias.data(), E * 4);
   vktest::upload_bytes(g, hb2, h2.data(), h2.size() * 4);
+  // The f16 copy (rows padded to 16 as the prefill's x16; the padding poisoned).
+  vk::Buffer hb16 = vktest::make_buffer(g, (T + 15) / 16 * 16 * size_t(D) * 2, "h2 f16");
+  vktest::poison(g, hb16);
+  if (c.h2_f16) {
+    std::vector<uint16_t> h16(h2.size());
+    for (size_t i = 0; i < h2.size(); ++i) h16[i] = f32_to_fp16(h2[i]);
+    vktest::upload_bytes(g, hb16, h16.data(), h16.size() * 2);
+  }
   vktest::upload_bytes(g, xb, x0.data(), x0.size() * 4);
   vktest::poison(g, rb);
   std::vector<uint32_t> counter0(1, 0);
@@ -127,6 +136,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.step = step.whole();
   moe.count_word = kCountWord;
   moe.h2 = hb2.whole();
+  if (c.h2_f16) moe.h2_f16 = hb16.whole();
   moe.route = rb.whole();
   moe.lists = listb.whole();
   moe.h = hb.whole();
@@ -284,11 +294,11 @@ TEST(PrefillMoe, MatmulForm) {
   run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true, {2}}, 39);
 }
 
-// The matmul form's steps and prefetch (moe_matmul.comp STEP_PREFETCH: the next step's W words
-// and input values loaded before this step's products; MatmulForm runs the automatic choice):
-// every SPLIT1 type family with both loads ahead, each one alone, none, steps of 128 and 256
-// columns (inputs of 96 and 160 columns: a short last step), plain types, expert ranges. Each
-// case compiles its own kernels: kept few for CI's cold shader cache.
+// The matmul form's steps, prefetch and f16 input (moe_matmul.comp STEP_PREFETCH: the next step's W
+// words and input values loaded before this step's products, by default both, as MatmulForm
+// runs; IN_F16: the gate-up reads f16 rows): every SPLIT1 type family without the loads ahead,
+// each one alone, steps of 128 and 256 columns (inputs of 96 and 160 columns: a short last step),
+// plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
 TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -301,15 +311,18 @@ TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   struct Variant {
     MoeCase c;
     vk::FfnMatmulTuning t;
+    bool h2_f16;
   };
   const Variant variants[] = {
-      {q4, {0, 0, 4}}, {q8, {2, 0, 4}}, {kq, {0, 0, 4}}, {kq, {0, 128, 1}}, {q4, {0, 0, 2}}, {q8, {0, 0, 3}},
-      {q4, {0, 128, 1}}, {q4, {0, 256, 4}}, {plain, {2, 128, 4}}, {plain, {0, 256, 1}},
+      {q4, {0, 0, 1}, false},   {q8, {2, 0, 1}, true},    {kq, {0, 0, 1}, true},       {kq, {0, 128, 4}, false},
+      {q4, {0, 0, 2}, true},    {q8, {0, 0, 3}, true},    {q4, {0, 0, 0}, true},       {q4, {0, 128, 4}, true},
+      {q4, {0, 256, 1}, false}, {plain, {2, 128, 4}, true}, {plain, {0, 256, 1}, false},
   };
   uint32_t seed = 40;
   for (const Variant& v : variants) {
     MoeCase c = v.c;
     c.matmul_tuning = v.t;
+    c.h2_f16 = v.h2_f16;
     run_moe_case(g, c, seed++);
   }
 }

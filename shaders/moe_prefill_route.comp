@@ -5,7 +5,9 @@
 //     of token t -> route[2(t*K + k)] = expert, route[2(t*K + k) + 1] = weight bits, k < K;
 //   the last workgroup to arrive (counter route[2*T*K], reset by it): for each expert e,
 //     lists[e] = its pair count, lists[E + e*T + j] = its pairs p = t*K + k in ascending order
-//     (deterministic: no atomics decide the order).
+//     (deterministic: no atomics decide the order). With subgroups each subgroup lists its
+//     experts a subgroup's width of pairs at a time (prefix sums of the hits); without, each
+//     invocation scans every pair for its experts.
 // Workgroups t >= n only arrive. Arguments: PrefillRouteArgs (prefill_args.h).
 // Wrapper: PrefillRouteOp (runtime/vulkan/kernels_prefill.h).
 //
@@ -70,6 +72,22 @@ void main() {
     barrier();
     for (uint i = tid; i < len; i += WG_SIZE) sh_expert[i] = route[2u * (base + i)];
     barrier();
+#if USE_SUBGROUP
+    // Each subgroup takes experts gl_SubgroupID + k gl_NumSubgroups and walks the tile a subgroup's
+    // width at a time: a lane's pair lands after the earlier lanes' hits (exclusive prefix sum).
+    for (uint e = gl_SubgroupID; e < args.n_expert; e += gl_NumSubgroups) {
+      uint c = sh_count[e];
+      for (uint i0 = 0u; i0 < len; i0 += gl_SubgroupSize) {
+        const uint i = i0 + gl_SubgroupInvocationID;
+        const uint hit = i < len && sh_expert[i] == e ? 1u : 0u;
+        const uint before = subgroupExclusiveAdd(hit);
+        if (hit != 0u) lists[args.n_expert + e * args.t_max + c + before] = base + i;
+        c += subgroupAdd(hit);
+      }
+      subgroupBarrier();  // every lane has read sh_count[e]
+      if (subgroupElect()) sh_count[e] = c;
+    }
+#else
     for (uint e = tid; e < args.n_expert; e += WG_SIZE) {
       uint c = sh_count[e];
       for (uint i = 0u; i < len; ++i) {
@@ -80,6 +98,7 @@ void main() {
       }
       sh_count[e] = c;
     }
+#endif
   }
   barrier();
   for (uint e = tid; e < args.n_expert; e += WG_SIZE) lists[e] = sh_count[e];

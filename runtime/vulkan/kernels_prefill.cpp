@@ -21,7 +21,7 @@ constexpr uint32_t kQ8Teams = 8;            // moe_prefill, int8 path: rows at o
 constexpr uint32_t kQ8RowsPerWg = 32;       // moe_prefill, int8 path: rows per workgroup (each
                                             // pass's staged inputs serve all of them)
 constexpr uint64_t kQ8StageBytes = 40960;   // shared memory for the staged int8 inputs
-constexpr uint32_t kRouteWg = 64;           // moe_prefill_route
+constexpr uint32_t kRouteWg = 256;          // moe_prefill_route (its last workgroup lists the pairs: 8 subgroups of 32)
 constexpr uint32_t kUtilWg = 256;           // prefill_util
 
 uint32_t ceil_div(uint64_t a, uint64_t b) { return uint32_t((a + b - 1) / b); }

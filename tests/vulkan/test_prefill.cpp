@@ -327,6 +327,71 @@ TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   }
 }
 
+// The routing of a long chunk alone: pairs over several of the list builder's 1024-pair tiles,
+// sigmoid with bias and softmax, with subgroups (each subgroup lists its experts by prefix sums)
+// and without; live tokens fewer than the chunk.
+TEST(PrefillRoute, ListsOverSeveralTilesMatchTheReference) {
+  using vk::PrefillRouteOp;
+  for (const bool no_subgroups : {false, true}) {
+    Gpu& g = vktest::gpu(no_subgroups);
+    VK_TEST_REQUIRE_GPU(g);
+    for (const bool sigmoid : {true, false}) {
+      SCOPED_TRACE(cat(no_subgroups ? "no subgroups" : "subgroups", sigmoid ? " sigmoid" : " softmax"));
+      std::mt19937 rng(sigmoid ? 71 : 72);
+      const uint32_t E = 64, K = 4, T = 700, n = 651;
+      const std::vector<float> logits = vktest::random_values(rng, size_t(T) * E, 2.f);
+      const std::vector<float> bias = vktest::random_values(rng, E, 0.1f);
+      ModelConfig cfg;
+      cfg.n_expert = E;
+      cfg.n_expert_used = K;
+      cfg.gating = sigmoid ? GatingFunc::Sigmoid : GatingFunc::Softmax;
+      cfg.expert_weights_norm = sigmoid;
+      cfg.expert_weights_scale = sigmoid ? 2.5f : 0.f;
+      vk::Buffer lb = vktest::make_buffer(g, logits.size() * 4, "logits"), bb = vktest::make_buffer(g, E * 4, "bias");
+      vk::Buffer rb = vktest::make_buffer(g, vk::prefill_route_bytes(T, K), "route");
+      vk::Buffer listb = vktest::make_buffer(g, vk::prefill_list_bytes(T, E), "lists");
+      vk::Buffer step = step_buffer(g, 0, n);
+      vktest::upload_bytes(g, lb, logits.data(), logits.size() * 4);
+      vktest::upload_bytes(g, bb, bias.data(), E * 4);
+      vktest::poison(g, rb);
+      const uint32_t zero = 0;
+      vktest::upload_bytes(g, rb, &zero, 4, (2ull * T * K) * 4);  // arrival counter
+      vktest::poison(g, listb);
+      PrefillRouteOp route;
+      route.n_expert = E;
+      route.routing = vk::MoeRouting::from_config(cfg);
+      route.t_max = T;
+      route.logits = lb.whole();
+      if (sigmoid) route.bias = bb.whole();
+      route.step = step.whole();
+      route.count_word = kCountWord;
+      route.route = rb.whole();
+      route.lists = listb.whole();
+      vk::CommandRecorder rec(*g.ctx);
+      rec.begin();
+      route.record(rec);
+      rec.end();
+      rec.run();
+      const std::vector<uint32_t> rw = download_words(g, rb, 2ull * T * K + 1);
+      const std::vector<uint32_t> lw = download_words(g, listb, size_t(E) * (T + 1));
+      EXPECT_EQ(rw[2ull * T * K], 0u) << "arrival counter reset";
+      std::vector<std::vector<uint32_t>> want(E);
+      for (uint32_t t = 0; t < n; ++t) {
+        const cpu::Route r = cpu::route_token(cfg, std::span<const float>(logits.data() + size_t(t) * E, E),
+                                             sigmoid ? std::span<const float>(bias) : std::span<const float>());
+        for (uint32_t k = 0; k < K; ++k) {
+          ASSERT_EQ(rw[2 * (t * K + k)], r.experts[k]) << "token " << t << " slot " << k;
+          want[r.experts[k]].push_back(t * K + k);
+        }
+      }
+      for (uint32_t e = 0; e < E; ++e) {
+        ASSERT_EQ(lw[e], want[e].size()) << "expert " << e;
+        for (size_t j = 0; j < want[e].size(); ++j) ASSERT_EQ(lw[E + e * T + j], want[e][j]) << "expert " << e << " entry " << j;
+      }
+    }
+  }
+}
+
 TEST(PrefillMoe, SharedMemoryPathMatches) {
   Gpu& g = vktest::gpu(true);
   VK_TEST_REQUIRE_GPU(g);

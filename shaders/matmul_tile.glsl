@@ -13,7 +13,8 @@
 // (l + 32 i) % 16, input row (l + 32 i) / 16 (the tests' path where no tensor cores are).
 //
 // The including kernel defines WTYPE, MR (1, 2, 4), TG (1, 2, 4), KT and COOP, includes
-// weights.glsl, and declares its workgroup as WG_SIZE = 32 TG invocations.
+// weights.glsl, and declares its workgroup as WG_SIZE = 32 TG invocations. ACC_DONT_UNROLL (0/1):
+// acc_step's slices of 16 columns as a loop the compiler keeps (fewer live registers).
 #ifndef TESSERA_MATMUL_TILE_GLSL
 #define TESSERA_MATMUL_TILE_GLSL
 
@@ -121,7 +122,13 @@ void acc_zero(out MATMUL_ACC(acc)) {
 
 // acc[m] += W rows 16 m .. (staged) x group grp's input rows, over the step's first nk slices of
 // 16 columns. After a barrier that follows the staging.
+#ifndef ACC_DONT_UNROLL
+#define ACC_DONT_UNROLL 0
+#endif
 void acc_step(uint nk, uint grp, uint lane, inout MATMUL_ACC(acc)) {
+#if ACC_DONT_UNROLL
+  [[dont_unroll]]
+#endif
   for (uint kk = 0; kk < nk; ++kk) {
 #if COOP
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b;

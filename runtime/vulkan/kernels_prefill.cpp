@@ -94,20 +94,23 @@ struct FfnDispatch {
 // 3606 tok/s, session 21), 16 x TG pairs, steps of KT columns: the first of 64 / 128 / 256 that
 // the weight type's unit span allows and the shared memory holds; STEP_PREFETCH bits.
 struct FfnMatmulSplit {
-  uint32_t mr, tg, kt, prefetch;
+  uint32_t mr, tg, kt, prefetch, dont_unroll;
 };
 FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t) {
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4) usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2 or 4");
   if (t.step && t.step != 64 && t.step != 128 && t.step != 256) usage_error("moe_matmul: steps of ", t.step, " columns, expected 64, 128 or 256");
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
-  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3;
+  if (t.groups && t.groups != 1 && t.groups != 2 && t.groups != 4) usage_error("moe_matmul: ", t.groups, " groups, expected 1, 2 or 4");
+  if (t.loop > 2) usage_error("moe_matmul: loop ", t.loop, ", expected 1 (unrolled) or 2 (a loop)");
+  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 2 ? 1 : 0;
+  const std::vector<uint32_t> tgs = t.groups ? std::vector<uint32_t>{t.groups} : std::vector<uint32_t>{4, 2, 1};
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
   const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
   for (uint32_t mr : mrs)
-    for (uint32_t tg : {4u, 2u, 1u})
+    for (uint32_t tg : tgs)
       for (uint32_t kt : kts)
         if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
-          return {mr, tg, kt, prefetch};
+          return {mr, tg, kt, prefetch, dont_unroll};
   runtime_error("moe_matmul: no work split of ", type_name(type), " fits ", ctx.info().name, "'s shared memory",
                 t.step ? cat(" with steps of ", t.step, " columns") : std::string());
 }
@@ -140,6 +143,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
                   {"KT", std::to_string(s.kt)},
                   {"STEP_PREFETCH", std::to_string(s.prefetch)},
                   {"IN_F16", d.in_f16.buffer ? "1" : "0"},
+                  {"ACC_DONT_UNROLL", std::to_string(s.dont_unroll)},
                   {"COOP", coop ? "1" : "0"}};
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::PrefillFfnArgs);

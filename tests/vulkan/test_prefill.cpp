@@ -75,7 +75,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -288,17 +288,17 @@ TEST(PrefillMoe, MatmulForm) {
   // The cases above run 4 row tiles a workgroup (the default: the gate-up's 2 gate + 2 up tiles,
   // 32 outputs; the down's 64 rows); here 2, and with 4 a shared width of 48 (f16 / f32: a
   // half-empty last output tile).
-  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::F16, T::F32}, 9, 96, 48, 128, 3, 23, 21, 0, true, false, true, {4}}, 36);
-  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true, false, true, {2}}, 37);
-  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true, false, true, {2}}, 38);
-  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true, {2}}, 39);
+  run_moe_case(g, {{T::Q4_0, T::Q4_0, T::F16, T::F32}, 9, 96, 48, 128, 3, 23, 21, 0, true, false, true, {.row_tiles = 4}}, 36);
+  run_moe_case(g, {{T::Q4_K, T::Q6_K, T::Q5_K, T::Q6_K}, 6, 256, 256, 256, 4, 5, 3, 0, true, false, true, {.row_tiles = 2}}, 37);
+  run_moe_case(g, {{T::Q8_0, T::Q5_1, T::Q8_0, T::Q4_1}, 9, 64, 96, 96, 2, 6, 6, 4, true, false, true, {.row_tiles = 2}}, 38);
+  run_moe_case(g, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 3, 64, 32, 64, 2, 70, 67, 0, true, false, true, {.row_tiles = 2}}, 39);
 }
 
 // The matmul form's steps, prefetch and f16 input (moe_matmul.comp STEP_PREFETCH: the next step's W
 // words and input values loaded before this step's products, by default both, as MatmulForm
 // runs; IN_F16: the gate-up reads f16 rows): every SPLIT1 type family without the loads ahead,
 // each one alone, steps of 128 and 256 columns (inputs of 96 and 160 columns: a short last step),
-// plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
+// fewer groups of pairs, the products as a loop, plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
 TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -314,10 +314,19 @@ TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
     bool h2_f16;
   };
   const Variant variants[] = {
-      {q4, {0, 0, 1}, false},   {q8, {2, 0, 1}, true},    {kq, {0, 0, 1}, true},       {kq, {0, 128, 4}, false},
-      {q4, {0, 0, 2}, true},    {q8, {0, 0, 3}, true},    {q4, {0, 0, 0}, true},       {q4, {0, 128, 4}, true},
-      {q4, {0, 256, 1}, false}, {plain, {2, 128, 4}, true}, {plain, {0, 256, 1}, false},
+      {q4, {.prefetch = 1}, false},
+      {q8, {.row_tiles = 2, .prefetch = 1}, true},
+      {kq, {.prefetch = 1}, true},
+      {kq, {.step = 128, .groups = 2, .prefetch = 4}, false},
+      {q4, {.prefetch = 2}, true},
+      {q8, {.groups = 1, .loop = 2, .prefetch = 3}, true},
+      {q4, {}, true},
+      {q4, {.step = 128, .loop = 2, .prefetch = 4}, true},
+      {q4, {.step = 256, .prefetch = 1}, false},
+      {plain, {.row_tiles = 2, .step = 128, .prefetch = 4}, true},
+      {plain, {.step = 256, .prefetch = 1}, false},
   };
+
   uint32_t seed = 40;
   for (const Variant& v : variants) {
     MoeCase c = v.c;

@@ -76,10 +76,8 @@ struct GpuModel::Prefill {
   vk::MatmulKernel kernel = vk::MatmulKernel::Auto;  // the matmuls' kernel (prefill_matmul 2: Plain)
   std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
   // The tail recording (GpuModelOptions::prefill_tail_chunk; 0: none): chunks of T_tail tokens on
-  // the same buffers, but its own route buffer (the route kernel's arrival counter sits at word
-  // 2 T K, a route entry of the other recording).
+  // the same buffers.
   uint32_t T_tail = 0;
-  vk::Buffer route_tail;
   std::unique_ptr<vk::CommandRecorder> rec_tail[3];
   std::unique_ptr<vk::CommandRecorder> profiled, profiled_tail;  // Head::None with timestamps (profile_prefill)
 };
@@ -89,11 +87,11 @@ void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
 namespace {
 
 struct Sizes {
-  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials, route_tail;
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials;
   uint64_t total() const {
     uint64_t s = 0;
     for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */,
-                       logits_all, x16, mm_partials, route_tail})
+                       logits_all, x16, mm_partials})
       s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
     return s;
   }
@@ -101,7 +99,7 @@ struct Sizes {
 
 // Buffer sizes of a chunk of T tokens. moe: the first MoE tile's geometry (0 experts: none);
 // matmul: the dense matrices run as matmuls (x16 holds the widest input of T rounded up to 16);
-// tail: the tail recording's chunk (0: none; its own route buffer).
+// tail: the tail recording's chunk (0: none).
 Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t attention_partials, const MoeTileGeometry* moe, bool matmul,
             uint32_t tail) {
   const uint64_t H = c.n_head, R = c.kv_lora_rank, row = c.kv_row();
@@ -116,7 +114,6 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t attention_partials, const
   s.o = T * H * c.n_v * 4;
   s.router_logits = T * std::max<uint64_t>(c.n_expert, 1) * 4;
   s.route = vk::prefill_route_bytes(T, std::max<uint32_t>(K, 1));
-  s.route_tail = tail ? vk::prefill_route_bytes(tail, std::max<uint32_t>(K, 1)) : 0;
   s.lists = vk::prefill_list_bytes(T, std::max<uint32_t>(c.n_expert, 1));
   s.h = T * std::max<uint64_t>(c.n_ff, 4) * 4;
   s.y = s.x;
@@ -189,15 +186,12 @@ void GpuModel::create_prefill() {
                         {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all},
                         {&p->x16, "prefill f16 rows", s.x16}, {&p->mm_partials, "prefill matmul partial sums", s.mm_partials}};
   for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
-  if (p->T_tail) p->route_tail = local_->create_buffer(s.route_tail, "prefill route (tail chunks)");
   p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
   std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
-  // Zero everything once: padding tokens then only ever see finite values, and the route
-  // buffer's arrival counter starts at 0.
+  // Zero everything once: padding tokens then only ever see finite values.
   vk::CommandRecorder init(ctx_);
   init.begin();
   for (const Item& it : items) init.fill(it.buf->whole(), 0);
-  if (p->T_tail) init.fill(p->route_tail.whole(), 0);
   init.end();
   init.run();
   prefill_stats_.chunk = p->T;
@@ -315,7 +309,7 @@ struct PrefillRecorder {
 std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps, bool tail) {
   Prefill& p = *prefill_;
   const uint32_t T = tail ? p.T_tail : p.T;
-  const vk::Buffer& route_buf = tail ? p.route_tail : p.route;
+  const vk::Buffer& route_buf = p.route;
   const ModelConfig& c = config_;
   const Head head = Head(head_index);
   const vk::BufferSlice chunk = p.chunk.whole();

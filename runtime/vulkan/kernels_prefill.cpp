@@ -21,7 +21,8 @@ constexpr uint32_t kQ8Teams = 8;            // moe_prefill, int8 path: rows at o
 constexpr uint32_t kQ8RowsPerWg = 32;       // moe_prefill, int8 path: rows per workgroup (each
                                             // pass's staged inputs serve all of them)
 constexpr uint64_t kQ8StageBytes = 40960;   // shared memory for the staged int8 inputs
-constexpr uint32_t kRouteWg = 256;          // moe_prefill_route (its last workgroup lists the pairs: 8 subgroups of 32)
+constexpr uint32_t kRouteWg = 64;           // moe_prefill_route, the routing (a workgroup per token)
+constexpr uint32_t kListWg = 256;           // moe_prefill_route, the lists (a workgroup per expert)
 constexpr uint32_t kUtilWg = 256;           // prefill_util
 
 uint32_t ceil_div(uint64_t a, uint64_t b) { return uint32_t((a + b - 1) / b); }
@@ -102,7 +103,7 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
   if (t.groups && t.groups != 1 && t.groups != 2 && t.groups != 4) usage_error("moe_matmul: ", t.groups, " groups, expected 1, 2 or 4");
   if (t.loop > 2) usage_error("moe_matmul: loop ", t.loop, ", expected 1 (unrolled) or 2 (a loop)");
-  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 2 ? 1 : 0;
+  const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 1 ? 0 : 1;
   const std::vector<uint32_t> tgs = t.groups ? std::vector<uint32_t>{t.groups} : std::vector<uint32_t>{4, 2, 1};
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
   const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
@@ -192,7 +193,7 @@ uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_pe
 // PrefillRouteOp
 
 uint64_t PrefillRouteOp::bytes() const {
-  return uint64_t(t_max) * n_expert * 4 * 2 + prefill_route_bytes(t_max, routing.n_used) + prefill_list_bytes(t_max, n_expert);
+  return uint64_t(t_max) * n_expert * 4 + 2 * prefill_route_bytes(t_max, routing.n_used) + prefill_list_bytes(t_max, n_expert);
 }
 
 void PrefillRouteOp::record(CommandRecorder& rec) const {
@@ -211,13 +212,18 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   const bool has_bias = bias.buffer != VK_NULL_HANDLE;
   if (has_bias) need(bias, uint64_t(n_expert) * 4, what, "bias");
 
-  PipelineDesc desc;
-  desc.name = "moe_prefill_route";
-  desc.file = "moe_prefill_route.comp";
-  desc.defines = {{"WG_SIZE", std::to_string(kRouteWg)}, {"N_EXPERT", std::to_string(n_expert)}};
-  desc.num_buffers = 5;
-  desc.push_bytes = sizeof(gpu::PrefillRouteArgs);
-  const Pipeline& pipe = rec.context().pipelines().get(desc);
+  auto pipeline = [&](bool lists) -> const Pipeline& {
+    PipelineDesc desc;
+    desc.name = lists ? "moe_prefill_route.lists" : "moe_prefill_route";
+    desc.file = "moe_prefill_route.comp";
+    desc.defines = {{"WG_SIZE", std::to_string(lists ? kListWg : kRouteWg)},
+                    {"N_EXPERT", std::to_string(n_expert)},
+                    {"LISTS", lists ? "1" : "0"}};
+    desc.num_buffers = 5;
+    desc.push_bytes = sizeof(gpu::PrefillRouteArgs);
+    desc.full_subgroups = lists && rec.context().pipelines().use_subgroup();  // the lists' pair order
+    return rec.context().pipelines().get(desc);
+  };
   gpu::PrefillRouteArgs a{};
   a.n_expert = n_expert;
   a.n_used = K;
@@ -227,7 +233,10 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   a.route_flags = (has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) | (routing.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
   a.weights_scale = routing.weights_scale;
   const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
-  rec.dispatch(pipe, b, a, t_max, 1, 1, what, bytes());
+  const uint64_t route_bytes = prefill_route_bytes(t_max, K);
+  rec.dispatch(pipeline(false), b, a, t_max, 1, 1, what, uint64_t(t_max) * n_expert * 4 + route_bytes);
+  rec.barrier();
+  rec.dispatch(pipeline(true), b, a, n_expert, 1, 1, what + " lists", route_bytes + prefill_list_bytes(t_max, n_expert));
 }
 
 // ---------------------------------------------------------------------------------------------

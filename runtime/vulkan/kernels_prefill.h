@@ -36,7 +36,7 @@ namespace tessera::vk {
 
 // Scratch sizes of a chunk of t_max tokens with K routed experts (K = 0: dense FFN).
 inline uint64_t prefill_pairs(uint32_t t_max, uint32_t n_used) { return uint64_t(t_max) * n_used + t_max; }
-inline uint64_t prefill_route_bytes(uint32_t t_max, uint32_t n_used) { return (2ull * t_max * n_used + 1) * 4; }
+inline uint64_t prefill_route_bytes(uint32_t t_max, uint32_t n_used) { return 2ull * t_max * n_used * 4; }
 inline uint64_t prefill_list_bytes(uint32_t t_max, uint32_t n_expert) { return uint64_t(n_expert) * (t_max + 1) * 4; }
 
 // Routing of every live token and the per-expert pair lists (one dispatch of t_max workgroups).
@@ -48,12 +48,13 @@ struct PrefillRouteOp {
   BufferSlice bias;     // f32 [E] exp_probs_b, or empty
   BufferSlice step;     // uint words
   uint32_t count_word = 0;
-  BufferSlice route;    // uint [prefill_route_bytes] (out; its last word zeroed once after allocation)
+  BufferSlice route;    // uint [prefill_route_bytes] (out)
   BufferSlice lists;    // uint [prefill_list_bytes] (out)
   std::string label;    // empty = "moe_prefill_route"
 
   uint64_t bytes() const;
-  // One dispatch, no barrier. Validates sizes and the routing parameters (Error(Runtime)).
+  // Two dispatches (the routing per token, a barrier, the lists per expert), no barrier after.
+  // Validates sizes and the routing parameters (Error(Runtime)).
   void record(CommandRecorder& rec) const;
 };
 

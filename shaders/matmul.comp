@@ -33,7 +33,9 @@
 // Defines: WTYPE (a SPLIT1 block type or F32 / F16 / BF16), MR (1, 2 or 4), TG (groups: 1, 2 or 4),
 // KT (a multiple of 32; for K-quants, whose units interleave inside a block, of the span a unit's
 // values cover: 64 for Q4_K / Q5_K, 128 for Q6_K), COOP;
-// PREFETCH_B (0/1; KT <= 128); or REDUCE 1 (and WG_SIZE).
+// PREFETCH_B (0/1; KT <= 128), PREFETCH_W (0/1, SPLIT1 types: the next step's W words loaded
+// (split1_raw) before this step's products, decoded and staged after them), ACC_DONT_UNROLL
+// (matmul_tile.glsl); or REDUCE 1 (and WG_SIZE).
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32),
 // 4 = partial sums (f32), 5 = the words holding the live token count (TS_MATMUL_LIVE_COUNT).
 
@@ -91,6 +93,12 @@ uint n_tok;
 #ifndef PREFETCH_B
 #define PREFETCH_B 0
 #endif
+#ifndef PREFETCH_W
+#define PREFETCH_W 0
+#endif
+#if PREFETCH_W && W_PLAIN
+#error "matmul.comp: PREFETCH_W reads SPLIT1 blocks"
+#endif
 
 // Unit u (0 .. BM * UNITS_PER_ROW) of the step at column k0 (columns below k_end) into sh: 32
 // values of row u / UNITS_PER_ROW (zeros past the bound rows).
@@ -118,6 +126,37 @@ void stage_tokens(uint tok0, uint k0, uint k_end) {
     sh[B0 + t * uint(RS) + j] = x16v[(args.x_offset + (tok0 + t) * args.x_stride + k0) / 8u + j];
   }
 }
+
+#if PREFETCH_W
+// PREFETCH_W: each invocation's units u = lid + WG_SIZE i of the next step, as loaded.
+#define N_WU ((BM * UNITS_PER_ROW + WG_SIZE - 1) / WG_SIZE)
+W1Raw wq[N_WU];
+void load_w(uint row0, uint k0, uint k_end) {
+  [[unroll]] for (uint i = 0; i < uint(N_WU); ++i) {
+    const uint u = gl_LocalInvocationIndex + i * uint(WG_SIZE), r = u / uint(UNITS_PER_ROW), k = k0 + 32u * (u % uint(UNITS_PER_ROW));
+    if (u < uint(BM * UNITS_PER_ROW) && k < k_end && row0 + r < args.rows) {
+      const uvec2 eu = block_unit_at(row0 + r, args.cols, k);
+      wq[i] = split1_raw(0u, 0u, eu.x, eu.y);
+    }
+  }
+}
+// stage_unit for the units load_w loaded for the step at k0.
+void store_w(uint row0, uint k0, uint k_end) {
+  [[unroll]] for (uint i = 0; i < uint(N_WU); ++i) {
+    const uint u = gl_LocalInvocationIndex + i * uint(WG_SIZE), r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
+    if (u >= uint(BM * UNITS_PER_ROW) || k0 + 32u * ju >= k_end) continue;
+    if (row0 + r >= args.rows) {
+      stage_zero_unit(r, ju);
+      continue;
+    }
+    const uvec2 eu = block_unit_at(row0 + r, args.cols, k0 + 32u * ju);
+    float lo[16], hi[16];
+    uint off_lo, off_hi;
+    split1_decode(wq[i], eu.x, eu.y, lo, hi, off_lo, off_hi);
+    stage_block_values(r, ju, k0, lo, hi, off_lo, off_hi);
+  }
+}
+#endif
 
 #if PREFETCH_B
 // PREFETCH_B: the next step's token values are loaded into registers (KT / 16 uvec4 per
@@ -156,16 +195,30 @@ void main() {
 #if PREFETCH_B
   load_tokens(tok0, k_begin, k_end);
 #endif
+#if PREFETCH_W
+  load_w(row0, k_begin, k_end);
+#endif
   for (uint k0 = k_begin; k0 < k_end; k0 += uint(KT)) {  // uniform
+#if PREFETCH_W
+    store_w(row0, k0, k_end);
+#else
     [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0, k_end);
+#endif
 #if PREFETCH_B
     store_tokens();
-    barrier();
-    if (k0 + uint(KT) < k_end) load_tokens(tok0, k0 + uint(KT), k_end);
 #else
     stage_tokens(tok0, k0, k_end);
-    barrier();
 #endif
+    barrier();
+    // The next step's loads, in flight during this step's products.
+    if (k0 + uint(KT) < k_end) {
+#if PREFETCH_B
+      load_tokens(tok0, k0 + uint(KT), k_end);
+#endif
+#if PREFETCH_W
+      load_w(row0, k0 + uint(KT), k_end);
+#endif
+    }
     if (has_tokens) acc_step(min(uint(KT), k_end - k0) / 16u, grp, lane, acc);
     barrier();
   }

@@ -44,6 +44,8 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // MatmulTuning::prefetch under split s.
 bool prefetch_b(const MatmulOp& op, const Split& s) { return op.tuning.prefetch == 1 && s.kt <= 128; }
+bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w == 1 && split1_supported(op.w.type); }
+bool acc_loop(const MatmulOp& op) { return op.tuning.loop == 2; }
 
 // Workgroups along K and the columns each takes (a multiple of the step).
 struct KSplit {
@@ -105,6 +107,8 @@ std::string MatmulOp::kernel_name(Context& ctx) const {
   if (s.tg != 4) name += cat(".g", s.tg);
   if (k_split_of(*this, s).n > 1) name += ".splitk";
   if (prefetch_b(*this, s)) name += ".pf";
+  if (prefetch_w(*this)) name += ".pw";
+  if (acc_loop(*this)) name += ".loop";
   return name;
 }
 
@@ -126,7 +130,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
   const Split s = split_of(*this, ctx.info());
   if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt == 0 ||
-      s.kt > 2048 || tuning.splits > kMaxSplits || tuning.prefetch > 2)
+      s.kt > 2048 || tuning.splits > kMaxSplits || tuning.prefetch > 2 || tuning.prefetch_w > 2 || tuning.loop > 2)
     usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.tg, " token groups (1, 2 or 4), steps of ", s.kt,
                 " columns (a multiple of 32 up to 2048), ", tuning.splits, " splits (at most ", kMaxSplits, ")");
   if (s.kt % step_granule(*this) != 0)
@@ -163,7 +167,9 @@ void MatmulOp::record(CommandRecorder& rec) const {
                   {"TG", std::to_string(s.tg)},
                   {"KT", std::to_string(s.kt)},
                   {"COOP", coop ? "1" : "0"},
-                  {"PREFETCH_B", prefetch_b(*this, s) ? "1" : "0"}};
+                  {"PREFETCH_B", prefetch_b(*this, s) ? "1" : "0"},
+                  {"PREFETCH_W", prefetch_w(*this) ? "1" : "0"},
+                  {"ACC_DONT_UNROLL", acc_loop(*this) ? "1" : "0"}};
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::MatmulArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();

@@ -25,6 +25,7 @@ struct Case {
   uint64_t max_binding_bytes = 0;
   uint32_t row_tiles = 0, step = 0, groups = 0, splits = 0, prefetch = 0;  // MatmulTuning
   uint32_t live = 0;  // > 0: MatmulOp::live_count holds this many live tokens (the rest untouched)
+  uint32_t prefetch_w = 0, loop = 0;  // MatmulTuning
 };
 
 std::string describe(const Case& c, vk::MatmulKernel k) {
@@ -32,7 +33,8 @@ std::string describe(const Case& c, vk::MatmulKernel k) {
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
              c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "",
-             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", c.live ? cat(" live ", c.live) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
+             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", c.prefetch_w == 1 ? " prefetch W" : "", c.loop == 2 ? " loop" : "",
+             c.live ? cat(" live ", c.live) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
 void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
@@ -65,7 +67,8 @@ void run_case(Gpu& g, const Case& c, vk::MatmulKernel kernel, uint32_t seed) {
   op.y_stride = ys;
   op.accumulate = c.accumulate;
   op.kernel = kernel;
-  op.tuning = {c.row_tiles, c.step, c.groups, c.prefetch, c.splits};
+  op.tuning = {.row_tiles = c.row_tiles, .step = c.step, .groups = c.groups, .prefetch = c.prefetch, .splits = c.splits,
+               .prefetch_w = c.prefetch_w, .loop = c.loop};
   op.max_binding_bytes = c.max_binding_bytes;
   EXPECT_NE(op.kernel_name(*g.ctx).find(kernel == vk::MatmulKernel::Coop ? ".coop" : ".plain"), std::string::npos);
   if (c.splits > 1) EXPECT_GT(op.splits(*g.ctx), 1u) << describe(c, kernel);
@@ -215,6 +218,14 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     run_case(g, {GgmlType::Q8_0, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1}, k, seed++);
     run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
+    // W words loaded a step ahead (with and without the token values), the products as a loop:
+    // several steps, a short last one, split along K, rows past a tile, every SPLIT1 family.
+    run_case(g, {GgmlType::Q4_0, 37, 1120, 21, true, 0, 0, 0, 2, 64, 2, 2, 0, 0, 1, 0}, k, seed++);
+    run_case(g, {GgmlType::Q5_1, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1, 0, 1, 2}, k, seed++);
+    run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1, 0, 1, 2}, k, seed++);
+    run_case(g, {GgmlType::Q6_K, 50, 768, 16, true, 0, 0, 0, 1, 128, 2, 0, 0, 0, 1, 0}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3, 0, 0, 0, 0, 0, 0, 0, 1, 2}, k, seed++);
+    run_case(g, {GgmlType::F16, 40, 96, 20, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2}, k, seed++);
     // A live token count below n_tokens: 20 of 70 (a partial token group, whole workgroups
     // skipped), with accumulation and split along K; 64 of 64; 1 of 40.
     run_case(g, {GgmlType::Q4_0, 37, 1152, 70, true, 0, 0, 0, 1, 128, 2, 3, 0, 20}, k, seed++);

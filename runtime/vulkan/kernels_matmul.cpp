@@ -43,8 +43,9 @@ Split split_of(const MatmulOp& op, const DeviceInfo& info) {
 uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 
 // MatmulTuning::prefetch under split s.
-bool prefetch_b(const MatmulOp& op, const Split& s) { return op.tuning.prefetch == 1 && s.kt <= 128; }
-bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w == 1 && split1_supported(op.w.type); }
+// Auto: both (H100 GLM pp512 5222 -> 5417 tok/s with both, 5375 with W alone; session 22).
+bool prefetch_b(const MatmulOp& op, const Split& s) { return op.tuning.prefetch != 2 && s.kt <= 128; }
+bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w != 2 && split1_supported(op.w.type); }
 bool acc_loop(const MatmulOp& op) { return op.tuning.loop == 2; }
 
 // Workgroups along K and the columns each takes (a multiple of the step).

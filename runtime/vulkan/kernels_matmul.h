@@ -67,11 +67,12 @@ struct MatmulTuning {
   uint32_t groups = 0;     // groups of 16 tokens per workgroup: 1, 2 or 4 (auto 4, fewer where
                            // the shared memory cannot hold the step otherwise)
   uint32_t prefetch = 0;   // 1: the next step's token values loaded ahead into registers (steps of
-                           // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (not)
+                           // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (1)
   uint32_t splits = 0;     // workgroups along K per tile, 1..64 (auto: enough for 1024 workgroups,
                            // at most 32 and one step each, partial sums within kMatmulMaxPartialBytes)
   uint32_t prefetch_w = 0; // 1: the next step's W words (SPLIT1 types) loaded before this step's
-                           // products (PREFETCH_W); 2: not; 0 auto (not)
+                           // products (PREFETCH_W); 2: not; 0 auto (1: H100 GLM pp512 5222 -> 5417
+                           // with both loads ahead, session 22)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop; 0 auto (unrolled)
   FfnMatmulTuning ffn;      // the FFN kernels' matmul form
 };

@@ -33,7 +33,8 @@ std::string describe(const Case& c, vk::MatmulKernel k) {
              c.x_pad || c.y_pad ? cat(" pad ", c.x_pad, "/", c.y_pad) : "",
              c.max_binding_bytes ? cat(" chunk ", c.max_binding_bytes) : "", c.row_tiles ? cat(" m", c.row_tiles) : "",
              c.step ? cat(" step ", c.step) : "", c.groups ? cat(" g", c.groups) : "",
-             c.splits ? cat(" splits ", c.splits) : "", c.prefetch == 1 ? " prefetch" : "", c.prefetch_w == 1 ? " prefetch W" : "", c.loop == 2 ? " loop" : "",
+             c.splits ? cat(" splits ", c.splits) : "", c.prefetch ? cat(" prefetch ", c.prefetch) : "", c.prefetch_w ? cat(" prefetch W ", c.prefetch_w) : "",
+             c.loop == 2 ? " loop" : "",
              c.live ? cat(" live ", c.live) : "", k == vk::MatmulKernel::Coop ? " coop" : " plain");
 }
 
@@ -218,14 +219,15 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     run_case(g, {GgmlType::Q8_0, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1}, k, seed++);
     run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3}, k, seed++);  // padded strides
-    // W words loaded a step ahead (with and without the token values), the products as a loop:
-    // several steps, a short last one, split along K, rows past a tile, every SPLIT1 family.
-    run_case(g, {GgmlType::Q4_0, 37, 1120, 21, true, 0, 0, 0, 2, 64, 2, 2, 0, 0, 1, 0}, k, seed++);
+    // The next step's W words and token values loaded ahead (the default), either alone or
+    // neither (2: off), the products as a loop: several steps, a short last one, split along K,
+    // rows past a tile, every SPLIT1 family.
+    run_case(g, {GgmlType::Q4_0, 37, 1120, 21, true, 0, 0, 0, 2, 64, 2, 2, 2, 0, 2, 0}, k, seed++);
     run_case(g, {GgmlType::Q5_1, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 1, 0, 1, 2}, k, seed++);
-    run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 1, 0, 1, 2}, k, seed++);
-    run_case(g, {GgmlType::Q6_K, 50, 768, 16, true, 0, 0, 0, 1, 128, 2, 0, 0, 0, 1, 0}, k, seed++);
-    run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3, 0, 0, 0, 0, 0, 0, 0, 1, 2}, k, seed++);
-    run_case(g, {GgmlType::F16, 40, 96, 20, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 2}, k, seed++);
+    run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 2, 0, 1, 2}, k, seed++);
+    run_case(g, {GgmlType::Q6_K, 50, 768, 16, true, 0, 0, 0, 1, 128, 2, 0, 2, 0, 2, 0}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3, 0, 0, 0, 0, 0, 0, 0, 2, 2}, k, seed++);
+    run_case(g, {GgmlType::F16, 40, 96, 20, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, k, seed++);
     // A live token count below n_tokens: 20 of 70 (a partial token group, whole workgroups
     // skipped), with accumulation and split along K; 64 of 64; 1 of 40.
     run_case(g, {GgmlType::Q4_0, 37, 1152, 70, true, 0, 0, 0, 1, 128, 2, 3, 0, 20}, k, seed++);

@@ -122,7 +122,7 @@ const Knob<O> kTuneKnobs[] = {
     {"ffn_matmul_groups", 4, "... groups of 16 pairs per workgroup: 1, 2 or 4; 0 auto (the most that fit)",
      [](O& o, uint32_t v) { o.matmul.ffn.groups = v; }},
     {"ffn_matmul_loop", 2, "... the products' 16-column slices: 1 unrolled, 2 a loop (auto)", [](O& o, uint32_t v) { o.matmul.ffn.loop = v; }},
-    {"ffn_matmul_step", 256, "... columns per step: 64, 128 or 256; 0 auto (the first that fits: 64, Q6_K 128)",
+    {"ffn_matmul_step", 256, "... columns per step: 32, 64, 128 or 256; 0 auto (the first that fits: 64, Q6_K 128)",
      [](O& o, uint32_t v) { o.matmul.ffn.step = v; }},
     {"ffn_matmul_prefetch", 4, "... the next step's loads before this step's products: 1 none, 2 W, 3 inputs, 4 both; 0 auto",
      [](O& o, uint32_t v) { o.matmul.ffn.prefetch = v; }},

@@ -48,7 +48,7 @@ struct FfnMatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles of W per workgroup (the gate-up's half gate and half
                            // up): 2 or 4 (auto: 4 where it fits, else 2). Each workgroup stages its
                            // pairs' inputs once per step: more rows read them fewer times.
-  uint32_t step = 0;       // columns per step: 64, 128 or 256 (auto: the first of 64, 128, 256
+  uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
                            // that the type's unit span allows and the shared memory holds)
   uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4 (auto: the most that fit)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop (auto: a loop;

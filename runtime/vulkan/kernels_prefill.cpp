@@ -99,7 +99,8 @@ struct FfnMatmulSplit {
 };
 FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t) {
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4) usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2 or 4");
-  if (t.step && t.step != 64 && t.step != 128 && t.step != 256) usage_error("moe_matmul: steps of ", t.step, " columns, expected 64, 128 or 256");
+  if (t.step && t.step != 32 && t.step != 64 && t.step != 128 && t.step != 256)
+    usage_error("moe_matmul: steps of ", t.step, " columns, expected 32, 64, 128 or 256");
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
   if (t.groups && t.groups != 1 && t.groups != 2 && t.groups != 4) usage_error("moe_matmul: ", t.groups, " groups, expected 1, 2 or 4");
   if (t.loop > 2) usage_error("moe_matmul: loop ", t.loop, ", expected 1 (unrolled) or 2 (a loop)");

@@ -294,7 +294,7 @@ TEST(PrefillMoe, MatmulForm) {
 // The matmul form's steps, prefetch and f16 input (moe_matmul.comp STEP_PREFETCH: the next step's W
 // words and input values loaded before this step's products, by default both, as MatmulForm
 // runs; IN_F16: the gate-up reads f16 rows): every SPLIT1 type family without the loads ahead,
-// each one alone, steps of 128 and 256 columns (inputs of 96 and 160 columns: a short last step),
+// each one alone, steps of 32, 128 and 256 columns (inputs of 96 and 160 columns: a short last step),
 // fewer groups of pairs, the products as a loop, plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
 TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   Gpu& g = vktest::gpu();
@@ -320,6 +320,7 @@ TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
       {q4, {}, true},
       {q4, {.step = 128, .loop = 2, .prefetch = 4}, true},
       {q4, {.step = 256, .prefetch = 1}, false},
+      {q8, {.step = 32}, true},
       {plain, {.row_tiles = 2, .step = 128, .prefetch = 4}, true},
       {plain, {.step = 256, .prefetch = 1}, false},
   };

@@ -7,8 +7,9 @@
 //   gate-up: staged tile 2q (rows 32q .. 32q + 15) = the gate rows of outputs i0 + 16q .. + 16,
 //            tile 2q + 1 their up rows (MR = 2 or 4); h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
 //   down:    staged rows = output rows r0 .. r0 + 16 MR; y[p][r] = w_p * (down_r . h[p])
-// The pairs' input rows (f32: h2 rows of their tokens, or h rows of the pairs) are gathered and
-// converted to f16 into shared memory per step. The down's h is staged times 2^-8 (its products
+// The pairs' input rows (f32: h2 rows of their tokens, or h rows of the pairs; IN_F16: f16) are
+// gathered and converted to f16 into shared memory per step; each invocation looks up its rows'
+// addresses (the pair list) once, before the K loop. The down's h is staged times 2^-8 (its products
 // times 2^8): f16 holds h up to 1.7e7 instead of 65504 (SiLU * up is not normalized), at no cost
 // in precision above 2^-6. Workgroup (x = row tile, y = slot, z = pair tile
 // of 16 TG pairs; empty tiles exit at once).
@@ -18,7 +19,8 @@
 // STEP_PREFETCH (bits: 1 = the next step's W words (SPLIT1 types), 2 = its input values, loaded
 // into registers before this step's products; 0 = each step loads its own after the barrier),
 // IN_F16 (0/1; the gate-up: its input rows are f16 (the router matmul's normed rows), in_stride
-// in f16 values, a multiple of 8: copied as they are, half the bytes and registers).
+// in f16 values, a multiple of 8: copied as they are, half the bytes and registers),
+// ACC_DONT_UNROLL (matmul_tile.glsl).
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require

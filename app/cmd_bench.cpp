@@ -115,7 +115,7 @@ const Knob<O> kTuneKnobs[] = {
     {"matmul_prefetch_w", 2, "1 / 0 (auto): prefill matmuls load the next step's W words ahead; 2: not",
      [](O& o, uint32_t v) { o.matmul.prefetch_w = v; }},
     {"matmul_loop", 2, "prefill matmuls' 16-column slices: 1 / 0 unrolled, 2 a loop", [](O& o, uint32_t v) { o.matmul.loop = v; }},
-    {"ffn_matmul_rows", 4, "16-row tiles of W per workgroup of the experts' / dense FFN's matmul form: 2 or 4; 0 auto (4)",
+    {"ffn_matmul_rows", 8, "16-row tiles of W per workgroup of the experts' / dense FFN's matmul form: 2, 4 or 8; 0 auto (4)",
      [](O& o, uint32_t v) { o.matmul.ffn.row_tiles = v; }},
     {"moe_f16_in", 1, "1, default: the experts' matmul form reads the router matmul's f16 rows; 0: the f32 rows",
      [](O& o, uint32_t v) { o.prefill_moe_f16_input = v != 0; }},

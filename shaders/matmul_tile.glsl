@@ -12,7 +12,7 @@
 // plain FMAs, lane l of a group holding the elements l + 32 i (i < 8) of each tile: row
 // (l + 32 i) % 16, input row (l + 32 i) / 16 (the tests' path where no tensor cores are).
 //
-// The including kernel defines WTYPE, MR (1, 2, 4), TG (1, 2, 4), KT and COOP, includes
+// The including kernel defines WTYPE, MR (1, 2, 4; moe_matmul.comp also 8), TG (1, 2, 4), KT and COOP, includes
 // weights.glsl, and declares its workgroup as WG_SIZE = 32 TG invocations. ACC_DONT_UNROLL (0/1):
 // acc_step's slices of 16 columns as a loop the compiler keeps (fewer live registers).
 #ifndef TESSERA_MATMUL_TILE_GLSL
@@ -28,8 +28,8 @@
 #if KT % UNIT_SPAN != 0
 #error "matmul_tile.glsl: KT holds whole unit spans"
 #endif
-#if (MR != 1 && MR != 2 && MR != 4) || (TG != 1 && TG != 2 && TG != 4)
-#error "matmul_tile.glsl: MR and TG are 1, 2 or 4"
+#if (MR != 1 && MR != 2 && MR != 4 && MR != 8) || (TG != 1 && TG != 2 && TG != 4)
+#error "matmul_tile.glsl: MR is 1, 2, 4 or 8, TG 1, 2 or 4"
 #endif
 #if COOP && (!USE_SUBGROUP || SUBGROUP_SIZE != 32)
 #error "matmul_tile.glsl: COOP needs subgroups of 32"

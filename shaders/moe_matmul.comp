@@ -5,7 +5,7 @@
 // matmul.comp does (VK_NV_cooperative_matrix 16 x 16 x 16 f16 products, f32 sums; COOP 0: the
 // same with plain FMAs, the tests' path where no tensor cores are):
 //   gate-up: staged tile 2q (rows 32q .. 32q + 15) = the gate rows of outputs i0 + 16q .. + 16,
-//            tile 2q + 1 their up rows (MR = 2 or 4); h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
+//            tile 2q + 1 their up rows (MR = 2, 4 or 8); h[p][i] = silu(gate_i . in_p) * (up_i . in_p)
 //   down:    staged rows = output rows r0 .. r0 + 16 MR; y[p][r] = w_p * (down_r . h[p])
 // The pairs' input rows (f32: h2 rows of their tokens, or h rows of the pairs; IN_F16: f16) are
 // gathered and converted to f16 into shared memory per step; each invocation looks up its rows'
@@ -15,7 +15,7 @@
 // of 16 TG pairs; empty tiles exit at once).
 // Pairs, lists and layouts: prefill_args.h; arguments: PrefillFfnArgs; wrapper: MoePrefillOp
 // (runtime/vulkan/kernels_prefill.h, `matmul`).
-// Defines: WTYPE, MR (2 or 4; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP,
+// Defines: WTYPE, MR (2, 4 or 8; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP,
 // STEP_PREFETCH (bits: 1 = the next step's W words (SPLIT1 types), 2 = its input values, loaded
 // into registers before this step's products; 0 = each step loads its own after the barrier),
 // IN_F16 (0/1; the gate-up: its input rows are f16 (the router matmul's normed rows), in_stride

@@ -46,7 +46,7 @@ constexpr uint64_t kMatmulMaxPartialBytes = 16ull << 20;
 // The FFN kernels' matmul form (moe_matmul.comp, MoePrefillOp / DensePrefillOp); 0 = automatic.
 struct FfnMatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles of W per workgroup (the gate-up's half gate and half
-                           // up): 2 or 4 (auto: 4 where it fits, else 2). Each workgroup stages its
+                           // up): 2, 4 or 8 (auto: 4 where it fits, else 2). Each workgroup stages its
                            // pairs' inputs once per step: more rows read them fewer times.
   uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
                            // that the type's unit span allows and the shared memory holds)

@@ -98,7 +98,8 @@ struct FfnMatmulSplit {
   uint32_t mr, tg, kt, prefetch, dont_unroll;
 };
 FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t) {
-  if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4) usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2 or 4");
+  if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4 && t.row_tiles != 8)
+    usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2, 4 or 8");
   if (t.step && t.step != 32 && t.step != 64 && t.step != 128 && t.step != 256)
     usage_error("moe_matmul: steps of ", t.step, " columns, expected 32, 64, 128 or 256");
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");

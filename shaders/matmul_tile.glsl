@@ -14,7 +14,10 @@
 //
 // The including kernel defines WTYPE, MR (1, 2, 4; moe_matmul.comp also 8), TG (1, 2, 4), KT and COOP, includes
 // weights.glsl, and declares its workgroup as WG_SIZE = 32 TG invocations. ACC_DONT_UNROLL (0/1):
-// acc_step's slices of 16 columns as a loop the compiler keeps (fewer live registers).
+// acc_step's slices of 16 columns as a loop the compiler keeps (fewer live registers). RSPLIT (1
+// or 2, moe_matmul.comp): the groups split the row tiles too: PG = TG / RSPLIT groups of 16 input
+// rows, group g taking input rows 16 (g % PG) .. and the MRL = MR / RSPLIT row tiles from
+// (g / PG) MRL (fewer accumulators per group; with RSPLIT 1 each group takes all MR).
 #ifndef TESSERA_MATMUL_TILE_GLSL
 #define TESSERA_MATMUL_TILE_GLSL
 
@@ -31,6 +34,14 @@
 #if (MR != 1 && MR != 2 && MR != 4 && MR != 8) || (TG != 1 && TG != 2 && TG != 4)
 #error "matmul_tile.glsl: MR is 1, 2, 4 or 8, TG 1, 2 or 4"
 #endif
+#ifndef RSPLIT
+#define RSPLIT 1
+#endif
+#if (RSPLIT != 1 && RSPLIT != 2) || TG % RSPLIT != 0 || MR % RSPLIT != 0
+#error "matmul_tile.glsl: RSPLIT is 1 or 2 and divides TG and MR"
+#endif
+#define PG (TG / RSPLIT)   // groups of 16 input rows
+#define MRL (MR / RSPLIT)  // row tiles per group
 #if COOP && (!USE_SUBGROUP || SUBGROUP_SIZE != 32)
 #error "matmul_tile.glsl: COOP needs subgroups of 32"
 #endif
@@ -41,7 +52,7 @@
 #define B0 (BM * RS)     // sh index of the first input row
 #define MAX_(a, b) ((a) > (b) ? (a) : (b))
 
-shared uvec4 sh[MAX_((BM + 16 * TG) * RS, TG * MR * 64)];
+shared uvec4 sh[MAX_((BM + 16 * PG) * RS, TG * MRL * 64)];
 
 // 8 values as 8 f16 in a uvec4.
 uvec4 pack8(float v0, float v1, float v2, float v3, float v4, float v5, float v6, float v7) {
@@ -103,47 +114,48 @@ void stage_block_unit(uint r, uint ju, uint qbase, uint mbase, uint wrow, uint c
 #endif
 
 #if COOP
-#define MATMUL_ACC(name) fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> name[MR]
+#define MATMUL_ACC(name) fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> name[MRL]
 #else
-#define MATMUL_ACC(name) float name[MR][8]
+#define MATMUL_ACC(name) float name[MRL][8]
 // f16 value k of staged row `row` (W rows from 0, input rows from BM).
 float sh_value(uint row, uint k) { return unpackHalf2x16(sh[row * uint(RS) + k / 8u][(k % 8u) / 2u] >> ((k & 1u) * 16u)).x; }
 #endif
 
 void acc_zero(out MATMUL_ACC(acc)) {
 #if COOP
-  [[unroll]] for (uint i = 0; i < MR; ++i) acc[i] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
+  [[unroll]] for (uint i = 0; i < MRL; ++i) acc[i] = fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>(0.0);
 #else
-  [[unroll]] for (uint i = 0; i < MR; ++i) {
+  [[unroll]] for (uint i = 0; i < MRL; ++i) {
     [[unroll]] for (uint q = 0; q < 8; ++q) acc[i][q] = 0.0;
   }
 #endif
 }
 
-// acc[m] += W rows 16 m .. (staged) x group grp's input rows, over the step's first nk slices of
-// 16 columns. After a barrier that follows the staging.
+// acc[m] += W rows 16 (m0 + m) .. (staged; m0 = (grp / PG) MRL) x input rows 16 (grp % PG) ..,
+// over the step's first nk slices of 16 columns. After a barrier that follows the staging.
 #ifndef ACC_DONT_UNROLL
 #define ACC_DONT_UNROLL 0
 #endif
 void acc_step(uint nk, uint grp, uint lane, inout MATMUL_ACC(acc)) {
+  const uint pg = grp % uint(PG), m0 = grp / uint(PG) * uint(MRL);
 #if ACC_DONT_UNROLL
   [[dont_unroll]]
 #endif
   for (uint kk = 0; kk < nk; ++kk) {
 #if COOP
     fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> b;
-    coopMatLoadNV(b, sh, B0 + 16u * grp * uint(RS) + 2u * kk, uint(RS), true);
-    [[unroll]] for (uint m = 0; m < MR; ++m) {
+    coopMatLoadNV(b, sh, B0 + 16u * pg * uint(RS) + 2u * kk, uint(RS), true);
+    [[unroll]] for (uint m = 0; m < MRL; ++m) {
       fcoopmatNV<16, gl_ScopeSubgroup, 16, 16> a;
-      coopMatLoadNV(a, sh, 16u * m * uint(RS) + 2u * kk, uint(RS), false);
+      coopMatLoadNV(a, sh, 16u * (m0 + m) * uint(RS) + 2u * kk, uint(RS), false);
       acc[m] = coopMatMulAddNV(a, b, acc[m]);
     }
 #else
     [[unroll]] for (uint i = 0; i < 8; ++i) {
       const uint r = (lane + 32u * i) % 16u, t = (lane + 32u * i) / 16u;
-      [[unroll]] for (uint m = 0; m < MR; ++m) {
+      [[unroll]] for (uint m = 0; m < MRL; ++m) {
         float s = acc[m][i];
-        for (uint q = 0; q < 16u; ++q) s += sh_value(16u * m + r, 16u * kk + q) * sh_value(BM + 16u * grp + t, 16u * kk + q);
+        for (uint q = 0; q < 16u; ++q) s += sh_value(16u * (m0 + m) + r, 16u * kk + q) * sh_value(BM + 16u * pg + t, 16u * kk + q);
         acc[m][i] = s;
       }
     }
@@ -154,11 +166,11 @@ void acc_step(uint nk, uint grp, uint lane, inout MATMUL_ACC(acc)) {
 // Group grp's tiles as f32 into sh (after the last step's barrier); read them back with
 // acc_value after a barrier.
 void acc_store(uint grp, uint lane, MATMUL_ACC(acc)) {
-  const uint cb = grp * uint(MR) * 64u;
+  const uint cb = grp * uint(MRL) * 64u;
 #if COOP
-  [[unroll]] for (uint m = 0; m < MR; ++m) coopMatStoreNV(acc[m], sh, cb + 64u * m, 4u, false);
+  [[unroll]] for (uint m = 0; m < MRL; ++m) coopMatStoreNV(acc[m], sh, cb + 64u * m, 4u, false);
 #else
-  [[unroll]] for (uint m = 0; m < MR; ++m) {
+  [[unroll]] for (uint m = 0; m < MRL; ++m) {
     [[unroll]] for (uint i = 0; i < 8; ++i) {
       const uint e = lane + 32u * i, f = (e % 16u) * 16u + e / 16u;  // row-major index of (row, input row)
       sh[cb + 64u * m + f / 4u][f % 4u] = floatBitsToUint(acc[m][i]);
@@ -167,10 +179,10 @@ void acc_store(uint grp, uint lane, MATMUL_ACC(acc)) {
 #endif
 }
 
-// Element (row r, input row t) of group grp's tile m.
+// Element (row r, input row t) of group grp's tile m (of its MRL).
 float acc_value(uint grp, uint m, uint r, uint t) {
   const uint f = r * 16u + t;
-  return uintBitsToFloat(sh[grp * uint(MR) * 64u + 64u * m + f / 4u][f % 4u]);
+  return uintBitsToFloat(sh[grp * uint(MRL) * 64u + 64u * m + f / 4u][f % 4u]);
 }
 
 #endif  // TESSERA_MATMUL_TILE_GLSL

@@ -1,7 +1,7 @@
 #version 450
 // Prefill FFN, expert-major, on tensor cores (the matmul form of moe_prefill.comp: same
 // arguments, bindings, pairs and outputs; docs/PREFILL.md). Each workgroup multiplies BM staged
-// rows of one slot's matrix by up to 16 TG of the slot's pairs, steps of KT columns, as
+// rows of one slot's matrix by up to 16 PG of the slot's pairs (PG = TG / RSPLIT), steps of KT columns, as
 // matmul.comp does (VK_NV_cooperative_matrix 16 x 16 x 16 f16 products, f32 sums; COOP 0: the
 // same with plain FMAs, the tests' path where no tensor cores are):
 //   gate-up: staged tile 2q (rows 32q .. 32q + 15) = the gate rows of outputs i0 + 16q .. + 16,
@@ -12,10 +12,12 @@
 // addresses (the pair list) once, before the K loop. The down's h is staged times 2^-8 (its products
 // times 2^8): f16 holds h up to 1.7e7 instead of 65504 (SiLU * up is not normalized), at no cost
 // in precision above 2^-6. Workgroup (x = row tile, y = slot, z = pair tile
-// of 16 TG pairs; empty tiles exit at once).
+// of 16 PG pairs; empty tiles exit at once).
 // Pairs, lists and layouts: prefill_args.h; arguments: PrefillFfnArgs; wrapper: MoePrefillOp
 // (runtime/vulkan/kernels_prefill.h, `matmul`).
-// Defines: WTYPE, MR (2, 4 or 8; the down also takes 1), TG (1, 2 or 4), KT (as matmul.comp), COOP,
+// Defines: WTYPE, MR (2, 4 or 8; the down also takes 1), TG (1, 2 or 4), RSPLIT (1 or 2: the
+// groups split the row tiles, matmul_tile.glsl; the gate-up's MR / RSPLIT even), KT (as
+// matmul.comp), COOP,
 // STEP_PREFETCH (bits: 1 = the next step's W words (SPLIT1 types), 2 = its input values, loaded
 // into registers before this step's products; 0 = each step loads its own after the barrier),
 // IN_F16 (0/1; the gate-up: its input rows are f16 (the router matmul's normed rows), in_stride
@@ -68,7 +70,7 @@ float silu(float z) { return z / (1.0 + exp(-z)); }
 // staged W units u = lid + WG_SIZE i (row u / UNITS_PER_ROW, unit u % UNITS_PER_ROW) and input
 // copies c = lid + WG_SIZE i (pair row c / (KT / 8), values 8 (c % (KT / 8)) .. + 8).
 #define N_WU ((BM * UNITS_PER_ROW + WG_SIZE - 1) / WG_SIZE)
-#define N_IC (KT / 16)  // (16 TG rows x KT / 8 copies) / 32 TG invocations
+#define N_IC (KT / (16 * RSPLIT))  // (16 PG rows x KT / 8 copies) / 32 TG invocations
 #define UNIT_NONE 0xFFFFFFFFu  // no unit for this invocation
 #define UNIT_ZERO 0xFFFFFFFEu  // a row past the matrix: zeros
 #define ROW_NONE 0xFFFFFFFFu   // a pair row past the list: zeros
@@ -171,14 +173,15 @@ void main() {
   const uint n_tok = min(step_words[args.count_word], args.t_max);
   const uint slot = gl_WorkGroupID.y, e = args.expert_lo + slot;
   const uint n_pairs = all_tokens() ? n_tok : lists[e];
-  const uint p0 = gl_WorkGroupID.z * uint(16 * TG);  // the workgroup's first pair (of the slot's list)
+  const uint p0 = gl_WorkGroupID.z * uint(16 * PG);  // the workgroup's first pair (of the slot's list)
   const bool down = is_down(), separate = (args.flags & TS_PF_SEPARATE_GATE_UP) != 0u;
   // Outputs per workgroup: down BM rows; gate-up BM / 2 (a gate and an up tile each).
   const uint out_rows = down ? args.n_embd : args.width, outs = down ? uint(BM) : uint(BM / 2);
   const uint o0 = gl_WorkGroupID.x * outs;
   if (p0 >= n_pairs || o0 >= out_rows) return;  // uniform per workgroup
   const uint lid = gl_LocalInvocationIndex, grp = lid / 32u, lane = lid % 32u;
-  const bool has_pairs = p0 + 16u * grp < n_pairs;  // uniform per group
+  const uint pg = grp % uint(PG), m0 = grp / uint(PG) * uint(MRL);  // the group's pairs and row tiles
+  const bool has_pairs = p0 + 16u * pg < n_pairs;  // uniform per group
   const uint K = args.n_used, cols = down ? args.width : args.n_embd;
 
   const uint base = all_tokens() ? 0u : slot * args.slot_stride;
@@ -194,8 +197,8 @@ void main() {
     mu = m;
   }
 
-  // The staged pair rows: up to 16 TG, whole groups of 16 (rows past the list are zeros).
-  const uint nt = min(uint(16 * TG), (n_pairs - p0 + 15u) / 16u * 16u);
+  // The staged pair rows: up to 16 PG, whole groups of 16 (rows past the list are zeros).
+  const uint nt = min(uint(16 * PG), (n_pairs - p0 + 15u) / 16u * 16u);
 
   // W: staged row r of tile r / 16 (down: output o0 + r; gate-up: tile 2q the gate rows of
   // outputs o0 + 16q + r % 16, tile 2q + 1 their up rows).
@@ -270,18 +273,18 @@ void main() {
   if (!has_pairs) return;
   [[unroll]] for (uint q = 0; q < 8; ++q) {
     const uint el = lane + 32u * q, r = el % 16u, t = el / 16u;  // lanes 0..15: consecutive rows
-    const uint j = p0 + 16u * grp + t;
+    const uint j = p0 + 16u * pg + t;
     if (j >= n_pairs) continue;
     const uint p = all_tokens() ? args.pair_base + j : lists[args.n_expert + e * args.t_max + j];
     if (down) {
       const float w = (all_tokens() ? 1.0 : uintBitsToFloat(route[2u * p + 1u])) * (1.0 / DOWN_IN_SCALE);
-      [[unroll]] for (uint i = 0; i < MR; ++i) {
-        const uint row = o0 + 16u * i + r;
+      [[unroll]] for (uint i = 0; i < MRL; ++i) {
+        const uint row = o0 + 16u * (m0 + i) + r;
         if (row < out_rows) out_v[p * args.out_stride + row] = w * acc_value(grp, i, r, t);
       }
     } else {
-      [[unroll]] for (uint gt = 0; gt < MR / 2; ++gt) {  // gate tile 2 gt, up tile 2 gt + 1
-        const uint i = o0 + 16u * gt + r;
+      [[unroll]] for (uint gt = 0; gt < MRL / 2; ++gt) {  // its gate tile 2 gt, up tile 2 gt + 1
+        const uint i = o0 + 8u * m0 + 16u * gt + r;
         if (i < out_rows) out_v[p * args.out_stride + i] = silu(acc_value(grp, 2u * gt, r, t)) * acc_value(grp, 2u * gt + 1u, r, t);
       }
     }

@@ -51,6 +51,8 @@ struct FfnMatmulTuning {
   uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
                            // that the type's unit span allows and the shared memory holds)
   uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4 (auto: the most that fit)
+  uint32_t split_rows = 0; // 2: twice the groups of 32 invocations, each pair group's row tiles
+                           // split between two of them (fewer accumulators each); 1 / 0: not
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop (auto: a loop;
                            // H100 GLM pp512 4830 -> 4920 tok/s, session 22)
   uint32_t prefetch = 0;   // the next step's loads issued before this step's products: 1 none,

@@ -93,11 +93,12 @@ struct FfnDispatch {
 // MR / 2 up tiles; MR = row_tiles, auto 4, else 2 where 4 does not fit: each workgroup stages its
 // pairs' inputs once per step, so 4 row tiles read them half as often: H100, GLM pp512 3191 ->
 // 3606 tok/s, session 21), 16 x TG pairs, steps of KT columns: the first of 64 / 128 / 256 that
-// the weight type's unit span allows and the shared memory holds; STEP_PREFETCH bits.
+// the weight type's unit span allows and the shared memory holds; STEP_PREFETCH bits; rsplit 2:
+// the workgroup's 2 tg groups of 32 split the row tiles as well (RSPLIT).
 struct FfnMatmulSplit {
-  uint32_t mr, tg, kt, prefetch, dont_unroll;
+  uint32_t mr, tg, kt, prefetch, dont_unroll, rsplit;
 };
-FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t) {
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t, bool down) {
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4 && t.row_tiles != 8)
     usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2, 4 or 8");
   if (t.step && t.step != 32 && t.step != 64 && t.step != 128 && t.step != 256)
@@ -105,6 +106,12 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   if (t.prefetch > 4) usage_error("moe_matmul: prefetch ", t.prefetch, ", expected 1 (none), 2 (W), 3 (inputs) or 4 (both)");
   if (t.groups && t.groups != 1 && t.groups != 2 && t.groups != 4) usage_error("moe_matmul: ", t.groups, " groups, expected 1, 2 or 4");
   if (t.loop > 2) usage_error("moe_matmul: loop ", t.loop, ", expected 1 (unrolled) or 2 (a loop)");
+  if (t.split_rows > 2) usage_error("moe_matmul: split_rows ", t.split_rows, ", expected 1 or 2");
+  const uint32_t rsplit = t.split_rows == 2 ? 2 : 1;
+  // Each group's row tiles: the gate-up's in gate / up pairs.
+  auto mr_fits = [&](uint32_t mr) { return mr % rsplit == 0 && (down || (mr / rsplit) % 2 == 0); };
+  if (t.row_tiles && !mr_fits(t.row_tiles))
+    usage_error("moe_matmul: ", t.row_tiles, " row tiles cannot be split in ", rsplit, down ? "" : " (gate and up tiles in pairs)");
   const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 1 ? 0 : 1;
   const std::vector<uint32_t> tgs = t.groups ? std::vector<uint32_t>{t.groups} : std::vector<uint32_t>{4, 2, 1};
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
@@ -112,8 +119,9 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   for (uint32_t mr : mrs)
     for (uint32_t tg : tgs)
       for (uint32_t kt : kts)
-        if (kt % matmul_step_granule(type) == 0 && matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
-          return {mr, tg, kt, prefetch, dont_unroll};
+        if (mr_fits(mr) && tg * rsplit <= 4 && kt % matmul_step_granule(type) == 0 &&
+            matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
+          return {mr, tg, kt, prefetch, dont_unroll, rsplit};
   runtime_error("moe_matmul: no work split of ", type_name(type), " fits ", ctx.info().name, "'s shared memory",
                 t.step ? cat(" with steps of ", t.step, " columns") : std::string());
 }
@@ -136,13 +144,14 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   if (!ffn_matmul_fits(d))
     runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
                   ") and 16-byte input rows");
-  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning);
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning, down);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
   desc.file = "moe_matmul.comp";
   desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(d.type))},
                   {"MR", std::to_string(s.mr)},
-                  {"TG", std::to_string(s.tg)},
+                  {"TG", std::to_string(s.tg * s.rsplit)},
+                  {"RSPLIT", std::to_string(s.rsplit)},
                   {"KT", std::to_string(s.kt)},
                   {"STEP_PREFETCH", std::to_string(s.prefetch)},
                   {"IN_F16", d.in_f16.buffer ? "1" : "0"},

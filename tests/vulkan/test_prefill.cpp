@@ -75,7 +75,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " split ", c.matmul_tuning.split_rows, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -295,7 +295,8 @@ TEST(PrefillMoe, MatmulForm) {
 // words and input values loaded before this step's products, by default both, as MatmulForm
 // runs; IN_F16: the gate-up reads f16 rows): every SPLIT1 type family without the loads ahead,
 // each one alone, steps of 32, 128 and 256 columns (inputs of 96 and 160 columns: a short last step),
-// 8 row tiles, fewer groups of pairs, the products as a loop, plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
+// 8 row tiles, fewer groups of pairs, row tiles split between groups, the products as a loop,
+// plain types, expert ranges. Each case compiles its own kernels: kept few for CI's cold cache.
 TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -323,6 +324,9 @@ TEST(PrefillMoe, MatmulFormStepsAndPrefetch) {
       {q8, {.step = 32}, true},
       {q4, {.row_tiles = 8}, true},
       {q8, {.row_tiles = 8, .prefetch = 1}, false},
+      {q4, {.split_rows = 2}, true},
+      {q8, {.groups = 1, .split_rows = 2, .prefetch = 1}, false},
+      {kq, {.split_rows = 2}, true},
       {plain, {.row_tiles = 2, .step = 128, .prefetch = 4}, true},
       {plain, {.step = 256, .prefetch = 1}, false},
   };

@@ -121,7 +121,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.prefill_moe_f16_input = v != 0; }},
     {"ffn_matmul_groups", 4, "... groups of 16 pairs per workgroup: 1, 2 or 4; 0 auto (the most that fit)",
      [](O& o, uint32_t v) { o.matmul.ffn.groups = v; }},
-    {"ffn_matmul_split_rows", 2, "... 2: two groups of 32 per 16 pairs, each half the row tiles; 1 / 0: not",
+    {"ffn_matmul_split_rows", 2, "... 2: two groups of 32 per 16 pairs, each half the row tiles; 1: not; 0 auto (2 for routed experts)",
      [](O& o, uint32_t v) { o.matmul.ffn.split_rows = v; }},
     {"ffn_matmul_loop", 2, "... the products' 16-column slices: 1 unrolled, 2 a loop (auto)", [](O& o, uint32_t v) { o.matmul.ffn.loop = v; }},
     {"ffn_matmul_step", 256, "... columns per step: 32, 64, 128 or 256; 0 auto (the first that fits: 64, Q6_K 128)",

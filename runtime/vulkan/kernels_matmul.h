@@ -51,8 +51,10 @@ struct FfnMatmulTuning {
   uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
                            // that the type's unit span allows and the shared memory holds)
   uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4 (auto: the most that fit)
-  uint32_t split_rows = 0; // 2: twice the groups of 32 invocations, each pair group's row tiles
-                           // split between two of them (fewer accumulators each); 1 / 0: not
+  uint32_t split_rows = 0; // 2: twice the groups of 32 invocations per pair group, each taking
+                           // half its row tiles (half the accumulators); 1: not; 0 auto (2 for the
+                           // routed experts, whose lists half fill 64-pair workgroups; 1 for the
+                           // shared expert and a dense FFN: H100 GLM pp512 5378 -> 5595, session 22)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop (auto: a loop;
                            // H100 GLM pp512 4830 -> 4920 tok/s, session 22)
   uint32_t prefetch = 0;   // the next step's loads issued before this step's products: 1 none,

@@ -98,7 +98,10 @@ struct FfnDispatch {
 struct FfnMatmulSplit {
   uint32_t mr, tg, kt, prefetch, dont_unroll, rsplit;
 };
-FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t, bool down) {
+// routed: the dispatch's pairs come from the experts' lists (~T K / E each, so 64-pair workgroups
+// are half empty: auto rsplit 2, H100 GLM pp512 5378 -> 5595 with every dispatch split, session
+// 22); else every live token (the shared expert, a dense FFN: auto rsplit 1).
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t, bool down, bool routed) {
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4 && t.row_tiles != 8)
     usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2, 4 or 8");
   if (t.step && t.step != 32 && t.step != 64 && t.step != 128 && t.step != 256)
@@ -107,21 +110,24 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   if (t.groups && t.groups != 1 && t.groups != 2 && t.groups != 4) usage_error("moe_matmul: ", t.groups, " groups, expected 1, 2 or 4");
   if (t.loop > 2) usage_error("moe_matmul: loop ", t.loop, ", expected 1 (unrolled) or 2 (a loop)");
   if (t.split_rows > 2) usage_error("moe_matmul: split_rows ", t.split_rows, ", expected 1 or 2");
-  const uint32_t rsplit = t.split_rows == 2 ? 2 : 1;
   // Each group's row tiles: the gate-up's in gate / up pairs.
-  auto mr_fits = [&](uint32_t mr) { return mr % rsplit == 0 && (down || (mr / rsplit) % 2 == 0); };
-  if (t.row_tiles && !mr_fits(t.row_tiles))
-    usage_error("moe_matmul: ", t.row_tiles, " row tiles cannot be split in ", rsplit, down ? "" : " (gate and up tiles in pairs)");
+  auto mr_fits = [&](uint32_t mr, uint32_t rsplit) { return mr % rsplit == 0 && (down || (mr / rsplit) % 2 == 0); };
+  if (t.row_tiles && t.split_rows == 2 && !mr_fits(t.row_tiles, 2))
+    usage_error("moe_matmul: ", t.row_tiles, " row tiles cannot be split in 2", down ? "" : " (gate and up tiles in pairs)");
+  const std::vector<uint32_t> rsplits = t.split_rows ? std::vector<uint32_t>{t.split_rows == 2 ? 2u : 1u}
+                                        : routed    ? std::vector<uint32_t>{2, 1}
+                                                    : std::vector<uint32_t>{1};
   const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 1 ? 0 : 1;
   const std::vector<uint32_t> tgs = t.groups ? std::vector<uint32_t>{t.groups} : std::vector<uint32_t>{4, 2, 1};
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
   const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
-  for (uint32_t mr : mrs)
-    for (uint32_t tg : tgs)
-      for (uint32_t kt : kts)
-        if (mr_fits(mr) && tg * rsplit <= 4 && kt % matmul_step_granule(type) == 0 &&
-            matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
-          return {mr, tg, kt, prefetch, dont_unroll, rsplit};
+  for (uint32_t rsplit : rsplits)
+    for (uint32_t mr : mrs)
+      for (uint32_t tg : tgs)
+        for (uint32_t kt : kts)
+          if (mr_fits(mr, rsplit) && tg * rsplit <= 4 && kt % matmul_step_granule(type) == 0 &&
+              matmul_shared_bytes(mr, tg, kt) <= ctx.info().max_compute_shared_memory)
+            return {mr, tg, kt, prefetch, dont_unroll, rsplit};
   runtime_error("moe_matmul: no work split of ", type_name(type), " fits ", ctx.info().name, "'s shared memory",
                 t.step ? cat(" with steps of ", t.step, " columns") : std::string());
 }
@@ -144,7 +150,7 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   if (!ffn_matmul_fits(d))
     runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
                   ") and 16-byte input rows");
-  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning, down);
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning, down, (d.args.flags & TS_PF_ALL_TOKENS) == 0);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
   desc.file = "moe_matmul.comp";

@@ -50,7 +50,8 @@ struct FfnMatmulTuning {
                            // pairs' inputs once per step: more rows read them fewer times.
   uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
                            // that the type's unit span allows and the shared memory holds)
-  uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4 (auto: the most that fit)
+  uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4, with split rows 1 or 2
+                           // (auto: the most that fit)
   uint32_t split_rows = 0; // 2: twice the groups of 32 invocations per pair group, each taking
                            // half its row tiles (half the accumulators); 1: not; 0 auto (2 for the
                            // routed experts, whose lists half fill 64-pair workgroups; 1 for the

@@ -112,6 +112,7 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   if (t.split_rows > 2) usage_error("moe_matmul: split_rows ", t.split_rows, ", expected 1 or 2");
   // Each group's row tiles: the gate-up's in gate / up pairs.
   auto mr_fits = [&](uint32_t mr, uint32_t rsplit) { return mr % rsplit == 0 && (down || (mr / rsplit) % 2 == 0); };
+  if (t.groups == 4 && t.split_rows == 2) usage_error("moe_matmul: 4 groups of pairs cannot split their rows (8 groups of 32)");
   if (t.row_tiles && t.split_rows == 2 && !mr_fits(t.row_tiles, 2))
     usage_error("moe_matmul: ", t.row_tiles, " row tiles cannot be split in 2", down ? "" : " (gate and up tiles in pairs)");
   const std::vector<uint32_t> rsplits = t.split_rows ? std::vector<uint32_t>{t.split_rows == 2 ? 2u : 1u}

@@ -14,7 +14,9 @@
 // workgroup's scan.) Arguments: PrefillRouteArgs (prefill_args.h).
 // Wrapper: PrefillRouteOp (runtime/vulkan/kernels_prefill.h).
 //
-// Defines: WG_SIZE, N_EXPERT (E, the logits row length), LISTS (0/1).
+// Defines: WG_SIZE, N_EXPERT (E, the logits row length), LISTS (0/1), LISTS_SUBGROUP (0/1: the
+// lists by subgroup prefix sums, which needs full subgroups of the required size; else the
+// shared-memory path).
 // Bindings: 0 = logits [T][E], 1 = bias [E], 2 = step (uint), 3 = route (uint), 4 = lists (uint).
 
 #include "common.glsl"
@@ -38,7 +40,11 @@ layout(std430, binding = 4) writeonly restrict buffer ListBuf { uint lists[]; };
 layout(push_constant) uniform Push { PrefillRouteArgs args; };
 
 #if LISTS
-#if USE_SUBGROUP
+#if !defined(LISTS_SUBGROUP) || !USE_SUBGROUP
+#undef LISTS_SUBGROUP
+#define LISTS_SUBGROUP 0
+#endif
+#if LISTS_SUBGROUP
 shared uint sh_total[WG_SIZE];  // each subgroup's hits (indexed by gl_SubgroupID)
 #else
 shared uint sh_hit[WG_SIZE];
@@ -51,7 +57,7 @@ void main() {
   const uint at = args.n_expert + e * args.t_max;  // the list's first entry
   uint c = 0u;                                     // pairs listed so far (uniform)
   for (uint base = 0u; base < n_pairs; base += uint(WG_SIZE)) {  // uniform
-#if USE_SUBGROUP
+#if LISTS_SUBGROUP
     // Pairs in (subgroup, lane) order: full subgroups cover base .. base + WG_SIZE - 1.
     const uint p = base + gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
     const uint hit = p < n_pairs && route[2u * p] == e ? 1u : 0u;

@@ -234,12 +234,16 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
     PipelineDesc desc;
     desc.name = lists ? "moe_prefill_route.lists" : "moe_prefill_route";
     desc.file = "moe_prefill_route.comp";
+    // The lists' pair order needs full subgroups of the required size (lanes in invocation order).
+    const DeviceFeatures& f = rec.context().device().enabled();
+    const bool sg_lists = lists && rec.context().pipelines().use_subgroup() && f.subgroup_size_control && f.compute_full_subgroups;
     desc.defines = {{"WG_SIZE", std::to_string(lists ? kListWg : kRouteWg)},
                     {"N_EXPERT", std::to_string(n_expert)},
-                    {"LISTS", lists ? "1" : "0"}};
+                    {"LISTS", lists ? "1" : "0"},
+                    {"LISTS_SUBGROUP", sg_lists ? "1" : "0"}};
     desc.num_buffers = 5;
     desc.push_bytes = sizeof(gpu::PrefillRouteArgs);
-    desc.full_subgroups = lists && rec.context().pipelines().use_subgroup();  // the lists' pair order
+    desc.full_subgroups = sg_lists;
     return rec.context().pipelines().get(desc);
   };
   gpu::PrefillRouteArgs a{};

@@ -134,10 +134,7 @@ W1Raw wq[N_WU];
 void load_w(uint row0, uint k0, uint k_end) {
   [[unroll]] for (uint i = 0; i < uint(N_WU); ++i) {
     const uint u = gl_LocalInvocationIndex + i * uint(WG_SIZE), r = u / uint(UNITS_PER_ROW), k = k0 + 32u * (u % uint(UNITS_PER_ROW));
-    if (u < uint(BM * UNITS_PER_ROW) && k < k_end && row0 + r < args.rows) {
-      const uvec2 eu = block_unit_at(row0 + r, args.cols, k);
-      wq[i] = split1_raw(0u, 0u, eu.x, eu.y);
-    }
+    if (u < uint(BM * UNITS_PER_ROW) && k < k_end && row0 + r < args.rows) wq[i] = load_raw_unit(0u, 0u, row0 + r, args.cols, k);
   }
 }
 // stage_unit for the units load_w loaded for the step at k0.
@@ -149,11 +146,7 @@ void store_w(uint row0, uint k0, uint k_end) {
       stage_zero_unit(r, ju);
       continue;
     }
-    const uvec2 eu = block_unit_at(row0 + r, args.cols, k0 + 32u * ju);
-    float lo[16], hi[16];
-    uint off_lo, off_hi;
-    split1_decode(wq[i], eu.x, eu.y, lo, hi, off_lo, off_hi);
-    stage_block_values(r, ju, k0, lo, hi, off_lo, off_hi);
+    stage_raw_unit(r, ju, k0, row0 + r, args.cols, wq[i]);
   }
 }
 #endif

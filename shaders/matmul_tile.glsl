@@ -83,11 +83,29 @@ void stage_plain_unit(uint r, uint ju, uint e0) {
   }
 }
 #else
-// Unit ju of staged W row r, the step at column k0: the 32 values split1_unit (or split1_decode)
-// gave for the unit at column k0 + 32 ju (block (k0 + 32 ju) / W_BLOCK of its row), which land at
-// offsets off_lo / off_hi of the block (multiples of 16, inside the step: it holds whole unit spans).
-void stage_block_values(uint r, uint ju, uint k0, float lo[16], float hi[16], uint off_lo, uint off_hi) {
+// The SPLIT1 entry (row * blocks per row + block) and unit of the unit at column k of row `wrow`
+// of a matrix with `cols` columns.
+uvec2 block_unit_at(uint wrow, uint cols, uint k) {
+  return uvec2(wrow * (cols / uint(W_BLOCK)) + k / uint(W_BLOCK), (k % uint(W_BLOCK)) / 32u);
+}
+
+// The words of the unit at column k of row `wrow` of the SPLIT1 matrix at (qbase, mbase) with
+// `cols` columns, as loaded (split1_raw): a kernel may load a later step's units before it stages
+// the current ones.
+W1Raw load_raw_unit(uint qbase, uint mbase, uint wrow, uint cols, uint k) {
+  const uvec2 eu = block_unit_at(wrow, cols, k);
+  return split1_raw(qbase, mbase, eu.x, eu.y);
+}
+
+// Unit ju of staged W row r, the step at column k0, from `raw` (load_raw_unit of row `wrow`, column
+// k0 + 32 ju): its 32 values land at the block's offsets split1_decode reports (multiples of 16,
+// inside the step: it holds whole unit spans).
+void stage_raw_unit(uint r, uint ju, uint k0, uint wrow, uint cols, W1Raw raw) {
   const uint k = k0 + 32u * ju;
+  const uvec2 eu = block_unit_at(wrow, cols, k);
+  float lo[16], hi[16];
+  uint off_lo, off_hi;
+  split1_decode(raw, eu.x, eu.y, lo, hi, off_lo, off_hi);
   const uint block0 = k - k % uint(W_BLOCK);  // the block's first column
   const uint at_lo = r * uint(RS) + (block0 + off_lo - k0) / 8u, at_hi = r * uint(RS) + (block0 + off_hi - k0) / 8u;
   sh[at_lo] = PACK8(lo, 0);
@@ -96,20 +114,9 @@ void stage_block_values(uint r, uint ju, uint k0, float lo[16], float hi[16], ui
   sh[at_hi + 1u] = PACK8(hi, 8);
 }
 
-// The SPLIT1 entry (row * blocks per row + block) and unit of the unit at column k of row `wrow`
-// of a matrix with `cols` columns.
-uvec2 block_unit_at(uint wrow, uint cols, uint k) {
-  return uvec2(wrow * (cols / uint(W_BLOCK)) + k / uint(W_BLOCK), (k % uint(W_BLOCK)) / 32u);
-}
-
-// Unit ju of staged W row r, the step at column k0, from row `wrow` of the SPLIT1 matrix at
-// (qbase, mbase) with `cols` columns.
+// The same, loaded and staged at once.
 void stage_block_unit(uint r, uint ju, uint qbase, uint mbase, uint wrow, uint cols, uint k0) {
-  const uvec2 eu = block_unit_at(wrow, cols, k0 + 32u * ju);
-  float lo[16], hi[16];
-  uint off_lo, off_hi;
-  split1_unit(qbase, mbase, eu.x, eu.y, lo, hi, off_lo, off_hi);
-  stage_block_values(r, ju, k0, lo, hi, off_lo, off_hi);
+  stage_raw_unit(r, ju, k0, wrow, cols, load_raw_unit(qbase, mbase, wrow, cols, k0 + 32u * ju));
 }
 #endif
 

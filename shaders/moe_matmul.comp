@@ -91,10 +91,7 @@ uint step_cols(uint k0, uint cols) { return min(uint(KT), cols - k0); }
 void load_w(StepShare sv, uint k0, uint cols, out W1Raw raw[N_WU]) {
   [[unroll]] for (uint i = 0; i < N_WU; ++i) {
     const uint ju = (gl_LocalInvocationIndex + uint(WG_SIZE) * i) % uint(UNITS_PER_ROW), k = k0 + 32u * ju;
-    if (sv.wrow[i] < UNIT_ZERO && k < cols) {
-      const uvec2 eu = block_unit_at(sv.wrow[i], cols, k);
-      raw[i] = split1_raw(sv.wmat[i].qbase, sv.wmat[i].mbase, eu.x, eu.y);
-    }
+    if (sv.wrow[i] < UNIT_ZERO && k < cols) raw[i] = load_raw_unit(sv.wmat[i].qbase, sv.wmat[i].mbase, sv.wrow[i], cols, k);
   }
 }
 #endif
@@ -116,11 +113,7 @@ void stage_w(StepShare sv, uint k0, uint cols
 #if W_PLAIN
     stage_plain_unit(r, ju, sv.wmat[i].qbase + sv.wrow[i] * cols + k0 + 32u * ju);
 #elif PREFETCH_W
-    const uvec2 eu = block_unit_at(sv.wrow[i], cols, k0 + 32u * ju);
-    float lo[16], hi[16];
-    uint off_lo, off_hi;
-    split1_decode(raw[i], eu.x, eu.y, lo, hi, off_lo, off_hi);
-    stage_block_values(r, ju, k0, lo, hi, off_lo, off_hi);
+    stage_raw_unit(r, ju, k0, sv.wrow[i], cols, raw[i]);
 #else
     stage_block_unit(r, ju, sv.wmat[i].qbase, sv.wmat[i].mbase, sv.wrow[i], cols, k0);
 #endif

@@ -448,7 +448,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.step = chunk;
       moe.count_word = kCountWord;
       moe.h2 = p.h2.whole();
-      if (normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
+      if (moe.matmul && normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
       moe.route = route_buf.whole();
       moe.lists = p.lists.whole();
       moe.h = p.h.whole();

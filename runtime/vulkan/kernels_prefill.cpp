@@ -268,7 +268,7 @@ uint64_t MoePrefillOp::gateup_bytes() const {
   const MoeTileGeometry& g = tile.geometry;
   uint64_t w = uint64_t(g.n_expert) * split_read_bytes(g.gateup(0));
   if (g.has_shared()) w += split_read_bytes(g.gateup(g.n_expert));
-  return w + uint64_t(t_max) * g.n_embd * (h2_f16.buffer ? 2 : 4) + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
+  return w + uint64_t(t_max) * g.n_embd * (matmul && h2_f16.buffer ? 2 : 4) + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
 }
 
 uint64_t MoePrefillOp::down_bytes() const {

@@ -8,15 +8,21 @@
 // Pairs, lists and buffer layouts: prefill_args.h. Arguments: PrefillFfnArgs.
 // Wrapper: MoePrefillOp / DensePrefillOp (runtime/vulkan/kernels_prefill.h).
 //
-// Defines: WTYPE, THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (rows computed at
-// once, one team of THREADS_PER_ROW invocations each), WG_SIZE = TEAMS * THREADS_PER_ROW, ROWS
-// (rows per workgroup, a multiple of TEAMS).
-// Work split inside a team: lane l takes the weight units l, l + THREADS_PER_ROW, ... of the row
-// (SPLIT1: 32-value units of split1_unit; plain: single elements), and for each unit the TB
-// current pairs' inputs: one weight decode feeds TB dot products.
+// Defines: WTYPE, WG_SIZE, ROWS (rows per workgroup), Q8ACT (the int8 path).
+//   f32 path: THREADS_PER_ROW (= SUBGROUP_SIZE when USE_SUBGROUP), TEAMS (rows computed at once,
+//   one team of THREADS_PER_ROW invocations each; WG_SIZE = TEAMS * THREADS_PER_ROW). Lane l takes
+//   the weight units l, l + THREADS_PER_ROW, ... of the row (SPLIT1: 32-value units of
+//   split1_unit; plain: single elements), and for each unit the TB current pairs' inputs: one
+//   weight decode feeds TB dot products.
+//   int8 path: TB (pairs per pass), IN_BLOCKS (input blocks of 32 per row), Q8_BLOCKS = TB *
+//   IN_BLOCKS, Q8_TPR (lanes per row: 8, 16 or 32), Q8_SHUFFLE (team sums by subgroup shuffles;
+//   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR). Teams of Q8_TPR lanes below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
+#if Q8ACT && Q8_SHUFFLE
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #include "prefill_args.h"
 
 #define W_Q_BINDING 0
@@ -46,6 +52,7 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
 
+#if !Q8ACT
 // Row r of m (cols long) dotted with the TB inputs starting at floats in_base[b] (component b of
 // the result; inputs of pairs past the list are computed on a valid row and ignored). This
 // lane's share of the row only.
@@ -78,12 +85,14 @@ vec4 row_dot4(WMat m, uint r, uint cols, uvec4 in_base, uint lane) {
   return acc;
 }
 
+#endif
+
 #if Q8ACT
-// The inputs of this pass's TB pairs (rows starting at floats in_base[c], nb blocks long) as int8
-// blocks in shared memory: block b of pair c at c * nb + b. The whole workgroup; then a barrier.
-void stage_inputs_q8(uint in_base[TB], uint nb) {
-  for (uint i = gl_LocalInvocationIndex; i < TB * nb; i += WG_SIZE) {
-    const uint c = i / nb, b = i % nb;
+// The inputs of the pass's nc pairs (rows starting at floats in_base[c]) as int8 blocks in shared
+// memory: block b of pair c at c * IN_BLOCKS + b. The whole workgroup; then a barrier.
+void stage_inputs_q8(uint in_base[TB], uint nc) {
+  for (uint i = gl_LocalInvocationIndex; i < nc * IN_BLOCKS; i += WG_SIZE) {
+    const uint c = i / IN_BLOCKS, b = i % IN_BLOCKS;
     vec4 v[8];
     [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = in4[((in_base[c] + 32u * b) >> 2) + k];
     q8_stage_block(i, v);
@@ -91,19 +100,72 @@ void stage_inputs_q8(uint in_base[TB], uint nb) {
   barrier();
 }
 
-// Row r of m (nb blocks) dotted with the TB staged inputs, this lane's blocks: each weight block
-// is loaded once for all TB pairs.
-void row_dot_q8(WMat m, uint r, uint nb, uint lane, inout vec4 acc[TB4]) {
-  for (uint b = lane; b < nb; b += THREADS_PER_ROW) {
-    const Q8W w = q8_load_block(m.qbase, m.mbase, r * nb + b);
+// Teams of Q8_TPR lanes, one row each: lane l takes the row's blocks l, l + Q8_TPR, ..., so a
+// team's loads of a row are Q8_TPR consecutive 16-byte words, and the lanes of one index in the
+// subgroup's teams read the same staged block (one shared-memory broadcast serves SUBGROUP_SIZE /
+// Q8_TPR rows).
+#if Q8_SHUFFLE
+// Team = Q8_TPR consecutive lanes of a subgroup (subgroup invocation ids, whatever their mapping
+// to the workgroup); sums by butterfly shuffles.
+uint q8_team() { return gl_SubgroupID * (SUBGROUP_SIZE / Q8_TPR) + gl_SubgroupInvocationID / Q8_TPR; }
+uint q8_lane() { return gl_SubgroupInvocationID % Q8_TPR; }
+vec4 q8_team_sum(vec4 v) {
+  [[unroll]] for (uint s = Q8_TPR / 2; s > 0; s >>= 1) v += subgroupShuffleXor(v, s);
+  return v;
+}
+#else
+shared vec4 q8_partial[WG_SIZE];
+uint q8_team() { return gl_LocalInvocationIndex / Q8_TPR; }
+uint q8_lane() { return gl_LocalInvocationIndex % Q8_TPR; }
+// Every lane gets its team's sum; reached by the whole workgroup.
+vec4 q8_team_sum(vec4 v) {
+  const uint lid = gl_LocalInvocationIndex, lane = lid % Q8_TPR;
+  q8_partial[lid] = v;
+  barrier();
+  [[unroll]] for (uint s = Q8_TPR / 2; s > 0; s >>= 1) {
+    if (lane < s) q8_partial[lid] += q8_partial[lid + s];
+    barrier();
+  }
+  const vec4 r = q8_partial[lid - lane];
+  barrier();
+  return r;
+}
+#endif
+#define Q8_TEAMS (WG_SIZE / Q8_TPR)
+
+// Row r of m dotted with the pass's first nc staged inputs (acc[c / 4][c % 4] for pair c), this
+// lane's blocks: each weight block is loaded once for the nc pairs.
+void row_dot_q8(WMat m, uint r, uint nc, inout vec4 acc[TB4]) {
+  for (uint b = q8_lane(); b < IN_BLOCKS; b += Q8_TPR) {
+    const Q8W w = q8_load_block(m.qbase, m.mbase, r * IN_BLOCKS + b);
     [[unroll]] for (uint c = 0; c < TB; ++c) {
-      const uint i = c * nb + b;
-      acc[c / 4][c % 4] += q8_dot_loaded(w, q8_lo[i], q8_hi[i], q8_ds[i]);
+      if (c < nc) {
+        const uint i = c * IN_BLOCKS + b;
+        acc[c / 4][c % 4] += q8_dot_loaded(w, q8_lo[i], q8_hi[i], q8_ds[i]);
+      }
+    }
+  }
+}
+
+// The gate row gr of m and the up row ur of mu at once: each staged input read once for both.
+void row2_dot_q8(WMat m, uint gr, WMat mu, uint ur, uint nc, inout vec4 g[TB4], inout vec4 u[TB4]) {
+  for (uint b = q8_lane(); b < IN_BLOCKS; b += Q8_TPR) {
+    const Q8W wg = q8_load_block(m.qbase, m.mbase, gr * IN_BLOCKS + b);
+    const Q8W wu = q8_load_block(mu.qbase, mu.mbase, ur * IN_BLOCKS + b);
+    [[unroll]] for (uint c = 0; c < TB; ++c) {
+      if (c < nc) {
+        const uint i = c * IN_BLOCKS + b;
+        const uvec4 xl = q8_lo[i], xh = q8_hi[i];
+        const vec4 ds = q8_ds[i];
+        g[c / 4][c % 4] += q8_dot_loaded(wg, xl, xh, ds);
+        u[c / 4][c % 4] += q8_dot_loaded(wu, xl, xh, ds);
+      }
     }
   }
 }
 #endif
 
+#if !Q8ACT
 #if USE_SUBGROUP
 vec4 team_sum(vec4 v) { return subgroupAdd(v); }
 bool team_leader() { return subgroupElect(); }
@@ -127,6 +189,7 @@ vec4 team_sum(vec4 v) {
 bool team_leader() { return gl_LocalInvocationIndex % THREADS_PER_ROW == 0u; }
 uint team_id() { return gl_LocalInvocationIndex / THREADS_PER_ROW; }
 uint team_lane() { return gl_LocalInvocationIndex % THREADS_PER_ROW; }
+#endif
 #endif
 
 float silu(float z) { return z / (1.0 + exp(-z)); }
@@ -159,9 +222,9 @@ void main() {
 #if Q8ACT
   // Passes j0 = z * TB, (z + Z) * TB, ... (Z = the dispatch's z size): the pairs of one slot spread
   // over Z workgroups per row tile (the shared expert's 64 tokens: 8 workgroups, one pass each).
-  const uint in_cols = is_down() ? args.width : args.n_embd, nb = in_cols / 32u;
+  // A pass computes only its nc live pairs (an expert of a short chunk has ~1-4).
   for (uint j0 = gl_WorkGroupID.z * TB; j0 < n_pairs; j0 += TB * gl_NumWorkGroups.z) {
-    // The TB pairs of this pass (past the end: repeats of the last one, results dropped).
+    const uint nc = min(TB, n_pairs - j0);
     uint pair[TB], in_base[TB];
     [[unroll]] for (uint c = 0; c < TB; ++c) {
       const uint j = min(j0 + c, n_pairs - 1u);
@@ -170,21 +233,22 @@ void main() {
       in_base[c] = row_in * args.in_stride;
     }
     barrier();  // the previous pass is done with the staged inputs
-    stage_inputs_q8(in_base, nb);
-    for (uint rb = r0; rb < r_end; rb += TEAMS) {  // uniform trip count
-      const uint r = rb + team_id();
+    stage_inputs_q8(in_base, nc);
+    for (uint rb = r0; rb < r_end; rb += Q8_TEAMS) {  // uniform trip count
+      const uint r = rb + q8_team();
       const bool valid = r < r_end;
+      const uint lane = q8_lane();
       if (is_down()) {
         vec4 d[TB4];
         [[unroll]] for (uint q = 0; q < TB4; ++q) d[q] = vec4(0.0);
-        if (valid) row_dot_q8(m, r, nb, team_lane(), d);
-        [[unroll]] for (uint q = 0; q < TB4; ++q) d[q] = team_sum(d[q]);
-        if (valid && team_leader()) {
-          [[unroll]] for (uint c = 0; c < TB; ++c) {
-            if (j0 + c < n_pairs) {
-              const float w = all_tokens() ? 1.0 : uintBitsToFloat(route[2u * pair[c] + 1u]);
-              out_v[pair[c] * args.out_stride + r] = w * d[c / 4][c % 4];
-            }
+        if (valid) row_dot_q8(m, r, nc, d);
+        [[unroll]] for (uint q = 0; q < TB4; ++q)
+          if (4u * q < nc) d[q] = q8_team_sum(d[q]);
+        // Lane c % Q8_TPR stores pair c.
+        [[unroll]] for (uint c = 0; c < TB; ++c) {
+          if (valid && c < nc && lane == c % Q8_TPR) {
+            const float w = all_tokens() ? 1.0 : uintBitsToFloat(route[2u * pair[c] + 1u]);
+            out_v[pair[c] * args.out_stride + r] = w * d[c / 4][c % 4];
           }
         }
       } else {
@@ -194,18 +258,15 @@ void main() {
           g[q] = vec4(0.0);
           u[q] = vec4(0.0);
         }
-        if (valid) {
-          row_dot_q8(m, gr, nb, team_lane(), g);
-          row_dot_q8(mu, ur, nb, team_lane(), u);
-        }
+        if (valid) row2_dot_q8(m, gr, mu, ur, nc, g, u);
         [[unroll]] for (uint q = 0; q < TB4; ++q) {
-          g[q] = team_sum(g[q]);
-          u[q] = team_sum(u[q]);
+          if (4u * q < nc) {
+            g[q] = q8_team_sum(g[q]);
+            u[q] = q8_team_sum(u[q]);
+          }
         }
-        if (valid && team_leader()) {
-          [[unroll]] for (uint c = 0; c < TB; ++c)
-            if (j0 + c < n_pairs) out_v[pair[c] * args.out_stride + r] = silu(g[c / 4][c % 4]) * u[c / 4][c % 4];
-        }
+        [[unroll]] for (uint c = 0; c < TB; ++c)
+          if (valid && c < nc && lane == c % Q8_TPR) out_v[pair[c] * args.out_stride + r] = silu(g[c / 4][c % 4]) * u[c / 4][c % 4];
       }
     }
   }

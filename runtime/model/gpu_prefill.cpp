@@ -399,6 +399,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         d.matmul = p.matmul;
         d.matmul_kernel = p.kernel;
         d.matmul_tuning = options_.matmul.ffn;
+        d.int8_tuning = options_.matmul.ffn_int8;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -442,6 +443,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
                                 (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
       moe.matmul_kernel = p.kernel;
       moe.matmul_tuning = options_.matmul.ffn;
+      moe.int8_tuning = options_.matmul.ffn_int8;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;

@@ -63,6 +63,13 @@ struct FfnMatmulTuning {
                            // 4633 -> 4816 tok/s, session 22)
 };
 
+// The FFN kernels' int8 form (moe_prefill.comp Q8ACT: experts of short chunks) work split; 0 = automatic.
+struct FfnInt8Tuning {
+  uint32_t lanes = 0;  // lanes per weight row: 8, 16 or 32 (auto 8: a row's 8 consecutive blocks
+                       // per load, and one staged-input read serves 4 rows of a 32-lane subgroup)
+  uint32_t rows = 0;   // output rows per workgroup of 256 invocations: 32, 64 or 128 (auto 32)
+};
+
 // Work split; 0 = automatic.
 struct MatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: the first of 2, 4, 1
@@ -80,6 +87,7 @@ struct MatmulTuning {
                            // with both loads ahead, session 22)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop; 0 auto (unrolled)
   FfnMatmulTuning ffn;      // the FFN kernels' matmul form
+  FfnInt8Tuning ffn_int8;   // ... and their int8 form
 };
 
 struct MatmulOp {

@@ -17,9 +17,7 @@ namespace {
 constexpr uint32_t kTeams = 4;              // moe_prefill: rows computed at once (one team each)
 constexpr uint32_t kRowsPerWg = 4;          // moe_prefill: rows per workgroup
 constexpr uint32_t kSharedThreadsPerRow = 32;  // team width without subgroup arithmetic
-constexpr uint32_t kQ8Teams = 8;            // moe_prefill, int8 path: rows at once
-constexpr uint32_t kQ8RowsPerWg = 32;       // moe_prefill, int8 path: rows per workgroup (each
-                                            // pass's staged inputs serve all of them)
+constexpr uint32_t kQ8WgSize = 256;         // moe_prefill, int8 path: invocations per workgroup
 constexpr uint64_t kQ8StageBytes = 40960;   // shared memory for the staged int8 inputs
 constexpr uint32_t kRouteWg = 64;           // moe_prefill_route, the routing (a workgroup per token)
 constexpr uint32_t kListWg = 256;           // moe_prefill_route, the lists (a workgroup per expert)
@@ -37,37 +35,67 @@ void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, c
   need(step, (uint64_t(count_word) + 1) * 4, what, "step");
 }
 
+// The int8 path's split: lanes per row and rows per workgroup (FfnInt8Tuning), whether team sums
+// use subgroup shuffles.
+struct FfnInt8Split {
+  uint32_t lanes, rows;
+  bool shuffle;
+};
+FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t) {
+  if (t.lanes && t.lanes != 8 && t.lanes != 16 && t.lanes != 32)
+    usage_error("moe_prefill int8: ", t.lanes, " lanes per row, expected 8, 16 or 32");
+  if (t.rows && t.rows != 32 && t.rows != 64 && t.rows != 128)
+    usage_error("moe_prefill int8: ", t.rows, " rows per workgroup, expected 32, 64 or 128");
+  const uint32_t lanes = t.lanes ? t.lanes : 8, sg = ctx.info().subgroup_size;
+  const DeviceFeatures& f = ctx.device().enabled();
+  // Teams inside subgroups need every subgroup full and of the size the shader assumes.
+  const bool shuffle = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && f.subgroup_size_control &&
+                       f.compute_full_subgroups && sg % lanes == 0 && kQ8WgSize % sg == 0;
+  return {lanes, t.rows ? t.rows : 32, shuffle};
+}
+
 // Pairs per pass of the int8 path for inputs of `in_cols` elements (8 or 4: what the staged
-// blocks' shared memory holds), or 0 where that path does not serve the type / device.
-uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols) {
+// blocks' shared memory holds beside the team sums' partials where shuffles are not used), or 0
+// where that path does not serve the type / device.
+uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols, const FfnInt8Split& q8) {
   if (in_cols % 32 != 0 || !q8_activations_type(ctx, type)) return 0;
+  const uint64_t partials = q8.shuffle ? 0 : uint64_t(kQ8WgSize) * 16;
+  const uint64_t room = ctx.info().max_compute_shared_memory - 1024 - partials;
   for (uint32_t tb : {8u, 4u})
-    if (uint64_t(tb) * (in_cols / 32) * 48 <= std::min<uint64_t>(kQ8StageBytes, ctx.info().max_compute_shared_memory - 1024))
-      return tb;
+    if (uint64_t(tb) * (in_cols / 32) * 48 <= std::min<uint64_t>(kQ8StageBytes, room)) return tb;
   return 0;
 }
 
 // The moe_prefill pipeline for a weight type; tb > 0: the int8 path with tb pairs per pass.
-const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols) {
+const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols, const FfnInt8Split& q8) {
   const bool sg = ctx.pipelines().use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
-  const uint32_t teams = tb ? kQ8Teams : kTeams;
   PipelineDesc desc;
-  desc.name = cat("moe_prefill.", type_name(type), tb ? cat(".q8act.tb", tb) : std::string());
   desc.file = "moe_prefill.comp";
-  desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
-                  {"THREADS_PER_ROW", std::to_string(tpr)},
-                  {"TEAMS", std::to_string(teams)},
-                  {"WG_SIZE", std::to_string(tpr * teams)},
-                  {"ROWS", std::to_string(tb ? kQ8RowsPerWg : kRowsPerWg)},
-                  {"Q8ACT", tb ? "1" : "0"}};
   if (tb) {
-    desc.defines["TB"] = std::to_string(tb);
-    desc.defines["Q8_BLOCKS"] = std::to_string(tb * (in_cols / 32));
+    desc.name = cat("moe_prefill.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows);
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
+                    {"WG_SIZE", std::to_string(kQ8WgSize)},
+                    {"ROWS", std::to_string(q8.rows)},
+                    {"Q8ACT", "1"},
+                    {"TB", std::to_string(tb)},
+                    {"IN_BLOCKS", std::to_string(in_cols / 32)},
+                    {"Q8_BLOCKS", std::to_string(tb * (in_cols / 32))},
+                    {"Q8_TPR", std::to_string(q8.lanes)},
+                    {"Q8_SHUFFLE", q8.shuffle ? "1" : "0"}};
+    desc.full_subgroups = q8.shuffle;
+  } else {
+    desc.name = cat("moe_prefill.", type_name(type));
+    desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
+                    {"THREADS_PER_ROW", std::to_string(tpr)},
+                    {"TEAMS", std::to_string(kTeams)},
+                    {"WG_SIZE", std::to_string(tpr * kTeams)},
+                    {"ROWS", std::to_string(kRowsPerWg)},
+                    {"Q8ACT", "0"}};
+    desc.full_subgroups = sg;
   }
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::PrefillFfnArgs);
-  desc.full_subgroups = sg;
   return ctx.pipelines().get(desc);
 }
 
@@ -177,16 +205,17 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
 
 // int8: the op's int8_activations choice (the int8 path runs where it serves the type).
 void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
-                const BufferSlice& step, bool int8) {
+                const BufferSlice& step, bool int8, const FfnInt8Tuning& int8_tuning) {
   const bool down = (d.args.flags & TS_PF_DOWN) != 0;
   const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
-  const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols) : 0;
-  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols);
+  const FfnInt8Split q8 = ffn_int8_split(rec.context(), int8_tuning);
+  const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols, q8) : 0;
+  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8);
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
   const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
   // int8 path: z = the slot's passes of tb pairs, one workgroup each (empty ones exit at once).
-  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? kQ8RowsPerWg : kRowsPerWg), d.slots,
+  rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? q8.rows : kRowsPerWg), d.slots,
                tb ? ceil_div(d.args.t_max, tb) : 1, tb ? d.label + " q8act" : d.label, d.bytes);
 }
 
@@ -196,11 +225,12 @@ struct FfnForm {
   bool int8, matmul;
   MatmulKernel kernel;
   FfnMatmulTuning tuning;
+  FfnInt8Tuning int8_tuning;
 };
 void record_ffn_part(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
                      const BufferSlice& step, const FfnForm& form) {
   if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel, form.tuning);
-  else record_ffn(rec, d, lists, route, step, form.int8);
+  else record_ffn(rec, d, lists, route, step, form.int8, form.int8_tuning);
 }
 
 uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
@@ -367,12 +397,12 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
+    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -414,7 +444,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -441,7 +471,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning});
+  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ struct MoePrefillOp {
   std::string label;    // dispatch labels: label + " gateup" / " down" (+ " shared")
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of expert ranges)
   bool int8_activations = true;    // Q4_0/Q8_0/Q4_K/Q6_K: inputs staged as int8 blocks, integer dot products
+  FfnInt8Tuning int8_tuning;       // that path's work split
   // Set: the matmul form (shaders/moe_matmul.comp: 16 x 16 x 16 f16 products on tensor cores,
   // or with matmul_kernel Plain / no tensor cores the same with plain FMAs) for every part whose
   // input rows are a multiple of 32 values; else moe_prefill.comp.
@@ -104,6 +105,7 @@ struct DensePrefillOp {
   BufferSlice y;        // f32 [T][n_embd]
   std::string label;
   bool int8_activations = true;  // as MoePrefillOp
+  FfnInt8Tuning int8_tuning;
   bool matmul = false;           // as MoePrefillOp
   MatmulKernel matmul_kernel = MatmulKernel::Auto;
   FfnMatmulTuning matmul_tuning;

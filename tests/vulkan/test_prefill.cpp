@@ -47,6 +47,7 @@ struct MoeCase {
   bool matmul = false;  // the matmul form (moe_matmul.comp): f16 inputs and weights, f32 sums
   vk::FfnMatmulTuning matmul_tuning = {};  // its work split (0s: automatic)
   bool h2_f16 = false;  // the gate-up's matmul form reads an f16 copy of h2 (MoePrefillOp::h2_f16)
+  vk::FfnInt8Tuning int8_tuning = {};  // the int8 path's work split (0s: automatic)
 };
 
 // v rounded to f16 (the matmul form stages inputs and weights as f16).
@@ -75,7 +76,7 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? " q8act" : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " split ", c.matmul_tuning.split_rows, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? cat(" q8act lanes ", c.int8_tuning.lanes, " rows ", c.int8_tuning.rows) : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " split ", c.matmul_tuning.split_rows, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
@@ -143,6 +144,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.int8_activations = c.q8;
   moe.matmul = c.matmul;
   moe.matmul_tuning = c.matmul_tuning;
+  moe.int8_tuning = c.int8_tuning;
   vk::PrefillSumOp sum;
   sum.n_embd = D;
   sum.n_used = K;
@@ -267,6 +269,31 @@ TEST(PrefillMoe, Int8ActivationPath) {
   Gpu& gs = vktest::gpu(true);
   run_moe_case(gs, {{T::Q4_0, T::Q8_0, T::Q4_0, T::Q8_0}, 7, 64, 32, 64, 3, 9, 8, 3, true, true}, 14);
   run_moe_case(gs, {{T::Q4_K, T::Q6_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 256, 2, 9, 8, 2, true, true}, 19);
+}
+
+// The int8 path's work split (FfnInt8Tuning): 16 and 32 lanes per row (the team sums by shuffles
+// where the subgroup holds whole teams, else through shared memory), 64 and 128 rows per
+// workgroup (several rows per team; a last tile past the rows), on both team-sum paths; row
+// lengths of 3, 5 and 12 blocks (lanes without a block, blocks past the lanes).
+TEST(PrefillMoe, Int8WorkSplits) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
+  using T = GgmlType;
+  const MoeCase base{{T::Q4_0, T::Q4_0, T::Q4_0, T::Q8_0}, 6, 160, 96, 384, 3, 21, 19, 0, true, true};
+  for (const vk::FfnInt8Tuning& t : {vk::FfnInt8Tuning{.lanes = 16, .rows = 64}, vk::FfnInt8Tuning{.lanes = 32, .rows = 128},
+                                     vk::FfnInt8Tuning{.lanes = 8, .rows = 128}}) {
+    MoeCase c = base;
+    c.int8_tuning = t;
+    run_moe_case(g, c, 41 + t.lanes);
+  }
+  MoeCase c{{T::Q4_K, T::Q6_K, T::Q4_0, T::Q8_0}, 5, 256, 160, 256, 2, 13, 12, 0, false, true};
+  c.int8_tuning = {.lanes = 16, .rows = 64};
+  run_moe_case(g, c, 45);
+  Gpu& gs = vktest::gpu(true);
+  MoeCase s = base;
+  s.int8_tuning = {.lanes = 32, .rows = 64};
+  run_moe_case(gs, s, 46);
 }
 
 // The matmul form (moe_matmul.comp; tensor cores where the device has them, else plain FMAs):

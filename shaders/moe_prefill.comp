@@ -16,7 +16,8 @@
 //   weight decode feeds TB dot products.
 //   int8 path: TB (pairs per pass), IN_BLOCKS (input blocks of 32 per row), Q8_BLOCKS = TB *
 //   IN_BLOCKS, Q8_TPR (lanes per row: 8, 16 or 32), Q8_SHUFFLE (team sums by subgroup shuffles;
-//   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR). Teams of Q8_TPR lanes below.
+//   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR), Q8_UNROLL (the block loops
+//   unrolled). Teams of Q8_TPR lanes below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
@@ -132,11 +133,19 @@ vec4 q8_team_sum(vec4 v) {
 }
 #endif
 #define Q8_TEAMS (WG_SIZE / Q8_TPR)
+#define Q8_ITERS ((IN_BLOCKS + Q8_TPR - 1) / Q8_TPR)  // a lane's blocks of a row, at most
+#if Q8_UNROLL  // the block loops unrolled (their loads issued together)
+#define Q8_LOOP [[unroll]]
+#else
+#define Q8_LOOP
+#endif
 
 // Row r of m dotted with the pass's first nc staged inputs (acc[c / 4][c % 4] for pair c), this
 // lane's blocks: each weight block is loaded once for the nc pairs.
 void row_dot_q8(WMat m, uint r, uint nc, inout vec4 acc[TB4]) {
-  for (uint b = q8_lane(); b < IN_BLOCKS; b += Q8_TPR) {
+  Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
+    const uint b = q8_lane() + it * Q8_TPR;
+    if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
     const Q8W w = q8_load_block(m.qbase, m.mbase, r * IN_BLOCKS + b);
     [[unroll]] for (uint c = 0; c < TB; ++c) {
       if (c < nc) {
@@ -149,7 +158,9 @@ void row_dot_q8(WMat m, uint r, uint nc, inout vec4 acc[TB4]) {
 
 // The gate row gr of m and the up row ur of mu at once: each staged input read once for both.
 void row2_dot_q8(WMat m, uint gr, WMat mu, uint ur, uint nc, inout vec4 g[TB4], inout vec4 u[TB4]) {
-  for (uint b = q8_lane(); b < IN_BLOCKS; b += Q8_TPR) {
+  Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
+    const uint b = q8_lane() + it * Q8_TPR;
+    if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
     const Q8W wg = q8_load_block(m.qbase, m.mbase, gr * IN_BLOCKS + b);
     const Q8W wu = q8_load_block(mu.qbase, mu.mbase, ur * IN_BLOCKS + b);
     [[unroll]] for (uint c = 0; c < TB; ++c) {

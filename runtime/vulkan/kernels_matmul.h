@@ -65,9 +65,15 @@ struct FfnMatmulTuning {
 
 // The FFN kernels' int8 form (moe_prefill.comp Q8ACT: experts of short chunks) work split; 0 = automatic.
 struct FfnInt8Tuning {
-  uint32_t lanes = 0;  // lanes per weight row: 8, 16 or 32 (auto 8: a row's 8 consecutive blocks
-                       // per load, and one staged-input read serves 4 rows of a 32-lane subgroup)
-  uint32_t rows = 0;   // output rows per workgroup of 256 invocations: 32, 64 or 128 (auto 32)
+  uint32_t lanes = 0;     // lanes per weight row: 8, 16 or 32 (auto 8: a row's 8 consecutive blocks
+                          // per load, and one staged-input read serves 4 rows of a 32-lane subgroup;
+                          // H100 GLM pp64 1879 with 32 -> 2111, session 23)
+  uint32_t rows = 0;      // output rows per workgroup of 256 invocations in the routed experts'
+                          // dispatches: 32, 64 or 128 (auto 128: each staging serves more rows;
+                          // H100 GLM pp64 2111 / 2425 / 2475, session 23)
+  uint32_t rows_all = 0;  // ... in the all-token dispatches (shared expert, dense FFN): auto 64
+  uint32_t pairs = 0;     // pairs per pass: 4 or 8 (auto: 8 where the shared memory holds them)
+  uint32_t unroll = 0;    // 1: each lane's loop over a row's blocks unrolled; 2 (auto): a loop
 };
 
 // Work split; 0 = automatic.

@@ -271,29 +271,32 @@ TEST(PrefillMoe, Int8ActivationPath) {
   run_moe_case(gs, {{T::Q4_K, T::Q6_K, T::Q4_K, T::Q6_K}, 5, 256, 256, 256, 2, 9, 8, 2, true, true}, 19);
 }
 
-// The int8 path's work split (FfnInt8Tuning): 16 and 32 lanes per row (the team sums by shuffles
-// where the subgroup holds whole teams, else through shared memory), 64 and 128 rows per
-// workgroup (several rows per team; a last tile past the rows), on both team-sum paths; row
-// lengths of 3, 5 and 12 blocks (lanes without a block, blocks past the lanes).
+// The int8 path's work split (FfnInt8Tuning): 8, 16 and 32 lanes per row (the team sums by
+// shuffles where the subgroup holds whole teams, else through shared memory), 32, 64 and 128 rows
+// per workgroup in either kind of dispatch (several rows per team; a last tile past the rows),
+// passes of 4 pairs, the block loops unrolled, on both team-sum paths; row lengths of 3, 5 and 12
+// blocks (lanes without a block, blocks past the lanes).
 TEST(PrefillMoe, Int8WorkSplits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
   if (!vk::q8_activations_usable(*g.ctx, GgmlType::Q4_0, 64)) GTEST_SKIP() << "no integer dot product";
   using T = GgmlType;
+  using S = vk::FfnInt8Tuning;
   const MoeCase base{{T::Q4_0, T::Q4_0, T::Q4_0, T::Q8_0}, 6, 160, 96, 384, 3, 21, 19, 0, true, true};
-  for (const vk::FfnInt8Tuning& t : {vk::FfnInt8Tuning{.lanes = 16, .rows = 64}, vk::FfnInt8Tuning{.lanes = 32, .rows = 128},
-                                     vk::FfnInt8Tuning{.lanes = 8, .rows = 128}}) {
+  uint32_t seed = 41;
+  for (const S& t : {S{.lanes = 16, .rows = 64, .rows_all = 128, .pairs = 4}, S{.lanes = 32, .rows = 128, .rows_all = 32, .unroll = 1},
+                     S{.lanes = 8, .rows = 32, .unroll = 1}}) {
     MoeCase c = base;
     c.int8_tuning = t;
-    run_moe_case(g, c, 41 + t.lanes);
+    run_moe_case(g, c, seed++);
   }
   MoeCase c{{T::Q4_K, T::Q6_K, T::Q4_0, T::Q8_0}, 5, 256, 160, 256, 2, 13, 12, 0, false, true};
-  c.int8_tuning = {.lanes = 16, .rows = 64};
-  run_moe_case(g, c, 45);
+  c.int8_tuning = {.lanes = 16, .pairs = 4, .unroll = 1};
+  run_moe_case(g, c, seed++);
   Gpu& gs = vktest::gpu(true);
   MoeCase s = base;
-  s.int8_tuning = {.lanes = 32, .rows = 64};
-  run_moe_case(gs, s, 46);
+  s.int8_tuning = {.lanes = 32, .rows = 64, .rows_all = 32, .unroll = 1};
+  run_moe_case(gs, s, seed++);
 }
 
 // The matmul form (moe_matmul.comp; tensor cores where the device has them, else plain FMAs):

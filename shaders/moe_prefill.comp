@@ -33,7 +33,7 @@
 #if !Q8ACT
 #define TB 4  // pairs per pass (vec4 accumulators)
 #endif
-#define TB4 (TB / 4)  // vec4 accumulators per row
+#define TB4 ((TB + 3) / 4)  // vec4 accumulators per row
 
 layout(local_size_x = WG_SIZE) in;
 

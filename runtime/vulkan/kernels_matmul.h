@@ -72,8 +72,11 @@ struct FfnInt8Tuning {
                           // dispatches: 32, 64 or 128 (auto 128: each staging serves more rows;
                           // H100 GLM pp64 2111 / 2425 / 2475, session 23)
   uint32_t rows_all = 0;  // ... in the all-token dispatches (shared expert, dense FFN): auto 64
-  uint32_t pairs = 0;     // pairs per pass: 4 or 8 (auto: 8 where the shared memory holds them)
-  uint32_t unroll = 0;    // 1: each lane's loop over a row's blocks unrolled; 2 (auto): a loop
+  uint32_t pairs = 0;     // pairs per pass, at most: 1, 2, 4 or 8 (auto 4: an expert's pairs over
+                          // more workgroups, each with less work; H100 GLM pp64 2545 with 8 -> 2733)
+  uint32_t unroll = 0;    // each lane's loop over a row's blocks: 1 unrolled, 2 a loop (auto:
+                          // unrolled in the downs, a loop in the gate-ups; H100 GLM pp64 down 91 ->
+                          // 88 us a layer, gate-up 136 -> 140 unrolled, session 23)
 };
 
 // Work split; 0 = automatic.

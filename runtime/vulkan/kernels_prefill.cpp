@@ -42,12 +42,13 @@ struct FfnInt8Split {
   bool shuffle, unroll;
   uint32_t max_pairs;  // pairs per pass, at most (fewer where the shared memory holds fewer)
 };
-FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t, bool routed) {
+FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t, bool routed, bool down) {
   if (t.lanes && t.lanes != 8 && t.lanes != 16 && t.lanes != 32)
     usage_error("moe_prefill int8: ", t.lanes, " lanes per row, expected 8, 16 or 32");
   for (uint32_t r : {t.rows, t.rows_all})
     if (r && r != 32 && r != 64 && r != 128) usage_error("moe_prefill int8: ", r, " rows per workgroup, expected 32, 64 or 128");
-  if (t.pairs && t.pairs != 4 && t.pairs != 8) usage_error("moe_prefill int8: ", t.pairs, " pairs per pass, expected 4 or 8");
+  if (t.pairs && t.pairs != 1 && t.pairs != 2 && t.pairs != 4 && t.pairs != 8)
+    usage_error("moe_prefill int8: ", t.pairs, " pairs per pass, expected 1, 2, 4 or 8");
   if (t.unroll > 2) usage_error("moe_prefill int8: unroll ", t.unroll, ", expected 1 (unrolled) or 2 (a loop)");
   const uint32_t lanes = t.lanes ? t.lanes : 8, sg = ctx.info().subgroup_size;
   const DeviceFeatures& f = ctx.device().enabled();
@@ -55,17 +56,17 @@ FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t, bool routed) {
   const bool shuffle = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && f.subgroup_size_control &&
                        f.compute_full_subgroups && sg % lanes == 0 && kQ8WgSize % sg == 0;
   const uint32_t rows = routed ? (t.rows ? t.rows : 128) : (t.rows_all ? t.rows_all : 64);
-  return {lanes, rows, shuffle, t.unroll == 1, t.pairs ? t.pairs : 8};
+  return {lanes, rows, shuffle, t.unroll ? t.unroll == 1 : down, t.pairs ? t.pairs : 4};
 }
 
-// Pairs per pass of the int8 path for inputs of `in_cols` elements (at most q8.max_pairs, 8 or 4:
-// what the staged blocks' shared memory holds beside the team sums' partials where shuffles are
-// not used), or 0 where that path does not serve the type / device.
+// Pairs per pass of the int8 path for inputs of `in_cols` elements (at most q8.max_pairs, and what
+// the staged blocks' shared memory holds beside the team sums' partials where shuffles are not
+// used), or 0 where that path does not serve the type / device.
 uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols, const FfnInt8Split& q8) {
   if (in_cols % 32 != 0 || !q8_activations_type(ctx, type)) return 0;
   const uint64_t partials = q8.shuffle ? 0 : uint64_t(kQ8WgSize) * 16;
   const uint64_t room = ctx.info().max_compute_shared_memory - 1024 - partials;
-  for (uint32_t tb : {8u, 4u})
+  for (uint32_t tb : {8u, 4u, 2u, 1u})
     if (tb <= q8.max_pairs && uint64_t(tb) * (in_cols / 32) * 48 <= std::min<uint64_t>(kQ8StageBytes, room)) return tb;
   return 0;
 }
@@ -213,7 +214,7 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
                 const BufferSlice& step, bool int8, const FfnInt8Tuning& int8_tuning) {
   const bool down = (d.args.flags & TS_PF_DOWN) != 0;
   const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
-  const FfnInt8Split q8 = ffn_int8_split(rec.context(), int8_tuning, (d.args.flags & TS_PF_ALL_TOKENS) == 0);
+  const FfnInt8Split q8 = ffn_int8_split(rec.context(), int8_tuning, (d.args.flags & TS_PF_ALL_TOKENS) == 0, down);
   const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols, q8) : 0;
   const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8);
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;

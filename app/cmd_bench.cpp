@@ -135,6 +135,7 @@ const Knob<O> kTuneKnobs[] = {
     {"ffn_q8_rows_all", 128, "... of the all-token dispatches (shared expert, dense FFN): 32, 64 or 128; 0 auto (64)",
      [](O& o, uint32_t v) { o.matmul.ffn_int8.rows_all = v; }},
     {"ffn_q8_pairs", 8, "... pairs per pass, at most: 1, 2, 4 or 8; 0 auto (4)", [](O& o, uint32_t v) { o.matmul.ffn_int8.pairs = v; }},
+    {"ffn_q8_outs", 2, "... output rows a team computes at once: 1 or 2; 0 auto (1)", [](O& o, uint32_t v) { o.matmul.ffn_int8.outs = v; }},
     {"ffn_q8_unroll", 2, "... each lane's loop over a row's blocks: 1 unrolled, 2 a loop; 0 auto (unrolled in the downs)",
      [](O& o, uint32_t v) { o.matmul.ffn_int8.unroll = v; }},
     {"matmul_groups", 4, "groups of 16 tokens per prefill matmul workgroup: 1, 2 or 4; 0 auto (4)", [](O& o, uint32_t v) { o.matmul.groups = v; }},

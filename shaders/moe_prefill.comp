@@ -17,7 +17,7 @@
 //   int8 path: TB (pairs per pass), IN_BLOCKS (input blocks of 32 per row), Q8_BLOCKS = TB *
 //   IN_BLOCKS, Q8_TPR (lanes per row: 8, 16 or 32), Q8_SHUFFLE (team sums by subgroup shuffles;
 //   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR), Q8_UNROLL (the block loops
-//   unrolled). Teams of Q8_TPR lanes below.
+//   unrolled), Q8_OUTS (output rows a team computes at once: 1 or 2). Teams of Q8_TPR lanes below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
@@ -134,42 +134,35 @@ vec4 q8_team_sum(vec4 v) {
 #endif
 #define Q8_TEAMS (WG_SIZE / Q8_TPR)
 #define Q8_ITERS ((IN_BLOCKS + Q8_TPR - 1) / Q8_TPR)  // a lane's blocks of a row, at most
+#define Q8_NRM (2 * Q8_OUTS)  // weight rows a team takes at once, at most (a gate-up's)
 #if Q8_UNROLL  // the block loops unrolled (their loads issued together)
 #define Q8_LOOP [[unroll]]
 #else
 #define Q8_LOOP
 #endif
 
-// Row r of m dotted with the pass's first nc staged inputs (acc[c / 4][c % 4] for pair c), this
-// lane's blocks: each weight block is loaded once for the nc pairs.
-void row_dot_q8(WMat m, uint r, uint nc, inout vec4 acc[TB4]) {
+// Weight rows rr[k] (k < nr; of ma for even k, of mb for odd k: a gate-up's gate and up rows)
+// dotted with the pass's first nc staged inputs (acc[k][c / 4][c % 4] for pair c), this lane's
+// blocks: each weight block is loaded once for the nc pairs, each staged input read once for the
+// nr rows.
+void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nr, uint nc, inout vec4 acc[Q8_NRM][TB4]) {
   Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
     const uint b = q8_lane() + it * Q8_TPR;
     if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
-    const Q8W w = q8_load_block(m.qbase, m.mbase, r * IN_BLOCKS + b);
-    [[unroll]] for (uint c = 0; c < TB; ++c) {
-      if (c < nc) {
-        const uint i = c * IN_BLOCKS + b;
-        acc[c / 4][c % 4] += q8_dot_loaded(w, q8_lo[i], q8_hi[i], q8_ds[i]);
+    Q8W w[Q8_NRM];
+    [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) {
+      if (k < nr) {
+        const WMat mk = k % 2u == 0u ? ma : mb;
+        w[k] = q8_load_block(mk.qbase, mk.mbase, rr[k] * IN_BLOCKS + b);
       }
     }
-  }
-}
-
-// The gate row gr of m and the up row ur of mu at once: each staged input read once for both.
-void row2_dot_q8(WMat m, uint gr, WMat mu, uint ur, uint nc, inout vec4 g[TB4], inout vec4 u[TB4]) {
-  Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
-    const uint b = q8_lane() + it * Q8_TPR;
-    if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
-    const Q8W wg = q8_load_block(m.qbase, m.mbase, gr * IN_BLOCKS + b);
-    const Q8W wu = q8_load_block(mu.qbase, mu.mbase, ur * IN_BLOCKS + b);
     [[unroll]] for (uint c = 0; c < TB; ++c) {
       if (c < nc) {
         const uint i = c * IN_BLOCKS + b;
         const uvec4 xl = q8_lo[i], xh = q8_hi[i];
         const vec4 ds = q8_ds[i];
-        g[c / 4][c % 4] += q8_dot_loaded(wg, xl, xh, ds);
-        u[c / 4][c % 4] += q8_dot_loaded(wu, xl, xh, ds);
+        [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
+          if (k < nr) acc[k][c / 4][c % 4] += q8_dot_loaded(w[k], xl, xh, ds);
       }
     }
   }
@@ -245,39 +238,39 @@ void main() {
     }
     barrier();  // the previous pass is done with the staged inputs
     stage_inputs_q8(in_base, nc);
-    for (uint rb = r0; rb < r_end; rb += Q8_TEAMS) {  // uniform trip count
-      const uint r = rb + q8_team();
-      const bool valid = r < r_end;
-      const uint lane = q8_lane();
-      if (is_down()) {
-        vec4 d[TB4];
-        [[unroll]] for (uint q = 0; q < TB4; ++q) d[q] = vec4(0.0);
-        if (valid) row_dot_q8(m, r, nc, d);
+    // Each team takes Q8_OUTS output rows at once (rb + team, + Q8_TEAMS, ...): the down's rows,
+    // or the gate-up's gate and up rows of each.
+    const uint nr = is_down() ? Q8_OUTS : 2u * Q8_OUTS;
+    const uint lane = q8_lane();
+    for (uint rb = r0; rb < r_end; rb += Q8_TEAMS * Q8_OUTS) {  // uniform trip count
+      uint rr[Q8_NRM];
+      [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) rr[k] = 0u;
+      [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
+        const uint r = min(rb + o * Q8_TEAMS + q8_team(), r_end - 1u);  // past the end: computed, not stored
+        if (is_down()) {
+          rr[o] = r;
+        } else {
+          rr[2 * o] = separate ? r : 2u * r;
+          rr[2 * o + 1] = separate ? r : 2u * r + 1u;
+        }
+      }
+      vec4 acc[Q8_NRM][TB4];
+      [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
+        [[unroll]] for (uint q = 0; q < TB4; ++q) acc[k][q] = vec4(0.0);
+      rows_dot_q8(m, is_down() ? m : mu, rr, nr, nc, acc);
+      [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
         [[unroll]] for (uint q = 0; q < TB4; ++q)
-          if (4u * q < nc) d[q] = q8_team_sum(d[q]);
-        // Lane c % Q8_TPR stores pair c.
+          if (k < nr && 4u * q < nc) acc[k][q] = q8_team_sum(acc[k][q]);
+      // Lane c % Q8_TPR stores pair c.
+      [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
+        const uint r = rb + o * Q8_TEAMS + q8_team();
         [[unroll]] for (uint c = 0; c < TB; ++c) {
-          if (valid && c < nc && lane == c % Q8_TPR) {
-            const float w = all_tokens() ? 1.0 : uintBitsToFloat(route[2u * pair[c] + 1u]);
-            out_v[pair[c] * args.out_stride + r] = w * d[c / 4][c % 4];
+          if (r < r_end && c < nc && lane == c % Q8_TPR) {
+            const float v = is_down() ? acc[o][c / 4][c % 4] : silu(acc[2 * o][c / 4][c % 4]) * acc[2 * o + 1][c / 4][c % 4];
+            const float w = is_down() && !all_tokens() ? uintBitsToFloat(route[2u * pair[c] + 1u]) : 1.0;
+            out_v[pair[c] * args.out_stride + r] = w * v;
           }
         }
-      } else {
-        const uint gr = separate ? r : 2u * r, ur = separate ? r : 2u * r + 1u;
-        vec4 g[TB4], u[TB4];
-        [[unroll]] for (uint q = 0; q < TB4; ++q) {
-          g[q] = vec4(0.0);
-          u[q] = vec4(0.0);
-        }
-        if (valid) row2_dot_q8(m, gr, mu, ur, nc, g, u);
-        [[unroll]] for (uint q = 0; q < TB4; ++q) {
-          if (4u * q < nc) {
-            g[q] = q8_team_sum(g[q]);
-            u[q] = q8_team_sum(u[q]);
-          }
-        }
-        [[unroll]] for (uint c = 0; c < TB; ++c)
-          if (valid && c < nc && lane == c % Q8_TPR) out_v[pair[c] * args.out_stride + r] = silu(g[c / 4][c % 4]) * u[c / 4][c % 4];
       }
     }
   }

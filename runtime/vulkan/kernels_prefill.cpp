@@ -38,7 +38,7 @@ void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, c
 // The int8 path's split (FfnInt8Tuning) for a dispatch over the experts' lists (routed) or every
 // token, and whether team sums use subgroup shuffles.
 struct FfnInt8Split {
-  uint32_t lanes, rows;
+  uint32_t lanes, rows, outs;
   bool shuffle, unroll;
   uint32_t max_pairs;  // pairs per pass, at most (fewer where the shared memory holds fewer)
 };
@@ -50,13 +50,14 @@ FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t, bool routed, b
   if (t.pairs && t.pairs != 1 && t.pairs != 2 && t.pairs != 4 && t.pairs != 8)
     usage_error("moe_prefill int8: ", t.pairs, " pairs per pass, expected 1, 2, 4 or 8");
   if (t.unroll > 2) usage_error("moe_prefill int8: unroll ", t.unroll, ", expected 1 (unrolled) or 2 (a loop)");
+  if (t.outs > 2) usage_error("moe_prefill int8: ", t.outs, " output rows per team at once, expected 1 or 2");
   const uint32_t lanes = t.lanes ? t.lanes : 8, sg = ctx.info().subgroup_size;
   const DeviceFeatures& f = ctx.device().enabled();
   // Teams inside subgroups need every subgroup full and of the size the shader assumes.
   const bool shuffle = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && f.subgroup_size_control &&
                        f.compute_full_subgroups && sg % lanes == 0 && kQ8WgSize % sg == 0;
   const uint32_t rows = routed ? (t.rows ? t.rows : 128) : (t.rows_all ? t.rows_all : 64);
-  return {lanes, rows, shuffle, t.unroll ? t.unroll == 1 : down, t.pairs ? t.pairs : 4};
+  return {lanes, rows, t.outs ? t.outs : 1, shuffle, t.unroll ? t.unroll == 1 : down, t.pairs ? t.pairs : 4};
 }
 
 // Pairs per pass of the int8 path for inputs of `in_cols` elements (at most q8.max_pairs, and what
@@ -78,7 +79,7 @@ const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in
   PipelineDesc desc;
   desc.file = "moe_prefill.comp";
   if (tb) {
-    desc.name = cat("moe_prefill.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.unroll ? ".u" : "");
+    desc.name = cat("moe_prefill.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.outs > 1 ? ".o2" : "", q8.unroll ? ".u" : "");
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                     {"WG_SIZE", std::to_string(kQ8WgSize)},
                     {"ROWS", std::to_string(q8.rows)},
@@ -88,7 +89,8 @@ const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in
                     {"Q8_BLOCKS", std::to_string(tb * (in_cols / 32))},
                     {"Q8_TPR", std::to_string(q8.lanes)},
                     {"Q8_SHUFFLE", q8.shuffle ? "1" : "0"},
-                    {"Q8_UNROLL", q8.unroll ? "1" : "0"}};
+                    {"Q8_UNROLL", q8.unroll ? "1" : "0"},
+                    {"Q8_OUTS", std::to_string(q8.outs)}};
     desc.full_subgroups = q8.shuffle;
   } else {
     desc.name = cat("moe_prefill.", type_name(type));

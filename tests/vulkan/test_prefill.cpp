@@ -274,8 +274,8 @@ TEST(PrefillMoe, Int8ActivationPath) {
 // The int8 path's work split (FfnInt8Tuning): 8, 16 and 32 lanes per row (the team sums by
 // shuffles where the subgroup holds whole teams, else through shared memory), 32, 64 and 128 rows
 // per workgroup in either kind of dispatch (several rows per team; a last tile past the rows),
-// passes of 1, 2 and 8 pairs (the default: 4), the block loops unrolled and not, on both team-sum
-// paths; row lengths of 3, 5 and 12
+// passes of 1, 2 and 8 pairs (the default: 4), two output rows per team at once, the block loops
+// unrolled and not, on both team-sum paths; row lengths of 3, 5 and 12
 // blocks (lanes without a block, blocks past the lanes).
 TEST(PrefillMoe, Int8WorkSplits) {
   Gpu& g = vktest::gpu();
@@ -285,8 +285,8 @@ TEST(PrefillMoe, Int8WorkSplits) {
   using S = vk::FfnInt8Tuning;
   const MoeCase base{{T::Q4_0, T::Q4_0, T::Q4_0, T::Q8_0}, 6, 160, 96, 384, 3, 21, 19, 0, true, true};
   uint32_t seed = 41;
-  for (const S& t : {S{.lanes = 16, .rows = 64, .rows_all = 128, .pairs = 2}, S{.lanes = 32, .rows = 128, .rows_all = 32, .pairs = 8, .unroll = 1},
-                     S{.lanes = 8, .rows = 32, .unroll = 2}}) {
+  for (const S& t : {S{.lanes = 16, .rows = 64, .rows_all = 128, .pairs = 2}, S{.lanes = 32, .rows = 128, .rows_all = 32, .pairs = 8, .outs = 2, .unroll = 1},
+                     S{.lanes = 8, .rows = 32, .outs = 2, .unroll = 2}}) {
     MoeCase c = base;
     c.int8_tuning = t;
     run_moe_case(g, c, seed++);
@@ -296,7 +296,7 @@ TEST(PrefillMoe, Int8WorkSplits) {
   run_moe_case(g, c, seed++);
   Gpu& gs = vktest::gpu(true);
   MoeCase s = base;
-  s.int8_tuning = {.lanes = 32, .rows = 64, .rows_all = 32, .pairs = 8, .unroll = 1};
+  s.int8_tuning = {.lanes = 32, .rows = 64, .rows_all = 32, .pairs = 8, .outs = 2, .unroll = 1};
   run_moe_case(gs, s, seed++);
 }
 

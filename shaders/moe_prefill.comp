@@ -17,7 +17,8 @@
 //   int8 path: TB (pairs per pass), IN_BLOCKS (input blocks of 32 per row), Q8_BLOCKS = TB *
 //   IN_BLOCKS, Q8_TPR (lanes per row: 8, 16 or 32), Q8_SHUFFLE (team sums by subgroup shuffles;
 //   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR), Q8_UNROLL (the block loops
-//   unrolled), Q8_OUTS (output rows a team computes at once: 1 or 2). Teams of Q8_TPR lanes below.
+//   unrolled), Q8_OUTS (output rows a team computes at once: 1 or 2), PF_DOWN (1: the down, 0:
+//   the gate-up; the arguments' flag TS_PF_DOWN must agree). Teams of Q8_TPR lanes below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
@@ -50,7 +51,11 @@ layout(push_constant) uniform Push { PrefillFfnArgs args; };
 #include "q8_activations.glsl"
 #endif
 
+#if Q8ACT  // the int8 path's pipelines are built per part (PF_DOWN = the flag TS_PF_DOWN)
+bool is_down() { return PF_DOWN != 0; }
+#else
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
+#endif
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
 
 #if !Q8ACT
@@ -134,35 +139,36 @@ vec4 q8_team_sum(vec4 v) {
 #endif
 #define Q8_TEAMS (WG_SIZE / Q8_TPR)
 #define Q8_ITERS ((IN_BLOCKS + Q8_TPR - 1) / Q8_TPR)  // a lane's blocks of a row, at most
-#define Q8_NRM (2 * Q8_OUTS)  // weight rows a team takes at once, at most (a gate-up's)
+#if PF_DOWN  // weight rows a team takes at once
+#define Q8_NRM Q8_OUTS
+#else
+#define Q8_NRM (2 * Q8_OUTS)  // gate and up rows
+#endif
 #if Q8_UNROLL  // the block loops unrolled (their loads issued together)
 #define Q8_LOOP [[unroll]]
 #else
 #define Q8_LOOP
 #endif
 
-// Weight rows rr[k] (k < nr; of ma for even k, of mb for odd k: a gate-up's gate and up rows)
+// Weight rows rr[k] (of ma for even k, of mb for odd k: a gate-up's gate and up rows)
 // dotted with the pass's first nc staged inputs (acc[k][c / 4][c % 4] for pair c), this lane's
 // blocks: each weight block is loaded once for the nc pairs, each staged input read once for the
 // nr rows.
-void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nr, uint nc, inout vec4 acc[Q8_NRM][TB4]) {
+void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nc, inout vec4 acc[Q8_NRM][TB4]) {
   Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
     const uint b = q8_lane() + it * Q8_TPR;
     if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
     Q8W w[Q8_NRM];
     [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) {
-      if (k < nr) {
-        const WMat mk = k % 2u == 0u ? ma : mb;
-        w[k] = q8_load_block(mk.qbase, mk.mbase, rr[k] * IN_BLOCKS + b);
-      }
+      const WMat mk = k % 2u == 0u ? ma : mb;
+      w[k] = q8_load_block(mk.qbase, mk.mbase, rr[k] * IN_BLOCKS + b);
     }
     [[unroll]] for (uint c = 0; c < TB; ++c) {
       if (c < nc) {
         const uint i = c * IN_BLOCKS + b;
         const uvec4 xl = q8_lo[i], xh = q8_hi[i];
         const vec4 ds = q8_ds[i];
-        [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
-          if (k < nr) acc[k][c / 4][c % 4] += q8_dot_loaded(w[k], xl, xh, ds);
+        [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) acc[k][c / 4][c % 4] += q8_dot_loaded(w[k], xl, xh, ds);
       }
     }
   }
@@ -240,33 +246,35 @@ void main() {
     stage_inputs_q8(in_base, nc);
     // Each team takes Q8_OUTS output rows at once (rb + team, + Q8_TEAMS, ...): the down's rows,
     // or the gate-up's gate and up rows of each.
-    const uint nr = is_down() ? Q8_OUTS : 2u * Q8_OUTS;
     const uint lane = q8_lane();
     for (uint rb = r0; rb < r_end; rb += Q8_TEAMS * Q8_OUTS) {  // uniform trip count
       uint rr[Q8_NRM];
-      [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) rr[k] = 0u;
       [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
         const uint r = min(rb + o * Q8_TEAMS + q8_team(), r_end - 1u);  // past the end: computed, not stored
-        if (is_down()) {
-          rr[o] = r;
-        } else {
-          rr[2 * o] = separate ? r : 2u * r;
-          rr[2 * o + 1] = separate ? r : 2u * r + 1u;
-        }
+#if PF_DOWN
+        rr[o] = r;
+#else
+        rr[2 * o] = separate ? r : 2u * r;
+        rr[2 * o + 1] = separate ? r : 2u * r + 1u;
+#endif
       }
       vec4 acc[Q8_NRM][TB4];
       [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
         [[unroll]] for (uint q = 0; q < TB4; ++q) acc[k][q] = vec4(0.0);
-      rows_dot_q8(m, is_down() ? m : mu, rr, nr, nc, acc);
+      rows_dot_q8(m, mu, rr, nc, acc);
       [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
         [[unroll]] for (uint q = 0; q < TB4; ++q)
-          if (k < nr && 4u * q < nc) acc[k][q] = q8_team_sum(acc[k][q]);
+          if (4u * q < nc) acc[k][q] = q8_team_sum(acc[k][q]);
       // Lane c % Q8_TPR stores pair c.
       [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
         const uint r = rb + o * Q8_TEAMS + q8_team();
         [[unroll]] for (uint c = 0; c < TB; ++c) {
           if (r < r_end && c < nc && lane == c % Q8_TPR) {
-            const float v = is_down() ? acc[o][c / 4][c % 4] : silu(acc[2 * o][c / 4][c % 4]) * acc[2 * o + 1][c / 4][c % 4];
+#if PF_DOWN
+            const float v = acc[o][c / 4][c % 4];
+#else
+            const float v = silu(acc[2 * o][c / 4][c % 4]) * acc[2 * o + 1][c / 4][c % 4];
+#endif
             const float w = is_down() && !all_tokens() ? uintBitsToFloat(route[2u * pair[c] + 1u]) : 1.0;
             out_v[pair[c] * args.out_stride + r] = w * v;
           }

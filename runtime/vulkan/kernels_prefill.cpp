@@ -73,13 +73,13 @@ uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols, const 
 }
 
 // The moe_prefill pipeline for a weight type; tb > 0: the int8 path with tb pairs per pass.
-const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols, const FfnInt8Split& q8) {
+const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols, const FfnInt8Split& q8, bool down) {
   const bool sg = ctx.pipelines().use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
   PipelineDesc desc;
   desc.file = "moe_prefill.comp";
   if (tb) {
-    desc.name = cat("moe_prefill.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.outs > 1 ? ".o2" : "", q8.unroll ? ".u" : "");
+    desc.name = cat("moe_prefill.", down ? "down." : "gateup.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.outs > 1 ? ".o2" : "", q8.unroll ? ".u" : "");
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                     {"WG_SIZE", std::to_string(kQ8WgSize)},
                     {"ROWS", std::to_string(q8.rows)},
@@ -90,7 +90,8 @@ const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in
                     {"Q8_TPR", std::to_string(q8.lanes)},
                     {"Q8_SHUFFLE", q8.shuffle ? "1" : "0"},
                     {"Q8_UNROLL", q8.unroll ? "1" : "0"},
-                    {"Q8_OUTS", std::to_string(q8.outs)}};
+                    {"Q8_OUTS", std::to_string(q8.outs)},
+                    {"PF_DOWN", down ? "1" : "0"}};
     desc.full_subgroups = q8.shuffle;
   } else {
     desc.name = cat("moe_prefill.", type_name(type));
@@ -218,7 +219,7 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
   const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
   const FfnInt8Split q8 = ffn_int8_split(rec.context(), int8_tuning, (d.args.flags & TS_PF_ALL_TOKENS) == 0, down);
   const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols, q8) : 0;
-  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8);
+  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8, down);
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
   const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};

@@ -74,11 +74,12 @@ struct FfnInt8Tuning {
   uint32_t rows_all = 0;  // ... in the all-token dispatches (shared expert, dense FFN): auto 64
   uint32_t pairs = 0;     // pairs per pass, at most: 1, 2, 4 or 8 (auto 4: an expert's pairs over
                           // more workgroups, each with less work; H100 GLM pp64 2545 with 8 -> 2733)
-  uint32_t outs = 0;      // output rows a team computes at once, 1 or 2 (auto 1): each staged
-                          // input read once for them, their weight loads issued together
-  uint32_t unroll = 0;    // each lane's loop over a row's blocks: 1 unrolled, 2 a loop (auto:
-                          // unrolled in the downs, a loop in the gate-ups; H100 GLM pp64 down 91 ->
-                          // 88 us a layer, gate-up 136 -> 140 unrolled, session 23)
+  uint32_t outs = 0;      // output rows a team computes at once, 1 or 2: each staged input read
+                          // once for them, their weight loads issued together (auto: 2 in the
+                          // downs, 1 in the gate-ups, whose 2 are 4 weight rows; H100 GLM pp64:
+                          // down 86.9 -> 80.5 us a layer, gate-up 137.7 -> 148.1, session 23)
+  uint32_t unroll = 0;    // each lane's loop over a row's blocks: 1 unrolled, 2 a loop (auto: a loop;
+                          // a tie, session 23)
 };
 
 // Work split; 0 = automatic.

@@ -57,7 +57,8 @@ FfnInt8Split ffn_int8_split(Context& ctx, const FfnInt8Tuning& t, bool routed, b
   const bool shuffle = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && f.subgroup_size_control &&
                        f.compute_full_subgroups && sg % lanes == 0 && kQ8WgSize % sg == 0;
   const uint32_t rows = routed ? (t.rows ? t.rows : 128) : (t.rows_all ? t.rows_all : 64);
-  return {lanes, rows, t.outs ? t.outs : 1, shuffle, t.unroll ? t.unroll == 1 : down, t.pairs ? t.pairs : 4};
+  const uint32_t outs = t.outs ? t.outs : down ? 2 : 1;
+  return {lanes, rows, outs, shuffle, t.unroll == 1, t.pairs ? t.pairs : 4};
 }
 
 // Pairs per pass of the int8 path for inputs of `in_cols` elements (at most q8.max_pairs, and what

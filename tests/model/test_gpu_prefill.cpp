@@ -187,16 +187,23 @@ TEST(GpuPrefill, DefaultChunkMatchesTheReference) {
 // The tail recording: chunks of 32 with a tail chunk of 8. Prompts of 5 (tail), 20 (one chunk of
 // the large recording: more than twice the tail remain) and 45 (32, then 8 + 5 in the tail's),
 // each after a reset and continued by 3 tokens (tail), every position's logits against the CPU;
-// with the f32 matvecs and with the matmuls (live token counts).
+// with the f32 matvecs and with the matmuls (live token counts); and with up to 3 tail chunks
+// (GpuModelOptions::prefill_tail_chunks: 20 as 8 + 8 + 4).
 TEST(GpuPrefill, TailChunksMatchTheReference) {
   if (!context()) GTEST_SKIP() << "no Vulkan device";
   const std::string path = tsr_file("tiny", "q4_0", "all");
   TsrFile tsr = TsrFile::open(path);
   TsrWeights packed(path);
-  for (int matmul : {0, 1}) {
+  struct Config {
+    int matmul;
+    uint32_t tail_chunks;
+  };
+  for (const Config& cfg : {Config{0, 2}, Config{1, 2}, Config{1, 3}}) {
+    const int matmul = cfg.matmul;
     if (matmul && !vk::matmul_supported(*context())) continue;
     model::GpuModelOptions o = options(128, 32);
     o.prefill_tail_chunk = 8;
+    o.prefill_tail_chunks = cfg.tail_chunks;
     o.prefill_matmul = matmul;
     model::GpuModel gpu(*context(), tsr, o);
     const size_t V = gpu.n_vocab();
@@ -205,7 +212,7 @@ TEST(GpuPrefill, TailChunksMatchTheReference) {
       CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
       const auto p = prompt(gpu.n_vocab(), n);
       const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
-      EXPECT_LT(c.max_rel, matmul ? 4e-3 : 2e-3) << "n=" << n << " matmul " << matmul;
+      EXPECT_LT(c.max_rel, matmul ? 4e-3 : 2e-3) << "n=" << n << " matmul " << matmul << " tail chunks " << cfg.tail_chunks;
       const auto more = prompt(gpu.n_vocab(), 3, 1);
       const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
       EXPECT_LT(cc.max_rel, matmul ? 4e-3 : 2e-3) << "continuation after n=" << n << " matmul " << matmul;

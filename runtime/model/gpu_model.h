@@ -84,7 +84,7 @@ struct GpuModelOptions {
   // does not pay for a large chunk (pp16: 563 tok/s in chunks of 64, 335 in one of 512). 0: none.
   uint32_t prefill_tail_chunk = 64;
   // The most tail chunks a prompt's end runs in (bench --tune tail_chunks): where at most this many
-  // times prefill_tail_chunk tokens remain, the tail recording takes them.
+  // times prefill_tail_chunk tokens remain, the tail recording takes them (0: never).
   uint32_t prefill_tail_chunks = 2;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the

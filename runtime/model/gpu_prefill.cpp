@@ -528,7 +528,7 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
   for (size_t i0 = 0; i0 < tokens.size();) {
     // The tail recording where at most prefill_tail_chunks of its chunks remain.
     const size_t left = tokens.size() - i0;
-    const bool tail = p.T_tail && left <= uint64_t(std::max(options_.prefill_tail_chunks, 1u)) * p.T_tail;
+    const bool tail = p.T_tail && left <= uint64_t(options_.prefill_tail_chunks) * p.T_tail;
     const uint32_t n = uint32_t(std::min<size_t>(tail ? p.T_tail : p.T, left));
     const bool last_chunk = i0 + n == tokens.size();
     const Head head = !last_only ? Head::All : last_chunk ? Head::Last : Head::None;

@@ -79,13 +79,16 @@ struct GpuModelOptions {
   // matrices run as matmuls (H100, GLM: pp512 2416 tok/s against 1236 in chunks of 64, pp2048
   // 1876 against 1049; session 19), else 64.
   uint32_t prefill_chunk = kPrefillChunkAuto;
-  // A second, smaller recording for a prompt's last tokens: where at most twice this many remain
-  // (and it is below prefill_chunk), they run in chunks of this size, so that a short prompt
-  // does not pay for a large chunk (pp16: 563 tok/s in chunks of 64, 335 in one of 512). 0: none.
+  // A second, smaller recording for a prompt's last tokens: where at most prefill_tail_chunks
+  // times this many remain (and it is below prefill_chunk), they run in chunks of this size, so
+  // that a short prompt does not pay for a large chunk (session 19: pp16 563 tok/s in chunks of 64,
+  // 335 in one of 512). 0: none.
   uint32_t prefill_tail_chunk = 64;
-  // The most tail chunks a prompt's end runs in (bench --tune tail_chunks): where at most this many
-  // times prefill_tail_chunk tokens remain, the tail recording takes them (0: never).
-  uint32_t prefill_tail_chunks = 2;
+  // The most tail chunks a prompt's end runs in (bench --tune tail_chunks; 0: never). Default 1:
+  // since session 22's faster matmul form the large recording with n live tokens beats two tail
+  // chunks (H100 GLM pp128 3684 against 2796 tok/s; DeepSeek-V2-Lite 3672 against 3148) and ties
+  // one (pp16 991 / 982, pp64 2822 / 2816; session 23).
+  uint32_t prefill_tail_chunks = 1;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the

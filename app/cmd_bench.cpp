@@ -128,7 +128,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matmul.ffn.step = v; }},
     {"ffn_matmul_prefetch", 4, "... the next step's loads before this step's products: 1 none, 2 W, 3 inputs, 4 both; 0 auto",
      [](O& o, uint32_t v) { o.matmul.ffn.prefetch = v; }},
-    {"tail_chunks", 64, "the most 64-token tail chunks a prompt's end runs in before the large recording takes it (0: none); default 1",
+    {"tail_chunks", 64, "the most 64-token tail chunks a prompt's end runs in before the large recording takes it (0: none); default 2",
      [](O& o, uint32_t v) { o.prefill_tail_chunks = v; }},
     {"ffn_q8_lanes", 32, "lanes per weight row of the experts' / dense FFN's int8 form (short chunks): 8, 16 or 32; 0 auto (8)",
      [](O& o, uint32_t v) { o.matmul.ffn_int8.lanes = v; }},

@@ -84,11 +84,11 @@ struct GpuModelOptions {
   // that a short prompt does not pay for a large chunk (session 19: pp16 563 tok/s in chunks of 64,
   // 335 in one of 512). 0: none.
   uint32_t prefill_tail_chunk = 64;
-  // The most tail chunks a prompt's end runs in (bench --tune tail_chunks; 0: never). Default 1:
-  // since session 22's faster matmul form the large recording with n live tokens beats two tail
-  // chunks (H100 GLM pp128 3684 against 2796 tok/s; DeepSeek-V2-Lite 3672 against 3148) and ties
-  // one (pp16 991 / 982, pp64 2822 / 2816; session 23).
-  uint32_t prefill_tail_chunks = 1;
+  // The most tail chunks a prompt's end runs in (bench --tune tail_chunks; 0: never). Default 2:
+  // H200 GLM Q4_0 with 512-token chunks, session 23: pp128 2960 tok/s in two tail chunks against
+  // 2700 in one large chunk, pp192 2952 in three against 3735; without the tail pp16 502 against
+  // 997, pp64 1532 against 3002.
+  uint32_t prefill_tail_chunks = 2;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the

@@ -130,6 +130,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matmul.ffn.prefetch = v; }},
     {"tail_chunks", 64, "the most 64-token tail chunks a prompt's end runs in before the large recording takes it (0: none); default 2",
      [](O& o, uint32_t v) { o.prefill_tail_chunks = v; }},
+    {"prefill_q8_input", 1, "1, default: the FFN's int8 prefill kernels read h2 as int8 blocks from its RMSNorm; 0: each workgroup quantizes",
+     [](O& o, uint32_t v) { o.prefill_q8_input = v != 0; }},
     {"ffn_q8_lanes", 32, "lanes per weight row of the experts' / dense FFN's int8 form (short chunks): 8, 16 or 32; 0 auto (8)",
      [](O& o, uint32_t v) { o.matmul.ffn_int8.lanes = v; }},
     {"ffn_q8_rows", 128, "... output rows per workgroup of the routed experts: 32, 64 or 128; 0 auto (128)",

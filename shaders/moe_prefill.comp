@@ -18,7 +18,8 @@
 //   IN_BLOCKS, Q8_TPR (lanes per row: 8, 16 or 32), Q8_SHUFFLE (team sums by subgroup shuffles;
 //   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR), Q8_UNROLL (the block loops
 //   unrolled), Q8_OUTS (output rows a team computes at once: 1 or 2), PF_DOWN (1: the down, 0:
-//   the gate-up; the arguments' flag TS_PF_DOWN must agree). Teams of Q8_TPR lanes below.
+//   the gate-up; the arguments' flag TS_PF_DOWN must agree), IN_Q8 (binding 1 holds the input
+//   rows as int8 blocks: RmsNormOp's y_q8 of h2). Teams of Q8_TPR lanes below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
@@ -40,6 +41,7 @@ layout(local_size_x = WG_SIZE) in;
 
 layout(std430, binding = 1) readonly restrict buffer InBuf { float in_v[]; };
 layout(std430, binding = 1) readonly restrict buffer InBuf4 { vec4 in4[]; };
+layout(std430, binding = 1) readonly restrict buffer InQ8Buf { uvec4 in_q8[]; };  // IN_Q8
 layout(std430, binding = 2) writeonly restrict buffer OutBuf { float out_v[]; };
 layout(std430, binding = 3) readonly restrict buffer ListBuf { uint lists[]; };
 layout(std430, binding = 4) readonly restrict buffer RouteBuf { uint route[]; };
@@ -96,12 +98,21 @@ vec4 row_dot4(WMat m, uint r, uint cols, uvec4 in_base, uint lane) {
 #if Q8ACT
 // The inputs of the pass's nc pairs (rows starting at floats in_base[c]) as int8 blocks in shared
 // memory: block b of pair c at c * IN_BLOCKS + b. The whole workgroup; then a barrier.
+// IN_Q8: the input rows are int8 blocks already (3 uvec4 each: lo, hi, ds; a row of IN_BLOCKS
+// blocks per in_stride = 32 IN_BLOCKS values), copied.
 void stage_inputs_q8(uint in_base[TB], uint nc) {
   for (uint i = gl_LocalInvocationIndex; i < nc * IN_BLOCKS; i += WG_SIZE) {
     const uint c = i / IN_BLOCKS, b = i % IN_BLOCKS;
+#if IN_Q8
+    const uint o = 3u * ((in_base[c] >> 5) + b);
+    q8_lo[i] = in_q8[o];
+    q8_hi[i] = in_q8[o + 1u];
+    q8_ds[i] = uintBitsToFloat(in_q8[o + 2u]);
+#else
     vec4 v[8];
     [[unroll]] for (uint k = 0; k < 8; ++k) v[k] = in4[((in_base[c] + 32u * b) >> 2) + k];
     q8_stage_block(i, v);
+#endif
   }
   barrier();
 }

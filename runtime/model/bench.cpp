@@ -421,6 +421,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.matmul = o.matmul;
   go.prefill_moe_matmul = o.prefill_moe_matmul;
   go.prefill_tail_chunks = o.prefill_tail_chunks;
+  go.prefill_q8_input = o.prefill_q8_input;
   go.prefill_moe_f16_input = o.prefill_moe_f16_input;
   go.prefill_attention_groups = o.prefill_attention_groups;
   go.prefill_attention_min_chunk = o.prefill_attention_min_chunk;

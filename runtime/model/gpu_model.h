@@ -89,6 +89,9 @@ struct GpuModelOptions {
   // 2700 in one large chunk, pp192 2952 in three against 3735; without the tail pp16 502 against
   // 997, pp64 1532 against 3002.
   uint32_t prefill_tail_chunks = 2;
+  // The FFN's int8 prefill kernels read h2 as int8 blocks written once per token by its RMSNorm
+  // (bench --tune prefill_q8_input=0: each workgroup quantizes the f32 rows it stages).
+  bool prefill_q8_input = true;
   // The prefill's dense matrices as matmuls (vk::MatmulOp: each matrix read once per 64 tokens,
   // f16 products with f32 sums; its input normalized into f16 rows first): -1 auto, where the
   // device has tensor cores (vk::matmul_coop_supported); 1 wherever f16 arithmetic runs (the

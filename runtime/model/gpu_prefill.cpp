@@ -70,6 +70,7 @@ struct GpuModel::Prefill {
   uint32_t T = 0;
   vk::Buffer chunk;  // host-visible: kPosWord, kCountWord, ids
   vk::Buffer x, cq, kv, qfull, q, olat, o, h2, router_logits, route, lists, h, y, partials, xlast, logits_all;
+  vk::Buffer h2_q8;  // h2 as int8 blocks (RmsNormOp::y_q8) for the FFN's int8 kernels (16 bytes: none)
   vk::Buffer x16;       // the matmuls' f16 input rows (T rounded up to 16; prefill_matmul)
   vk::Buffer mm_partials;  // their split-K partial sums: one region per matmul of a stage
   bool matmul = false;
@@ -87,11 +88,11 @@ void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
 namespace {
 
 struct Sizes {
-  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials;
+  uint64_t x, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, logits_all, x16, mm_partials, h2_q8;
   uint64_t total() const {
     uint64_t s = 0;
     for (uint64_t b : {x, x /* h2 */, cq, kv, qfull, q, olat, o, router_logits, route, lists, h, y, partials, x /* xlast */,
-                       logits_all, x16, mm_partials})
+                       logits_all, x16, mm_partials, h2_q8})
       s += (std::max<uint64_t>(b, 16) + 255) / 256 * 256;
     return s;
   }
@@ -117,6 +118,7 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t attention_partials, const
   s.lists = vk::prefill_list_bytes(T, std::max<uint32_t>(c.n_expert, 1));
   s.h = T * std::max<uint64_t>(c.n_ff, 4) * 4;
   s.y = s.x;
+  s.h2_q8 = c.n_embd % 32 == 0 ? T * uint64_t(c.n_embd) / 32 * 48 : 0;
   if (moe) {
     s.h = std::max<uint64_t>(s.h, vk::prefill_pairs(T, K) * vk::moe_h_stride(*moe) * 4);
     s.y = std::max<uint64_t>(s.y, vk::prefill_pairs(T, K) * c.n_embd * 4);
@@ -184,7 +186,8 @@ void GpuModel::create_prefill() {
                         {&p->lists, "prefill expert lists", s.lists}, {&p->h, "prefill ffn h", s.h},
                         {&p->y, "prefill ffn y", s.y}, {&p->partials, "prefill attention partials", s.partials},
                         {&p->xlast, "prefill last row", s.x / p->T}, {&p->logits_all, "prefill logits", s.logits_all},
-                        {&p->x16, "prefill f16 rows", s.x16}, {&p->mm_partials, "prefill matmul partial sums", s.mm_partials}};
+                        {&p->x16, "prefill f16 rows", s.x16}, {&p->mm_partials, "prefill matmul partial sums", s.mm_partials},
+                        {&p->h2_q8, "prefill h2 int8 blocks", s.h2_q8}};
   for (const Item& it : items) *it.buf = local_->create_buffer(std::max<uint64_t>(it.bytes, 16), it.name);
   p->chunk = host_->create_buffer((kIdsWord + p->T) * 4ull, "prefill chunk values");
   std::memset(p->chunk.mapped(), 0, (kIdsWord + p->T) * 4ull);
@@ -383,6 +386,13 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       norm.rows = T;
       norm.eps = c.eps;
       norm.label = "rmsnorm ffn " + L;
+      // The FFN's int8 kernels (where its matmul form does not run) read h2 as int8 blocks
+      // written here, once per token, instead of quantizing it in each workgroup.
+      const bool moe_matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
+                                           (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
+      const bool ffn_q8_in = !(c.is_moe(l) ? moe_matmul : p.matmul) && options_.int8_activations && options_.prefill_q8_input &&
+                             c.n_embd % 32 == 0 && ctx_.device().enabled().integer_dot_product;
+      if (ffn_q8_in) norm.y_q8 = p.h2_q8.whole();
       norm.record(*rec);
       vk::PrefillSumOp sum;
       sum.n_embd = c.n_embd;
@@ -407,6 +417,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         d.step = chunk;
         d.count_word = kCountWord;
         d.h2 = p.h2.whole();
+        if (ffn_q8_in) d.h2_q8 = p.h2_q8.whole();
         d.h = p.h.whole();
         d.y = p.y.whole();
         d.label = "dense_prefill " + L;
@@ -439,8 +450,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       rec->barrier();
       vk::MoePrefillOp moe;
       moe.int8_activations = options_.int8_activations;
-      moe.matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
-                                (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
+      moe.matmul = moe_matmul;
       moe.matmul_kernel = p.kernel;
       moe.matmul_tuning = options_.matmul.ffn;
       moe.int8_tuning = options_.matmul.ffn_int8;
@@ -450,6 +460,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.step = chunk;
       moe.count_word = kCountWord;
       moe.h2 = p.h2.whole();
+      if (ffn_q8_in) moe.h2_q8 = p.h2_q8.whole();
       if (moe.matmul && normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
       moe.route = route_buf.whole();
       moe.lists = p.lists.whole();

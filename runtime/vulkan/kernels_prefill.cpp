@@ -74,13 +74,15 @@ uint32_t q8_pairs_per_pass(Context& ctx, GgmlType type, uint32_t in_cols, const 
 }
 
 // The moe_prefill pipeline for a weight type; tb > 0: the int8 path with tb pairs per pass.
-const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols, const FfnInt8Split& q8, bool down) {
+// in_q8: the int8 path stages pre-quantized input blocks (FfnDispatch::in_q8).
+const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in_cols, const FfnInt8Split& q8, bool down,
+                           bool in_q8) {
   const bool sg = ctx.pipelines().use_subgroup();
   const uint32_t tpr = sg ? ctx.info().subgroup_size : kSharedThreadsPerRow;
   PipelineDesc desc;
   desc.file = "moe_prefill.comp";
   if (tb) {
-    desc.name = cat("moe_prefill.", down ? "down." : "gateup.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.outs > 1 ? ".o2" : "", q8.unroll ? ".u" : "");
+    desc.name = cat("moe_prefill.", down ? "down." : "gateup.", type_name(type), ".q8act.tb", tb, ".l", q8.lanes, ".r", q8.rows, q8.outs > 1 ? ".o2" : "", q8.unroll ? ".u" : "", in_q8 ? ".xq8" : "");
     desc.defines = {{"WTYPE", std::to_string(static_cast<uint32_t>(type))},
                     {"WG_SIZE", std::to_string(kQ8WgSize)},
                     {"ROWS", std::to_string(q8.rows)},
@@ -92,7 +94,8 @@ const Pipeline& ffn_kernel(Context& ctx, GgmlType type, uint32_t tb, uint32_t in
                     {"Q8_SHUFFLE", q8.shuffle ? "1" : "0"},
                     {"Q8_UNROLL", q8.unroll ? "1" : "0"},
                     {"Q8_OUTS", std::to_string(q8.outs)},
-                    {"PF_DOWN", down ? "1" : "0"}};
+                    {"PF_DOWN", down ? "1" : "0"},
+                    {"IN_Q8", in_q8 ? "1" : "0"}};
     desc.full_subgroups = q8.shuffle;
   } else {
     desc.name = cat("moe_prefill.", type_name(type));
@@ -123,6 +126,8 @@ struct FfnDispatch {
   uint32_t slots;
   BufferSlice in, out;
   BufferSlice in_f16;  // set: in's rows as f16 (args.in_stride f16 values apart), for the matmul form
+  BufferSlice in_q8;   // set: in's rows as int8 blocks (RmsNormOp::y_q8; args.in_stride = the row
+                       // length), staged by the int8 path as they are
   std::string label;
   uint64_t bytes;
 };
@@ -220,10 +225,11 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
   const uint32_t in_cols = down ? d.args.width : d.args.n_embd;
   const FfnInt8Split q8 = ffn_int8_split(rec.context(), int8_tuning, (d.args.flags & TS_PF_ALL_TOKENS) == 0, down);
   const uint32_t tb = int8 ? q8_pairs_per_pass(rec.context(), d.type, in_cols, q8) : 0;
-  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8, down);
+  const bool in_q8 = tb && d.in_q8.buffer;
+  const Pipeline& pipe = ffn_kernel(rec.context(), d.type, tb, in_cols, q8, down, in_q8);
   const uint32_t out_rows = down ? d.args.n_embd : d.args.width;
   // Unused bindings (dense FFN: no lists / route) point at a valid buffer.
-  const BufferSlice b[6] = {d.w, d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
+  const BufferSlice b[6] = {d.w, in_q8 ? d.in_q8 : d.in, d.out, lists.buffer ? lists : step, route.buffer ? route : step, step};
   // int8 path: z = the slot's passes of tb pairs, one workgroup each (empty ones exit at once).
   rec.dispatch(pipe, b, d.args, ceil_div(out_rows, tb ? q8.rows : kRowsPerWg), d.slots,
                tb ? ceil_div(d.args.t_max, tb) : 1, tb ? d.label + " q8act" : d.label, d.bytes);
@@ -338,6 +344,11 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     if (g.n_embd % 8 != 0) runtime_error(what, ": f16 input rows of ", g.n_embd, " values; expected a multiple of 8");
     need(op.h2_f16, uint64_t(op.t_max) * g.n_embd * 2, what, "h2_f16");
   }
+  const bool in_q8 = !down && op.h2_q8.buffer != VK_NULL_HANDLE;
+  if (in_q8) {
+    if (g.n_embd % 32 != 0) runtime_error(what, ": int8 input blocks of rows of ", g.n_embd, " values; expected a multiple of 32");
+    need(op.h2_q8, uint64_t(op.t_max) * g.n_embd / 32 * 48, what, "h2_q8");
+  }
   need(op.h, pairs * hs * 4, what, "h");
   need(op.y, pairs * g.n_embd * 4, what, "y");
   need(op.route, prefill_route_bytes(op.t_max, K), what, "route");
@@ -373,6 +384,7 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     d.slots = uint32_t(hi - lo);
     d.in = in;
     if (in_f16) d.in_f16 = op.h2_f16;
+    if (in_q8) d.in_q8 = op.h2_q8;
     d.out = out;
     d.label = what;
     d.bytes = (hi - lo) * routed_w;
@@ -391,6 +403,7 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     d.slots = 1;
     d.in = in;
     if (in_f16) d.in_f16 = op.h2_f16;
+    if (in_q8) d.in_q8 = op.h2_q8;
     d.out = out;
     d.label = what + " shared";
     d.bytes = split_read_bytes(sg);
@@ -451,6 +464,11 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.args.out_stride = gate.rows;
   d.slots = 1;
   d.in = h2;
+  if (h2_q8.buffer) {
+    if (gate.cols % 32 != 0) runtime_error(what, ": int8 input blocks of rows of ", gate.cols, " values; expected a multiple of 32");
+    need(h2_q8, uint64_t(t_max) * gate.cols / 32 * 48, what, "h2_q8");
+    d.in_q8 = h2_q8;
+  }
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();

@@ -71,6 +71,9 @@ struct MoePrefillOp {
   // Set: the same rows as f16 (the router matmul's input, x16): the gate-up's matmul form reads
   // them instead of h2 (half the bytes, no conversion). n_embd a multiple of 8.
   BufferSlice h2_f16;
+  // Set: the same rows as int8 blocks (RmsNormOp::y_q8 of h2; n_embd a multiple of 32): the
+  // gate-up's int8 path copies them instead of quantizing h2 in every workgroup.
+  BufferSlice h2_q8;
   BufferSlice route;    // PrefillRouteOp::route
   BufferSlice lists;    // PrefillRouteOp::lists
   BufferSlice h;        // f32 [prefill_pairs][moe_h_stride(g)]
@@ -101,6 +104,7 @@ struct DensePrefillOp {
   BufferSlice step;
   uint32_t count_word = 0;
   BufferSlice h2;       // f32 [T][n_embd]
+  BufferSlice h2_q8;    // as MoePrefillOp
   BufferSlice h;        // f32 [T][F]
   BufferSlice y;        // f32 [T][n_embd]
   std::string label;

@@ -12,6 +12,7 @@
 #include "format/fp16.h"
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_basic.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_prefill.h"
 #include "tests/vulkan/test_moe_util.h"
@@ -48,6 +49,7 @@ struct MoeCase {
   vk::FfnMatmulTuning matmul_tuning = {};  // its work split (0s: automatic)
   bool h2_f16 = false;  // the gate-up's matmul form reads an f16 copy of h2 (MoePrefillOp::h2_f16)
   vk::FfnInt8Tuning int8_tuning = {};  // the int8 path's work split (0s: automatic)
+  bool h2_q8 = false;  // h2 written by an RmsNormOp with its int8 blocks, which the int8 gate-ups read
 };
 
 // v rounded to f16 (the matmul form stages inputs and weights as f16).
@@ -76,14 +78,14 @@ bool q8_type(GgmlType t) {
 // A MoE block of a chunk: route | gate-up | down | sum, against cpu::route_token and double loops.
 void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   SCOPED_TRACE(cat("moe prefill ", type_name(c.types.gateup), "/", type_name(c.types.down), " E", c.n_expert, " K", c.K,
-                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? cat(" q8act lanes ", c.int8_tuning.lanes, " rows ", c.int8_tuning.rows) : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " split ", c.matmul_tuning.split_rows, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
+                   " T", c.T, " n", c.n, " ranges ", c.max_binding_experts, c.q8 ? cat(" q8act lanes ", c.int8_tuning.lanes, " rows ", c.int8_tuning.rows, c.h2_q8 ? " int8 input" : "") : "", c.matmul ? cat(" matmul rows ", c.matmul_tuning.row_tiles, " step ", c.matmul_tuning.step, " groups ", c.matmul_tuning.groups, " split ", c.matmul_tuning.split_rows, " loop ", c.matmul_tuning.loop, " prefetch ", c.matmul_tuning.prefetch, c.h2_f16 ? " f16 input" : "") : ""));
   std::mt19937 rng(seed);
   const HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.types);
   vk::Buffer tile = vktest::make_buffer(g, ht.bytes.size(), "tile");
   vktest::upload_bytes(g, tile, ht.bytes.data(), ht.bytes.size());
   const uint32_t E = c.n_expert, K = c.K, T = c.T, D = c.n_embd;
   const std::vector<float> logits = vktest::random_values(rng, size_t(T) * E, 2.f);
-  const std::vector<float> h2 = vktest::random_values(rng, size_t(T) * D);
+  std::vector<float> h2 = vktest::random_values(rng, size_t(T) * D);
   const std::vector<float> x0 = vktest::random_values(rng, size_t(T) * D);
   std::vector<float> bias = vktest::random_values(rng, E, 0.1f);
   ModelConfig cfg;
@@ -104,6 +106,29 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   vktest::upload_bytes(g, lb, logits.data(), logits.size() * 4);
   vktest::upload_bytes(g, bb, bias.data(), E * 4);
   vktest::upload_bytes(g, hb2, h2.data(), h2.size() * 4);
+  // h2_q8: h2 becomes RMSNorm(h2; random weight), with its int8 blocks (MoePrefillOp::h2_q8).
+  vk::Buffer hq8 = vktest::make_buffer(g, std::max<size_t>(size_t(T) * D / 32 * 48, 16), "h2 int8 blocks");
+  vk::Buffer raw = vktest::make_buffer(g, h2.size() * 4, "x before the norm");
+  if (c.h2_q8) {
+    vktest::poison(g, hq8);
+    vktest::upload_bytes(g, raw, h2.data(), h2.size() * 4);
+    const std::vector<float> nw = vktest::random_values(rng, D);
+    vk::Buffer nwb = vktest::make_buffer(g, D * 4, "norm weight");
+    vktest::upload_bytes(g, nwb, nw.data(), D * 4);
+    vk::RmsNormOp norm;
+    norm.x = raw.whole();
+    norm.y = hb2.whole();
+    norm.weight = nwb.whole();
+    norm.y_q8 = hq8.whole();
+    norm.n = D;
+    norm.rows = T;
+    vk::CommandRecorder nrec(*g.ctx);
+    nrec.begin();
+    norm.record(nrec);
+    nrec.end();
+    nrec.run();
+    h2 = vktest::download_floats(g, hb2, h2.size());
+  }
   // The f16 copy (rows padded to 16 as the prefill's x16; the padding poisoned).
   vk::Buffer hb16 = vktest::make_buffer(g, (T + 15) / 16 * 16 * size_t(D) * 2, "h2 f16");
   vktest::poison(g, hb16);
@@ -136,6 +161,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.count_word = kCountWord;
   moe.h2 = hb2.whole();
   if (c.h2_f16) moe.h2_f16 = hb16.whole();
+  if (c.h2_q8) moe.h2_q8 = hq8.whole();
   moe.route = rb.whole();
   moe.lists = listb.whole();
   moe.h = hb.whole();
@@ -275,7 +301,7 @@ TEST(PrefillMoe, Int8ActivationPath) {
 // shuffles where the subgroup holds whole teams, else through shared memory), 32, 64 and 128 rows
 // per workgroup in either kind of dispatch (several rows per team; a last tile past the rows),
 // passes of 1, 2 and 8 pairs (the default: 4), two output rows per team at once, the block loops
-// unrolled and not, on both team-sum paths; row lengths of 3, 5 and 12
+// unrolled and not, the gate-ups' inputs as int8 blocks from the RMSNorm, on both team-sum paths; row lengths of 3, 5 and 12
 // blocks (lanes without a block, blocks past the lanes).
 TEST(PrefillMoe, Int8WorkSplits) {
   Gpu& g = vktest::gpu();
@@ -294,9 +320,19 @@ TEST(PrefillMoe, Int8WorkSplits) {
   MoeCase c{{T::Q4_K, T::Q6_K, T::Q4_0, T::Q8_0}, 5, 256, 160, 256, 2, 13, 12, 0, false, true};
   c.int8_tuning = {.lanes = 16, .pairs = 1, .unroll = 1};
   run_moe_case(g, c, seed++);
+  // The gate-ups' inputs as int8 blocks from the RMSNorm (MoePrefillOp::h2_q8), with expert ranges
+  // and an f32-path shared gate-up (Q5_1: ignores them).
+  MoeCase q{{T::Q4_0, T::Q4_0, T::Q5_1, T::Q8_0}, 7, 96, 64, 128, 3, 19, 17, 3, true, true};
+  q.h2_q8 = true;
+  run_moe_case(g, q, seed++);
+  q.types = {T::Q6_K, T::Q4_0, T::Q8_0, T::Q4_0};
+  q.n_embd = 256;
+  q.int8_tuning = {.lanes = 16, .rows = 32};
+  run_moe_case(g, q, seed++);
   Gpu& gs = vktest::gpu(true);
   MoeCase s = base;
   s.int8_tuning = {.lanes = 32, .rows = 64, .rows_all = 32, .pairs = 8, .outs = 2, .unroll = 1};
+  s.h2_q8 = true;
   run_moe_case(gs, s, seed++);
 }
 

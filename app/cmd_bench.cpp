@@ -84,7 +84,7 @@ const Knob<O> kTuneKnobs[] = {
     {"prefill_matmul", 3,
      "the prefill's dense matrices: 0 batched matvecs, 1 matmuls (plain FMAs without tensor cores), 2 auto (matmuls on tensor cores), 3 matmuls with plain FMAs",
      [](O& o, uint32_t v) { o.prefill_matmul = v == 2 ? -1 : v == 3 ? 2 : int(v); }},
-    {"moe_matmul", 2, "with the prefill's matmuls, the experts in their matmul form too: 0 never, 1 always, 2 auto (chunks of >= 256 tokens)",
+    {"moe_matmul", 2, "with the prefill's matmuls, the FFN (experts, dense layers) in its matmul form too: 0 never, 1 always, 2 auto (chunks of >= 256 tokens)",
      [](O& o, uint32_t v) { o.prefill_moe_matmul = v == 2 ? -1 : int(v); }},
     {"pattn_groups", 1024, "prefill attention chunks along the context per query (split-K); 0 auto (2048 / chunk tokens, 1..32)",
      [](O& o, uint32_t v) { o.prefill_attention_groups = v; }},

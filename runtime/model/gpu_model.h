@@ -49,7 +49,7 @@ constexpr uint32_t kPrefetchFfnIn = 2;    // the router (read by its dispatch, o
 constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
 constexpr uint32_t kPrefetchAll = 7;
 
-// GpuModelOptions::prefill_moe_matmul -1: the experts' matmul form from chunks of this many tokens.
+// GpuModelOptions::prefill_moe_matmul -1: the FFN's matmul form from chunks of this many tokens.
 constexpr uint32_t kMoeMatmulMinChunk = 256;
 // GpuModelOptions::prefill_chunk: chosen by the device (512 with matmuls, else 64).
 constexpr uint32_t kPrefillChunkAuto = 0xFFFFFFFFu;
@@ -100,13 +100,14 @@ struct GpuModelOptions {
   // prefill_matmul=0|1|2|3 (2 = auto, 3 = the plain kernel).
   int prefill_matmul = -1;
   vk::MatmulTuning matmul;        // its work split (0 = automatic; bench --tune matmul_rows / _step / _groups)
-  // Where the dense matrices run as matmuls, a dense FFN (leading layers) takes the matmul form
-  // of the FFN kernels too (shaders/moe_matmul.comp; H100, GLM layer 0: 1.6 -> 0.67 ms per
-  // chunk); the experts also with prefill_moe_matmul 1, or -1 (auto) in chunks of at least
-  // kMoeMatmulMinChunk tokens. In 64-token chunks (~4 tokens per expert) the experts are a weight
-  // stream and the int8 kernels stream faster (H100 pp512 1215 vs 869 tok/s); in chunks of 256
-  // the matmul form wins (1817 -> 1972; 512: 2404; PERFORMANCE.md session 19). bench --tune
-  // moe_matmul=0|1|2 (2 = auto).
+  // Where the dense matrices run as matmuls, the FFN kernels take their matmul form too
+  // (shaders/moe_matmul.comp) with prefill_moe_matmul 1, or -1 (auto) in chunks of at least
+  // kMoeMatmulMinChunk tokens: the experts and a dense FFN (leading layers; H100, GLM layer 0:
+  // 1.6 -> 0.67 ms per 512-token chunk). In 64-token chunks (~4 tokens per expert) the experts
+  // are a weight stream and the int8 kernels stream faster (H100 pp512 1215 vs 869 tok/s); in
+  // chunks of 256 the matmul form wins (1817 -> 1972; 512: 2404; PERFORMANCE.md session 19); the
+  // dense FFN of a 64-token chunk: 385 us in the matmul form, 291 in the int8 one (session 23).
+  // bench --tune moe_matmul=0|1|2 (2 = auto).
   int prefill_moe_matmul = -1;
   // The experts' matmul form reads the router matmul's f16 copy of the normed rows (x16) instead
   // of the f32 rows, where the router ran as a matmul. bench --tune moe_f16_in=0|1.

@@ -388,10 +388,10 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       norm.label = "rmsnorm ffn " + L;
       // The FFN's int8 kernels (where its matmul form does not run) read h2 as int8 blocks
       // written here, once per token, instead of quantizing it in each workgroup.
-      const bool moe_matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
+      const bool ffn_matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
                                            (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
-      const bool ffn_q8_in = !(c.is_moe(l) ? moe_matmul : p.matmul) && options_.int8_activations && options_.prefill_q8_input &&
-                             c.n_embd % 32 == 0 && ctx_.device().enabled().integer_dot_product;
+      const bool ffn_q8_in = !ffn_matmul && options_.int8_activations && options_.prefill_q8_input && c.n_embd % 32 == 0 &&
+                             ctx_.device().enabled().integer_dot_product;
       if (ffn_q8_in) norm.y_q8 = p.h2_q8.whole();
       norm.record(*rec);
       vk::PrefillSumOp sum;
@@ -406,7 +406,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         rec->barrier();
         vk::DensePrefillOp d;
         d.int8_activations = options_.int8_activations;
-        d.matmul = p.matmul;
+        d.matmul = ffn_matmul;
         d.matmul_kernel = p.kernel;
         d.matmul_tuning = options_.matmul.ffn;
         d.int8_tuning = options_.matmul.ffn_int8;
@@ -450,7 +450,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       rec->barrier();
       vk::MoePrefillOp moe;
       moe.int8_activations = options_.int8_activations;
-      moe.matmul = moe_matmul;
+      moe.matmul = ffn_matmul;
       moe.matmul_kernel = p.kernel;
       moe.matmul_tuning = options_.matmul.ffn;
       moe.int8_tuning = options_.matmul.ffn_int8;

@@ -137,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, PrefillVsCpu,
                            return s;
                          });
 
-// The dense matrices as matmuls and the experts in their matmul form (GpuModelOptions::
+// The dense matrices as matmuls and the FFN in its matmul form (GpuModelOptions::
 // prefill_matmul 1: the tensor-core kernels where the device has them, else the same kernels with
 // plain FMAs): f16 inputs and weights, f32 sums. Prompts of 70 tokens in chunks of 64 and of 20 in
 // chunks of 8, every position's logits against the CPU reference (the argmax wherever the
@@ -152,7 +152,8 @@ TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
   for (uint32_t T : {64u, 8u}) {
     model::GpuModelOptions o = options(128, T);
     o.prefill_matmul = 1;
-    o.prefill_moe_matmul = T == 64 ? 1 : 0;  // the experts' matmul form too (auto: only in chunks of >= 256)
+    // The FFN's matmul form too (experts, dense layers; auto: only in chunks of >= 256), else its int8 form.
+    o.prefill_moe_matmul = T == 64 ? 1 : 0;
     model::GpuModel gpu(*context(), tsr, o);
     ASSERT_TRUE(gpu.prefill_stats().matmul);
     EXPECT_EQ(gpu.prefill_stats().matmul_coop, vk::matmul_coop_supported(*context()));

@@ -96,7 +96,7 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
   vktest::expect_close(got, want, tol, cat("rmsnorm n ", n, " rows ", rows, in_place ? " in place" : ""));
   if (q8) {
     std::vector<uint32_t> words(size_t(rows) * n / 32 * 12);
-    qb.read(0, words.data(), words.size() * 4);
+    g.transfer->download(qb, 0, words.data(), words.size() * 4);  // device-local on a discrete GPU
     vktest::expect_q8_blocks_close(words, vktest::q8_blocks(got), cat("rmsnorm int8 blocks n ", n, " rows ", rows));
   }
   if (!in_place) {  // nothing outside the rows was written

@@ -129,6 +129,10 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
     nrec.run();
     h2 = vktest::download_floats(g, hb2, h2.size());
   }
+  // The values the int8 gate-ups read (a GPU's division may put an element one step from the
+  // CPU's rounding of the same f32 value).
+  const std::vector<double> h2_blocks =
+      c.h2_q8 ? vktest::q8_values(download_words(g, hq8, size_t(T) * D / 32 * 12)) : std::vector<double>{};
   // The f16 copy (rows padded to 16 as the prefill's x16; the padding poisoned).
   vk::Buffer hb16 = vktest::make_buffer(g, (T + 15) / 16 * 16 * size_t(D) * 2, "h2 f16");
   vktest::poison(g, hb16);
@@ -236,7 +240,10 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
         const std::vector<float> r = ht.row(slot, part, i);
         return f16 ? f16_round(r) : r;
       };
-      const std::vector<double> in_gu = q8_gu ? vktest::q8_round(in) : mm_gu ? f16_round(in) : in;
+      const std::vector<double> in_gu = q8_gu && c.h2_q8 ? std::vector<double>(h2_blocks.begin() + size_t(t) * D, h2_blocks.begin() + size_t(t + 1) * D)
+                                        : q8_gu ? vktest::q8_round(in)
+                                        : mm_gu ? f16_round(in)
+                                                : in;
       moetest::ref_gateup([&](uint32_t i) { return row_of(MoePart::Gate, i, mm_gu); },
                           [&](uint32_t i) { return row_of(MoePart::Up, i, mm_gu); }, w, in_gu, h, htol, q8_gu ? 1e-4 : 2e-5);
       const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)

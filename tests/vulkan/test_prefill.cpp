@@ -221,13 +221,17 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
     for (size_t j = 0; j < want.size(); ++j) EXPECT_EQ(lw[E + e * T + j], want[j]) << "expert " << e << " entry " << j;
   }
 
-  // x[t] += sum_k w_k down_k(h_k) + shared, per live token; padding tokens unchanged.
+  // x[t] += sum_k w_k down_k(h_k) + shared, per live token; padding tokens unchanged. Each pair's h
+  // (the gate-up's output) against the reference first; the down's reference then reads the GPU's
+  // h, so that an element the two round (to int8, to f16) one step apart does not count twice.
   const std::vector<float> got = vktest::download_floats(g, xb, x0.size());
+  const uint32_t hs = vk::moe_h_stride(ht.g);
+  const std::vector<float> gpu_h = vktest::download_floats(g, hb, pairs * hs);
   std::vector<double> want(x0.begin(), x0.end()), tol(x0.size(), 0.0);
   for (uint32_t t = 0; t < c.n; ++t) {
     const std::vector<double> in(h2.begin() + size_t(t) * D, h2.begin() + size_t(t + 1) * D);
     std::vector<double> y(D, 0.0), abs(D, 0.0);
-    auto slot_add = [&](uint32_t slot, double weight) {
+    auto slot_add = [&](uint32_t slot, double weight, uint64_t pair) {
       std::vector<double> h, htol;
       const uint32_t w = uint32_t(ht.g.width(slot));
       // The int8 path rounds the inputs of the kernels whose type it serves (q8_activations.glsl).
@@ -246,8 +250,9 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
                                                 : in;
       moetest::ref_gateup([&](uint32_t i) { return row_of(MoePart::Gate, i, mm_gu); },
                           [&](uint32_t i) { return row_of(MoePart::Up, i, mm_gu); }, w, in_gu, h, htol, q8_gu ? 1e-4 : 2e-5);
-      const std::vector<float> hf32(h.begin(), h.end());  // h as the GPU stores it (f32)
-      std::vector<double> hf(hf32.begin(), hf32.end());
+      const std::vector<float> hg(gpu_h.begin() + pair * hs, gpu_h.begin() + pair * hs + w);
+      vktest::expect_close(hg, h, htol, cat("h of token ", t, " slot ", slot));
+      std::vector<double> hf(hg.begin(), hg.end());
       if (q8_down) hf = vktest::q8_round(hf);
       if (mm_down) hf = f16_round_down_input(hf);
       moetest::ref_down_add([&](uint32_t r) { return row_of(MoePart::Down, r, mm_down); }, D, weight, hf.data(), y, abs);
@@ -255,8 +260,8 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
       for (double v : htol) hmax = std::max(hmax, v);
       for (uint32_t r = 0; r < D; ++r) abs[r] += 4 * hmax * w;  // h's own error through the down row
     };
-    for (uint32_t k = 0; k < K; ++k) slot_add(routes[t].experts[k], routes[t].weights[k]);
-    if (ht.g.has_shared()) slot_add(E, 1.0);
+    for (uint32_t k = 0; k < K; ++k) slot_add(routes[t].experts[k], routes[t].weights[k], uint64_t(t) * K + k);
+    if (ht.g.has_shared()) slot_add(E, 1.0, uint64_t(T) * K + t);
     for (uint32_t r = 0; r < D; ++r) {
       want[size_t(t) * D + r] += y[r];
       // The matmul form rounds h to f16 for the down: where the GPU's h and the reference's

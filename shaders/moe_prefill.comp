@@ -164,7 +164,7 @@ vec4 q8_team_sum(vec4 v) {
 // Weight rows rr[k] (of ma for even k, of mb for odd k: a gate-up's gate and up rows)
 // dotted with the pass's first nc staged inputs (acc[k][c / 4][c % 4] for pair c), this lane's
 // blocks: each weight block is loaded once for the nc pairs, each staged input read once for the
-// nr rows.
+// Q8_NRM rows.
 void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nc, inout vec4 acc[Q8_NRM][TB4]) {
   Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
     const uint b = q8_lane() + it * Q8_TPR;

@@ -49,7 +49,8 @@ struct FfnMatmulTuning {
                            // up): 2, 4 or 8 (auto: 4 where it fits, else 2). Each workgroup stages its
                            // pairs' inputs once per step: more rows read them fewer times.
   uint32_t step = 0;       // columns per step: 32, 64, 128 or 256 (auto: the first of 64, 128, 256
-                           // that the type's unit span allows and the shared memory holds)
+                           // that the type's unit span allows and the shared memory holds; 32
+                           // first for the shared expert's gate-up)
   uint32_t groups = 0;     // groups of 16 pairs per workgroup: 1, 2 or 4, with split rows 1 or 2
                            // (auto: the most that fit)
   uint32_t split_rows = 0; // 2: twice the groups of 32 invocations per pair group, each taking

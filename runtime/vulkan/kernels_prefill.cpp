@@ -144,7 +144,11 @@ struct FfnMatmulSplit {
 // routed: the dispatch's pairs come from the experts' lists (~T K / E each, so 64-pair workgroups
 // are half empty: auto rsplit 2, H100 GLM pp512 5378 -> 5595 with every dispatch split, session
 // 22); else every live token (the shared expert, a dense FFN: auto rsplit 1).
-FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t, bool down, bool routed) {
+// shared_gateup: the shared expert's gate-up (all tokens, one interleaved matrix): auto steps of 32
+// columns first (H100 GLM pp512: 107 -> 84 us a layer; its down and the routed parts lose with
+// them, session 22).
+FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuning& t, bool down, bool routed,
+                                bool shared_gateup) {
   if (t.row_tiles && t.row_tiles != 2 && t.row_tiles != 4 && t.row_tiles != 8)
     usage_error("moe_matmul: ", t.row_tiles, " row tiles, expected 2, 4 or 8");
   if (t.step && t.step != 32 && t.step != 64 && t.step != 128 && t.step != 256)
@@ -164,7 +168,9 @@ FfnMatmulSplit ffn_matmul_split(Context& ctx, GgmlType type, const FfnMatmulTuni
   const uint32_t prefetch = t.prefetch ? t.prefetch - 1 : 3, dont_unroll = t.loop == 1 ? 0 : 1;
   const std::vector<uint32_t> tgs = t.groups ? std::vector<uint32_t>{t.groups} : std::vector<uint32_t>{4, 2, 1};
   const std::vector<uint32_t> mrs = t.row_tiles ? std::vector<uint32_t>{t.row_tiles} : std::vector<uint32_t>{4, 2};
-  const std::vector<uint32_t> kts = t.step ? std::vector<uint32_t>{t.step} : std::vector<uint32_t>{64, 128, 256};
+  const std::vector<uint32_t> kts = t.step        ? std::vector<uint32_t>{t.step}
+                                    : shared_gateup ? std::vector<uint32_t>{32, 64, 128, 256}
+                                                    : std::vector<uint32_t>{64, 128, 256};
   for (uint32_t rsplit : rsplits)
     for (uint32_t mr : mrs)
       for (uint32_t tg : tgs)
@@ -194,7 +200,9 @@ void record_ffn_matmul(CommandRecorder& rec, const FfnDispatch& d, const BufferS
   if (!ffn_matmul_fits(d))
     runtime_error(d.label, ": the matmul form takes rows of a multiple of 32 values (", down ? d.args.width : d.args.n_embd,
                   ") and 16-byte input rows");
-  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning, down, (d.args.flags & TS_PF_ALL_TOKENS) == 0);
+  const bool routed = (d.args.flags & TS_PF_ALL_TOKENS) == 0;
+  const bool shared_gateup = !down && !routed && (d.args.flags & TS_PF_SEPARATE_GATE_UP) == 0;
+  const FfnMatmulSplit s = ffn_matmul_split(ctx, d.type, tuning, down, routed, shared_gateup);
   PipelineDesc desc;
   desc.name = cat("moe_matmul.", type_name(d.type), coop ? ".coop" : ".plain");
   desc.file = "moe_matmul.comp";

@@ -335,6 +335,13 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     vk::KvWriteOp kv_write(ctx_, ashape);
     const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T);
     const vk::QueryBatch batch{T, kCountWord};
+    // The FFN's matmul form (experts and dense layers) in this recording's chunks; else its int8
+    // kernels read h2 as int8 blocks written by the FFN's RMSNorm, once per token, instead of
+    // quantizing it in each workgroup.
+    const bool ffn_matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
+                                         (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
+    const bool ffn_q8_in = !ffn_matmul && options_.int8_activations && options_.prefill_q8_input && c.n_embd % 32 == 0 &&
+                           ctx_.device().enabled().integer_dot_product;
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");
       const bool qk = has_weight(L + "attn_qk.weight"), vo = has_weight(L + "attn_vo.weight");
@@ -386,12 +393,6 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       norm.rows = T;
       norm.eps = c.eps;
       norm.label = "rmsnorm ffn " + L;
-      // The FFN's int8 kernels (where its matmul form does not run) read h2 as int8 blocks
-      // written here, once per token, instead of quantizing it in each workgroup.
-      const bool ffn_matmul = p.matmul && (options_.prefill_moe_matmul == 1 ||
-                                           (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
-      const bool ffn_q8_in = !ffn_matmul && options_.int8_activations && options_.prefill_q8_input && c.n_embd % 32 == 0 &&
-                             ctx_.device().enabled().integer_dot_product;
       if (ffn_q8_in) norm.y_q8 = p.h2_q8.whole();
       norm.record(*rec);
       vk::PrefillSumOp sum;

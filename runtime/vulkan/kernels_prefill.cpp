@@ -30,6 +30,12 @@ void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const c
   if (s.size < bytes) runtime_error(what, ": binding '", binding, "' has ", s.size, " bytes, needs ", bytes);
 }
 
+// An input of `rows` rows of `cols` values as int8 blocks (RmsNormOp::y_q8, 48 bytes per 32 values).
+void need_q8_rows(const BufferSlice& s, uint64_t rows, uint32_t cols, const std::string& what, const char* binding) {
+  if (cols % 32 != 0) runtime_error(what, ": int8 input blocks of rows of ", cols, " values; expected a multiple of 32");
+  need(s, rows * (cols / 32) * 48, what, binding);
+}
+
 void check_chunk(uint32_t t_max, const BufferSlice& step, uint32_t count_word, const std::string& what) {
   if (t_max == 0 || t_max > 65535) runtime_error(what, ": chunk of ", t_max, " tokens, expected 1..65535");
   need(step, (uint64_t(count_word) + 1) * 4, what, "step");
@@ -353,10 +359,7 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
     need(op.h2_f16, uint64_t(op.t_max) * g.n_embd * 2, what, "h2_f16");
   }
   const bool in_q8 = !down && op.h2_q8.buffer != VK_NULL_HANDLE;
-  if (in_q8) {
-    if (g.n_embd % 32 != 0) runtime_error(what, ": int8 input blocks of rows of ", g.n_embd, " values; expected a multiple of 32");
-    need(op.h2_q8, uint64_t(op.t_max) * g.n_embd / 32 * 48, what, "h2_q8");
-  }
+  if (in_q8) need_q8_rows(op.h2_q8, op.t_max, uint32_t(g.n_embd), what, "h2_q8");
   need(op.h, pairs * hs * 4, what, "h");
   need(op.y, pairs * g.n_embd * 4, what, "y");
   need(op.route, prefill_route_bytes(op.t_max, K), what, "route");
@@ -473,8 +476,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.slots = 1;
   d.in = h2;
   if (h2_q8.buffer) {
-    if (gate.cols % 32 != 0) runtime_error(what, ": int8 input blocks of rows of ", gate.cols, " values; expected a multiple of 32");
-    need(h2_q8, uint64_t(t_max) * gate.cols / 32 * 48, what, "h2_q8");
+    need_q8_rows(h2_q8, t_max, uint32_t(gate.cols), what, "h2_q8");
     d.in_q8 = h2_q8;
   }
   d.out = h;

@@ -19,7 +19,7 @@
 //   needs full subgroups of SUBGROUP_SIZE, a multiple of Q8_TPR), Q8_UNROLL (the block loops
 //   unrolled), Q8_OUTS (output rows a team computes at once: 1 or 2), PF_DOWN (1: the down, 0:
 //   the gate-up; the arguments' flag TS_PF_DOWN must agree), IN_Q8 (binding 1 holds the input
-//   rows as int8 blocks: RmsNormOp's y_q8 of h2). Teams of Q8_TPR lanes below.
+//   rows as int8 blocks: RmsNormOp's y_q8 of h2). Teams below.
 // Bindings: 0 = weights (regions Q and M), 1 = in, 2 = out, 3 = lists, 4 = route, 5 = step.
 
 #include "common.glsl"
@@ -59,6 +59,49 @@ bool is_down() { return PF_DOWN != 0; }
 bool is_down() { return (args.flags & TS_PF_DOWN) != 0u; }
 #endif
 bool all_tokens() { return (args.flags & TS_PF_ALL_TOKENS) != 0u; }
+
+// Teams: TEAM_LANES invocations compute one row together (the f32 path: THREADS_PER_ROW; the int8
+// path: Q8_TPR, lane l taking the row's blocks l, l + Q8_TPR, ..., so a team's loads of a row are
+// Q8_TPR consecutive 16-byte words and the lanes of one index in a subgroup's teams read the same
+// staged block: one shared-memory broadcast serves SUBGROUP_SIZE / Q8_TPR rows). team_sum: every
+// lane gets its team's sum; reached by the whole workgroup.
+#if Q8ACT
+#define TEAM_LANES Q8_TPR
+#else
+#define TEAM_LANES THREADS_PER_ROW
+#endif
+#if Q8ACT && Q8_SHUFFLE
+// Team = TEAM_LANES consecutive lanes of a subgroup (subgroup invocation ids, whatever their
+// mapping to the workgroup); sums by butterfly shuffles.
+uint team_id() { return gl_SubgroupID * (SUBGROUP_SIZE / TEAM_LANES) + gl_SubgroupInvocationID / TEAM_LANES; }
+uint team_lane() { return gl_SubgroupInvocationID % TEAM_LANES; }
+vec4 team_sum(vec4 v) {
+  [[unroll]] for (uint s = TEAM_LANES / 2; s > 0; s >>= 1) v += subgroupShuffleXor(v, s);
+  return v;
+}
+#elif !Q8ACT && USE_SUBGROUP  // a team is a subgroup
+vec4 team_sum(vec4 v) { return subgroupAdd(v); }
+bool team_leader() { return subgroupElect(); }
+uint team_id() { return gl_SubgroupID; }
+uint team_lane() { return gl_SubgroupInvocationID; }
+#else  // a tree in shared memory
+shared vec4 team_partial[WG_SIZE];
+vec4 team_sum(vec4 v) {
+  const uint lid = gl_LocalInvocationIndex, lane = lid % TEAM_LANES;
+  team_partial[lid] = v;
+  barrier();
+  [[unroll]] for (uint s = TEAM_LANES / 2; s > 0; s >>= 1) {
+    if (lane < s) team_partial[lid] += team_partial[lid + s];
+    barrier();
+  }
+  const vec4 r = team_partial[lid - lane];
+  barrier();
+  return r;
+}
+bool team_leader() { return gl_LocalInvocationIndex % TEAM_LANES == 0u; }
+uint team_id() { return gl_LocalInvocationIndex / TEAM_LANES; }
+uint team_lane() { return gl_LocalInvocationIndex % TEAM_LANES; }
+#endif
 
 #if !Q8ACT
 // Row r of m (cols long) dotted with the TB inputs starting at floats in_base[b] (component b of
@@ -117,38 +160,7 @@ void stage_inputs_q8(uint in_base[TB], uint nc) {
   barrier();
 }
 
-// Teams of Q8_TPR lanes, one row each: lane l takes the row's blocks l, l + Q8_TPR, ..., so a
-// team's loads of a row are Q8_TPR consecutive 16-byte words, and the lanes of one index in the
-// subgroup's teams read the same staged block (one shared-memory broadcast serves SUBGROUP_SIZE /
-// Q8_TPR rows).
-#if Q8_SHUFFLE
-// Team = Q8_TPR consecutive lanes of a subgroup (subgroup invocation ids, whatever their mapping
-// to the workgroup); sums by butterfly shuffles.
-uint q8_team() { return gl_SubgroupID * (SUBGROUP_SIZE / Q8_TPR) + gl_SubgroupInvocationID / Q8_TPR; }
-uint q8_lane() { return gl_SubgroupInvocationID % Q8_TPR; }
-vec4 q8_team_sum(vec4 v) {
-  [[unroll]] for (uint s = Q8_TPR / 2; s > 0; s >>= 1) v += subgroupShuffleXor(v, s);
-  return v;
-}
-#else
-shared vec4 q8_partial[WG_SIZE];
-uint q8_team() { return gl_LocalInvocationIndex / Q8_TPR; }
-uint q8_lane() { return gl_LocalInvocationIndex % Q8_TPR; }
-// Every lane gets its team's sum; reached by the whole workgroup.
-vec4 q8_team_sum(vec4 v) {
-  const uint lid = gl_LocalInvocationIndex, lane = lid % Q8_TPR;
-  q8_partial[lid] = v;
-  barrier();
-  [[unroll]] for (uint s = Q8_TPR / 2; s > 0; s >>= 1) {
-    if (lane < s) q8_partial[lid] += q8_partial[lid + s];
-    barrier();
-  }
-  const vec4 r = q8_partial[lid - lane];
-  barrier();
-  return r;
-}
-#endif
-#define Q8_TEAMS (WG_SIZE / Q8_TPR)
+#define Q8_TEAMS (WG_SIZE / TEAM_LANES)
 #define Q8_ITERS ((IN_BLOCKS + Q8_TPR - 1) / Q8_TPR)  // a lane's blocks of a row, at most
 #if PF_DOWN  // weight rows a team takes at once
 #define Q8_NRM Q8_OUTS
@@ -167,7 +179,7 @@ vec4 q8_team_sum(vec4 v) {
 // Q8_NRM rows.
 void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nc, inout vec4 acc[Q8_NRM][TB4]) {
   Q8_LOOP for (uint it = 0; it < Q8_ITERS; ++it) {
-    const uint b = q8_lane() + it * Q8_TPR;
+    const uint b = team_lane() + it * Q8_TPR;
     if (IN_BLOCKS % Q8_TPR != 0 && b >= IN_BLOCKS) break;
     Q8W w[Q8_NRM];
     [[unroll]] for (uint k = 0; k < Q8_NRM; ++k) {
@@ -186,32 +198,6 @@ void rows_dot_q8(WMat ma, WMat mb, uint rr[Q8_NRM], uint nc, inout vec4 acc[Q8_N
 }
 #endif
 
-#if !Q8ACT
-#if USE_SUBGROUP
-vec4 team_sum(vec4 v) { return subgroupAdd(v); }
-bool team_leader() { return subgroupElect(); }
-uint team_id() { return gl_SubgroupID; }
-uint team_lane() { return gl_SubgroupInvocationID; }
-#else
-shared vec4 team_partial[WG_SIZE];
-// Sum over the THREADS_PER_ROW invocations of a team; reached by the whole workgroup.
-vec4 team_sum(vec4 v) {
-  const uint lid = gl_LocalInvocationIndex, lane = lid % THREADS_PER_ROW;
-  team_partial[lid] = v;
-  barrier();
-  [[unroll]] for (uint s = THREADS_PER_ROW / 2; s > 0; s >>= 1) {
-    if (lane < s) team_partial[lid] += team_partial[lid + s];
-    barrier();
-  }
-  const vec4 r = team_partial[lid - lane];
-  barrier();
-  return r;
-}
-bool team_leader() { return gl_LocalInvocationIndex % THREADS_PER_ROW == 0u; }
-uint team_id() { return gl_LocalInvocationIndex / THREADS_PER_ROW; }
-uint team_lane() { return gl_LocalInvocationIndex % THREADS_PER_ROW; }
-#endif
-#endif
 
 float silu(float z) { return z / (1.0 + exp(-z)); }
 
@@ -257,11 +243,11 @@ void main() {
     stage_inputs_q8(in_base, nc);
     // Each team takes Q8_OUTS output rows at once (rb + team, + Q8_TEAMS, ...): the down's rows,
     // or the gate-up's gate and up rows of each.
-    const uint lane = q8_lane();
+    const uint lane = team_lane();
     for (uint rb = r0; rb < r_end; rb += Q8_TEAMS * Q8_OUTS) {  // uniform trip count
       uint rr[Q8_NRM];
       [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
-        const uint r = min(rb + o * Q8_TEAMS + q8_team(), r_end - 1u);  // past the end: computed, not stored
+        const uint r = min(rb + o * Q8_TEAMS + team_id(), r_end - 1u);  // past the end: computed, not stored
 #if PF_DOWN
         rr[o] = r;
 #else
@@ -275,10 +261,10 @@ void main() {
       rows_dot_q8(m, mu, rr, nc, acc);
       [[unroll]] for (uint k = 0; k < Q8_NRM; ++k)
         [[unroll]] for (uint q = 0; q < TB4; ++q)
-          if (4u * q < nc) acc[k][q] = q8_team_sum(acc[k][q]);
+          if (4u * q < nc) acc[k][q] = team_sum(acc[k][q]);
       // Lane c % Q8_TPR stores pair c.
       [[unroll]] for (uint o = 0; o < Q8_OUTS; ++o) {
-        const uint r = rb + o * Q8_TEAMS + q8_team();
+        const uint r = rb + o * Q8_TEAMS + team_id();
         [[unroll]] for (uint c = 0; c < TB; ++c) {
           if (r < r_end && c < nc && lane == c % Q8_TPR) {
 #if PF_DOWN

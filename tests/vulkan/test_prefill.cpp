@@ -108,9 +108,9 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   vktest::upload_bytes(g, hb2, h2.data(), h2.size() * 4);
   // h2_q8: h2 becomes RMSNorm(h2; random weight), with its int8 blocks (MoePrefillOp::h2_q8).
   vk::Buffer hq8 = vktest::make_buffer(g, std::max<size_t>(size_t(T) * D / 32 * 48, 16), "h2 int8 blocks");
-  vk::Buffer raw = vktest::make_buffer(g, h2.size() * 4, "x before the norm");
   if (c.h2_q8) {
     vktest::poison(g, hq8);
+    vk::Buffer raw = vktest::make_buffer(g, h2.size() * 4, "x before the norm");
     vktest::upload_bytes(g, raw, h2.data(), h2.size() * 4);
     const std::vector<float> nw = vktest::random_values(rng, D);
     vk::Buffer nwb = vktest::make_buffer(g, D * 4, "norm weight");

@@ -268,7 +268,8 @@ struct PrefillRecorder {
       op.accumulate = acc;
       op.tuning = matmul_tuning;
       op.kernel = matmul_kernel;
-      op.label = op.kernel_name(rec.context()) + " " + o.name;
+      // The profile keeps the shapes and split counts apart (one line per matrix shape).
+      op.label = cat(op.kernel_name(rec.context()), " ", o.w.rows, "x", o.w.cols, ".k", op.splits(rec.context()), " ", o.name);
       op.record(rec);
       split = split || op.splits(rec.context()) > 1;
       weight_bytes += o.w.read_bytes() * ((T + 63) / 64);

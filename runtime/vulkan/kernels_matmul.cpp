@@ -11,6 +11,18 @@ namespace tessera::vk {
 namespace {
 
 constexpr uint32_t kTargetWorkgroups = 1024;  // auto splits: enough workgroups to hide latency
+// ... but none where the tiles alone make this many workgroups and each takes at most
+// kNoSplitSteps steps: each split writes and re-reads a partial sum per output (H100, 64 tokens,
+// W_qk's 11520 x 768, 12 steps: 3 splits 35.2 + 7.2 us for their sum, none 28.8; but W_vo's 2048 x
+// 10240 at 512 tokens, 160 steps: 2 splits 371 + 10 us, none 519; docs/PERFORMANCE.md session 24).
+constexpr uint32_t kNoSplitWorkgroups = 256;
+constexpr uint32_t kNoSplitSteps = 32;
+// In chunks of at most kSmallChunk tokens, matrices of at most kSmallMatrixRows rows take 16-row
+// tiles (auto): twice the row tiles for half the splits (H100, 64 tokens, with their sums: q_a 768
+// x 2048 23.6 -> 20.6 us, kv_a 17.8 -> 16.9, the router's 64 x 2048 19.2 -> 15.5; at 512 tokens
+// kv_a lost, 33.3 -> 41.5; session 24).
+constexpr uint32_t kSmallMatrixRows = 1024;
+constexpr uint32_t kSmallChunk = 64;
 constexpr uint32_t kMaxAutoSplits = 32;
 constexpr uint32_t kMaxSplits = 64;
 constexpr uint32_t kReduceWorkgroup = 256;
@@ -28,10 +40,12 @@ uint32_t step_granule(const MatmulOp& op) { return matmul_step_granule(op.w.type
 // memory fits the device: 32 rows (H100, GLM pp512 1226.6 tok/s against 1199.4 with 64 and 1153.5
 // with 16, the splits making up the workgroups), then the most tokens per workgroup, then steps of
 // 64 columns (less shared memory per workgroup, more of them resident: 1209 against 1181 with 128).
+// Small matrices in short chunks (kSmallMatrixRows) prefer 16 rows.
 Split split_of(const MatmulOp& op, const DeviceInfo& info) {
   const MatmulTuning& t = op.tuning;
   const uint32_t g = step_granule(op);
-  for (uint32_t mr : {2u, 4u, 1u})
+  const bool small = op.w.rows <= kSmallMatrixRows && op.n_tokens <= kSmallChunk;
+  for (uint32_t mr : {small ? 1u : 2u, small ? 2u : 4u, small ? 4u : 1u})
     for (uint32_t tg : {4u, 2u, 1u})
       for (uint32_t kt : {64u, 128u, 256u, 32u}) {
         const Split s{t.row_tiles ? t.row_tiles : mr, t.step ? t.step : kt, t.groups ? t.groups : tg};
@@ -54,13 +68,15 @@ struct KSplit {
 };
 KSplit k_split_of(const MatmulOp& op, const Split& s) {
   const uint64_t steps = ceil_div(op.w.cols, s.kt);
+  // At most as many splits as kMatmulMaxPartialBytes holds (a tuned count too: one knob serves
+  // matrices of every shape).
+  const uint64_t most = std::max<uint64_t>(1, kMatmulMaxPartialBytes / std::max<uint64_t>(1, uint64_t(op.n_tokens) * op.w.rows * 4));
   uint64_t n = op.tuning.splits;
   if (!n) {
     const uint64_t tiles = ceil_div(op.w.rows, s.rows_per_wg()) * ceil_div(op.n_tokens, s.tokens_per_wg());
-    const uint64_t most = kMatmulMaxPartialBytes / std::max<uint64_t>(1, uint64_t(op.n_tokens) * op.w.rows * 4);
-    n = std::clamp<uint64_t>(ceil_div(kTargetWorkgroups, tiles), 1, std::min<uint64_t>({kMaxAutoSplits, steps, std::max<uint64_t>(most, 1)}));
+    n = tiles >= kNoSplitWorkgroups && steps <= kNoSplitSteps ? 1 : std::min<uint64_t>(ceil_div(kTargetWorkgroups, tiles), kMaxAutoSplits);
   }
-  n = std::clamp<uint64_t>(n, 1, steps);
+  n = std::clamp<uint64_t>(n, 1, std::min(steps, most));
   const uint64_t cols = ceil_div(steps, n) * s.kt;
   return {uint32_t(ceil_div(op.w.cols, cols)), uint32_t(cols)};
 }

@@ -48,8 +48,11 @@ TEST(Split1, MovesQuantBytesToRegionQAndTheRestToRegionM) {
 }
 
 // q8: also the int8 blocks (RmsNormOp::y_q8), against the CPU quantization of the GPU's f32 result
-// (the kernel quantizes the same values).
-void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool in_place, uint32_t seed, bool q8 = false) {
+// (the kernel quantizes the same values). Offsets x 3, y 5 (value by value); `by4`: x 4, y 8, which
+// with n and the strides multiples of 4 takes the kernel's vec4 path.
+void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool in_place, uint32_t seed, bool q8 = false,
+              bool by4 = false) {
+  const uint32_t xo = by4 ? 4 : 3, yo = in_place ? xo : by4 ? 8 : 5;
   std::mt19937 rng(seed);
   const std::vector<float> x = vktest::random_values(rng, size_t(xs) * rows + 8);
   const std::vector<float> w = vktest::random_values(rng, n);
@@ -68,8 +71,8 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
   op.rows = rows;
   op.x_stride = xs;
   op.y_stride = in_place ? xs : ys;
-  op.x_offset = 3;
-  op.y_offset = in_place ? 3 : 5;
+  op.x_offset = xo;
+  op.y_offset = yo;
   op.eps = eps;
   vk::Buffer qb = vktest::make_buffer(g, std::max<size_t>(size_t(rows) * n / 32 * 48, 48), "y q8");
   vktest::poison(g, qb);
@@ -85,11 +88,11 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
   std::vector<double> want, tol;
   for (uint32_t t = 0; t < rows; ++t) {
     double ss = 0;
-    for (uint32_t i = 0; i < n; ++i) ss += double(x[3 + t * xs + i]) * x[3 + t * xs + i];
+    for (uint32_t i = 0; i < n; ++i) ss += double(x[xo + t * xs + i]) * x[xo + t * xs + i];
     const double scale = 1.0 / std::sqrt(ss / n + eps);
     for (uint32_t i = 0; i < n; ++i) {
       got.push_back(got_all[op.y_offset + t * op.y_stride + i]);
-      want.push_back(x[3 + t * xs + i] * scale * w[i]);
+      want.push_back(x[xo + t * xs + i] * scale * w[i]);
       tol.push_back(2e-6 * std::fabs(want.back()) + 1e-7);
     }
   }
@@ -100,7 +103,7 @@ void run_norm(Gpu& g, uint32_t n, uint32_t rows, uint32_t xs, uint32_t ys, bool 
     vktest::expect_q8_blocks_close(words, vktest::q8_blocks(got), cat("rmsnorm int8 blocks n ", n, " rows ", rows));
   }
   if (!in_place) {  // nothing outside the rows was written
-    for (uint32_t i = 0; i < 5; ++i) EXPECT_TRUE(std::isnan(got_all[i])) << "y[" << i << "] written";
+    for (uint32_t i = 0; i < yo; ++i) EXPECT_TRUE(std::isnan(got_all[i])) << "y[" << i << "] written";
   }
 }
 
@@ -115,6 +118,11 @@ TEST(KernelRmsNorm, MatchesCpu) {
   // With the int8 blocks (the LM head's input): one row of GLM's width, three rows of 2080.
   run_norm(g, 2048, 1, 2048, 2048, false, seed++, true);
   run_norm(g, 2080, 3, 2081, 2082, false, seed++, true);
+  // As vec4 (batches of 4 per invocation): a row past one batch of the workgroup (1028), the
+  // attention output's width (10240), in place, with the int8 blocks.
+  for (uint32_t n : {4u, 1028u, 10240u}) run_norm(g, n, 2, n + 4, n + 8, false, seed++, false, true);
+  run_norm(g, 512, 5, 576, 576, true, seed++, false, true);
+  run_norm(g, 2048, 3, 2052, 2048, false, seed++, true, true);
   vk::RmsNormOp bad;
   vk::Buffer b = vktest::make_buffer(g, 4096, "b");
   bad.x = bad.weight = bad.y = bad.y_q8 = b.whole();

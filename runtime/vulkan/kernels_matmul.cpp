@@ -1,6 +1,7 @@
 #include "runtime/vulkan/kernels_matmul.h"
 
 #include <algorithm>
+#include <array>
 
 #include "format/error.h"
 #include "runtime/vulkan/context.h"
@@ -23,6 +24,10 @@ constexpr uint32_t kNoSplitSteps = 32;
 // kv_a lost, 33.3 -> 41.5; session 24).
 constexpr uint32_t kSmallMatrixRows = 1024;
 constexpr uint32_t kSmallChunk = 64;
+// ... and larger matrices that need splits there take 64-row tiles and splits for half the
+// workgroups: B staged once per 64 rows (W_vo 2048 x 10240 at 64 tokens: 32 row tiles x 16
+// splits 51.7 + 6.7 us for the sum, against 64 x 16 63.5 + 6.8; session 24).
+constexpr uint32_t kWideTargetWorkgroups = 512;
 constexpr uint32_t kMaxAutoSplits = 32;
 constexpr uint32_t kMaxSplits = 64;
 constexpr uint32_t kReduceWorkgroup = 256;
@@ -35,17 +40,25 @@ struct Split {
 };
 
 uint32_t step_granule(const MatmulOp& op) { return matmul_step_granule(op.w.type); }
+uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
+
+// Whether `tiles` workgroups of `steps` steps each need no split (kNoSplitWorkgroups).
+bool no_split(uint64_t tiles, uint64_t steps) { return tiles >= kNoSplitWorkgroups && steps <= kNoSplitSteps; }
+// ... for the matrix in 32-row tiles of 64 tokens and 64-column steps.
+bool fills_without_splits(const MatmulOp& op) { return no_split(ceil_div(op.w.rows, 32) * ceil_div(op.n_tokens, 64), ceil_div(op.w.cols, 64)); }
 
 // The tuned fields as given; the automatic ones as the first of a preference list whose shared
 // memory fits the device: 32 rows (H100, GLM pp512 1226.6 tok/s against 1199.4 with 64 and 1153.5
 // with 16, the splits making up the workgroups), then the most tokens per workgroup, then steps of
 // 64 columns (less shared memory per workgroup, more of them resident: 1209 against 1181 with 128).
-// Small matrices in short chunks (kSmallMatrixRows) prefer 16 rows.
+// In short chunks (kSmallChunk) small matrices prefer 16 rows, larger ones that split 64.
 Split split_of(const MatmulOp& op, const DeviceInfo& info) {
   const MatmulTuning& t = op.tuning;
   const uint32_t g = step_granule(op);
-  const bool small = op.w.rows <= kSmallMatrixRows && op.n_tokens <= kSmallChunk;
-  for (uint32_t mr : {small ? 1u : 2u, small ? 2u : 4u, small ? 4u : 1u})
+  std::array<uint32_t, 3> order{2, 4, 1};
+  if (op.n_tokens <= kSmallChunk && op.w.rows <= kSmallMatrixRows) order = {1, 2, 4};
+  if (op.n_tokens <= kSmallChunk && op.w.rows > kSmallMatrixRows && !fills_without_splits(op)) order = {4, 2, 1};
+  for (uint32_t mr : order)
     for (uint32_t tg : {4u, 2u, 1u})
       for (uint32_t kt : {64u, 128u, 256u, 32u}) {
         const Split s{t.row_tiles ? t.row_tiles : mr, t.step ? t.step : kt, t.groups ? t.groups : tg};
@@ -54,11 +67,13 @@ Split split_of(const MatmulOp& op, const DeviceInfo& info) {
   return {t.row_tiles ? t.row_tiles : 1, t.step ? t.step : g, t.groups ? t.groups : 1};  // record() refuses it
 }
 
-uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
-
 // MatmulTuning::prefetch under split s.
 // Auto: both (H100 GLM pp512 5222 -> 5417 tok/s with both, 5375 with W alone; session 22).
-bool prefetch_b(const MatmulOp& op, const Split& s) { return op.tuning.prefetch != 2 && s.kt <= 128; }
+// In short chunks: the token values are not loaded ahead (fewer registers: H100 pp16 1157 ->
+// 1190 tok/s, pp64 a tie; session 24).
+bool prefetch_b(const MatmulOp& op, const Split& s) {
+  return s.kt <= 128 && (op.tuning.prefetch == 1 || (op.tuning.prefetch == 0 && op.n_tokens > kSmallChunk));
+}
 bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w != 2 && split1_supported(op.w.type); }
 bool acc_loop(const MatmulOp& op) { return op.tuning.loop == 2; }
 
@@ -74,7 +89,8 @@ KSplit k_split_of(const MatmulOp& op, const Split& s) {
   uint64_t n = op.tuning.splits;
   if (!n) {
     const uint64_t tiles = ceil_div(op.w.rows, s.rows_per_wg()) * ceil_div(op.n_tokens, s.tokens_per_wg());
-    n = tiles >= kNoSplitWorkgroups && steps <= kNoSplitSteps ? 1 : std::min<uint64_t>(ceil_div(kTargetWorkgroups, tiles), kMaxAutoSplits);
+    const uint64_t target = s.mr == 4 && op.n_tokens <= kSmallChunk && !op.tuning.row_tiles ? kWideTargetWorkgroups : kTargetWorkgroups;
+    n = no_split(tiles, steps) ? 1 : std::min<uint64_t>(ceil_div(target, tiles), kMaxAutoSplits);
   }
   n = std::clamp<uint64_t>(n, 1, std::min(steps, most));
   const uint64_t cols = ceil_div(steps, n) * s.kt;

@@ -86,18 +86,20 @@ struct FfnInt8Tuning {
 // Work split; 0 = automatic.
 struct MatmulTuning {
   uint32_t row_tiles = 0;  // 16-row tiles per workgroup: 1, 2 or 4 (auto: the first of 2, 4, 1
-                           // whose step fits the device's shared memory; 1, 2, 4 for matrices of
-                           // at most 1024 rows in chunks of at most 64 tokens)
+                           // whose step fits the device's shared memory; in chunks of at most
+                           // 64 tokens 1, 2, 4 for matrices of at most 1024 rows, and 4, 2, 1 for
+                           // larger ones that would split)
   uint32_t step = 0;       // columns of W staged per step: a multiple of 32 (of 64 for Q4_K /
                            // Q5_K, 128 for Q6_K) up to 2048 (auto: 64 where it fits)
   uint32_t groups = 0;     // groups of 16 tokens per workgroup: 1, 2 or 4 (auto 4, fewer where
                            // the shared memory cannot hold the step otherwise)
   uint32_t prefetch = 0;   // 1: the next step's token values loaded ahead into registers (steps of
-                           // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (1)
+                           // at most 128 columns; matmul.comp PREFETCH_B); 2: not; 0 auto (1;
+                           // 2 in chunks of at most 64 tokens)
   uint32_t splits = 0;     // workgroups along K per tile, 1..64, partial sums within
                            // kMatmulMaxPartialBytes (auto: enough for 1024 workgroups, at most 32
-                           // and one step each; none where the tiles make 256 workgroups of at
-                           // most 32 steps)
+                           // and one step each; 512 with 64-row tiles in chunks of at most 64
+                           // tokens; none where the tiles make 256 workgroups of at most 32 steps)
   uint32_t prefetch_w = 0; // 1: the next step's W words (SPLIT1 types) loaded before this step's
                            // products (PREFETCH_W); 2: not; 0 auto (1: H100 GLM pp512 5222 -> 5417
                            // with both loads ahead, session 22)

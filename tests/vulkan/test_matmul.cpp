@@ -297,6 +297,36 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
   }
 }
 
+// The automatic work split on GLM-4.7-Flash's shapes (docs/PERFORMANCE.md session 24): no split
+// where the tiles fill the GPU in a few steps (W_qk), splits where a tile's K loop is long (W_vo,
+// also at 512 tokens), in 64-token chunks 16-row tiles for small matrices and 64-row tiles for
+// W_vo.
+TEST(KernelMatmul, AutomaticSplitOnModelShapes) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  auto op_of = [](GgmlType type, uint32_t rows, uint32_t cols, uint32_t tokens) {
+    vk::MatmulOp op;
+    op.w.type = type;
+    op.w.layout = type == GgmlType::F32 ? vk::WeightLayout::Plain : vk::WeightLayout::Split1;
+    op.w.rows = rows;
+    op.w.cols = cols;
+    op.n_tokens = tokens;
+    return op;
+  };
+  vk::Context& ctx = *g.ctx;
+  EXPECT_EQ(op_of(GgmlType::Q8_0, 11520, 768, 64).splits(ctx), 1u);   // W_qk: 360 tiles of 12 steps
+  const vk::MatmulOp w_vo = op_of(GgmlType::Q8_0, 2048, 10240, 64);
+  EXPECT_NE(w_vo.kernel_name(ctx).find(".m4"), std::string::npos) << w_vo.kernel_name(ctx);
+  EXPECT_EQ(w_vo.splits(ctx), 16u);                                   // 32 row tiles, 512 workgroups
+  EXPECT_EQ(w_vo.kernel_name(ctx).find(".pf."), std::string::npos);   // no B prefetch in short chunks
+  EXPECT_EQ(op_of(GgmlType::Q8_0, 2048, 10240, 512).splits(ctx), 2u); // 512 tiles of 160 steps
+  const vk::MatmulOp q_a = op_of(GgmlType::Q4_0, 768, 2048, 64);
+  EXPECT_NE(q_a.kernel_name(ctx).find(".m1"), std::string::npos) << q_a.kernel_name(ctx);
+  EXPECT_EQ(q_a.splits(ctx), 16u);  // 48 row tiles
+  EXPECT_NE(op_of(GgmlType::Q4_0, 768, 2048, 512).kernel_name(ctx).find(".m2"), std::string::npos);
+  EXPECT_NE(op_of(GgmlType::F32, 64, 2048, 64).kernel_name(ctx).find(".m1"), std::string::npos);
+}
+
 // RmsNormOp's f16 output: normalized (the matmul's input after a norm) and as it is.
 TEST(KernelMatmul, NormWritesF16Rows) {
   Gpu& g = vktest::gpu();

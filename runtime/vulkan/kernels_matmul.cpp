@@ -24,10 +24,11 @@ constexpr uint32_t kNoSplitSteps = 32;
 // kv_a lost, 33.3 -> 41.5; session 24).
 constexpr uint32_t kSmallMatrixRows = 1024;
 constexpr uint32_t kSmallChunk = 64;
-// ... and larger matrices that need splits there take 64-row tiles and splits for half the
-// workgroups: B staged once per 64 rows (W_vo 2048 x 10240 at 64 tokens: 32 row tiles x 16
-// splits 51.7 + 6.7 us for the sum, against 64 x 16 63.5 + 6.8; session 24).
-constexpr uint32_t kWideTargetWorkgroups = 512;
+// ... and larger matrices that need splits there take 64-row tiles and splits for about two
+// workgroups per SM of an H100: B staged once per 64 rows, one wave (W_vo 2048 x 10240 at 64
+// tokens, with the sum: 32 row tiles x 8 splits 43.8 + 6.6 us; x 4, 6, 16: 67.4 + 5.7, 54.5 +
+// 5.9, 57.1 + 6.8; 64 row tiles x 16 splits 63.5 + 6.8; session 24).
+constexpr uint32_t kWideTargetWorkgroups = 256;
 constexpr uint32_t kMaxAutoSplits = 32;
 constexpr uint32_t kMaxSplits = 64;
 constexpr uint32_t kReduceWorkgroup = 256;

@@ -98,7 +98,7 @@ struct MatmulTuning {
                            // 2 in chunks of at most 64 tokens)
   uint32_t splits = 0;     // workgroups along K per tile, 1..64, partial sums within
                            // kMatmulMaxPartialBytes (auto: enough for 1024 workgroups, at most 32
-                           // and one step each; 512 with 64-row tiles in chunks of at most 64
+                           // and one step each; 256 with 64-row tiles in chunks of at most 64
                            // tokens; none where the tiles make 256 workgroups of at most 32 steps)
   uint32_t prefetch_w = 0; // 1: the next step's W words (SPLIT1 types) loaded before this step's
                            // products (PREFETCH_W); 2: not; 0 auto (1: H100 GLM pp512 5222 -> 5417

@@ -1,5 +1,7 @@
 #include "tests/vulkan/vk_test_util.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -8,9 +10,30 @@
 
 namespace tessera::vktest {
 
+namespace {
+Gpu shared[2];
+bool made[2] = {false, false};
+
+// The shared contexts are released when the tests end, before main returns. Left to the static
+// destructors they were destroyed after the driver's own exit handlers (registered when the
+// first context loaded it, so run before destructors registered earlier), and the portable
+// test binary crashed at exit on the H100 after its tests had passed.
+class ReleaseSharedGpus : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    for (Gpu& g : shared) {
+      g.transfer.reset();
+      g.host.reset();
+      g.local.reset();
+      g.ctx.reset();
+      g.why = "released at the end of the tests";
+    }
+  }
+};
+[[maybe_unused]] ::testing::Environment* const kReleaseSharedGpus = ::testing::AddGlobalTestEnvironment(new ReleaseSharedGpus);
+}  // namespace
+
 Gpu& gpu(bool no_subgroup_ops) {
-  static Gpu shared[2];
-  static bool made[2] = {false, false};
   Gpu& g = shared[no_subgroup_ops ? 1 : 0];
   if (made[no_subgroup_ops ? 1 : 0]) return g;
   made[no_subgroup_ops ? 1 : 0] = true;

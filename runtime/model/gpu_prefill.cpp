@@ -343,6 +343,12 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
                                          (options_.prefill_moe_matmul < 0 && T >= kMoeMatmulMinChunk));
     const bool ffn_q8_in = !ffn_matmul && options_.int8_activations && options_.prefill_q8_input && c.n_embd % 32 == 0 &&
                            ctx_.device().enabled().integer_dot_product;
+    vk::FfnForm ffn_form;
+    ffn_form.int8_activations = options_.int8_activations;
+    ffn_form.int8_tuning = options_.matmul.ffn_int8;
+    ffn_form.matmul = ffn_matmul;
+    ffn_form.matmul_kernel = p.kernel;
+    ffn_form.matmul_tuning = options_.matmul.ffn;
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");
       const bool qk = has_weight(L + "attn_qk.weight"), vo = has_weight(L + "attn_vo.weight");
@@ -407,11 +413,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       if (!c.is_moe(l)) {
         rec->barrier();
         vk::DensePrefillOp d;
-        d.int8_activations = options_.int8_activations;
-        d.matmul = ffn_matmul;
-        d.matmul_kernel = p.kernel;
-        d.matmul_tuning = options_.matmul.ffn;
-        d.int8_tuning = options_.matmul.ffn_int8;
+        d.form = ffn_form;
         d.gate = weight_matrix(L + "ffn_gate.weight");
         d.up = weight_matrix(L + "ffn_up.weight");
         d.down = weight_matrix(L + "ffn_down.weight");
@@ -451,11 +453,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       route.record(*rec);
       rec->barrier();
       vk::MoePrefillOp moe;
-      moe.int8_activations = options_.int8_activations;
-      moe.matmul = ffn_matmul;
-      moe.matmul_kernel = p.kernel;
-      moe.matmul_tuning = options_.matmul.ffn;
-      moe.int8_tuning = options_.matmul.ffn_int8;
+      moe.form = ffn_form;
       moe.tile = moe_tile(L + "ffn_moe_tile");
       moe.n_used = c.n_expert_used;
       moe.t_max = T;
@@ -463,7 +461,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       moe.count_word = kCountWord;
       moe.h2 = p.h2.whole();
       if (ffn_q8_in) moe.h2_q8 = p.h2_q8.whole();
-      if (moe.matmul && normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
+      if (moe.form.matmul && normed_f16 && options_.prefill_moe_f16_input) moe.h2_f16 = p.x16.whole();
       moe.route = route_buf.whole();
       moe.lists = p.lists.whole();
       moe.h = p.h.whole();

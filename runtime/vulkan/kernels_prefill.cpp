@@ -251,16 +251,10 @@ void record_ffn(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& l
 
 // How an op records its FFN dispatches: the matmul form where asked and the dispatch fits it, else
 // moe_prefill.comp (int8 where asked and served).
-struct FfnForm {
-  bool int8, matmul;
-  MatmulKernel kernel;
-  FfnMatmulTuning tuning;
-  FfnInt8Tuning int8_tuning;
-};
 void record_ffn_part(CommandRecorder& rec, const FfnDispatch& d, const BufferSlice& lists, const BufferSlice& route,
                      const BufferSlice& step, const FfnForm& form) {
-  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.kernel, form.tuning);
-  else record_ffn(rec, d, lists, route, step, form.int8, form.int8_tuning);
+  if (form.matmul && ffn_matmul_fits(d)) record_ffn_matmul(rec, d, lists, route, step, form.matmul_kernel, form.matmul_tuning);
+  else record_ffn(rec, d, lists, route, step, form.int8_activations, form.int8_tuning);
 }
 
 uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_per_row * (g.q_bytes + g.m_bytes); }
@@ -328,7 +322,7 @@ uint64_t MoePrefillOp::gateup_bytes() const {
   const MoeTileGeometry& g = tile.geometry;
   uint64_t w = uint64_t(g.n_expert) * split_read_bytes(g.gateup(0));
   if (g.has_shared()) w += split_read_bytes(g.gateup(g.n_expert));
-  return w + uint64_t(t_max) * g.n_embd * (matmul && h2_f16.buffer ? 2 : 4) + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
+  return w + uint64_t(t_max) * g.n_embd * (form.matmul && h2_f16.buffer ? 2 : 4) + prefill_pairs(t_max, n_used) * std::max(g.w_routed, g.w_shared) * 4;
 }
 
 uint64_t MoePrefillOp::down_bytes() const {
@@ -431,12 +425,12 @@ std::vector<FfnDispatch> moe_dispatches(const MoePrefillOp& op, bool down, Conte
 
 void MoePrefillOp::record_gateup(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, false, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
+    record_ffn_part(rec, d, lists, route, step, form);
 }
 
 void MoePrefillOp::record_down(CommandRecorder& rec) const {
   for (const FfnDispatch& d : moe_dispatches(*this, true, rec.context()))
-    record_ffn_part(rec, d, lists, route, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
+    record_ffn_part(rec, d, lists, route, step, form);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -482,7 +476,7 @@ void DensePrefillOp::record_gateup(CommandRecorder& rec) const {
   d.out = h;
   d.label = what;
   d.bytes = gateup_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
+  record_ffn_part(rec, d, {}, {}, step, form);
 }
 
 void DensePrefillOp::record_down(CommandRecorder& rec) const {
@@ -509,7 +503,7 @@ void DensePrefillOp::record_down(CommandRecorder& rec) const {
   d.out = y;
   d.label = what;
   d.bytes = down_bytes();
-  record_ffn_part(rec, d, {}, {}, step, {int8_activations, matmul, matmul_kernel, matmul_tuning, int8_tuning});
+  record_ffn_part(rec, d, {}, {}, step, form);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -58,6 +58,18 @@ struct PrefillRouteOp {
   void record(CommandRecorder& rec) const;
 };
 
+// How the FFN kernels of MoePrefillOp and DensePrefillOp run.
+struct FfnForm {
+  bool int8_activations = true;  // Q4_0/Q8_0/Q4_K/Q6_K: inputs staged as int8 blocks, integer dot products
+  FfnInt8Tuning int8_tuning;     // that path's work split
+  // Set: the matmul form (shaders/moe_matmul.comp: 16 x 16 x 16 f16 products on tensor cores, or
+  // with matmul_kernel Plain / no tensor cores the same with plain FMAs) for every part whose input
+  // rows are a multiple of 32 values; else moe_prefill.comp.
+  bool matmul = false;
+  MatmulKernel matmul_kernel = MatmulKernel::Auto;
+  FfnMatmulTuning matmul_tuning;
+};
+
 // Gate-up and down of a MoE block's routed experts and shared expert for a chunk, from the
 // MOE_TILE1 tile. One dispatch per binding-sized expert range plus one for the shared expert;
 // no barriers needed between them (each writes its own pairs).
@@ -80,14 +92,7 @@ struct MoePrefillOp {
   BufferSlice y;        // f32 [prefill_pairs][n_embd]
   std::string label;    // dispatch labels: label + " gateup" / " down" (+ " shared")
   uint64_t max_binding_bytes = 0;  // 0 = device maxStorageBufferRange (lower: tests of expert ranges)
-  bool int8_activations = true;    // Q4_0/Q8_0/Q4_K/Q6_K: inputs staged as int8 blocks, integer dot products
-  FfnInt8Tuning int8_tuning;       // that path's work split
-  // Set: the matmul form (shaders/moe_matmul.comp: 16 x 16 x 16 f16 products on tensor cores,
-  // or with matmul_kernel Plain / no tensor cores the same with plain FMAs) for every part whose
-  // input rows are a multiple of 32 values; else moe_prefill.comp.
-  bool matmul = false;
-  MatmulKernel matmul_kernel = MatmulKernel::Auto;
-  FfnMatmulTuning matmul_tuning;
+  FfnForm form;
 
   // Bytes of one call, counting every expert's weights once (the chunk's upper bound).
   uint64_t gateup_bytes() const;
@@ -108,11 +113,7 @@ struct DensePrefillOp {
   BufferSlice h;        // f32 [T][F]
   BufferSlice y;        // f32 [T][n_embd]
   std::string label;
-  bool int8_activations = true;  // as MoePrefillOp
-  FfnInt8Tuning int8_tuning;
-  bool matmul = false;           // as MoePrefillOp
-  MatmulKernel matmul_kernel = MatmulKernel::Auto;
-  FfnMatmulTuning matmul_tuning;
+  FfnForm form;
 
   uint64_t gateup_bytes() const;
   uint64_t down_bytes() const;

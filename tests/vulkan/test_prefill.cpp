@@ -171,10 +171,10 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   moe.h = hb.whole();
   moe.y = yb.whole();
   moe.max_binding_bytes = c.max_binding_experts * ht.g.slot_stride;
-  moe.int8_activations = c.q8;
-  moe.matmul = c.matmul;
-  moe.matmul_tuning = c.matmul_tuning;
-  moe.int8_tuning = c.int8_tuning;
+  moe.form.int8_activations = c.q8;
+  moe.form.matmul = c.matmul;
+  moe.form.matmul_tuning = c.matmul_tuning;
+  moe.form.int8_tuning = c.int8_tuning;
   vk::PrefillSumOp sum;
   sum.n_embd = D;
   sum.n_used = K;
@@ -532,8 +532,8 @@ TEST(PrefillDense, FfnAndGatherMatchTheReference) {
     d.h2 = hb2.whole();
     d.h = hb.whole();
     d.y = yb.whole();
-    d.int8_activations = false;  // f32 reference tolerance (the int8 path: PrefillMoe.Int8ActivationPath)
-    d.matmul = mm;               // f16 inputs and weights: the reference rounds them below
+    d.form.int8_activations = false;  // f32 reference tolerance (the int8 path: PrefillMoe.Int8ActivationPath)
+    d.form.matmul = mm;               // f16 inputs and weights: the reference rounds them below
     vk::PrefillSumOp sum;
     sum.n_embd = D;
     sum.n_used = 0;

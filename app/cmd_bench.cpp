@@ -112,7 +112,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.matmul.splits = v; }},
     {"matmul_prefetch", 2, "1 / 0 (auto): prefill matmuls load the next step's token values ahead; 2: not",
      [](O& o, uint32_t v) { o.matmul.prefetch = v; }},
-    {"matmul_prefetch_w", 2, "1 / 0 (auto): prefill matmuls load the next step's W words ahead; 2: not",
+    {"matmul_prefetch_w", 3, "1 / 0 (auto): prefill matmuls load the next step's W words ahead; 2: not; 3: two steps ahead",
      [](O& o, uint32_t v) { o.matmul.prefetch_w = v; }},
     {"matmul_loop", 2, "prefill matmuls' 16-column slices: 1 / 0 unrolled, 2 a loop", [](O& o, uint32_t v) { o.matmul.loop = v; }},
     {"ffn_matmul_rows", 8, "16-row tiles of W per workgroup of the experts' / dense FFN's matmul form: 2, 4 or 8; 0 auto (4)",

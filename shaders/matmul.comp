@@ -34,7 +34,8 @@
 // KT (a multiple of 32; for K-quants, whose units interleave inside a block, of the span a unit's
 // values cover: 64 for Q4_K / Q5_K, 128 for Q6_K), COOP;
 // PREFETCH_B (0/1; KT <= 128), PREFETCH_W (0/1, SPLIT1 types: the next step's W words loaded
-// (split1_raw) before this step's products, decoded and staged after them), ACC_DONT_UNROLL
+// (split1_raw) before this step's products, decoded and staged after them), W_AHEAD (1, or 2 with
+// PREFETCH_W: the W words loaded two steps ahead, in two register sets), ACC_DONT_UNROLL
 // (matmul_tile.glsl); or REDUCE 1 (and WG_SIZE).
 // Bindings: 0 = W region Q (plain: the rows), 1 = W region M, 2 = x16 (f16), 3 = y (f32),
 // 4 = partial sums (f32), 5 = the words holding the live token count (TS_MATMUL_LIVE_COUNT).
@@ -127,18 +128,27 @@ void stage_tokens(uint tok0, uint k0, uint k_end) {
   }
 }
 
+#ifndef W_AHEAD
+#define W_AHEAD 1
+#endif
+#if W_AHEAD != 1 && (W_AHEAD != 2 || !PREFETCH_W)
+#error "matmul.comp: W_AHEAD is 1, or 2 with PREFETCH_W"
+#endif
+
 #if PREFETCH_W
-// PREFETCH_W: each invocation's units u = lid + WG_SIZE i of the next step, as loaded.
+// PREFETCH_W: each invocation's units u = lid + WG_SIZE i of a later step, as loaded: W_AHEAD
+// sets, set s holding the steps s, s + W_AHEAD, ... of the workgroup's K range (with 2, each
+// load has two steps' products to arrive in). Sets are named by constants (after inlining).
 #define N_WU ((BM * UNITS_PER_ROW + WG_SIZE - 1) / WG_SIZE)
-W1Raw wq[N_WU];
-void load_w(uint row0, uint k0, uint k_end) {
+W1Raw wq[W_AHEAD][N_WU];
+void load_w(uint set, uint row0, uint k0, uint k_end) {
   [[unroll]] for (uint i = 0; i < uint(N_WU); ++i) {
     const uint u = gl_LocalInvocationIndex + i * uint(WG_SIZE), r = u / uint(UNITS_PER_ROW), k = k0 + 32u * (u % uint(UNITS_PER_ROW));
-    if (u < uint(BM * UNITS_PER_ROW) && k < k_end && row0 + r < args.rows) wq[i] = load_raw_unit(0u, 0u, row0 + r, args.cols, k);
+    if (u < uint(BM * UNITS_PER_ROW) && k < k_end && row0 + r < args.rows) wq[set][i] = load_raw_unit(0u, 0u, row0 + r, args.cols, k);
   }
 }
-// stage_unit for the units load_w loaded for the step at k0.
-void store_w(uint row0, uint k0, uint k_end) {
+// stage_unit for the units load_w loaded into `set` for the step at k0.
+void store_w(uint set, uint row0, uint k0, uint k_end) {
   [[unroll]] for (uint i = 0; i < uint(N_WU); ++i) {
     const uint u = gl_LocalInvocationIndex + i * uint(WG_SIZE), r = u / uint(UNITS_PER_ROW), ju = u % uint(UNITS_PER_ROW);
     if (u >= uint(BM * UNITS_PER_ROW) || k0 + 32u * ju >= k_end) continue;
@@ -146,7 +156,7 @@ void store_w(uint row0, uint k0, uint k_end) {
       stage_zero_unit(r, ju);
       continue;
     }
-    stage_raw_unit(r, ju, k0, row0 + r, args.cols, wq[i]);
+    stage_raw_unit(r, ju, k0, row0 + r, args.cols, wq[set][i]);
   }
 }
 #endif
@@ -189,31 +199,38 @@ void main() {
   load_tokens(tok0, k_begin, k_end);
 #endif
 #if PREFETCH_W
-  load_w(row0, k_begin, k_end);
+  load_w(0u, row0, k_begin, k_end);
+#if W_AHEAD == 2
+  load_w(1u, row0, k_begin + uint(KT), k_end);
 #endif
-  for (uint k0 = k_begin; k0 < k_end; k0 += uint(KT)) {  // uniform
+#endif
+  for (uint k1 = k_begin; k1 < k_end; k1 += uint(W_AHEAD * KT)) {  // uniform
+    // Step k0 takes W from set `set` (a constant once unrolled).
+    [[unroll]] for (uint set = 0u; set < uint(W_AHEAD); ++set) {
+      const uint k0 = k1 + set * uint(KT);
+      if (W_AHEAD > 1 && k0 >= k_end) break;
 #if PREFETCH_W
-    store_w(row0, k0, k_end);
+      store_w(set, row0, k0, k_end);
 #else
-    [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0, k_end);
+      [[unroll]] for (uint u = lid; u < uint(BM * UNITS_PER_ROW); u += uint(WG_SIZE)) stage_unit(u, row0, k0, k_end);
 #endif
 #if PREFETCH_B
-    store_tokens();
+      store_tokens();
 #else
-    stage_tokens(tok0, k0, k_end);
+      stage_tokens(tok0, k0, k_end);
 #endif
-    barrier();
-    // The next step's loads, in flight during this step's products.
-    if (k0 + uint(KT) < k_end) {
+      barrier();
+      // The loads ahead, in flight during this step's products: the next step's tokens, and W of
+      // the step W_AHEAD steps on into the same set.
 #if PREFETCH_B
-      load_tokens(tok0, k0 + uint(KT), k_end);
+      if (k0 + uint(KT) < k_end) load_tokens(tok0, k0 + uint(KT), k_end);
 #endif
 #if PREFETCH_W
-      load_w(row0, k0 + uint(KT), k_end);
+      if (k0 + uint(W_AHEAD * KT) < k_end) load_w(set, row0, k0 + uint(W_AHEAD * KT), k_end);
 #endif
+      if (has_tokens) acc_step(min(uint(KT), k_end - k0) / 16u, grp, lane, acc);
+      barrier();
     }
-    if (has_tokens) acc_step(min(uint(KT), k_end - k0) / 16u, grp, lane, acc);
-    barrier();
   }
 
   // Epilogue: the group's tiles through sh, then out.

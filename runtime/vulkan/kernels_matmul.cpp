@@ -76,6 +76,8 @@ bool prefetch_b(const MatmulOp& op, const Split& s) {
   return s.kt <= 128 && (op.tuning.prefetch == 1 || (op.tuning.prefetch == 0 && op.n_tokens > kSmallChunk));
 }
 bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w != 2 && split1_supported(op.w.type); }
+// Steps of W loaded ahead (matmul.comp W_AHEAD): 2 with prefetch_w 3 (not measured yet), else 1.
+uint32_t w_ahead(const MatmulOp& op) { return prefetch_w(op) && op.tuning.prefetch_w == 3 ? 2 : 1; }
 bool acc_loop(const MatmulOp& op) { return op.tuning.loop == 2; }
 
 // Workgroups along K and the columns each takes (a multiple of the step).
@@ -141,7 +143,7 @@ std::string MatmulOp::kernel_name(Context& ctx) const {
   if (s.tg != 4) name += cat(".g", s.tg);
   if (k_split_of(*this, s).n > 1) name += ".splitk";
   if (prefetch_b(*this, s)) name += ".pf";
-  if (prefetch_w(*this)) name += ".pw";
+  if (prefetch_w(*this)) name += w_ahead(*this) == 2 ? ".pw2" : ".pw";
   if (acc_loop(*this)) name += ".loop";
   return name;
 }
@@ -164,7 +166,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": no 16x16x16 f16 cooperative matrices with subgroups of 32 on ", ctx.info().name);
   const Split s = split_of(*this, ctx.info());
   if ((s.mr != 1 && s.mr != 2 && s.mr != 4) || (s.tg != 1 && s.tg != 2 && s.tg != 4) || s.kt % 32 != 0 || s.kt == 0 ||
-      s.kt > 2048 || tuning.splits > kMaxSplits || tuning.prefetch > 2 || tuning.prefetch_w > 2 || tuning.loop > 2)
+      s.kt > 2048 || tuning.splits > kMaxSplits || tuning.prefetch > 2 || tuning.prefetch_w > 3 || tuning.loop > 2)
     usage_error("matmul tuning: ", s.mr, " row tiles (1, 2 or 4), ", s.tg, " token groups (1, 2 or 4), steps of ", s.kt,
                 " columns (a multiple of 32 up to 2048), ", tuning.splits, " splits (at most ", kMaxSplits, ")");
   if (s.kt % step_granule(*this) != 0)
@@ -203,6 +205,7 @@ void MatmulOp::record(CommandRecorder& rec) const {
                   {"COOP", coop ? "1" : "0"},
                   {"PREFETCH_B", prefetch_b(*this, s) ? "1" : "0"},
                   {"PREFETCH_W", prefetch_w(*this) ? "1" : "0"},
+                  {"W_AHEAD", std::to_string(w_ahead(*this))},
                   {"ACC_DONT_UNROLL", acc_loop(*this) ? "1" : "0"}};
   desc.num_buffers = 6;
   desc.push_bytes = sizeof(gpu::MatmulArgs);

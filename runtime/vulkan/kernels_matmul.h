@@ -102,7 +102,8 @@ struct MatmulTuning {
                            // tokens; none where the tiles make 256 workgroups of at most 32 steps)
   uint32_t prefetch_w = 0; // 1: the next step's W words (SPLIT1 types) loaded before this step's
                            // products (PREFETCH_W); 2: not; 0 auto (1: H100 GLM pp512 5222 -> 5417
-                           // with both loads ahead, session 22)
+                           // with both loads ahead, session 22); 3: two steps ahead, in two
+                           // register sets (W_AHEAD 2; built in session 24, not measured yet)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop; 0 auto (unrolled)
   FfnMatmulTuning ffn;      // the FFN kernels' matmul form
   FfnInt8Tuning ffn_int8;   // ... and their int8 form

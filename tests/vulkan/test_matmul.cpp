@@ -228,6 +228,15 @@ TEST(KernelMatmul, WorkSplitsStridesAndChunks) {
     run_case(g, {GgmlType::Q6_K, 50, 768, 16, true, 0, 0, 0, 1, 128, 2, 0, 2, 0, 2, 0}, k, seed++);
     run_case(g, {GgmlType::Q8_0, 45, 288, 29, false, 8, 3, 0, 0, 0, 0, 0, 0, 0, 2, 2}, k, seed++);
     run_case(g, {GgmlType::F16, 40, 96, 20, true, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2}, k, seed++);
+    // W two steps ahead (prefetch_w 3: two register sets): per workgroup an odd step count (9 of
+    // 64, the last of 32), 4 steps of 128 (the last of 32) without the tokens ahead, automatic
+    // splits with the products as a loop, K-quant units, one step only, a live count of 20 of 70.
+    run_case(g, {GgmlType::Q4_0, 37, 1120, 21, true, 0, 0, 0, 2, 64, 2, 2, 0, 0, 3, 0}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 70, 416, 40, false, 8, 0, 0, 1, 128, 4, 1, 2, 0, 3, 0}, k, seed++);
+    run_case(g, {GgmlType::Q4_K, 33, 768, 50, false, 0, 0, 0, 2, 64, 4, 0, 0, 0, 3, 2}, k, seed++);
+    run_case(g, {GgmlType::Q6_K, 50, 768, 16, true, 0, 0, 0, 1, 128, 2, 0, 0, 0, 3, 0}, k, seed++);
+    run_case(g, {GgmlType::Q8_0, 33, 64, 40, false, 0, 0, 0, 2, 64, 4, 1, 0, 0, 3, 0}, k, seed++);
+    run_case(g, {GgmlType::Q4_0, 37, 1152, 70, true, 0, 0, 0, 1, 128, 2, 3, 0, 20, 3, 0}, k, seed++);
     // A live token count below n_tokens: 20 of 70 (a partial token group, whole workgroups
     // skipped), with accumulation and split along K; 64 of 64; 1 of 40.
     run_case(g, {GgmlType::Q4_0, 37, 1152, 70, true, 0, 0, 0, 1, 128, 2, 3, 0, 20}, k, seed++);

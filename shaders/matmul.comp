@@ -138,7 +138,7 @@ void stage_tokens(uint tok0, uint k0, uint k_end) {
 #if PREFETCH_W
 // PREFETCH_W: each invocation's units u = lid + WG_SIZE i of a later step, as loaded: W_AHEAD
 // sets, set s holding the steps s, s + W_AHEAD, ... of the workgroup's K range (with 2, each
-// load has two steps' products to arrive in). Sets are named by constants (after inlining).
+// load has two steps' products to arrive in). Sets are named by constants (the unrolled set loop).
 #define N_WU ((BM * UNITS_PER_ROW + WG_SIZE - 1) / WG_SIZE)
 W1Raw wq[W_AHEAD][N_WU];
 void load_w(uint set, uint row0, uint k0, uint k_end) {

@@ -47,6 +47,12 @@ uint64_t ceil_div(uint64_t a, uint64_t b) { return (a + b - 1) / b; }
 bool no_split(uint64_t tiles, uint64_t steps) { return tiles >= kNoSplitWorkgroups && steps <= kNoSplitSteps; }
 // ... for the matrix in 32-row tiles of 64 tokens and 64-column steps.
 bool fills_without_splits(const MatmulOp& op) { return no_split(ceil_div(op.w.rows, 32) * ceil_div(op.n_tokens, 64), ceil_div(op.w.cols, 64)); }
+// A short chunk's small matrix (kSmallMatrixRows), or its larger one that would split
+// (kWideTargetWorkgroups).
+bool small_in_short_chunk(const MatmulOp& op) { return op.n_tokens <= kSmallChunk && op.w.rows <= kSmallMatrixRows; }
+bool wide_in_short_chunk(const MatmulOp& op) {
+  return op.n_tokens <= kSmallChunk && op.w.rows > kSmallMatrixRows && !fills_without_splits(op);
+}
 
 // The tuned fields as given; the automatic ones as the first of a preference list whose shared
 // memory fits the device: 32 rows (H100, GLM pp512 1226.6 tok/s against 1199.4 with 64 and 1153.5
@@ -57,8 +63,8 @@ Split split_of(const MatmulOp& op, const DeviceInfo& info) {
   const MatmulTuning& t = op.tuning;
   const uint32_t g = step_granule(op);
   std::array<uint32_t, 3> order{2, 4, 1};
-  if (op.n_tokens <= kSmallChunk && op.w.rows <= kSmallMatrixRows) order = {1, 2, 4};
-  if (op.n_tokens <= kSmallChunk && op.w.rows > kSmallMatrixRows && !fills_without_splits(op)) order = {4, 2, 1};
+  if (small_in_short_chunk(op)) order = {1, 2, 4};
+  if (wide_in_short_chunk(op)) order = {4, 2, 1};
   for (uint32_t mr : order)
     for (uint32_t tg : {4u, 2u, 1u})
       for (uint32_t kt : {64u, 128u, 256u, 32u}) {
@@ -92,7 +98,7 @@ KSplit k_split_of(const MatmulOp& op, const Split& s) {
   uint64_t n = op.tuning.splits;
   if (!n) {
     const uint64_t tiles = ceil_div(op.w.rows, s.rows_per_wg()) * ceil_div(op.n_tokens, s.tokens_per_wg());
-    const uint64_t target = s.mr == 4 && op.n_tokens <= kSmallChunk && !op.tuning.row_tiles ? kWideTargetWorkgroups : kTargetWorkgroups;
+    const uint64_t target = s.mr == 4 && !op.tuning.row_tiles && wide_in_short_chunk(op) ? kWideTargetWorkgroups : kTargetWorkgroups;
     n = no_split(tiles, steps) ? 1 : std::min<uint64_t>(ceil_div(target, tiles), kMaxAutoSplits);
   }
   n = std::clamp<uint64_t>(n, 1, std::min(steps, most));

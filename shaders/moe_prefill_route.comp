@@ -14,10 +14,19 @@
 // workgroup's scan.) Arguments: PrefillRouteArgs (prefill_args.h).
 // Wrapper: PrefillRouteOp (runtime/vulkan/kernels_prefill.h).
 //
+//   FROM_X 1 (LISTS 0; short chunks, session 25): the workgroup of token t first computes the
+//     logits itself, logits[t][e] = router[e] . RMSNorm(x[t]; norm) in f32 (written to binding 0
+//     too), instead of a router matmul, its split-K sum and two barriers before this dispatch.
+//     x[t] * norm is staged in shared memory; team e of LANES invocations takes router row e
+//     (lane l: vec4s l, l + LANES, ...; WG_SIZE / LANES rows at once), 1/rms applied at the end.
+//
 // Defines: WG_SIZE, N_EXPERT (E, the logits row length), LISTS (0/1), LISTS_SUBGROUP (0/1: the
 // lists by subgroup prefix sums, which needs full subgroups of the required size; else the
-// shared-memory path).
-// Bindings: 0 = logits [T][E], 1 = bias [E], 2 = step (uint), 3 = route (uint), 4 = lists (uint).
+// shared-memory path); FROM_X (0/1), with it N_EMBD (x's and the router's row length, a multiple
+// of 4), LANES (invocations per router row; WG_SIZE a multiple of 64 and of LANES), BATCH (a
+// lane's router loads issued together), W_F16 (0/1: the router as f16, else f32).
+// Bindings: 0 = logits [T][E], 1 = bias [E], 2 = step (uint), 3 = route (uint), 4 = lists (uint);
+// FROM_X: 5 = x [T][N_EMBD] f32, 6 = norm weight [N_EMBD] f32, 7 = router [E][N_EMBD].
 
 #include "common.glsl"
 #include "prefill_args.h"
@@ -27,7 +36,17 @@ layout(local_size_x = WG_SIZE) in;
 struct TokenLogits {
   float v[N_EXPERT];
 };
+#ifndef FROM_X
+#define FROM_X 0
+#endif
+#if FROM_X && LISTS
+#error "moe_prefill_route.comp: FROM_X is a mode of the routing dispatch (LISTS 0)"
+#endif
+#if FROM_X
+layout(std430, binding = 0) writeonly restrict buffer LogitBuf { float logits_out[]; };
+#else
 layout(std430, binding = 0) readonly restrict buffer LogitBuf { TokenLogits tok_logits[]; };
+#endif
 layout(std430, binding = 1) readonly restrict buffer BiasBuf { float route_bias[]; };
 layout(std430, binding = 2) readonly restrict buffer StepBuf { uint step_words[]; };
 #if LISTS
@@ -92,16 +111,104 @@ void main() {
 
 #else  // LISTS == 0
 
+#if FROM_X
+layout(std430, binding = 5) readonly restrict buffer XBuf { vec4 x4[]; };
+layout(std430, binding = 6) readonly restrict buffer NormBuf { vec4 nw4[]; };
+#if W_F16
+layout(std430, binding = 7) readonly restrict buffer RouterBuf { uvec2 w16[]; };  // 4 halves each
+vec4 router4(uint i) { const uvec2 u = w16[i]; return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y)); }
+#else
+layout(std430, binding = 7) readonly restrict buffer RouterBuf { vec4 w4[]; };
+vec4 router4(uint i) { return w4[i]; }
+#endif
+
+#define N4 (N_EMBD / 4)
+#define TEAMS (WG_SIZE / LANES)              // router rows at once
+#define ITERS ((N4 + LANES - 1) / LANES)     // a lane's vec4s of a row
+#ifndef BATCH
+#define BATCH 8                              // loads issued before their products
+#endif
+shared vec4 sh_x[N4];         // x[t] * norm weight
+shared float sh_part[WG_SIZE];  // partial sums (of squares, then of the rows' dot products)
+shared float sh_ss[64];
+shared float sh_logit[N_EXPERT];
+#define ROUTE_LOGIT(e) sh_logit[e]
+#include "routing.glsl"
+
+// Batch j0 / BATCH of this lane's vec4s of router row e (zeros past the row or the experts).
+void router_batch(uint e, uint lane, uint j0, out vec4 w[BATCH]) {
+  [[unroll]] for (uint j = 0u; j < BATCH; ++j) {
+    const uint i = lane + (j0 + j) * LANES;
+    w[j] = i < N4 && e < args.n_expert ? router4(e * N4 + i) : vec4(0.0);
+  }
+}
+
+// sh_logit = the logits of token t; written to binding 0 too. Uniform control flow. The first
+// batch of router words is loaded before x is staged (it does not depend on x).
+void logits_from_x(uint t) {
+  const uint tid = gl_LocalInvocationIndex;
+  const uint lane = tid % LANES, team = tid / LANES;
+  vec4 w[BATCH];
+  router_batch(team, lane, 0u, w);
+  float ss = 0.0;
+  for (uint i = tid; i < N4; i += WG_SIZE) {
+    const vec4 v = x4[t * N4 + i];
+    ss += dot(v, v);
+    sh_x[i] = v * nw4[i];
+  }
+  sh_part[tid] = ss;
+  barrier();
+  if (tid < 64u) {
+    float s = 0.0;
+    for (uint j = tid; j < WG_SIZE; j += 64u) s += sh_part[j];
+    sh_ss[tid] = s;
+  }
+  barrier();  // sh_part is reused below
+  for (uint e0 = 0u; e0 < args.n_expert; e0 += TEAMS) {  // uniform
+    const uint e = e0 + team;
+    float acc = 0.0;
+    for (uint j0 = 0u; j0 < ITERS; j0 += BATCH) {
+      if (e0 != 0u || j0 != 0u) router_batch(e, lane, j0, w);
+      [[unroll]] for (uint j = 0u; j < BATCH; ++j) {
+        const uint i = lane + (j0 + j) * LANES;
+        if (i < N4) acc += dot(w[j], sh_x[i]);
+      }
+    }
+    sh_part[tid] = acc;
+    barrier();
+    if (tid < TEAMS && e0 + tid < args.n_expert) {
+      float s = 0.0;
+      for (uint l = 0u; l < LANES; ++l) s += sh_part[tid * LANES + l];
+      sh_logit[e0 + tid] = s;
+    }
+    barrier();
+  }
+  float sst = 0.0;
+  for (uint j = 0u; j < 64u; ++j) sst += sh_ss[j];
+  const float inv_rms = inversesqrt(sst / float(N_EMBD) + args.norm_eps);
+  for (uint e = tid; e < args.n_expert; e += WG_SIZE) {
+    const float v = sh_logit[e] * inv_rms;
+    sh_logit[e] = v;
+    logits_out[t * args.n_expert + e] = v;
+  }
+  barrier();
+}
+#else
 // routing.glsl reads route_logits[e]: here the logits row of this workgroup's token.
 uint g_token = 0u;
 #define route_logits tok_logits[g_token].v
 #include "routing.glsl"
+#endif
 
 void main() {
   const uint t = gl_WorkGroupID.x;
   if (t >= min(step_words[args.count_word], args.t_max)) return;  // uniform per workgroup
   const uint K = args.n_used;
+#if FROM_X
+  logits_from_x(t);
+#else
   g_token = t;
+#endif
   route_compute(args.n_expert, K, args.gating, args.route_flags, args.weights_scale);
   if (gl_LocalInvocationIndex < K) {
     route[2u * (t * K + gl_LocalInvocationIndex)] = route_expert(gl_LocalInvocationIndex);

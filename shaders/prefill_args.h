@@ -21,7 +21,8 @@ using uint = uint32_t;
 #endif
 
 // moe_prefill_route.comp: workgroup t < n routes token t from logits[t*E ..] (routing.glsl,
-// the decode step's routing code) into route; the last workgroup to arrive builds lists.
+// the decode step's routing code; FROM_X: from logits it computes from x) into route; a second
+// dispatch, one workgroup per expert, builds lists.
 struct PrefillRouteArgs {
   uint n_expert;        // E (<= TS_ROUTE_MAX_E)
   uint n_used;          // K
@@ -30,7 +31,7 @@ struct PrefillRouteArgs {
   uint gating;          // TS_GATING_*
   uint route_flags;     // TS_ROUTER_EXPERT_BIAS | TS_ROUTER_NORM_WEIGHTS
   float weights_scale;  // applied unless 0 or 1
-  uint pad0;
+  float norm_eps;       // FROM_X: the RMSNorm's epsilon
 };
 
 // PrefillFfnArgs.flags

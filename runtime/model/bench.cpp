@@ -423,6 +423,8 @@ BenchReport run_bench(const BenchOptions& o) {
   go.prefill_tail_chunks = o.prefill_tail_chunks;
   go.prefill_q8_input = o.prefill_q8_input;
   go.prefill_moe_f16_input = o.prefill_moe_f16_input;
+  go.prefill_router = o.prefill_router;
+  go.prefill_route_x = o.prefill_route_x;
   go.prefill_attention_groups = o.prefill_attention_groups;
   go.prefill_attention_min_chunk = o.prefill_attention_min_chunk;
   go.prefill_attention = o.prefill_attention;

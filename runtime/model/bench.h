@@ -75,6 +75,8 @@ struct BenchOptions {
   uint32_t prefill_tail_chunks = 2;       // GpuModelOptions::prefill_tail_chunks (--tune tail_chunks)
   bool prefill_q8_input = true;           // GpuModelOptions::prefill_q8_input (--tune prefill_q8_input)
   bool prefill_moe_f16_input = true;      // GpuModelOptions::prefill_moe_f16_input (--tune moe_f16_in)
+  uint32_t prefill_router = 0;            // GpuModelOptions::prefill_router (--tune prefill_router)
+  vk::RouteFromXTuning prefill_route_x;   // GpuModelOptions::prefill_route_x (--tune route_x_*)
   uint32_t prefill_attention_groups = 0;     // GpuModelOptions::prefill_attention_groups (--tune pattn_groups)
   uint32_t prefill_attention_min_chunk = 0;  // ... _min_chunk (--tune pattn_min_chunk)
   vk::PrefillAttentionTuning prefill_attention;  // --tune pattn_queries / pattn_pairs

@@ -112,6 +112,13 @@ struct GpuModelOptions {
   // The experts' matmul form reads the router matmul's f16 copy of the normed rows (x16) instead
   // of the f32 rows, where the router ran as a matmul. bench --tune moe_f16_in=0|1.
   bool prefill_moe_f16_input = true;
+  // The router logits of a MoE layer in a chunk: 1 the dense path (a matmul or batched matvecs
+  // and, split along K, a sum; then the routing dispatch), 2 computed by the routing dispatch
+  // itself from x, one workgroup per token (vk::PrefillRouteOp::router; no router dispatch, no
+  // sum, two barriers fewer); 0 auto: 2 where the FFN does not take its matmul form (whose input
+  // is the router's f16 rows) and the router allows it (session 25). bench --tune prefill_router.
+  uint32_t prefill_router = 0;
+  vk::RouteFromXTuning prefill_route_x;  // that routing kernel's split (bench --tune route_x_wg / _lanes / _batch)
   // The prefill attention (vk::PrefillAttentionOp): chunks along the context per query (split-K;
   // 0: auto, 2048 / chunk tokens within 1..32) and their fewest positions (0: auto, 128), and the
   // kernel's query / head grouping (gpu_prefill.cpp prefill_attention_split), or the tensor-core

@@ -435,10 +435,16 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         r.weight_bytes += d.gate.read_bytes() + d.up.read_bytes() + d.down.read_bytes();
         continue;
       }
-      // x16 then holds RMSNorm(x; ffn_norm) as f16: the experts' matmul form reads it.
-      const bool normed_f16 =
-          r.dense({{weight_matrix(L + "ffn_gate_inp.weight"), L + "ffn_gate_inp", &p.router_logits}}, p.x, ffn_norm, false);
-      rec->barrier();
+      // The router's logits: from x in the routing dispatch, or a matmul (x16 then holds
+      // RMSNorm(x; ffn_norm) as f16: the experts' matmul form reads it).
+      const vk::MatrixRef router = weight_matrix(L + "ffn_gate_inp.weight");
+      const bool router_from_x = options_.prefill_router == 2 || (options_.prefill_router == 0 && !ffn_form.matmul &&
+                                                                  vk::route_from_x_supported(router));
+      bool normed_f16 = false;
+      if (!router_from_x) {
+        normed_f16 = r.dense({{router, L + "ffn_gate_inp", &p.router_logits}}, p.x, ffn_norm, false);
+        rec->barrier();
+      }
       vk::PrefillRouteOp route;
       route.n_expert = c.n_expert;
       route.routing = vk::MoeRouting::from_config(c);
@@ -450,6 +456,14 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       route.route = route_buf.whole();
       route.lists = p.lists.whole();
       route.label = "moe_prefill_route " + L;
+      if (router_from_x) {  // beside the FFN norm (both only read x)
+        route.router = router;
+        route.x = p.x.whole();
+        route.norm = ffn_norm;
+        route.eps = c.eps;
+        route.tuning = options_.prefill_route_x;
+        r.weight_bytes += router.read_bytes();
+      }
       route.record(*rec);
       rec->barrier();
       vk::MoePrefillOp moe;

@@ -82,8 +82,13 @@ bool prefetch_b(const MatmulOp& op, const Split& s) {
   return s.kt <= 128 && (op.tuning.prefetch == 1 || (op.tuning.prefetch == 0 && op.n_tokens > kSmallChunk));
 }
 bool prefetch_w(const MatmulOp& op) { return op.tuning.prefetch_w != 2 && split1_supported(op.w.type); }
-// Steps of W loaded ahead (matmul.comp W_AHEAD): 2 with prefetch_w 3 (not measured yet), else 1.
-uint32_t w_ahead(const MatmulOp& op) { return prefetch_w(op) && op.tuning.prefetch_w == 3 ? 2 : 1; }
+// Steps of W loaded ahead (matmul.comp W_AHEAD): 2 with prefetch_w 3, and by default in chunks
+// of more than kSmallChunk tokens (H100 pp512 5757 -> 5872, W_vo 351 -> 324 us; in 64-token
+// chunks it lost: pp64 3176 -> 3104, session 25); else 1.
+uint32_t w_ahead(const MatmulOp& op) {
+  if (!prefetch_w(op)) return 1;
+  return op.tuning.prefetch_w == 3 || (op.tuning.prefetch_w == 0 && op.n_tokens > kSmallChunk) ? 2 : 1;
+}
 bool acc_loop(const MatmulOp& op) { return op.tuning.loop == 2; }
 
 // Workgroups along K and the columns each takes (a multiple of the step).

@@ -101,9 +101,9 @@ struct MatmulTuning {
                            // and one step each; 256 with 64-row tiles in chunks of at most 64
                            // tokens; none where the tiles make 256 workgroups of at most 32 steps)
   uint32_t prefetch_w = 0; // 1: the next step's W words (SPLIT1 types) loaded before this step's
-                           // products (PREFETCH_W); 2: not; 0 auto (1: H100 GLM pp512 5222 -> 5417
-                           // with both loads ahead, session 22); 3: two steps ahead, in two
-                           // register sets (W_AHEAD 2; built in session 24, not measured yet)
+                           // products (PREFETCH_W); 2: not; 3: two steps ahead, in two register
+                           // sets (W_AHEAD 2); 0 auto (3 in chunks of more than 64 tokens: H100
+                           // GLM pp512 5757 -> 5872, session 25; else 1: pp64 3176 against 3104)
   uint32_t loop = 0;       // the products' slices of 16 columns: 1 unrolled, 2 a loop; 0 auto (unrolled)
   FfnMatmulTuning ffn;      // the FFN kernels' matmul form
   FfnInt8Tuning ffn_int8;   // ... and their int8 form

@@ -21,6 +21,9 @@ constexpr uint32_t kQ8WgSize = 256;         // moe_prefill, int8 path: invocatio
 constexpr uint64_t kQ8StageBytes = 40960;   // shared memory for the staged int8 inputs
 constexpr uint32_t kRouteWg = 64;           // moe_prefill_route, the routing (a workgroup per token)
 constexpr uint32_t kListWg = 256;           // moe_prefill_route, the lists (a workgroup per expert)
+constexpr uint32_t kRouteFromXWg = 1024;    // moe_prefill_route FROM_X (at most the device's limit)
+constexpr uint32_t kRouteFromXLanes = 16;   // ... invocations per router row
+constexpr uint32_t kRouteFromXBatch = 8;    // ... a lane's router loads issued together
 constexpr uint32_t kUtilWg = 256;           // prefill_util
 
 uint32_t ceil_div(uint64_t a, uint64_t b) { return uint32_t((a + b - 1) / b); }
@@ -265,7 +268,13 @@ uint64_t split_read_bytes(const Split1Geometry& g) { return g.rows * g.blocks_pe
 // PrefillRouteOp
 
 uint64_t PrefillRouteOp::bytes() const {
-  return uint64_t(t_max) * n_expert * 4 + 2 * prefill_route_bytes(t_max, routing.n_used) + prefill_list_bytes(t_max, n_expert);
+  const uint64_t from_x = router.buffer ? router.read_bytes() + uint64_t(t_max) * router.cols * 4 : 0;
+  return from_x + uint64_t(t_max) * n_expert * 4 + 2 * prefill_route_bytes(t_max, routing.n_used) + prefill_list_bytes(t_max, n_expert);
+}
+
+bool route_from_x_supported(const MatrixRef& router) {
+  return router.layout == WeightLayout::Plain && (router.type == GgmlType::F32 || router.type == GgmlType::F16) &&
+         router.cols % 4 == 0 && router.cols > 0 && router.cols <= kRouteFromXMaxEmbd;
 }
 
 void PrefillRouteOp::record(CommandRecorder& rec) const {
@@ -284,18 +293,47 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   const bool has_bias = bias.buffer != VK_NULL_HANDLE;
   if (has_bias) need(bias, uint64_t(n_expert) * 4, what, "bias");
 
+  const bool from_x = router.buffer != nullptr;
+  uint32_t x_wg = 0, x_lanes = 0, x_batch = 0;  // FROM_X: invocations per workgroup (a multiple of 64), per row, loads
+  if (from_x) {
+    if (!route_from_x_supported(router))
+      runtime_error(what, ": the router matrix (", type_name(router.type), ", ", router.rows, " x ", router.cols,
+                    ") cannot be read by the routing kernel; expected plain f32 / f16 rows of a multiple of 4 values, at most ",
+                    kRouteFromXMaxEmbd);
+    if (router.rows != n_expert) runtime_error(what, ": router matrix of ", router.rows, " rows for ", n_expert, " experts");
+    router.validate(what.c_str());
+    need(x, uint64_t(t_max) * router.cols * 4, what, "x");
+    need(norm, uint64_t(router.cols) * 4, what, "norm weight");
+    const uint32_t limit = rec.context().info().max_compute_workgroup_invocations;
+    x_wg = tuning.wg ? tuning.wg : std::min<uint32_t>(kRouteFromXWg, limit) / 64 * 64;
+    x_lanes = tuning.lanes ? tuning.lanes : kRouteFromXLanes;
+    x_batch = tuning.batch ? tuning.batch : kRouteFromXBatch;
+    if (x_wg < 64 || x_wg % 64 != 0 || x_wg > limit || (x_lanes != 4 && x_lanes != 8 && x_lanes != 16 && x_lanes != 32) ||
+        (x_batch != 4 && x_batch != 8 && x_batch != 16))
+      runtime_error(what, ": routing work split of ", x_wg, " invocations (device limit ", limit, "), ", x_lanes,
+                    " lanes per router row, batches of ", x_batch, "; expected multiples of 64, 4/8/16/32 lanes, 4/8/16 loads");
+  }
   auto pipeline = [&](bool lists) -> const Pipeline& {
     PipelineDesc desc;
-    desc.name = lists ? "moe_prefill_route.lists" : "moe_prefill_route";
+    const bool fx = from_x && !lists;
+    desc.name = lists ? "moe_prefill_route.lists" : fx ? "moe_prefill_route.from_x" : "moe_prefill_route";
     desc.file = "moe_prefill_route.comp";
     // The lists' pair order needs full subgroups of the required size (lanes in invocation order).
     const DeviceFeatures& f = rec.context().device().enabled();
     const bool sg_lists = lists && rec.context().pipelines().use_subgroup() && f.subgroup_size_control && f.compute_full_subgroups;
-    desc.defines = {{"WG_SIZE", std::to_string(lists ? kListWg : kRouteWg)},
+    desc.defines = {{"WG_SIZE", std::to_string(lists ? kListWg : fx ? x_wg : kRouteWg)},
                     {"N_EXPERT", std::to_string(n_expert)},
                     {"LISTS", lists ? "1" : "0"},
-                    {"LISTS_SUBGROUP", sg_lists ? "1" : "0"}};
-    desc.num_buffers = 5;
+                    {"LISTS_SUBGROUP", sg_lists ? "1" : "0"},
+                    {"FROM_X", fx ? "1" : "0"}};
+    if (fx) {
+      desc.defines["N_EMBD"] = std::to_string(router.cols);
+      desc.defines["LANES"] = std::to_string(x_lanes);
+      desc.defines["BATCH"] = std::to_string(x_batch);
+      desc.name += cat(".w", x_wg, ".l", x_lanes, ".b", x_batch);
+      desc.defines["W_F16"] = router.type == GgmlType::F16 ? "1" : "0";
+    }
+    desc.num_buffers = fx ? 8 : 5;
     desc.push_bytes = sizeof(gpu::PrefillRouteArgs);
     desc.full_subgroups = sg_lists;
     return rec.context().pipelines().get(desc);
@@ -308,9 +346,17 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   a.gating = uint32_t(routing.gating);
   a.route_flags = (has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) | (routing.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
   a.weights_scale = routing.weights_scale;
-  const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
+  a.norm_eps = eps;
   const uint64_t route_bytes = prefill_route_bytes(t_max, K);
-  rec.dispatch(pipeline(false), b, a, t_max, 1, 1, what, uint64_t(t_max) * n_expert * 4 + route_bytes);
+  if (from_x) {
+    const BufferSlice w = weight_slice(*router.buffer, router.offset, router.read_bytes());
+    const BufferSlice bx[8] = {logits, has_bias ? bias : logits, step, route, lists, x, norm, w};
+    rec.dispatch(pipeline(false), bx, a, t_max, 1, 1, what, bytes() - route_bytes - prefill_list_bytes(t_max, n_expert));
+  } else {
+    const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
+    rec.dispatch(pipeline(false), b, a, t_max, 1, 1, what, uint64_t(t_max) * n_expert * 4 + route_bytes);
+  }
+  const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
   rec.barrier();
   rec.dispatch(pipeline(true), b, a, n_expert, 1, 1, what + " lists", route_bytes + prefill_list_bytes(t_max, n_expert));
 }

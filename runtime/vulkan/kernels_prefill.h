@@ -40,6 +40,14 @@ inline uint64_t prefill_route_bytes(uint32_t t_max, uint32_t n_used) { return 2u
 inline uint64_t prefill_list_bytes(uint32_t t_max, uint32_t n_expert) { return uint64_t(n_expert) * (t_max + 1) * 4; }
 
 // Routing of every live token and the per-expert pair lists (one dispatch of t_max workgroups).
+// The work split of PrefillRouteOp's logits from x (0s: automatic).
+struct RouteFromXTuning {
+  uint32_t wg = 0;     // invocations per workgroup (one token): 64..1024, a multiple of 64 and of
+                       // lanes, at most the device's; 0 auto (1024, or the device's limit)
+  uint32_t lanes = 0;  // invocations per router row: 4, 8, 16 or 32; 0 auto (16)
+  uint32_t batch = 0;  // a lane's router loads issued together: 4, 8 or 16; 0 auto (8)
+};
+
 struct PrefillRouteOp {
   uint32_t n_expert = 0;
   MoeRouting routing;
@@ -51,12 +59,25 @@ struct PrefillRouteOp {
   BufferSlice route;    // uint [prefill_route_bytes] (out)
   BufferSlice lists;    // uint [prefill_list_bytes] (out)
   std::string label;    // empty = "moe_prefill_route"
+  // Set (router.buffer): the routing dispatch computes the logits itself and writes them to
+  // `logits`: logits[t] = router . RMSNorm(x[t]; norm, eps) in f32 (moe_prefill_route.comp
+  // FROM_X; where route_from_x_supported). Else `logits` is read.
+  MatrixRef router;     // [E rows][n_embd] plain F32 / F16 (ffn_gate_inp)
+  BufferSlice x;        // f32 [t_max][n_embd]
+  BufferSlice norm;     // f32 [n_embd] (ffn_norm)
+  float eps = 0;
+  RouteFromXTuning tuning;  // that kernel's work split
 
   uint64_t bytes() const;
   // Two dispatches (the routing per token, a barrier, the lists per expert), no barrier after.
   // Validates sizes and the routing parameters (Error(Runtime)).
   void record(CommandRecorder& rec) const;
 };
+
+// Whether PrefillRouteOp can compute the logits from x with this router matrix: plain F32 or F16,
+// rows of a multiple of 4 values, at most kRouteFromXMaxEmbd (x's row is staged in shared memory).
+constexpr uint32_t kRouteFromXMaxEmbd = 4096;
+bool route_from_x_supported(const MatrixRef& router);
 
 // How the FFN kernels of MoePrefillOp and DensePrefillOp run.
 struct FfnForm {

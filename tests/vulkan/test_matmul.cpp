@@ -309,7 +309,7 @@ TEST(KernelMatmul, RefusesWhatItCannotRun) {
 // The automatic work split on GLM-4.7-Flash's shapes (docs/PERFORMANCE.md session 24): no split
 // where the tiles fill the GPU in a few steps (W_qk), splits where a tile's K loop is long (W_vo,
 // also at 512 tokens), in 64-token chunks 16-row tiles for small matrices and 64-row tiles for
-// W_vo.
+// W_vo; W two steps ahead only in chunks of more than 64 tokens (session 25).
 TEST(KernelMatmul, AutomaticSplitOnModelShapes) {
   Gpu& g = vktest::gpu();
   MATMUL_REQUIRE(g);
@@ -328,7 +328,11 @@ TEST(KernelMatmul, AutomaticSplitOnModelShapes) {
   EXPECT_NE(w_vo.kernel_name(ctx).find(".m4"), std::string::npos) << w_vo.kernel_name(ctx);
   EXPECT_EQ(w_vo.splits(ctx), 8u);                                    // 32 row tiles, 256 workgroups
   EXPECT_EQ(w_vo.kernel_name(ctx).find(".pf."), std::string::npos);   // no B prefetch in short chunks
-  EXPECT_EQ(op_of(GgmlType::Q8_0, 2048, 10240, 512).splits(ctx), 2u); // 512 tiles of 160 steps
+  EXPECT_NE(w_vo.kernel_name(ctx).find(".pw"), std::string::npos);    // W one step ahead in short chunks
+  EXPECT_EQ(w_vo.kernel_name(ctx).find(".pw2"), std::string::npos);
+  const vk::MatmulOp w_vo_512 = op_of(GgmlType::Q8_0, 2048, 10240, 512);
+  EXPECT_EQ(w_vo_512.splits(ctx), 2u);                                // 512 tiles of 160 steps
+  EXPECT_NE(w_vo_512.kernel_name(ctx).find(".pw2"), std::string::npos) << w_vo_512.kernel_name(ctx);  // two steps ahead
   const vk::MatmulOp q_a = op_of(GgmlType::Q4_0, 768, 2048, 64);
   EXPECT_NE(q_a.kernel_name(ctx).find(".m1"), std::string::npos) << q_a.kernel_name(ctx);
   EXPECT_EQ(q_a.splits(ctx), 16u);  // 48 row tiles

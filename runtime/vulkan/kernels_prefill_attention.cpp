@@ -1,0 +1,224 @@
+// PrefillAttentionOp (kernels_prefill.h): the prefill chunk's attention over the latent cache,
+// split along the context with the decode merge, or on tensor cores in one pass
+// (attention_prefill.comp / attention_prefill_tc.comp; docs/PREFILL.md D3-D4).
+#include <algorithm>
+#include <optional>
+
+#include "format/error.h"
+#include "runtime/vulkan/kernels_prefill.h"
+#include "shaders/attention_args.h"
+
+namespace tessera::vk {
+namespace {
+
+uint32_t ceil_div(uint64_t a, uint64_t b) { return uint32_t((a + b - 1) / b); }
+
+void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const char* binding) {
+  if (s.buffer == VK_NULL_HANDLE) runtime_error(what, ": binding '", binding, "' is not set");
+  if (s.size < bytes) runtime_error(what, ": binding '", binding, "' has ", s.size, " bytes, needs ", bytes);
+}
+
+constexpr uint32_t kDefaultQueriesPerGroup = 8;
+constexpr uint32_t kDefaultMaxPairs = 32;
+constexpr uint32_t kMaxValueQuadsPerThread = 16;  // OH: accumulator vec4 per value thread
+
+// Thread layout and shared memory of attention_prefill.comp for P pairs (same formulas as its
+// header: score threads NS * ceil(P/4), value threads (R/4) * ceil(P/OH)).
+struct PrefillAttnLayout {
+  uint32_t wg = 0, sv = 0, oh = 0, tile = 0;
+  uint64_t shared_bytes = 0;
+};
+PrefillAttnLayout prefill_attn_layout(const AttentionShape& s, uint32_t pairs, uint32_t tile, uint32_t sv) {
+  PrefillAttnLayout l;
+  l.sv = sv;
+  l.tile = tile;
+  const uint32_t row_v = s.row() / 4, quads = s.kv_lora / 4, pp = ceil_div(pairs, 4) * 4;
+  l.oh = std::min(kMaxValueQuadsPerThread, pp);
+  const uint32_t slices = ceil_div(row_v, sv);
+  const uint32_t threads = std::max({slices * ceil_div(pairs, 4), quads * ceil_div(pairs, l.oh), pairs, 32u});
+  l.wg = ceil_div(threads, 32) * 32;
+  l.shared_bytes = uint64_t(tile) * s.row() * 4 + (uint64_t(slices) * tile * pp + l.oh) * 4 + 2ull * pp * 4;
+  return l;
+}
+
+ShaderDefines with(ShaderDefines a, const ShaderDefines& b) {
+  for (const auto& [k, v] : b) a[k] = v;
+  return a;
+}
+
+}  // namespace
+
+bool attention_tc_supported(Context& ctx, bool plain) {
+  const DeviceFeatures& f = ctx.device().enabled();
+  const bool lanes = ctx.pipelines().use_subgroup() && f.subgroup_shuffle && ctx.info().subgroup_size >= 8;
+  return lanes && (plain || matmul_coop_supported(ctx));
+}
+
+namespace {
+// attention_prefill_tc.comp's layout: the query in registers (QREG, with tensor cores) or in
+// shared memory, one or two buffers of 16 cache rows.
+struct TcLayout {
+  bool qreg = false, double_k = false;
+  uint32_t groups = 4;
+};
+
+TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
+  if (tuning.tc_groups != 4 && tuning.tc_groups != 8)
+    usage_error("prefill attention: ", tuning.tc_groups, " groups per workgroup, expected 4 or 8");
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups};
+}
+
+uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P;
+  // then the rows' sums and scales.
+  const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
+  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 2 * 16 * 4;
+}
+
+// The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
+// where not even one fits or the shape is not the kernel's.
+std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  if (shape.kv_lora % 16 != 0 || shape.row() % 16 != 0 || shape.kv_lora > 512 || shape.row() > 576) return std::nullopt;
+  for (bool dk : {tuning.tc_double_k, false}) {
+    const TcLayout l = tc_layout(ctx, tuning, dk);
+    if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
+  }
+  return std::nullopt;
+}
+}  // namespace
+
+uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  const std::optional<TcLayout> l = tc_fitting_layout(ctx, shape, tuning);
+  return tc_shared_bytes(shape, l ? *l : tc_layout(ctx, tuning, false));
+}
+
+bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
+  return tc_fitting_layout(ctx, shape, tuning).has_value();
+}
+
+PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
+                                       const PrefillAttentionTuning& tuning)
+    : attn_(ctx, shape, split), shape_(shape) {
+  const DeviceInfo& info = ctx.info();
+  if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
+  const std::optional<TcLayout> tc_layout = tc_fitting_layout(ctx, shape, tuning);
+  if (tuning.tensor_cores != 0 && tc_layout && attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
+    PipelineDesc p;
+    p.name = "attention_prefill_tc";
+    p.file = "attention_prefill_tc.comp";
+    const bool coop = matmul_coop_supported(ctx);
+    p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
+                      {"KV_LORA", std::to_string(shape.kv_lora)},
+                      {"COOP", coop ? "1" : "0"},
+                      {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
+                      {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
+                      {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
+                      {"QREG", tc_layout->qreg ? "1" : "0"},
+                      {"N_GROUPS", std::to_string(tc_layout->groups)}},
+                     shape.rope.defines());
+    p.num_buffers = 4;
+    p.push_bytes = sizeof(gpu::AttnPartialArgs);
+    p.full_subgroups = true;
+    tc_ = &ctx.pipeline(p);
+    profile_kv_len_ = shape.n_ctx;
+    return;
+  }
+  const uint32_t max_pairs = tuning.max_pairs ? tuning.max_pairs : kDefaultMaxPairs;
+  if (max_pairs != 32 && max_pairs != 64) usage_error("prefill attention: max pairs must be 32 or 64, found ", max_pairs);
+  gq_ = tuning.queries_per_group ? tuning.queries_per_group : kDefaultQueriesPerGroup;
+  if (gq_ > max_pairs) usage_error("prefill attention: ", gq_, " queries per group, expected 1..", max_pairs);
+  // Heads per group: as many as the pair budget allows, split evenly.
+  const uint32_t hw_max = std::min(shape.n_head, std::max(1u, max_pairs / gq_));
+  hw_ = ceil_div(shape.n_head, ceil_div(shape.n_head, hw_max));
+  const uint32_t pairs = gq_ * hw_;
+  if (tuning.tile && tuning.tile != 2 && tuning.tile != 4 && tuning.tile != 8)
+    usage_error("prefill attention tile must be 2, 4 or 8, found ", tuning.tile);
+  std::optional<PrefillAttnLayout> layout;
+  const std::pair<uint32_t, uint32_t> prefs[] = {{8, 4}, {4, 4}, {8, 8}, {4, 8}, {2, 4}, {2, 8}};
+  for (auto [t, sv] : prefs) {
+    if ((tuning.tile && t != tuning.tile) || attn_.tile() % t != 0) continue;
+    const PrefillAttnLayout l = prefill_attn_layout(shape, pairs, t, sv);
+    if (l.shared_bytes <= info.max_compute_shared_memory && l.wg <= std::min(1024u, info.max_compute_workgroup_invocations)) {
+      layout = l;
+      break;
+    }
+  }
+  if (!layout)
+    runtime_error("prefill attention: ", pairs, " (query, head) pairs x ", shape.row(), "-value rows fit no tile in ",
+                  info.max_compute_shared_memory, " bytes of shared memory / ", info.max_compute_workgroup_invocations,
+                  " threads of ", info.name);
+  tile_ = layout->tile;
+  wg_ = layout->wg;
+  profile_kv_len_ = shape.n_ctx;
+  PipelineDesc p;
+  p.name = "attention_prefill";
+  p.file = "attention_prefill.comp";
+  p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
+                    {"KV_LORA", std::to_string(shape.kv_lora)},
+                    {"TILE", std::to_string(tile_)},
+                    {"CHUNK_TILE", std::to_string(attn_.tile())},
+                    {"GQ", std::to_string(gq_)},
+                    {"HW", std::to_string(hw_)},
+                    {"WG", std::to_string(wg_)},
+                    {"SV", std::to_string(layout->sv)},
+                    {"OH", std::to_string(layout->oh)}},
+                   shape.rope.defines());
+  p.num_buffers = 4;
+  p.push_bytes = sizeof(gpu::AttnPartialArgs);
+  pipeline_ = &ctx.pipeline(p);
+}
+
+uint64_t PrefillAttentionOp::partial_bytes(uint32_t kv_len, uint32_t n) const {
+  if (tc_) return 0;  // no partials
+  const uint64_t len = std::min(kv_len, shape_.n_ctx);
+  const uint64_t reads = uint64_t(ceil_div(n, gq_)) * ceil_div(shape_.n_head, hw_);  // cache passes
+  return reads * len * shape_.row() * 2 + uint64_t(n) * shape_.n_head * shape_.row() * 4 +
+         uint64_t(n) * attn_.num_chunks(kv_len) * shape_.n_head * (shape_.kv_lora + 2) * 4;
+}
+
+uint32_t PrefillAttentionOp::check_inputs(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                          const std::string& what, const QueryBatch& batch) const {
+  const uint32_t n = batch.checked(what);
+  if (batch.count_word == TS_ATTN_NO_COUNT) runtime_error(what, ": the prefill attention needs a count word");
+  need(q, uint64_t(n) * shape_.n_head * shape_.row() * 4, what, "q");
+  need(cache, shape_.cache_bytes(), what, "cache");
+  need(step, uint64_t(std::max(pos_word, batch.count_word) + 1) * 4, what, "step");
+  return n;
+}
+
+void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
+                                        uint32_t pos_word, BufferSlice partials, std::string_view label,
+                                        const QueryBatch& batch) const {
+  const std::string what(label);
+  if (tc_) runtime_error(what, ": the tensor-core prefill attention writes olat directly (record), no partials");
+  const uint32_t n = check_inputs(q, cache, step, pos_word, what, batch);
+  need(partials, n * partials_bytes(), what, "partials");
+  const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, attn_.n_groups(), attn_.min_chunk(), shape_.kq_scale,
+                                  batch.count_word, 0, 0};
+  const BufferSlice b[] = {q, cache, step, partials};
+  rec.dispatch(*pipeline_, b, args, attn_.n_groups(), ceil_div(shape_.n_head, hw_), ceil_div(n, gq_), label,
+               partial_bytes(profile_kv_len_, n));
+}
+
+void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
+                                BufferSlice partials, BufferSlice olat, std::string_view label,
+                                const QueryBatch& batch) const {
+  if (tc_) {
+    const std::string what(label);
+    const uint32_t n = check_inputs(q, cache, step, pos_word, what, batch);
+    need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * 4, what, "olat");
+    const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, 1, shape_.kq_scale, batch.count_word, 0, 0};
+    const BufferSlice b[] = {q, cache, step, olat};
+    // Bytes: each workgroup's cache rows twice (two passes), the queries, olat.
+    const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, 16);
+    const uint64_t bytes = wgs * 2 * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
+                           uint64_t(n) * shape_.n_head * (shape_.row() + shape_.kv_lora) * 4;
+    rec.dispatch(*tc_, b, args, uint32_t(wgs), 1, 1, what + " tc", bytes);
+    return;
+  }
+  record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);
+  rec.barrier();
+  attn_.record_merge(rec, partials, step, pos_word, olat, std::string(label) + " merge", batch);
+}
+
+}  // namespace tessera::vk

@@ -90,6 +90,10 @@ struct RmsNormArgs {
   uint x_offset;  // index in x of row 0
   uint y_offset;  // index in y of row 0
   float eps;
+  uint sum_k;          // SUM_IN: routed pairs per row (K; 0 for a dense FFN)
+  uint sum_pair_base;  // SUM_IN: the shared pair of row 0 (rows' shared pairs follow)
+  uint sum_shared;     // SUM_IN: 1: add the shared pair
+  uint count_word;     // SUM_IN: step word with the live row count
   uint pad0;
 };
 

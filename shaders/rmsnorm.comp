@@ -12,14 +12,29 @@
 // Rows whose n and offsets are multiples of 4 go as vec4, each invocation loading RMS_BATCH of them
 // before it uses any (a row is otherwise one L2 round trip per WG_SIZE values: a 10240-value row
 // took 13.9 us on an H100); other rows go value by value.
-// Bindings: 0 = x, 1 = w (n floats), 2 = y, 3 = yq (Q8_OUT).
+// SUM_IN (0/1; vec4 rows, x_offset 0, not with Q8_OUT; session 25): first, for the live rows
+// t < step[count_word], x[t] += y_in[t*K] + ... + y_in[t*K + K-1] (+ y_in[sum_pair_base + t]) in
+// PrefillSumOp's order (prefill_util.comp MODE_SUM: the same bits), written back to x; then the
+// norm of the new rows. The prefill's FFN sum and the next layer's attention norm in one
+// dispatch. Each invocation reads back only the vec4s it wrote (no barrier needed).
+// Bindings: 0 = x, 1 = w (n floats), 2 = y, 3 = yq (Q8_OUT), 4 = y_in, 5 = step (SUM_IN).
 
 #include "common.glsl"
 
 layout(local_size_x = WG_SIZE) in;
 
+#ifndef SUM_IN
+#define SUM_IN 0
+#endif
+#if SUM_IN
+layout(std430, binding = 0) buffer XBuf { float x[]; };
+layout(std430, binding = 0) buffer XBuf4 { vec4 x4[]; };
+layout(std430, binding = 4) readonly restrict buffer YinBuf4 { vec4 y_in4[]; };
+layout(std430, binding = 5) readonly restrict buffer StepBuf { uint step_words[]; };
+#else
 layout(std430, binding = 0) readonly buffer XBuf { float x[]; };
 layout(std430, binding = 0) readonly buffer XBuf4 { vec4 x4[]; };
+#endif
 layout(std430, binding = 1) readonly restrict buffer WBuf { float w[]; };
 layout(std430, binding = 1) readonly restrict buffer WBuf4 { vec4 w4[]; };
 #ifndef F16_OUT
@@ -57,6 +72,19 @@ void main() {
   const uint yb = args.y_offset + t * args.y_stride;
   const bool by4 = (args.n | xb | yb) % 4u == 0u;  // uniform
   const uint n4 = args.n / 4u, xb4 = xb / 4u, yb4 = yb / 4u;
+#if SUM_IN
+#if Q8_OUT
+#error "rmsnorm.comp: SUM_IN does not go with Q8_OUT"
+#endif
+  if (t < step_words[args.count_word]) {  // uniform per workgroup; by4 (the host checks)
+    for (uint i = lid; i < n4; i += WG_SIZE) {
+      vec4 acc = vec4(0.0);
+      for (uint k = 0u; k < args.sum_k; ++k) acc += y_in4[(t * args.sum_k + k) * n4 + i];
+      if (args.sum_shared != 0u) acc += y_in4[(args.sum_pair_base + t) * n4 + i];
+      x4[xb4 + i] += acc;
+    }
+  }
+#endif
 #if NORMALIZE
   float ss = 0.0;
   if (by4) {

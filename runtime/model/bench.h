@@ -77,6 +77,7 @@ struct BenchOptions {
   bool prefill_moe_f16_input = true;      // GpuModelOptions::prefill_moe_f16_input (--tune moe_f16_in)
   uint32_t prefill_router = 0;            // GpuModelOptions::prefill_router (--tune prefill_router)
   vk::RouteFromXTuning prefill_route_x;   // GpuModelOptions::prefill_route_x (--tune route_x_*)
+  bool prefill_sum_norm = true;           // GpuModelOptions::prefill_sum_norm (--tune sum_norm)
   uint32_t prefill_attention_groups = 0;     // GpuModelOptions::prefill_attention_groups (--tune pattn_groups)
   uint32_t prefill_attention_min_chunk = 0;  // ... _min_chunk (--tune pattn_min_chunk)
   vk::PrefillAttentionTuning prefill_attention;  // --tune pattn_queries / pattn_pairs

@@ -233,27 +233,18 @@ struct PrefillRecorder {
   // floats per token), normalized with `norm` where set: matmuls where x16 is set (x normalized
   // into x16 first, then a barrier; split-K matmuls: a barrier and their sums after them), else
   // batched matvecs. No barrier after. Returns whether x16 now holds the (normalized) rows.
-  bool dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc) {
+  // x16_ready: x16 already holds them, behind a barrier (the last layer's sum_rmsnorm).
+  bool dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc, bool x16_ready = false) {
     const uint32_t cols = outs.begin()->w.cols;
     bool matmul = x16 != nullptr;
     for (const Out& o : outs) matmul = matmul && o.w.cols == cols && o.w.cols % 32 == 0;
+    if (x16_ready && !matmul) runtime_error(outs.begin()->name, ": f16 rows prepared for matrices that do not run as matmuls");
     if (!matmul) {
       for (const Out& o : outs) matvec(o.w, o.name, x, *o.y, norm, acc);
       return false;
     }
     if (outs.size() > kMatmulsPerStage) runtime_error(outs.begin()->name, ": more matmuls on one input than partial-sum regions");
-    vk::RmsNormOp n;
-    n.x = x.whole();
-    n.weight = norm;
-    n.normalize = norm.buffer != VK_NULL_HANDLE;
-    n.y = x16->whole();
-    n.n = cols;
-    n.rows = T;
-    n.eps = c.eps;
-    n.f16_out = true;
-    n.label = (n.normalize ? "rmsnorm.f16out " : "to_f16 ") + outs.begin()->name;
-    n.record(rec);
-    rec.barrier();
+    if (!x16_ready) record_norm(x, norm, cols, outs.begin()->name);
     std::vector<vk::MatmulOp> ops;
     bool split = false;
     for (const Out& o : outs) {
@@ -280,6 +271,25 @@ struct PrefillRecorder {
       for (const vk::MatmulOp& op : ops) op.record_sum(rec);
     }
     return true;
+  }
+
+  // x16 = f16(RMSNorm(x; norm)) (or x as it is without a norm) for the T tokens' rows of `cols`;
+  // with `add`, the FFN's sum into x first (RmsNormOp::add). Then a barrier.
+  void record_norm(const vk::Buffer& x, vk::BufferSlice norm, uint32_t cols, const std::string& name,
+                   const vk::RmsNormOp::ResidualSum* add = nullptr) {
+    vk::RmsNormOp n;
+    n.x = x.whole();
+    n.weight = norm;
+    n.normalize = norm.buffer != VK_NULL_HANDLE;
+    n.y = x16->whole();
+    n.n = cols;
+    n.rows = T;
+    n.eps = c.eps;
+    n.f16_out = true;
+    n.label = (add ? "sum_rmsnorm.f16out " : n.normalize ? "rmsnorm.f16out " : "to_f16 ") + name;
+    if (add) n.add = *add;
+    n.record(rec);
+    rec.barrier();
   }
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
@@ -349,6 +359,27 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     ffn_form.matmul = ffn_matmul;
     ffn_form.matmul_kernel = p.kernel;
     ffn_form.matmul_tuning = options_.matmul.ffn;
+    // The FFN's sum into x, then a barrier. Where the next layer's first matrices run as matmuls,
+    // fused with their norm (rmsnorm.comp SUM_IN: a dispatch and a barrier fewer per layer;
+    // GpuModelOptions::prefill_sum_norm): returns whether x16 then holds the next layer's rows.
+    const auto finish_layer = [&](const vk::PrefillSumOp& sum, uint32_t l) {
+      if (!options_.prefill_sum_norm || !r.x16 || l + 1 >= c.n_layer || c.n_embd % 32 != 0) {
+        sum.record(*rec);
+        rec->barrier();
+        return false;
+      }
+      vk::RmsNormOp::ResidualSum add;
+      add.y = sum.y;
+      add.n_used = sum.n_used;
+      add.has_shared = sum.has_shared;
+      add.pair_base = sum.t_max * sum.n_used;
+      add.step = sum.step;
+      add.count_word = sum.count_word;
+      const std::string next = cat("blk.", l + 1, ".attn_norm");
+      r.record_norm(p.x, weight_vec(next + ".weight", c.n_embd), c.n_embd, next, &add);
+      return true;
+    };
+    bool x16_ready = false;  // x16 holds RMSNorm(x; this layer's attn_norm) (finish_layer)
     for (uint32_t l = 0; l < c.n_layer; ++l) {
       const std::string L = cat("blk.", l, ".");
       const bool qk = has_weight(L + "attn_qk.weight"), vo = has_weight(L + "attn_vo.weight");
@@ -358,8 +389,10 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       // Stage 1: what reads only x.
       const std::string qlabel = qname.substr(0, qname.size() - 7);  // without ".weight"
       const PrefillRecorder::Out kv_a{weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", &p.kv};
-      if (c.q_lora_rank) r.dense({{weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", &p.cq}, kv_a}, p.x, attn_norm, false);
-      else r.dense({{weight_matrix(qname), qlabel, &qdst}, kv_a}, p.x, attn_norm, false);
+      if (c.q_lora_rank)
+        r.dense({{weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", &p.cq}, kv_a}, p.x, attn_norm, false, x16_ready);
+      else
+        r.dense({{weight_matrix(qname), qlabel, &qdst}, kv_a}, p.x, attn_norm, false, x16_ready);
       rec->barrier();
       // Stage 2: queries, cache rows, (factored) absorbed queries.
       if (c.q_lora_rank)
@@ -430,8 +463,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         d.record_down(*rec);
         rec->barrier();
         sum.n_used = 0;
-        sum.record(*rec);
-        rec->barrier();
+        x16_ready = finish_layer(sum, l);
         r.weight_bytes += d.gate.read_bytes() + d.up.read_bytes() + d.down.read_bytes();
         continue;
       }
@@ -487,8 +519,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       rec->barrier();
       sum.n_used = c.n_expert_used;
       sum.has_shared = moe.tile.geometry.has_shared();
-      sum.record(*rec);
-      rec->barrier();
+      x16_ready = finish_layer(sum, l);
       const MoeTileGeometry& g = moe.tile.geometry;
       r.weight_bytes += uint64_t(g.n_expert) * (g.gateup(0).total_bytes + g.down(0).total_bytes) +
                         (g.has_shared() ? g.gateup(g.n_expert).total_bytes + g.down(g.n_expert).total_bytes : 0);

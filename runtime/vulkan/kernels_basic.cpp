@@ -14,7 +14,8 @@ constexpr uint32_t kPrefetchUnroll = 8;  // sectors per invocation: 64 KiB of we
 }  // namespace
 
 uint64_t RmsNormOp::bytes() const {
-  return uint64_t(rows) * n * (f16_out ? 6 : 8) + (normalize ? uint64_t(n) * 4 : 0) +
+  const uint64_t sum = add.y.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n * 4 * (add.n_used + (add.has_shared ? 1 : 0) + 1) : 0;
+  return sum + uint64_t(rows) * n * (f16_out ? 6 : 8) + (normalize ? uint64_t(n) * 4 : 0) +
          (y_q8.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n / 32 * 48 : 0);
 }
 
@@ -36,14 +37,25 @@ void RmsNormOp::record(CommandRecorder& rec) const {
     runtime_error(label, ": int8 output blocks need y apart from x (they are quantized from x after y is written)");
   if (q8 && y_q8.size < uint64_t(rows) * n / 32 * 48)
     runtime_error(label, ": y_q8 binding has ", y_q8.size, " bytes, needs ", uint64_t(rows) * n / 32 * 48);
+  const bool sum_in = add.y.buffer != VK_NULL_HANDLE;
+  if (sum_in) {
+    if (q8 || (n | x_offset | xs | y_offset | ys) % 4 != 0)
+      runtime_error(label, ": the residual sum needs rows of a multiple of 4 values at offsets and strides of multiples of 4, "
+                    "without int8 output blocks (n ", n, ", x offset ", x_offset, ", stride ", xs, ", y offset ", y_offset,
+                    ", stride ", ys, ")");
+    const uint64_t pairs = std::max<uint64_t>(uint64_t(rows) * add.n_used, add.has_shared ? uint64_t(add.pair_base) + rows : 0);
+    if (add.y.size < pairs * n * 4) runtime_error(label, ": residual-sum binding has ", add.y.size, " bytes, needs ", pairs * n * 4);
+    if (add.step.size < (uint64_t(add.count_word) + 1) * 4) runtime_error(label, ": step binding too small for word ", add.count_word);
+  }
   PipelineDesc desc;
-  desc.name = cat(normalize ? "rmsnorm" : "to_f16", q8 ? ".q8out" : f16_out && normalize ? ".f16out" : "");
+  desc.name = cat(sum_in ? "sum_rmsnorm" : normalize ? "rmsnorm" : "to_f16", q8 ? ".q8out" : f16_out && normalize ? ".f16out" : "");
   desc.file = "rmsnorm.comp";
   desc.defines = {{"WG_SIZE", std::to_string(kNormWorkgroup)},
                   {"Q8_OUT", q8 ? "1" : "0"},
                   {"F16_OUT", f16_out ? "1" : "0"},
-                  {"NORMALIZE", normalize ? "1" : "0"}};
-  desc.num_buffers = q8 ? 4 : 3;
+                  {"NORMALIZE", normalize ? "1" : "0"},
+                  {"SUM_IN", sum_in ? "1" : "0"}};
+  desc.num_buffers = sum_in ? 6 : q8 ? 4 : 3;
   desc.push_bytes = sizeof(gpu::RmsNormArgs);
   desc.full_subgroups = ctx.pipelines().use_subgroup();
   const Pipeline& pipe = ctx.pipeline(desc);
@@ -55,7 +67,11 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   a.x_offset = x_offset;
   a.y_offset = y_offset;
   a.eps = eps;
-  const BufferSlice bufs[4] = {x, normalize ? weight : x, y, y_q8};
+  a.sum_k = add.n_used;
+  a.sum_pair_base = add.pair_base;
+  a.sum_shared = add.has_shared ? 1u : 0u;
+  a.count_word = add.count_word;
+  const BufferSlice bufs[6] = {x, normalize ? weight : x, y, q8 ? y_q8 : y, add.y, add.step};
   const GroupCounts g = split_workgroups(rows, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, desc.num_buffers), a, g.x, g.y, 1, label, bytes());
 }

@@ -32,6 +32,19 @@ struct RmsNormOp {
   bool f16_out = false;
   // Cleared: y = x as it is (weight unused; with f16_out a plain conversion to f16).
   bool normalize = true;
+  // Set (add.y): first, for the live rows t < step[count_word], x[t] += add.y[t*K] + ... +
+  // add.y[t*K + K-1] (+ add.y[pair_base + t] with has_shared), the rows of n floats, in
+  // PrefillSumOp's order (the same bits), written back to x; then the norm of the new rows: the
+  // prefill's FFN sum fused with the next layer's norm (rmsnorm.comp SUM_IN). Needs n, x_offset
+  // and x_stride multiples of 4, and no y_q8.
+  struct ResidualSum {
+    BufferSlice y;      // f32 [pairs][n]
+    uint32_t n_used = 0;
+    bool has_shared = true;
+    uint32_t pair_base = 0;
+    BufferSlice step;
+    uint32_t count_word = 0;
+  } add;
 
   uint64_t bytes() const;  // x read, weight read, y (and y_q8) written
   void record(CommandRecorder& rec) const;

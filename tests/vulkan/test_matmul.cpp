@@ -391,5 +391,92 @@ TEST(KernelMatmul, NormWritesF16Rows) {
   }
 }
 
+// The prefill's FFN sum fused into the next layer's norm (RmsNormOp::add, rmsnorm.comp SUM_IN):
+// x gains exactly prefill_sum's f32 sums (same order: compared bit for bit) on the live rows only,
+// and x16 holds the norm of the new rows; routed pairs with and without the shared pair, and the
+// dense FFN's single pair (K = 0); a row wider than one vec4 batch of the workgroup.
+TEST(KernelMatmul, SumThenNormMatchesPrefillSum) {
+  Gpu& g = vktest::gpu();
+  MATMUL_REQUIRE(g);
+  struct Case {
+    uint32_t n, rows, live, K;
+    bool shared;
+  };
+  uint32_t seed = 40;
+  for (const Case& c : {Case{2048, 5, 3, 4, true}, Case{1028, 3, 3, 0, true}, Case{64, 4, 4, 6, false}}) {
+    SCOPED_TRACE(cat("n ", c.n, " rows ", c.rows, " live ", c.live, " K ", c.K, c.shared ? " shared" : ""));
+    std::mt19937 rng(seed++);
+    const uint32_t pair_base = c.rows * c.K, pairs = pair_base + (c.shared ? c.rows : 0);
+    const std::vector<float> x = vktest::random_values(rng, size_t(c.n) * c.rows, 3.f);
+    const std::vector<float> y = vktest::random_values(rng, size_t(c.n) * pairs, 1.f);
+    const std::vector<float> wn = vktest::random_values(rng, c.n);
+    vk::Buffer xb = vktest::make_buffer(g, x.size() * 4, "x"), yb = vktest::make_buffer(g, y.size() * 4, "y");
+    vk::Buffer wb = vktest::make_buffer(g, wn.size() * 4, "w"), x16 = vktest::make_buffer(g, size_t(c.n) * c.rows * 2, "x16");
+    vk::Buffer step = vktest::make_buffer(g, 16, "step");
+    const uint32_t words[4] = {0, c.live, 0, 0};
+    vktest::upload_bytes(g, step, words, sizeof words);
+    vktest::upload_bytes(g, xb, x.data(), x.size() * 4);
+    vktest::upload_bytes(g, yb, y.data(), y.size() * 4);
+    vktest::upload_bytes(g, wb, wn.data(), wn.size() * 4);
+    vktest::poison(g, x16);
+    vk::RmsNormOp op;
+    op.x = xb.whole();
+    op.weight = wb.whole();
+    op.y = x16.whole();
+    op.n = c.n;
+    op.rows = c.rows;
+    op.eps = 1e-5f;
+    op.f16_out = true;
+    op.add.y = yb.whole();
+    op.add.n_used = c.K;
+    op.add.has_shared = c.shared;
+    op.add.pair_base = pair_base;
+    op.add.step = step.whole();
+    op.add.count_word = 1;
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    op.record(rec);
+    rec.end();
+    rec.run();
+    const std::vector<float> xg = vktest::download_floats(g, xb, x.size());
+    std::vector<uint16_t> got(size_t(c.n) * c.rows);
+    const std::vector<float> raw = vktest::download_floats(g, x16, got.size() / 2);
+    std::memcpy(got.data(), raw.data(), got.size() * 2);
+    for (uint32_t t = 0; t < c.rows; ++t) {
+      std::vector<float> row(c.n);
+      double ss = 0;
+      for (uint32_t i = 0; i < c.n; ++i) {
+        float acc = 0.f;  // prefill_util.comp MODE_SUM's order, in f32
+        for (uint32_t k = 0; k < c.K; ++k) acc += y[size_t(t * c.K + k) * c.n + i];
+        if (c.shared) acc += y[size_t(pair_base + t) * c.n + i];
+        row[i] = t < c.live ? x[size_t(t) * c.n + i] + acc : x[size_t(t) * c.n + i];
+        ASSERT_EQ(xg[size_t(t) * c.n + i], row[i]) << "x row " << t << " i " << i;
+        ss += double(row[i]) * row[i];
+      }
+      const double scale = 1.0 / std::sqrt(ss / c.n + 1e-5);
+      for (uint32_t i = 0; i < c.n; ++i) {
+        const double want = row[i] * scale * wn[i];
+        ASSERT_NEAR(fp16_to_f32(got[size_t(t) * c.n + i]), want, std::fabs(want) * 1e-3 + 1e-6) << "row " << t << " i " << i;
+      }
+    }
+  }
+  // Refused: rows not of whole vec4s; with int8 output blocks.
+  vk::Buffer b = vktest::make_buffer(g, 1 << 16, "b");
+  vk::RmsNormOp bad;
+  bad.x = bad.weight = bad.y = bad.add.y = bad.add.step = b.whole();
+  bad.n = 66;
+  bad.f16_out = true;
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  EXPECT_THROW(bad.record(rec), Error);
+  bad.n = 64;
+  bad.f16_out = false;
+  vk::Buffer q = vktest::make_buffer(g, 1 << 16, "q"), q8 = vktest::make_buffer(g, 1 << 16, "q8");
+  bad.y = q.whole();
+  bad.y_q8 = q8.whole();
+  EXPECT_THROW(bad.record(rec), Error);
+  rec.end();
+}
+
 }  // namespace
 }  // namespace tessera

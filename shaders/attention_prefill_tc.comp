@@ -32,9 +32,9 @@
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
-// N_GROUPS (4 or 8).
+// N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
-// words (position of query 0, live query count), 3 = olat (f32 [T][N_HEAD][R]).
+// words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
@@ -109,7 +109,18 @@ layout(local_size_x = WG_SIZE) in;
 layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; };
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
+#ifndef OUT_F16
+#define OUT_F16 0
+#endif
+#if OUT_F16  // olat as f16: the input rows (x16) of the matmul W_vo that follows (session 25)
+#extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
+#extension GL_EXT_shader_16bit_storage : require
+layout(std430, binding = 3) writeonly restrict buffer Out { float16_t olat[]; };
+#define OLAT_VALUE(v) float16_t(v)
+#else
 layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
+#define OLAT_VALUE(v) (v)
+#endif
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
@@ -278,7 +289,7 @@ void write_tile(uint at, uint jt, uint r0, uint n_q) {
   [[unroll]] for (uint i = 0; i < 8u; ++i) {
     const uint e = ln + 32u * i, r = e / 16u, c = e % 16u;
     const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
-    if (jt < NT_V && (r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + 16u * jt + c] = tile_f(at, r, c) * inv;
+    if (jt < NT_V && (r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + 16u * jt + c] = OLAT_VALUE(tile_f(at, r, c) * inv);
   }
   group_sync();
 }

@@ -46,11 +46,13 @@ vk::AttentionTuning prefill_attention_split(const GpuModelOptions& o, uint32_t T
   return t;
 }
 
-// The attention of a recording of chunks of T tokens under options o.
+// The attention of a recording of chunks of T tokens under options o; f16_olat: also the
+// tensor-core kernel's variant writing olat as f16 (PrefillAttentionTuning::tc_f16_olat).
 vk::PrefillAttentionOp prefill_attention(vk::Context& ctx, const ModelConfig& c, uint32_t n_ctx, const GpuModelOptions& o,
-                                         uint32_t T) {
-  return vk::PrefillAttentionOp(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, T),
-                                o.prefill_attention);
+                                         uint32_t T, bool f16_olat = false) {
+  vk::PrefillAttentionTuning tuning = o.prefill_attention;
+  tuning.tc_f16_olat = f16_olat;
+  return vk::PrefillAttentionOp(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, T), tuning);
 }
 constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and kv_a)
 
@@ -344,7 +346,9 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
 
     const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
     vk::KvWriteOp kv_write(ctx_, ashape);
-    const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T);
+    // Composed W_vo as a matmul: the tensor-core attention writes its f16 input rows itself.
+    const bool f16_olat = options_.prefill_f16_olat && p.matmul && has_weight("blk.0.attn_vo.weight");
+    const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T, f16_olat);
     const vk::QueryBatch batch{T, kCountWord};
     // The FFN's matmul form (experts and dense layers) in this recording's chunks; else its int8
     // kernels read h2 as int8 blocks written by the FFN's RMSNorm, once per token, instead of
@@ -408,11 +412,12 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         r.weight_bytes += a.w.read_bytes();
       }
       rec->barrier();
-      attn.record(*rec, p.q.whole(), kv_cache(l), chunk, kPosWord, p.partials.whole(), p.olat.whole(), "attention " + L,
-                  batch);
+      const bool olat16 = vo && attn.writes_f16_olat();  // W_vo's f16 rows straight from the attention
+      attn.record(*rec, p.q.whole(), kv_cache(l), chunk, kPosWord, p.partials.whole(),
+                  olat16 ? p.x16.whole() : p.olat.whole(), "attention " + L, batch, olat16);
       rec->barrier();
       if (vo) {
-        r.dense({{weight_matrix(L + "attn_vo.weight"), L + "attn_vo", &p.x}}, p.olat, {}, true);
+        r.dense({{weight_matrix(L + "attn_vo.weight"), L + "attn_vo", &p.x}}, p.olat, {}, true, olat16);
       } else {
         vk::AbsorbOp a = vk::AbsorbOp::value(weight_matrix(L + "attn_v_b.weight"), H, p.olat.whole(), p.o.whole());
         a.n_tokens = T;

@@ -196,6 +196,9 @@ struct PrefillAttentionTuning {
   // with one buffer, +13 % there).
   bool tc_double_k = false;
   bool tc_qreg = true;
+  // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
+  // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
+  bool tc_f16_olat = false;
   uint32_t tc_groups = 4;  // groups of 32 invocations per workgroup (4 or 8): S's k-tiles and O's
                            // column tiles split over them
 };
@@ -223,9 +226,11 @@ class PrefillAttentionOp {
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                       BufferSlice partials, std::string_view label, const QueryBatch& batch) const;
   // record_partial, barrier, attention().record_merge (olat: [n][H][R]); with tensor cores the
-  // one dispatch that writes olat (partials unused).
+  // one dispatch that writes olat (partials unused). olat_f16: olat holds f16 (the tensor-core
+  // kernel built with tuning.tc_f16_olat; else Error(Runtime)).
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
-              BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch) const;
+              BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch,
+              bool olat_f16 = false) const;
 
   // Bytes of record_partial for n queries whose last sees kv_len rows: the cache rows once per
   // (query group, head group), the queries, the partials written.
@@ -237,6 +242,7 @@ class PrefillAttentionOp {
   }
 
   bool tensor_cores() const { return tc_ != nullptr; }
+  bool writes_f16_olat() const { return tc16_ != nullptr; }
   // The grouped kernel's work split (all 0 where the tensor-core kernel runs instead).
   uint32_t queries_per_group() const { return gq_; }
   uint32_t heads_per_group() const { return hw_; }
@@ -250,7 +256,8 @@ class PrefillAttentionOp {
 
   AttentionOp attn_;
   const Pipeline* pipeline_ = nullptr;
-  const Pipeline* tc_ = nullptr;  // attention_prefill_tc.comp
+  const Pipeline* tc_ = nullptr;    // attention_prefill_tc.comp
+  const Pipeline* tc16_ = nullptr;  // ... OUT_F16 (tuning.tc_f16_olat)
   AttentionShape shape_;
   uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;
   uint32_t profile_kv_len_ = 0;

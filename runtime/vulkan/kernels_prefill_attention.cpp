@@ -120,6 +120,11 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
     p.push_bytes = sizeof(gpu::AttnPartialArgs);
     p.full_subgroups = true;
     tc_ = &ctx.pipeline(p);
+    if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
+      p.name += ".f16out";
+      p.defines["OUT_F16"] = "1";
+      tc16_ = &ctx.pipeline(p);
+    }
     profile_kv_len_ = shape.n_ctx;
     return;
   }
@@ -202,18 +207,19 @@ void PrefillAttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, Buf
 
 void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                 BufferSlice partials, BufferSlice olat, std::string_view label,
-                                const QueryBatch& batch) const {
+                                const QueryBatch& batch, bool olat_f16) const {
+  if (olat_f16 && !tc16_) runtime_error(label, ": no attention kernel built to write f16 olat");
   if (tc_) {
     const std::string what(label);
     const uint32_t n = check_inputs(q, cache, step, pos_word, what, batch);
-    need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * 4, what, "olat");
+    need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * (olat_f16 ? 2 : 4), what, "olat");
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, 1, shape_.kq_scale, batch.count_word, 0, 0};
     const BufferSlice b[] = {q, cache, step, olat};
     // Bytes: each workgroup's cache rows twice (two passes), the queries, olat.
     const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, 16);
     const uint64_t bytes = wgs * 2 * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
                            uint64_t(n) * shape_.n_head * (shape_.row() + shape_.kv_lora) * 4;
-    rec.dispatch(*tc_, b, args, uint32_t(wgs), 1, 1, what + " tc", bytes);
+    rec.dispatch(olat_f16 ? *tc16_ : *tc_, b, args, uint32_t(wgs), 1, 1, what + (olat_f16 ? " tc.f16out" : " tc"), bytes);
     return;
   }
   record_partial(rec, q, cache, step, pos_word, partials, std::string(label) + " partial", batch);

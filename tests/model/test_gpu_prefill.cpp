@@ -224,8 +224,9 @@ TEST(GpuPrefill, TailChunksMatchTheReference) {
 
 // The prefill attention's work split (GpuModelOptions::prefill_attention_*): one chunk per query,
 // chunks of at least 16 positions, 4 queries x 64 pairs per workgroup, and the tensor-core kernel
-// (its plain-FMA form here); each against the CPU reference over prompts that cross chunk and
-// group boundaries, then a continuation.
+// (its plain-FMA form here), also with the dense matrices as matmuls (then the tensor-core
+// kernel writes W_vo's f16 input rows itself); each against the CPU reference over prompts that
+// cross chunk and group boundaries, then a continuation.
 TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
   if (!context()) GTEST_SKIP() << "no Vulkan device";
   const std::string path = tsr_file("tiny", "q4_0", "all");
@@ -234,10 +235,14 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
   struct Split {
     uint32_t groups, min_chunk, queries, pairs;
     int tc = 0;  // PrefillAttentionTuning::tensor_cores
+    bool matmul = false;
   };
-  for (const Split& sp : {Split{1, 0, 0, 0}, Split{3, 16, 0, 0}, Split{0, 0, 4, 64}, Split{0, 0, 0, 0, 1}}) {
+  for (const Split& sp : {Split{1, 0, 0, 0}, Split{3, 16, 0, 0}, Split{0, 0, 4, 64}, Split{0, 0, 0, 0, 1},
+                          Split{0, 0, 0, 0, 1, true}}) {
     if (sp.tc && !vk::attention_tc_supported(*context(), true)) continue;
+    if (sp.matmul && !vk::matmul_supported(*context())) continue;
     model::GpuModelOptions o = options(128, 32);
+    if (sp.matmul) o.prefill_matmul = 1;
     o.prefill_attention_groups = sp.groups;
     o.prefill_attention_min_chunk = sp.min_chunk;
     o.prefill_attention.queries_per_group = sp.queries;
@@ -250,7 +255,7 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
     const auto p = prompt(gpu.n_vocab(), 77);
     const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
     EXPECT_LT(c.max_rel, 2e-3) << "groups " << sp.groups << " min_chunk " << sp.min_chunk << " queries " << sp.queries
-                               << " tc " << sp.tc;
+                               << " tc " << sp.tc << " matmul " << sp.matmul;
     const auto more = prompt(gpu.n_vocab(), 5, 1);
     const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
     EXPECT_LT(cc.max_rel, 2e-3) << "continuation, groups " << sp.groups;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -75,11 +76,13 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   if (tc) tc(tuning);
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
+  const bool f16 = tuning.tc_f16_olat;  // olat written as f16 (the composed W_vo's matmul input)
+  ASSERT_EQ(op.writes_f16_olat(), f16);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
-                                                    " groups ", tuning.tc_groups)
+                                                    " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
                    op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
@@ -103,7 +106,7 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   const vk::QueryBatch batch{T, kCountWord};
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
-  op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, part_a.whole(), olat_a.whole(), "grouped", batch);
+  op.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, part_a.whole(), olat_a.whole(), "grouped", batch, f16);
   per_query.record(rec, q.whole(), cache.whole(), step.whole(), kPosWord, part_b.whole(), olat_b.whole(), "per query", batch);
   rec.end();
 
@@ -113,7 +116,14 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
     vktest::upload_bytes(g, step, words, sizeof words);
     for (vk::Buffer* b : {&part_a, &part_b, &olat_a, &olat_b}) vktest::poison(g, *b);
     rec.run();
-    const std::vector<float> a = vktest::download_floats(g, olat_a, size_t(T) * H * R);
+    std::vector<float> a = vktest::download_floats(g, olat_a, size_t(T) * H * R);
+    if (f16) {  // halves: the values, then the poison's words (0x7FC00000 as 0x0000, 0x7FC0) past the live queries
+      std::vector<uint16_t> h(a.size());
+      std::memcpy(h.data(), a.data(), h.size() * 2);
+      for (size_t k = 0; k < h.size(); ++k)
+        a[k] = k < size_t(run.n) * H * R ? fp16_to_f32(h[k])
+                                         : (h[k] == (k % 2 ? 0x7FC0 : 0x0000) ? std::nanf("") : 0.f);
+    }
     const std::vector<float> b = vktest::download_floats(g, olat_b, size_t(T) * H * R);
     for (uint32_t t = 0; t < run.n; ++t) {
       const uint32_t pos = run.p0 + t, kv_len = std::min(pos + 1, c.n_ctx);
@@ -160,6 +170,8 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_groups = 8; });       // 256 invocations
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
+  if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding
+    check_prefill_attention(GetParam(), 1, 2e-3, [](Tuning& t) { t.tc_f16_olat = true; });
 }
 
 vk::AttentionTuning split(uint32_t n_groups, uint32_t min_chunk, uint32_t tile = 0) {

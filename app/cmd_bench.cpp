@@ -131,6 +131,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.prefill_sum_norm = v != 0; }},
     {"f16_olat", 1, "1, default: the tensor-core prefill attention writes W_vo's f16 input rows; 0: f32 olat and a conversion",
      [](O& o, uint32_t v) { o.prefill_f16_olat = v != 0; }},
+    {"split_norm", 1, "1, default: q_a's split-K parts summed by the norm that reads them; 0: a sum dispatch and a barrier",
+     [](O& o, uint32_t v) { o.prefill_split_norm = v != 0; }},
     {"ffn_matmul_groups", 4, "... groups of 16 pairs per workgroup: 1, 2 or 4; 0 auto (the most that fit)",
      [](O& o, uint32_t v) { o.matmul.ffn.groups = v; }},
     {"ffn_matmul_split_rows", 2, "... 2: two groups of 32 per 16 pairs, each half the row tiles; 1: not; 0 auto (2 for routed experts)",

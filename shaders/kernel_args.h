@@ -90,12 +90,16 @@ struct RmsNormArgs {
   uint x_offset;  // index in x of row 0
   uint y_offset;  // index in y of row 0
   float eps;
-  uint sum_k;          // SUM_IN: routed pairs per row (K; 0 for a dense FFN)
+  uint sum_k;          // SUM_IN: rows of y_in summed per row (K pairs; 0 for a dense FFN; or split-K parts)
   uint sum_pair_base;  // SUM_IN: the shared pair of row 0 (rows' shared pairs follow)
-  uint sum_shared;     // SUM_IN: 1: add the shared pair
+  uint sum_flags;      // SUM_IN: TS_NORM_SUM_SHARED | TS_NORM_SUM_REPLACE
   uint count_word;     // SUM_IN: step word with the live row count
-  uint pad0;
+  uint sum_stride_t;   // SUM_IN: row t's k-th summand is y_in row t * sum_stride_t + k * sum_stride_k
+  uint sum_stride_k;
+  uint pad0, pad1, pad2;
 };
+#define TS_NORM_SUM_SHARED 1u   // also add y_in row sum_pair_base + t
+#define TS_NORM_SUM_REPLACE 2u  // x = the sum (a split-K matmul's parts), not x + the sum
 
 // prefetch.comp: pulls up to four byte spans (bindings 0..3) into the GPU's L2 cache by reading
 // one 32-bit word per 32-byte sector; workgroups [first_group_i, first_group_{i+1}) read span i.

@@ -12,11 +12,13 @@
 // Rows whose n and offsets are multiples of 4 go as vec4, each invocation loading RMS_BATCH of them
 // before it uses any (a row is otherwise one L2 round trip per WG_SIZE values: a 10240-value row
 // took 13.9 us on an H100); other rows go value by value.
-// SUM_IN (0/1; vec4 rows, x_offset 0, not with Q8_OUT; session 25): first, for the live rows
-// t < step[count_word], x[t] += y_in[t*K] + ... + y_in[t*K + K-1] (+ y_in[sum_pair_base + t]) in
-// PrefillSumOp's order (prefill_util.comp MODE_SUM: the same bits), written back to x; then the
-// norm of the new rows. The prefill's FFN sum and the next layer's attention norm in one
-// dispatch. Each invocation reads back only the vec4s it wrote (no barrier needed).
+// SUM_IN (0/1; vec4 rows, not with Q8_OUT; session 25): first, for the live rows t <
+// step[count_word], s = y_in[row(t, 0)] + ... + y_in[row(t, K-1)] (+ y_in[sum_pair_base + t] with
+// TS_NORM_SUM_SHARED), row(t, k) = t * sum_stride_t + k * sum_stride_k, and x[t] += s (x[t] = s with
+// TS_NORM_SUM_REPLACE), written back to x; then the norm of the new rows. Two uses: the prefill's
+// FFN sum (PrefillSumOp's order, prefill_util.comp MODE_SUM: the same bits) with the next layer's
+// attention norm; a split-K matmul's parts (matmul.comp REDUCE's order) with the norm of its
+// output. Each invocation reads back only the vec4s it wrote (no barrier needed).
 // Bindings: 0 = x, 1 = w (n floats), 2 = y, 3 = yq (Q8_OUT), 4 = y_in, 5 = step (SUM_IN).
 
 #include "common.glsl"
@@ -79,9 +81,9 @@ void main() {
   if (t < step_words[args.count_word]) {  // uniform per workgroup; by4 (the host checks)
     for (uint i = lid; i < n4; i += WG_SIZE) {
       vec4 acc = vec4(0.0);
-      for (uint k = 0u; k < args.sum_k; ++k) acc += y_in4[(t * args.sum_k + k) * n4 + i];
-      if (args.sum_shared != 0u) acc += y_in4[(args.sum_pair_base + t) * n4 + i];
-      x4[xb4 + i] += acc;
+      for (uint k = 0u; k < args.sum_k; ++k) acc += y_in4[(t * args.sum_stride_t + k * args.sum_stride_k) * n4 + i];
+      if ((args.sum_flags & TS_NORM_SUM_SHARED) != 0u) acc += y_in4[(args.sum_pair_base + t) * n4 + i];
+      x4[xb4 + i] = (args.sum_flags & TS_NORM_SUM_REPLACE) != 0u ? acc : x4[xb4 + i] + acc;
     }
   }
 #endif

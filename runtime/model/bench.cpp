@@ -427,6 +427,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.prefill_route_x = o.prefill_route_x;
   go.prefill_sum_norm = o.prefill_sum_norm;
   go.prefill_f16_olat = o.prefill_f16_olat;
+  go.prefill_split_norm = o.prefill_split_norm;
   go.prefill_attention_groups = o.prefill_attention_groups;
   go.prefill_attention_min_chunk = o.prefill_attention_min_chunk;
   go.prefill_attention = o.prefill_attention;

@@ -79,6 +79,7 @@ struct BenchOptions {
   vk::RouteFromXTuning prefill_route_x;   // GpuModelOptions::prefill_route_x (--tune route_x_*)
   bool prefill_sum_norm = true;           // GpuModelOptions::prefill_sum_norm (--tune sum_norm)
   bool prefill_f16_olat = true;           // GpuModelOptions::prefill_f16_olat (--tune f16_olat)
+  bool prefill_split_norm = true;         // GpuModelOptions::prefill_split_norm (--tune split_norm)
   uint32_t prefill_attention_groups = 0;     // GpuModelOptions::prefill_attention_groups (--tune pattn_groups)
   uint32_t prefill_attention_min_chunk = 0;  // ... _min_chunk (--tune pattn_min_chunk)
   vk::PrefillAttentionTuning prefill_attention;  // --tune pattn_queries / pattn_pairs

@@ -124,7 +124,10 @@ struct GpuModelOptions {
   bool prefill_sum_norm = true;
   // The tensor-core prefill attention writes olat as the f16 rows the composed W_vo's matmul reads
   // (no conversion dispatch and barrier; session 25). bench --tune f16_olat=0|1.
-  bool prefill_f16_olat = true;  // that routing kernel's split (bench --tune route_x_wg / _lanes / _batch)
+  bool prefill_f16_olat = true;
+  // q_a's split-K parts summed by the q_a norm that reads them, beside kv_a's sum (a dispatch and a
+  // barrier fewer per layer; session 25). bench --tune split_norm=0|1.
+  bool prefill_split_norm = true;  // that routing kernel's split (bench --tune route_x_wg / _lanes / _batch)
   // The prefill attention (vk::PrefillAttentionOp): chunks along the context per query (split-K;
   // 0: auto, 2048 / chunk tokens within 1..32) and their fewest positions (0: auto, 128), and the
   // kernel's query / head grouping (gpu_prefill.cpp prefill_attention_split), or the tensor-core

@@ -212,6 +212,16 @@ void GpuModel::create_prefill() {
 
 namespace {
 
+// PrefillRecorder::dense()'s options.
+struct DenseFlags {
+  bool x16_ready = false;          // x16 already holds the input rows, behind a barrier (finish_layer)
+  vk::BufferSlice norm_first_out;  // set: where the first output's matmul splits along K, its parts
+                                   // are summed (into y) by its norm with this weight beside the
+                                   // other sums, which writes its f16 rows into x16 (the next
+                                   // dense() then takes x16_ready); first_out_normed says so
+  bool* first_out_normed = nullptr;
+};
+
 // Records one chunk (see the file comment); `head` selects the LM head part.
 struct PrefillRecorder {
   vk::CommandRecorder& rec;
@@ -235,8 +245,9 @@ struct PrefillRecorder {
   // floats per token), normalized with `norm` where set: matmuls where x16 is set (x normalized
   // into x16 first, then a barrier; split-K matmuls: a barrier and their sums after them), else
   // batched matvecs. No barrier after. Returns whether x16 now holds the (normalized) rows.
-  // x16_ready: x16 already holds them, behind a barrier (the last layer's sum_rmsnorm).
-  bool dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc, bool x16_ready = false) {
+  bool dense(std::initializer_list<Out> outs, const vk::Buffer& x, vk::BufferSlice norm, bool acc, DenseFlags f = {}) {
+    const bool x16_ready = f.x16_ready;
+    if (f.first_out_normed) *f.first_out_normed = false;
     const uint32_t cols = outs.begin()->w.cols;
     bool matmul = x16 != nullptr;
     for (const Out& o : outs) matmul = matmul && o.w.cols == cols && o.w.cols % 32 == 0;
@@ -270,15 +281,34 @@ struct PrefillRecorder {
     }
     if (split) {
       rec.barrier();
-      for (const vk::MatmulOp& op : ops) op.record_sum(rec);
+      for (size_t i = 0; i < ops.size(); ++i) {
+        const vk::MatmulOp& op = ops[i];
+        if (i == 0 && f.norm_first_out.buffer != VK_NULL_HANDLE && op.splits(rec.context()) > 1 && !acc &&
+            op.w.rows % 4 == 0) {  // its parts summed by its norm (rmsnorm.comp SUM_IN, replace)
+          const uint32_t splits = op.splits(rec.context());
+          vk::RmsNormOp::ResidualSum parts;
+          parts.y = op.partials;
+          parts.n_used = splits;
+          parts.has_shared = false;
+          parts.stride_t = 1;
+          parts.stride_k = T;
+          parts.replace = true;
+          parts.step = chunk;
+          parts.count_word = kCountWord;
+          record_norm(*outs.begin()->y, f.norm_first_out, op.w.rows, outs.begin()->name, &parts, false);
+          if (f.first_out_normed) *f.first_out_normed = true;
+          continue;
+        }
+        op.record_sum(rec);
+      }
     }
     return true;
   }
 
   // x16 = f16(RMSNorm(x; norm)) (or x as it is without a norm) for the T tokens' rows of `cols`;
-  // with `add`, the FFN's sum into x first (RmsNormOp::add). Then a barrier.
+  // with `add`, the sum into x first (RmsNormOp::add). Then a barrier unless `barrier` is false.
   void record_norm(const vk::Buffer& x, vk::BufferSlice norm, uint32_t cols, const std::string& name,
-                   const vk::RmsNormOp::ResidualSum* add = nullptr) {
+                   const vk::RmsNormOp::ResidualSum* add = nullptr, bool barrier = true) {
     vk::RmsNormOp n;
     n.x = x.whole();
     n.weight = norm;
@@ -291,7 +321,7 @@ struct PrefillRecorder {
     n.label = (add ? "sum_rmsnorm.f16out " : n.normalize ? "rmsnorm.f16out " : "to_f16 ") + name;
     if (add) n.add = *add;
     n.record(rec);
-    rec.barrier();
+    if (barrier) rec.barrier();
   }
 
   // y[t] = W x[t] (+ y[t]) for the T tokens: dispatches of 8 tokens, no barrier between. (The
@@ -393,14 +423,20 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
       // Stage 1: what reads only x.
       const std::string qlabel = qname.substr(0, qname.size() - 7);  // without ".weight"
       const PrefillRecorder::Out kv_a{weight_matrix(L + "attn_kv_a_mqa.weight"), L + "attn_kv_a_mqa", &p.kv};
-      if (c.q_lora_rank)
-        r.dense({{weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", &p.cq}, kv_a}, p.x, attn_norm, false, x16_ready);
-      else
-        r.dense({{weight_matrix(qname), qlabel, &qdst}, kv_a}, p.x, attn_norm, false, x16_ready);
+      bool cq_normed = false;  // x16 holds RMSNorm(cq; attn_q_a_norm) (q_a's parts summed by that norm)
+      if (c.q_lora_rank) {
+        const vk::BufferSlice q_a_norm = weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank);
+        r.dense({{weight_matrix(L + "attn_q_a.weight"), L + "attn_q_a", &p.cq}, kv_a}, p.x, attn_norm, false,
+                {.x16_ready = x16_ready, .norm_first_out = options_.prefill_split_norm ? q_a_norm : vk::BufferSlice{},
+                 .first_out_normed = &cq_normed});
+      } else {
+        r.dense({{weight_matrix(qname), qlabel, &qdst}, kv_a}, p.x, attn_norm, false, {.x16_ready = x16_ready});
+      }
       rec->barrier();
       // Stage 2: queries, cache rows, (factored) absorbed queries.
       if (c.q_lora_rank)
-        r.dense({{weight_matrix(qname), qlabel, &qdst}}, p.cq, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false);
+        r.dense({{weight_matrix(qname), qlabel, &qdst}}, p.cq, weight_vec(L + "attn_q_a_norm.weight", c.q_lora_rank), false,
+                {.x16_ready = cq_normed});
       kv_write.record_rows(*rec, p.kv.whole(), weight_vec(L + "attn_kv_a_norm.weight", R), chunk, kPosWord, batch,
                            kv_cache(l), "kv_write " + L);
       if (!qk) {
@@ -417,7 +453,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
                   olat16 ? p.x16.whole() : p.olat.whole(), "attention " + L, batch, olat16);
       rec->barrier();
       if (vo) {
-        r.dense({{weight_matrix(L + "attn_vo.weight"), L + "attn_vo", &p.x}}, p.olat, {}, true, olat16);
+        r.dense({{weight_matrix(L + "attn_vo.weight"), L + "attn_vo", &p.x}}, p.olat, {}, true, {.x16_ready = olat16});
       } else {
         vk::AbsorbOp a = vk::AbsorbOp::value(weight_matrix(L + "attn_v_b.weight"), H, p.olat.whole(), p.o.whole());
         a.n_tokens = T;

@@ -14,7 +14,8 @@ constexpr uint32_t kPrefetchUnroll = 8;  // sectors per invocation: 64 KiB of we
 }  // namespace
 
 uint64_t RmsNormOp::bytes() const {
-  const uint64_t sum = add.y.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n * 4 * (add.n_used + (add.has_shared ? 1 : 0) + 1) : 0;
+  const uint64_t sum =
+      add.y.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n * 4 * (add.n_used + (add.has_shared ? 1 : 0) + (add.replace ? 0 : 1)) : 0;
   return sum + uint64_t(rows) * n * (f16_out ? 6 : 8) + (normalize ? uint64_t(n) * 4 : 0) +
          (y_q8.buffer != VK_NULL_HANDLE ? uint64_t(rows) * n / 32 * 48 : 0);
 }
@@ -43,7 +44,9 @@ void RmsNormOp::record(CommandRecorder& rec) const {
       runtime_error(label, ": the residual sum needs rows of a multiple of 4 values at offsets and strides of multiples of 4, "
                     "without int8 output blocks (n ", n, ", x offset ", x_offset, ", stride ", xs, ", y offset ", y_offset,
                     ", stride ", ys, ")");
-    const uint64_t pairs = std::max<uint64_t>(uint64_t(rows) * add.n_used, add.has_shared ? uint64_t(add.pair_base) + rows : 0);
+    const uint64_t st = add.stride_t ? add.stride_t : add.n_used;
+    const uint64_t last = add.n_used ? uint64_t(rows - 1) * st + uint64_t(add.n_used - 1) * add.stride_k + 1 : 0;
+    const uint64_t pairs = std::max<uint64_t>(last, add.has_shared ? uint64_t(add.pair_base) + rows : 0);
     if (add.y.size < pairs * n * 4) runtime_error(label, ": residual-sum binding has ", add.y.size, " bytes, needs ", pairs * n * 4);
     if (add.step.size < (uint64_t(add.count_word) + 1) * 4) runtime_error(label, ": step binding too small for word ", add.count_word);
   }
@@ -69,8 +72,10 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   a.eps = eps;
   a.sum_k = add.n_used;
   a.sum_pair_base = add.pair_base;
-  a.sum_shared = add.has_shared ? 1u : 0u;
+  a.sum_flags = (add.has_shared ? TS_NORM_SUM_SHARED : 0u) | (add.replace ? TS_NORM_SUM_REPLACE : 0u);
   a.count_word = add.count_word;
+  a.sum_stride_t = add.stride_t ? add.stride_t : add.n_used;
+  a.sum_stride_k = add.stride_k;
   const BufferSlice bufs[6] = {x, normalize ? weight : x, y, q8 ? y_q8 : y, add.y, add.step};
   const GroupCounts g = split_workgroups(rows, ctx.info());
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, desc.num_buffers), a, g.x, g.y, 1, label, bytes());

@@ -32,16 +32,21 @@ struct RmsNormOp {
   bool f16_out = false;
   // Cleared: y = x as it is (weight unused; with f16_out a plain conversion to f16).
   bool normalize = true;
-  // Set (add.y): first, for the live rows t < step[count_word], x[t] += add.y[t*K] + ... +
-  // add.y[t*K + K-1] (+ add.y[pair_base + t] with has_shared), the rows of n floats, in
-  // PrefillSumOp's order (the same bits), written back to x; then the norm of the new rows: the
-  // prefill's FFN sum fused with the next layer's norm (rmsnorm.comp SUM_IN). Needs n, x_offset
-  // and x_stride multiples of 4, and no y_q8.
+  // Set (add.y): first, for the live rows t < step[count_word], s = add.y[row(t, 0)] + ... +
+  // add.y[row(t, K-1)] (+ add.y[pair_base + t] with has_shared), rows of n floats, row(t, k) =
+  // t * stride_t + k * stride_k, in that order, and x[t] += s (x[t] = s with replace), written
+  // back to x; then the norm of the new rows (rmsnorm.comp SUM_IN). The prefill's FFN sum
+  // (PrefillSumOp's order: stride_t K, stride_k 1) fused with the next layer's norm; a split-K
+  // matmul's parts (MatmulOp::record_sum's order: stride_t 1, stride_k T, replace) with the norm
+  // of its output. Needs n, x_offset and x_stride multiples of 4, and no y_q8.
   struct ResidualSum {
-    BufferSlice y;      // f32 [pairs][n]
-    uint32_t n_used = 0;
+    BufferSlice y;      // f32 rows of n
+    uint32_t n_used = 0;  // K
     bool has_shared = true;
     uint32_t pair_base = 0;
+    uint32_t stride_t = 0;  // 0: K
+    uint32_t stride_k = 1;
+    bool replace = false;
     BufferSlice step;
     uint32_t count_word = 0;
   } add;

@@ -391,22 +391,26 @@ TEST(KernelMatmul, NormWritesF16Rows) {
   }
 }
 
-// The prefill's FFN sum fused into the next layer's norm (RmsNormOp::add, rmsnorm.comp SUM_IN):
-// x gains exactly prefill_sum's f32 sums (same order: compared bit for bit) on the live rows only,
-// and x16 holds the norm of the new rows; routed pairs with and without the shared pair, and the
-// dense FFN's single pair (K = 0); a row wider than one vec4 batch of the workgroup.
+// Sums fused into a norm (RmsNormOp::add, rmsnorm.comp SUM_IN): the prefill's FFN sum into x
+// (x gains exactly prefill_sum's f32 sums, compared bit for bit) and a split-K matmul's parts
+// (x replaced by matmul.comp REDUCE's sums), on the live rows only; x16 holds the norm of the new
+// rows. Routed pairs with and without the shared pair, the dense FFN's single pair (K = 0), 16
+// parts of q_a's width; a row wider than one vec4 batch of the workgroup.
 TEST(KernelMatmul, SumThenNormMatchesPrefillSum) {
   Gpu& g = vktest::gpu();
   MATMUL_REQUIRE(g);
   struct Case {
     uint32_t n, rows, live, K;
     bool shared;
+    bool parts = false;  // K split-K parts: row (k * rows + t), x replaced
   };
   uint32_t seed = 40;
-  for (const Case& c : {Case{2048, 5, 3, 4, true}, Case{1028, 3, 3, 0, true}, Case{64, 4, 4, 6, false}}) {
-    SCOPED_TRACE(cat("n ", c.n, " rows ", c.rows, " live ", c.live, " K ", c.K, c.shared ? " shared" : ""));
+  for (const Case& c : {Case{2048, 5, 3, 4, true}, Case{1028, 3, 3, 0, true}, Case{64, 4, 4, 6, false},
+                        Case{768, 6, 4, 16, false, true}}) {
+    SCOPED_TRACE(cat("n ", c.n, " rows ", c.rows, " live ", c.live, " K ", c.K, c.shared ? " shared" : "", c.parts ? " parts" : ""));
     std::mt19937 rng(seed++);
     const uint32_t pair_base = c.rows * c.K, pairs = pair_base + (c.shared ? c.rows : 0);
+    auto summand = [&](uint32_t t, uint32_t k) { return c.parts ? size_t(k) * c.rows + t : size_t(t) * c.K + k; };
     const std::vector<float> x = vktest::random_values(rng, size_t(c.n) * c.rows, 3.f);
     const std::vector<float> y = vktest::random_values(rng, size_t(c.n) * pairs, 1.f);
     const std::vector<float> wn = vktest::random_values(rng, c.n);
@@ -433,6 +437,11 @@ TEST(KernelMatmul, SumThenNormMatchesPrefillSum) {
     op.add.pair_base = pair_base;
     op.add.step = step.whole();
     op.add.count_word = 1;
+    if (c.parts) {
+      op.add.stride_t = 1;
+      op.add.stride_k = c.rows;
+      op.add.replace = true;
+    }
     vk::CommandRecorder rec(*g.ctx);
     rec.begin();
     op.record(rec);
@@ -446,10 +455,11 @@ TEST(KernelMatmul, SumThenNormMatchesPrefillSum) {
       std::vector<float> row(c.n);
       double ss = 0;
       for (uint32_t i = 0; i < c.n; ++i) {
-        float acc = 0.f;  // prefill_util.comp MODE_SUM's order, in f32
-        for (uint32_t k = 0; k < c.K; ++k) acc += y[size_t(t * c.K + k) * c.n + i];
+        float acc = 0.f;  // prefill_util.comp MODE_SUM's / matmul.comp REDUCE's order, in f32
+        for (uint32_t k = 0; k < c.K; ++k) acc += y[summand(t, k) * c.n + i];
         if (c.shared) acc += y[size_t(pair_base + t) * c.n + i];
-        row[i] = t < c.live ? x[size_t(t) * c.n + i] + acc : x[size_t(t) * c.n + i];
+        const float x0 = x[size_t(t) * c.n + i];
+        row[i] = t < c.live ? (c.parts ? acc : x0 + acc) : x0;
         ASSERT_EQ(xg[size_t(t) * c.n + i], row[i]) << "x row " << t << " i " << i;
         ss += double(row[i]) * row[i];
       }

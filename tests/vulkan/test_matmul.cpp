@@ -414,14 +414,9 @@ TEST(KernelMatmul, SumThenNormMatchesPrefillSum) {
     const std::vector<float> x = vktest::random_values(rng, size_t(c.n) * c.rows, 3.f);
     const std::vector<float> y = vktest::random_values(rng, size_t(c.n) * pairs, 1.f);
     const std::vector<float> wn = vktest::random_values(rng, c.n);
-    vk::Buffer xb = vktest::make_buffer(g, x.size() * 4, "x"), yb = vktest::make_buffer(g, y.size() * 4, "y");
-    vk::Buffer wb = vktest::make_buffer(g, wn.size() * 4, "w"), x16 = vktest::make_buffer(g, size_t(c.n) * c.rows * 2, "x16");
-    vk::Buffer step = vktest::make_buffer(g, 16, "step");
-    const uint32_t words[4] = {0, c.live, 0, 0};
-    vktest::upload_bytes(g, step, words, sizeof words);
-    vktest::upload_bytes(g, xb, x.data(), x.size() * 4);
-    vktest::upload_bytes(g, yb, y.data(), y.size() * 4);
-    vktest::upload_bytes(g, wb, wn.data(), wn.size() * 4);
+    vk::Buffer xb = vktest::buffer_of(g, x, "x"), yb = vktest::buffer_of(g, y, "y"), wb = vktest::buffer_of(g, wn, "w");
+    vk::Buffer x16 = vktest::make_buffer(g, size_t(c.n) * c.rows * 2, "x16");
+    vk::Buffer step = vktest::step_buffer(g, 0, c.live);
     vktest::poison(g, x16);
     vk::RmsNormOp op;
     op.x = xb.whole();

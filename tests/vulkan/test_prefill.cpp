@@ -26,12 +26,7 @@ using vktest::Gpu;
 
 constexpr uint32_t kCountWord = 1;  // step words: [first position, live tokens]
 
-vk::Buffer step_buffer(Gpu& g, uint32_t p0, uint32_t n) {
-  vk::Buffer b = vktest::make_buffer(g, 16, "step");
-  const uint32_t w[4] = {p0, n, 0, 0};
-  vktest::upload_bytes(g, b, w, sizeof w);
-  return b;
-}
+using vktest::step_buffer;
 
 std::vector<uint32_t> download_words(Gpu& g, const vk::Buffer& b, size_t n) {
   std::vector<uint32_t> v(n);

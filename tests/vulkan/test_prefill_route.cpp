@@ -44,16 +44,11 @@ void run_from_x_case(Gpu& g, const FromXCase& c, uint32_t seed) {
   cfg.expert_weights_scale = c.sigmoid ? 2.5f : 0.f;
 
   auto router = vktest::upload_matrix(g, c.type, c.E, c.n_embd, w);
-  vk::Buffer xb = vktest::make_buffer(g, x.size() * 4, "x"), nb = vktest::make_buffer(g, nw.size() * 4, "norm");
-  vk::Buffer bb = vktest::make_buffer(g, c.E * 4, "bias"), lb = vktest::make_buffer(g, size_t(c.T) * c.E * 4, "logits");
+  vk::Buffer xb = vktest::buffer_of(g, x, "x"), nb = vktest::buffer_of(g, nw, "norm"), bb = vktest::buffer_of(g, bias, "bias");
+  vk::Buffer lb = vktest::make_buffer(g, size_t(c.T) * c.E * 4, "logits");
   vk::Buffer rb = vktest::make_buffer(g, vk::prefill_route_bytes(c.T, c.K), "route");
   vk::Buffer listb = vktest::make_buffer(g, vk::prefill_list_bytes(c.T, c.E), "lists");
-  vk::Buffer step = vktest::make_buffer(g, 16, "step");
-  const uint32_t words[4] = {0, c.n, 0, 0};
-  vktest::upload_bytes(g, step, words, sizeof words);
-  vktest::upload_bytes(g, xb, x.data(), x.size() * 4);
-  vktest::upload_bytes(g, nb, nw.data(), nw.size() * 4);
-  vktest::upload_bytes(g, bb, bias.data(), bias.size() * 4);
+  vk::Buffer step = vktest::step_buffer(g, 0, c.n);
   vktest::poison(g, lb);
   vktest::poison(g, rb);
   vktest::poison(g, listb);

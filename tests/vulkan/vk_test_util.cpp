@@ -60,6 +60,19 @@ void upload_bytes(Gpu& g, vk::Buffer& b, const void* data, size_t bytes, uint64_
   g.transfer->finish();
 }
 
+vk::Buffer buffer_of(Gpu& g, const std::vector<float>& values, const std::string& name) {
+  vk::Buffer b = make_buffer(g, values.size() * 4, name);
+  upload_bytes(g, b, values.data(), values.size() * 4);
+  return b;
+}
+
+vk::Buffer step_buffer(Gpu& g, uint32_t p0, uint32_t n) {
+  vk::Buffer b = make_buffer(g, 16, "step");
+  const uint32_t w[4] = {p0, n, 0, 0};
+  upload_bytes(g, b, w, sizeof w);
+  return b;
+}
+
 std::vector<float> download_floats(Gpu& g, const vk::Buffer& b, size_t n, uint64_t offset) {
   std::vector<float> v(n);
   g.transfer->download(b, offset, v.data(), n * 4);

@@ -38,6 +38,10 @@ Gpu& gpu(bool no_subgroup_ops = false);
 
 vk::Buffer make_buffer(Gpu& g, uint64_t bytes, const std::string& name, bool host_visible = false);
 void upload_bytes(Gpu& g, vk::Buffer& b, const void* data, size_t bytes, uint64_t offset = 0);
+// A device-local buffer holding `values`.
+vk::Buffer buffer_of(Gpu& g, const std::vector<float>& values, const std::string& name);
+// The prefill kernels' step words [first position p0, live tokens n, 0, 0] (count word 1).
+vk::Buffer step_buffer(Gpu& g, uint32_t p0, uint32_t n);
 std::vector<float> download_floats(Gpu& g, const vk::Buffer& b, size_t n, uint64_t offset = 0);
 // Fills the whole buffer with f32 quiet NaN.
 void poison(Gpu& g, vk::Buffer& b);

@@ -284,7 +284,8 @@ struct PrefillRecorder {
       for (size_t i = 0; i < ops.size(); ++i) {
         const vk::MatmulOp& op = ops[i];
         if (i == 0 && f.norm_first_out.buffer != VK_NULL_HANDLE && op.splits(rec.context()) > 1 && !acc &&
-            op.w.rows % 4 == 0) {  // its parts summed by its norm (rmsnorm.comp SUM_IN, replace)
+            op.w.rows % 32 == 0) {  // its parts summed by its norm (rmsnorm.comp SUM_IN, replace); rows
+                                    // of a multiple of 32: the next dense() runs as a matmul
           const uint32_t splits = op.splits(rec.context());
           vk::RmsNormOp::ResidualSum parts;
           parts.y = op.partials;
@@ -377,7 +378,8 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
     vk::KvWriteOp kv_write(ctx_, ashape);
     // Composed W_vo as a matmul: the tensor-core attention writes its f16 input rows itself.
-    const bool f16_olat = options_.prefill_f16_olat && p.matmul && has_weight("blk.0.attn_vo.weight");
+    const bool f16_olat = options_.prefill_f16_olat && p.matmul && has_weight("blk.0.attn_vo.weight") &&
+                          uint64_t(c.n_head) * c.kv_lora_rank % 32 == 0;  // W_vo's rows then run as a matmul
     const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T, f16_olat);
     const vk::QueryBatch batch{T, kCountWord};
     // The FFN's matmul form (experts and dense layers) in this recording's chunks; else its int8

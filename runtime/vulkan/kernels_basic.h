@@ -38,7 +38,7 @@ struct RmsNormOp {
   // back to x; then the norm of the new rows (rmsnorm.comp SUM_IN). The prefill's FFN sum
   // (PrefillSumOp's order: stride_t K, stride_k 1) fused with the next layer's norm; a split-K
   // matmul's parts (MatmulOp::record_sum's order: stride_t 1, stride_k T, replace) with the norm
-  // of its output. Needs n, x_offset and x_stride multiples of 4, and no y_q8.
+  // of its output. Needs n and x's and y's offsets and strides multiples of 4, and no y_q8.
   struct ResidualSum {
     BufferSlice y;      // f32 rows of n
     uint32_t n_used = 0;  // K

@@ -286,16 +286,7 @@ struct PrefillRecorder {
         if (i == 0 && f.norm_first_out.buffer != VK_NULL_HANDLE && op.splits(rec.context()) > 1 && !acc &&
             op.w.rows % 32 == 0) {  // its parts summed by its norm (rmsnorm.comp SUM_IN, replace); rows
                                     // of a multiple of 32: the next dense() runs as a matmul
-          const uint32_t splits = op.splits(rec.context());
-          vk::RmsNormOp::ResidualSum parts;
-          parts.y = op.partials;
-          parts.n_used = splits;
-          parts.has_shared = false;
-          parts.stride_t = 1;
-          parts.stride_k = T;
-          parts.replace = true;
-          parts.step = chunk;
-          parts.count_word = kCountWord;
+          const vk::RmsNormOp::ResidualSum parts = op.split_parts(rec.context());
           record_norm(*outs.begin()->y, f.norm_first_out, op.w.rows, outs.begin()->name, &parts, false);
           if (f.first_out_normed) *f.first_out_normed = true;
           continue;
@@ -404,13 +395,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
         rec->barrier();
         return false;
       }
-      vk::RmsNormOp::ResidualSum add;
-      add.y = sum.y;
-      add.n_used = sum.n_used;
-      add.has_shared = sum.has_shared;
-      add.pair_base = sum.t_max * sum.n_used;
-      add.step = sum.step;
-      add.count_word = sum.count_word;
+      const vk::RmsNormOp::ResidualSum add = sum.residual_sum();
       const std::string next = cat("blk.", l + 1, ".attn_norm");
       r.record_norm(p.x, weight_vec(next + ".weight", c.n_embd), c.n_embd, next, &add);
       return true;

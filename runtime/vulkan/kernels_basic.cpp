@@ -39,13 +39,13 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   if (q8 && y_q8.size < uint64_t(rows) * n / 32 * 48)
     runtime_error(label, ": y_q8 binding has ", y_q8.size, " bytes, needs ", uint64_t(rows) * n / 32 * 48);
   const bool sum_in = add.y.buffer != VK_NULL_HANDLE;
+  const uint32_t sum_stride_t = add.stride_t ? add.stride_t : add.n_used;
   if (sum_in) {
     if (q8 || (n | x_offset | xs | y_offset | ys) % 4 != 0)
       runtime_error(label, ": the residual sum needs rows of a multiple of 4 values at offsets and strides of multiples of 4, "
                     "without int8 output blocks (n ", n, ", x offset ", x_offset, ", stride ", xs, ", y offset ", y_offset,
                     ", stride ", ys, ")");
-    const uint64_t st = add.stride_t ? add.stride_t : add.n_used;
-    const uint64_t last = add.n_used ? uint64_t(rows - 1) * st + uint64_t(add.n_used - 1) * add.stride_k + 1 : 0;
+    const uint64_t last = add.n_used ? uint64_t(rows - 1) * sum_stride_t + uint64_t(add.n_used - 1) * add.stride_k + 1 : 0;
     const uint64_t pairs = std::max<uint64_t>(last, add.has_shared ? uint64_t(add.pair_base) + rows : 0);
     if (add.y.size < pairs * n * 4) runtime_error(label, ": residual-sum binding has ", add.y.size, " bytes, needs ", pairs * n * 4);
     if (add.step.size < (uint64_t(add.count_word) + 1) * 4) runtime_error(label, ": step binding too small for word ", add.count_word);
@@ -74,7 +74,7 @@ void RmsNormOp::record(CommandRecorder& rec) const {
   a.sum_pair_base = add.pair_base;
   a.sum_flags = (add.has_shared ? TS_NORM_SUM_SHARED : 0u) | (add.replace ? TS_NORM_SUM_REPLACE : 0u);
   a.count_word = add.count_word;
-  a.sum_stride_t = add.stride_t ? add.stride_t : add.n_used;
+  a.sum_stride_t = sum_stride_t;
   a.sum_stride_k = add.stride_k;
   const BufferSlice bufs[6] = {x, normalize ? weight : x, y, q8 ? y_q8 : y, add.y, add.step};
   const GroupCounts g = split_workgroups(rows, ctx.info());

@@ -248,6 +248,23 @@ void MatmulOp::record(CommandRecorder& rec) const {
   }
 }
 
+RmsNormOp::ResidualSum MatmulOp::split_parts(Context& ctx) const {
+  const uint32_t n = splits(ctx);
+  if (n <= 1 || accumulate || live_count.buffer == VK_NULL_HANDLE || (y_stride && y_stride != w.rows))
+    runtime_error(label.empty() ? kernel_name(ctx) : label, ": its partial sums go to a norm only where it splits along K, ",
+                  "writes y rows of its own width without accumulating and reads a live token count");
+  RmsNormOp::ResidualSum parts;  // part z of token t: row z * n_tokens + t of the partials
+  parts.y = partials;
+  parts.n_used = n;
+  parts.has_shared = false;
+  parts.stride_t = 1;
+  parts.stride_k = n_tokens;
+  parts.replace = true;
+  parts.step = live_count;
+  parts.count_word = count_word;
+  return parts;
+}
+
 void MatmulOp::record_sum(CommandRecorder& rec) const {
   Context& ctx = rec.context();
   const KSplit ks = k_split_of(*this, split_of(*this, ctx.info()));

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <string>
 
+#include "runtime/vulkan/kernels_basic.h"
 #include "runtime/vulkan/recorder.h"
 #include "runtime/vulkan/split1.h"
 
@@ -146,6 +147,10 @@ struct MatmulOp {
   // Where splits() > 1: the dispatch that adds the partial sums into y, to record after a
   // barrier that follows record(); nothing otherwise.
   void record_sum(CommandRecorder& rec) const;
+  // Where splits() > 1, instead of record_sum: the partial sums as the rows an RmsNormOp over y
+  // adds up first (RmsNormOp::add, record_sum's order: the same bits). Needs live_count, y rows
+  // of `rows` floats and no accumulate (else Error(Runtime)).
+  RmsNormOp::ResidualSum split_parts(Context& ctx) const;
 };
 
 }  // namespace tessera::vk

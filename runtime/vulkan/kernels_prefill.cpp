@@ -325,10 +325,10 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
                     {"LISTS_SUBGROUP", sg_lists ? "1" : "0"},
                     {"FROM_X", fx ? "1" : "0"}};
     if (fx) {
+      desc.name += cat(".w", x_wg, ".l", x_lanes, ".b", x_batch);
       desc.defines["N_EMBD"] = std::to_string(router.cols);
       desc.defines["LANES"] = std::to_string(x_lanes);
       desc.defines["BATCH"] = std::to_string(x_batch);
-      desc.name += cat(".w", x_wg, ".l", x_lanes, ".b", x_batch);
       desc.defines["W_F16"] = router.type == GgmlType::F16 ? "1" : "0";
     }
     desc.num_buffers = fx ? 8 : 5;
@@ -345,18 +345,13 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   a.route_flags = (has_bias ? TS_ROUTER_EXPERT_BIAS : 0u) | (routing.norm_weights ? TS_ROUTER_NORM_WEIGHTS : 0u);
   a.weights_scale = routing.weights_scale;
   a.norm_eps = eps;
-  const uint64_t route_bytes = prefill_route_bytes(t_max, K);
-  if (from_x) {
-    const BufferSlice w = weight_slice(*router.buffer, router.offset, router.read_bytes());
-    const BufferSlice bx[8] = {logits, has_bias ? bias : logits, step, route, lists, x, norm, w};
-    rec.dispatch(pipeline(false), bx, a, t_max, 1, 1, what, bytes() - route_bytes - prefill_list_bytes(t_max, n_expert));
-  } else {
-    const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
-    rec.dispatch(pipeline(false), b, a, t_max, 1, 1, what, uint64_t(t_max) * n_expert * 4 + route_bytes);
-  }
-  const BufferSlice b[5] = {logits, has_bias ? bias : logits, step, route, lists};
+  // Bindings 0-4 for both dispatches; FROM_X also reads x, the norm weight and the router.
+  const BufferSlice b[8] = {logits, has_bias ? bias : logits, step, route, lists, x, norm,
+                            from_x ? weight_slice(*router.buffer, router.offset, router.read_bytes()) : BufferSlice{}};
+  const uint64_t lists_bytes = prefill_route_bytes(t_max, K) + prefill_list_bytes(t_max, n_expert);
+  rec.dispatch(pipeline(false), std::span<const BufferSlice>(b, from_x ? 8 : 5), a, t_max, 1, 1, what, bytes() - lists_bytes);
   rec.barrier();
-  rec.dispatch(pipeline(true), b, a, n_expert, 1, 1, what + " lists", route_bytes + prefill_list_bytes(t_max, n_expert));
+  rec.dispatch(pipeline(true), std::span<const BufferSlice>(b, 5), a, n_expert, 1, 1, what + " lists", lists_bytes);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -567,6 +562,17 @@ const Pipeline& util_kernel(Context& ctx, uint32_t mode) {
 
 uint64_t PrefillSumOp::bytes() const {
   return uint64_t(t_max) * n_embd * 4 * (2 + n_used + (has_shared ? 1 : 0));
+}
+
+RmsNormOp::ResidualSum PrefillSumOp::residual_sum() const {
+  RmsNormOp::ResidualSum add;
+  add.y = y;
+  add.n_used = n_used;
+  add.has_shared = has_shared;
+  add.pair_base = t_max * n_used;
+  add.step = step;
+  add.count_word = count_word;
+  return add;
 }
 
 void PrefillSumOp::record(CommandRecorder& rec) const {

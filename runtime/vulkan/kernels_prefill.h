@@ -27,6 +27,7 @@
 #include <string>
 
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_basic.h"
 #include "runtime/vulkan/kernels_matmul.h"
 #include "runtime/vulkan/kernels_moe.h"
 #include "runtime/vulkan/recorder.h"
@@ -152,6 +153,8 @@ struct PrefillSumOp {
 
   uint64_t bytes() const;
   void record(CommandRecorder& rec) const;
+  // The same sum as RmsNormOp::add's rows (an RmsNormOp over x then does it instead of record).
+  RmsNormOp::ResidualSum residual_sum() const;
 };
 
 // out = x[n - 1] (n_embd floats): the last live token's row.

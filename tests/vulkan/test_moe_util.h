@@ -10,6 +10,7 @@
 
 #include "format/tsr_layout.h"
 #include "runtime/cpu/ops.h"
+#include "runtime/vulkan/kernels_prefill.h"
 #include "tests/vulkan/vk_test_util.h"
 
 namespace tessera::moetest {
@@ -99,6 +100,36 @@ inline void ref_down_add(const RowFn& down, uint32_t rows, double weight, const 
 }
 
 // Tolerance of an f32 accumulation whose terms' absolute values sum to abs, onto a value v.
+// The prefill tests' two routings of E experts, K a token: GLM's kind (sigmoid, the expert bias
+// steering the choice, weights normalized and scaled by 2.5) or a plain softmax.
+inline ModelConfig prefill_routing(uint32_t E, uint32_t K, bool sigmoid) {
+  ModelConfig cfg;
+  cfg.n_expert = E;
+  cfg.n_expert_used = K;
+  cfg.gating = sigmoid ? GatingFunc::Sigmoid : GatingFunc::Softmax;
+  cfg.expert_weights_norm = sigmoid;
+  cfg.expert_weights_scale = sigmoid ? 2.5f : 0.f;
+  return cfg;
+}
+
+// A PrefillRouteOp of a chunk of T tokens over these buffers (bias: the expert bias, or none),
+// the live token count in vktest::step_buffer's words.
+inline vk::PrefillRouteOp prefill_route_op(const ModelConfig& cfg, uint32_t T, const vk::Buffer& logits,
+                                           const vk::Buffer* bias, const vk::Buffer& step, const vk::Buffer& route,
+                                           const vk::Buffer& lists) {
+  vk::PrefillRouteOp op;
+  op.n_expert = cfg.n_expert;
+  op.routing = vk::MoeRouting::from_config(cfg);
+  op.t_max = T;
+  op.logits = logits.whole();
+  if (bias) op.bias = bias->whole();
+  op.step = step.whole();
+  op.count_word = vktest::kStepCountWord;
+  op.route = route.whole();
+  op.lists = lists.whole();
+  return op;
+}
+
 inline double sum_tol(double abs, double v, double rel = 2e-5) { return rel * abs + 1e-6 * std::fabs(v) + 1e-6; }
 
 }  // namespace tessera::moetest

@@ -83,12 +83,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   std::vector<float> h2 = vktest::random_values(rng, size_t(T) * D);
   const std::vector<float> x0 = vktest::random_values(rng, size_t(T) * D);
   std::vector<float> bias = vktest::random_values(rng, E, 0.1f);
-  ModelConfig cfg;
-  cfg.n_expert = E;
-  cfg.n_expert_used = K;
-  cfg.gating = c.sigmoid_bias ? GatingFunc::Sigmoid : GatingFunc::Softmax;
-  cfg.expert_weights_norm = c.sigmoid_bias;
-  cfg.expert_weights_scale = c.sigmoid_bias ? 2.5f : 0.f;
+  const ModelConfig cfg = moetest::prefill_routing(E, K, c.sigmoid_bias);
 
   vk::Buffer lb = vktest::make_buffer(g, logits.size() * 4, "logits"), bb = vktest::make_buffer(g, E * 4, "bias");
   vk::Buffer hb2 = vktest::make_buffer(g, h2.size() * 4, "h2"), xb = vktest::make_buffer(g, x0.size() * 4, "x");
@@ -142,16 +137,7 @@ void run_moe_case(Gpu& g, const MoeCase& c, uint32_t seed) {
   vktest::poison(g, hb);
   vktest::poison(g, yb);
 
-  vk::PrefillRouteOp route;
-  route.n_expert = E;
-  route.routing = vk::MoeRouting::from_config(cfg);
-  route.t_max = T;
-  route.logits = lb.whole();
-  if (c.sigmoid_bias) route.bias = bb.whole();
-  route.step = step.whole();
-  route.count_word = kCountWord;
-  route.route = rb.whole();
-  route.lists = listb.whole();
+  const vk::PrefillRouteOp route = moetest::prefill_route_op(cfg, T, lb, c.sigmoid_bias ? &bb : nullptr, step, rb, listb);
   vk::MoePrefillOp moe;
   moe.tile = {&tile, 0, ht.g};
   moe.n_used = K;
@@ -426,12 +412,7 @@ TEST(PrefillRoute, ListsOverSeveralTilesMatchTheReference) {
       const uint32_t E = 64, K = 4, T = 700, n = 651;
       const std::vector<float> logits = vktest::random_values(rng, size_t(T) * E, 2.f);
       const std::vector<float> bias = vktest::random_values(rng, E, 0.1f);
-      ModelConfig cfg;
-      cfg.n_expert = E;
-      cfg.n_expert_used = K;
-      cfg.gating = sigmoid ? GatingFunc::Sigmoid : GatingFunc::Softmax;
-      cfg.expert_weights_norm = sigmoid;
-      cfg.expert_weights_scale = sigmoid ? 2.5f : 0.f;
+      const ModelConfig cfg = moetest::prefill_routing(E, K, sigmoid);
       vk::Buffer lb = vktest::make_buffer(g, logits.size() * 4, "logits"), bb = vktest::make_buffer(g, E * 4, "bias");
       vk::Buffer rb = vktest::make_buffer(g, vk::prefill_route_bytes(T, K), "route");
       vk::Buffer listb = vktest::make_buffer(g, vk::prefill_list_bytes(T, E), "lists");
@@ -440,16 +421,7 @@ TEST(PrefillRoute, ListsOverSeveralTilesMatchTheReference) {
       vktest::upload_bytes(g, bb, bias.data(), E * 4);
       vktest::poison(g, rb);
       vktest::poison(g, listb);
-      PrefillRouteOp route;
-      route.n_expert = E;
-      route.routing = vk::MoeRouting::from_config(cfg);
-      route.t_max = T;
-      route.logits = lb.whole();
-      if (sigmoid) route.bias = bb.whole();
-      route.step = step.whole();
-      route.count_word = kCountWord;
-      route.route = rb.whole();
-      route.lists = listb.whole();
+      const PrefillRouteOp route = moetest::prefill_route_op(cfg, T, lb, sigmoid ? &bb : nullptr, step, rb, listb);
       vk::CommandRecorder rec(*g.ctx);
       rec.begin();
       route.record(rec);

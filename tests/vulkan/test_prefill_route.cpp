@@ -10,6 +10,7 @@
 
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/kernels_prefill.h"
+#include "tests/vulkan/test_moe_util.h"
 #include "tests/vulkan/vk_test_util.h"
 
 namespace tessera {
@@ -36,12 +37,7 @@ void run_from_x_case(Gpu& g, const FromXCase& c, uint32_t seed) {
   // Logits of a few units, as a router's are (a saturated softmax ties its zeros).
   const std::vector<float> nw = vktest::random_values(rng, c.n_embd, 2.f / std::sqrt(float(c.n_embd)));
   const std::vector<float> bias = vktest::random_values(rng, c.E, 0.1f);
-  ModelConfig cfg;
-  cfg.n_expert = c.E;
-  cfg.n_expert_used = c.K;
-  cfg.gating = c.sigmoid ? GatingFunc::Sigmoid : GatingFunc::Softmax;
-  cfg.expert_weights_norm = c.sigmoid;
-  cfg.expert_weights_scale = c.sigmoid ? 2.5f : 0.f;
+  const ModelConfig cfg = moetest::prefill_routing(c.E, c.K, c.sigmoid);
 
   auto router = vktest::upload_matrix(g, c.type, c.E, c.n_embd, w);
   vk::Buffer xb = vktest::buffer_of(g, x, "x"), nb = vktest::buffer_of(g, nw, "norm"), bb = vktest::buffer_of(g, bias, "bias");
@@ -53,16 +49,7 @@ void run_from_x_case(Gpu& g, const FromXCase& c, uint32_t seed) {
   vktest::poison(g, rb);
   vktest::poison(g, listb);
 
-  vk::PrefillRouteOp route;
-  route.n_expert = c.E;
-  route.routing = vk::MoeRouting::from_config(cfg);
-  route.t_max = c.T;
-  route.logits = lb.whole();
-  if (c.sigmoid) route.bias = bb.whole();
-  route.step = step.whole();
-  route.count_word = kCountWord;
-  route.route = rb.whole();
-  route.lists = listb.whole();
+  vk::PrefillRouteOp route = moetest::prefill_route_op(cfg, c.T, lb, c.sigmoid ? &bb : nullptr, step, rb, listb);
   route.router = router->ref;
   route.x = xb.whole();
   route.norm = nb.whole();

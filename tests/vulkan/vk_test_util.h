@@ -40,7 +40,8 @@ vk::Buffer make_buffer(Gpu& g, uint64_t bytes, const std::string& name, bool hos
 void upload_bytes(Gpu& g, vk::Buffer& b, const void* data, size_t bytes, uint64_t offset = 0);
 // A device-local buffer holding `values`.
 vk::Buffer buffer_of(Gpu& g, const std::vector<float>& values, const std::string& name);
-// The prefill kernels' step words [first position p0, live tokens n, 0, 0] (count word 1).
+// The prefill kernels' step words [first position p0, live tokens n, 0, 0].
+constexpr uint32_t kStepCountWord = 1;  // the live token count's word
 vk::Buffer step_buffer(Gpu& g, uint32_t p0, uint32_t n);
 std::vector<float> download_floats(Gpu& g, const vk::Buffer& b, size_t n, uint64_t offset = 0);
 // Fills the whole buffer with f32 quiet NaN.

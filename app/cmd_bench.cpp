@@ -121,7 +121,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.prefill_moe_f16_input = v != 0; }},
     {"prefill_router", 2, "the prefill's router logits: 1 a matmul (and its sum), 2 in the routing dispatch from x; 0 auto (2 where the FFN is not in its matmul form)",
      [](O& o, uint32_t v) { o.prefill_router = v; }},
-    {"route_x_wg", 1024, "invocations per workgroup of the routing from x: a multiple of 64; 0 auto (1024)",
+    {"route_x_wg", 1024, "invocations per workgroup of the routing from x: a power of two from 64; 0 auto (1024)",
      [](O& o, uint32_t v) { o.prefill_route_x.wg = v; }},
     {"route_x_lanes", 32, "... its invocations per router row: 4, 8, 16 or 32; 0 auto (16)",
      [](O& o, uint32_t v) { o.prefill_route_x.lanes = v; }},

@@ -18,12 +18,12 @@
 //     logits itself, logits[t][e] = router[e] . RMSNorm(x[t]; norm) in f32 (written to binding 0
 //     too), instead of a router matmul, its split-K sum and two barriers before this dispatch.
 //     x[t] * norm is staged in shared memory; team e of LANES invocations takes router row e
-//     (lane l: vec4s l, l + LANES, ...; WG_SIZE / LANES rows at once), 1/rms applied at the end.
+//     (lane l: vec4s l, l + LANES, ...; WG_SIZE / LANES rows at once), each sum times 1/rms.
 //
 // Defines: WG_SIZE, N_EXPERT (E, the logits row length), LISTS (0/1), LISTS_SUBGROUP (0/1: the
 // lists by subgroup prefix sums, which needs full subgroups of the required size; else the
 // shared-memory path); FROM_X (0/1), with it N_EMBD (x's and the router's row length, a multiple
-// of 4), LANES (invocations per router row; WG_SIZE a multiple of 64 and of LANES), BATCH (a
+// of 4), LANES (invocations per router row; WG_SIZE a power of two, at least 64), BATCH (a
 // lane's router loads issued together), W_F16 (0/1: the router as f16, else f32).
 // Bindings: 0 = logits [T][E], 1 = bias [E], 2 = step (uint), 3 = route (uint), 4 = lists (uint);
 // FROM_X: 5 = x [T][N_EMBD] f32, 6 = norm weight [N_EMBD] f32, 7 = router [E][N_EMBD].
@@ -129,8 +129,7 @@ vec4 router4(uint i) { return w4[i]; }
 #define BATCH 8                              // loads issued before their products
 #endif
 shared vec4 sh_x[N4];         // x[t] * norm weight
-shared float sh_part[WG_SIZE];  // partial sums (of squares, then of the rows' dot products)
-shared float sh_ss[64];
+shared float sh_part[WG_SIZE];  // the rows' partial dot products
 shared float sh_logit[N_EXPERT];
 #define ROUTE_LOGIT(e) sh_logit[e]
 #include "routing.glsl"
@@ -156,14 +155,8 @@ void logits_from_x(uint t) {
     ss += dot(v, v);
     sh_x[i] = v * nw4[i];
   }
-  sh_part[tid] = ss;
-  barrier();
-  if (tid < 64u) {
-    float s = 0.0;
-    for (uint j = tid; j < WG_SIZE; j += 64u) s += sh_part[j];
-    sh_ss[tid] = s;
-  }
-  barrier();  // sh_part is reused below
+  // 1/rms of the row (workgroup_sum's barriers also publish sh_x).
+  const float inv_rms = inversesqrt(workgroup_sum(ss) / float(N_EMBD) + args.norm_eps);
   for (uint e0 = 0u; e0 < args.n_expert; e0 += TEAMS) {  // uniform
     const uint e = e0 + team;
     float acc = 0.0;
@@ -179,19 +172,11 @@ void logits_from_x(uint t) {
     if (tid < TEAMS && e0 + tid < args.n_expert) {
       float s = 0.0;
       for (uint l = 0u; l < LANES; ++l) s += sh_part[tid * LANES + l];
-      sh_logit[e0 + tid] = s;
+      sh_logit[e0 + tid] = s * inv_rms;
+      logits_out[t * args.n_expert + e0 + tid] = s * inv_rms;
     }
     barrier();
   }
-  float sst = 0.0;
-  for (uint j = 0u; j < 64u; ++j) sst += sh_ss[j];
-  const float inv_rms = inversesqrt(sst / float(N_EMBD) + args.norm_eps);
-  for (uint e = tid; e < args.n_expert; e += WG_SIZE) {
-    const float v = sh_logit[e] * inv_rms;
-    sh_logit[e] = v;
-    logits_out[t * args.n_expert + e] = v;
-  }
-  barrier();
 }
 #else
 // routing.glsl reads route_logits[e]: here the logits row of this workgroup's token.

@@ -292,7 +292,7 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
   if (has_bias) need(bias, uint64_t(n_expert) * 4, what, "bias");
 
   const bool from_x = router.buffer != nullptr;
-  uint32_t x_wg = 0, x_lanes = 0, x_batch = 0;  // FROM_X: invocations per workgroup (a multiple of 64), per row, loads
+  uint32_t x_wg = 0, x_lanes = 0, x_batch = 0;  // FROM_X: invocations per workgroup (a power of two), per row, loads
   if (from_x) {
     if (!route_from_x_supported(router))
       runtime_error(what, ": the router matrix (", type_name(router.type), ", ", router.rows, " x ", router.cols,
@@ -303,13 +303,15 @@ void PrefillRouteOp::record(CommandRecorder& rec) const {
     need(x, uint64_t(t_max) * router.cols * 4, what, "x");
     need(norm, uint64_t(router.cols) * 4, what, "norm weight");
     const uint32_t limit = rec.context().info().max_compute_workgroup_invocations;
-    x_wg = tuning.wg ? tuning.wg : std::min<uint32_t>(kRouteFromXWg, limit) / 64 * 64;
+    x_wg = tuning.wg;
+    if (!x_wg)
+      for (x_wg = kRouteFromXWg; x_wg > limit;) x_wg /= 2;
     x_lanes = tuning.lanes ? tuning.lanes : kRouteFromXLanes;
     x_batch = tuning.batch ? tuning.batch : kRouteFromXBatch;
-    if (x_wg < 64 || x_wg % 64 != 0 || x_wg > limit || (x_lanes != 4 && x_lanes != 8 && x_lanes != 16 && x_lanes != 32) ||
+    if (x_wg < 64 || (x_wg & (x_wg - 1)) != 0 || x_wg > limit || (x_lanes != 4 && x_lanes != 8 && x_lanes != 16 && x_lanes != 32) ||
         (x_batch != 4 && x_batch != 8 && x_batch != 16))
       runtime_error(what, ": routing work split of ", x_wg, " invocations (device limit ", limit, "), ", x_lanes,
-                    " lanes per router row, batches of ", x_batch, "; expected multiples of 64, 4/8/16/32 lanes, 4/8/16 loads");
+                    " lanes per router row, batches of ", x_batch, "; expected a power of two from 64, 4/8/16/32 lanes, 4/8/16 loads");
   }
   auto pipeline = [&](bool lists) -> const Pipeline& {
     PipelineDesc desc;

@@ -43,8 +43,8 @@ inline uint64_t prefill_list_bytes(uint32_t t_max, uint32_t n_expert) { return u
 // Routing of every live token and the per-expert pair lists (one dispatch of t_max workgroups).
 // The work split of PrefillRouteOp's logits from x (0s: automatic).
 struct RouteFromXTuning {
-  uint32_t wg = 0;     // invocations per workgroup (one token): 64..1024, a multiple of 64 and of
-                       // lanes, at most the device's; 0 auto (1024, or the device's limit)
+  uint32_t wg = 0;     // invocations per workgroup (one token): a power of two from 64, at most
+                       // the device's; 0 auto (1024, or the device's limit)
   uint32_t lanes = 0;  // invocations per router row: 4, 8, 16 or 32; 0 auto (16)
   uint32_t batch = 0;  // a lane's router loads issued together: 4, 8 or 16; 0 auto (8)
 };

@@ -14,6 +14,11 @@
 //   l = sum P, O += P V (V = the rows' first R values); where some row's m moved, O's tiles go
 //   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
 //   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
+// SPLIT (the decode step's short and long ranges, AttentionOp::record_decode; session 26): one
+// query, its heads as the rows (workgroup y = heads 16 y ..), workgroup x = chunk c of the context
+// split as attention_partial.comp splits it (ts_attn_chunk_len with TILE, kv_min / kv_max bounds),
+// writing that kernel's partials (o unnormalized against the row's reference m, and (m, l)) for
+// attention_merge.comp: the same merge, the cache read once per 16 heads instead of once per head.
 // N_GROUPS (4 or 8) groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them
 // (partial tiles summed through shared memory), O's R / 16 column tiles split over them. Per
 // block: the block's rows stored (barrier), S (barrier), P and the rows' scales (barrier),
@@ -32,10 +37,13 @@
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
-// N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32).
+// N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
+// SPLIT (0/1) with TILE (the chunking's rounding).
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
-// Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; the rest unused).
+// SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
+// Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; SPLIT: n_groups, min_chunk,
+// kv_min, kv_max too, count_word unused).
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
@@ -112,7 +120,15 @@ layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; }
 #ifndef OUT_F16
 #define OUT_F16 0
 #endif
-#if OUT_F16  // olat as f16: the input rows (x16) of the matmul W_vo that follows (session 25)
+#ifndef SPLIT
+#define SPLIT 0
+#endif
+#if SPLIT && OUT_F16
+#error "attention_prefill_tc.comp: SPLIT writes f32 partials"
+#endif
+#if SPLIT
+layout(std430, binding = 3) writeonly restrict buffer Out { float partials[]; };
+#elif OUT_F16  // olat as f16: the input rows (x16) of the matmul W_vo that follows (session 25)
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
 #extension GL_EXT_shader_16bit_storage : require
 layout(std430, binding = 3) writeonly restrict buffer Out { float16_t olat[]; };
@@ -126,6 +142,9 @@ layout(push_constant) uniform Push { AttnPartialArgs args; };
 
 shared uvec4 sh[SH_SIZE];
 shared float row_l[16];  // each row's sum, at the end
+#if SPLIT
+shared float row_m[16];  // each row's reference maximum, at the end
+#endif
 shared float row_a[16];  // the block's scale of each row's O (1 where m stayed)
 
 const float kNegHuge = -3.0e38;
@@ -222,7 +241,7 @@ void store_block(uint kbase) {
   store_block(kbase);                                 \
   barrier();                                          \
   if ((kb) + 16u < kv_end) load_block((kb) + 16u, kv_end);
-#define STAGE_FIRST() load_block(0u, kv_end);
+#define STAGE_FIRST() load_block(kv_begin, kv_end);
 #else
 #define STAGE(kb, kbase)               \
   stage_block((kb), kv_end, (kbase));  \
@@ -283,13 +302,19 @@ void scale_tile(uint at) {
 
 // The group's tile jt (O's columns 16 jt ..; none past NT_V) of the live rows out, divided by
 // their sums, through its scratch tile at `at` (stored there before the call).
-void write_tile(uint at, uint jt, uint r0, uint n_q) {
+// `sel`: the live query count; SPLIT: the chunk, whose partial o goes out unnormalized for the
+// heads r0 + r < N_HEAD.
+void write_tile(uint at, uint jt, uint r0, uint sel) {
   group_sync();
   const uint ln = gl_LocalInvocationIndex % 32u;
   [[unroll]] for (uint i = 0; i < 8u; ++i) {
     const uint e = ln + 32u * i, r = e / 16u, c = e % 16u;
+#if SPLIT
+    if (jt < NT_V && r0 + r < uint(N_HEAD)) partials[(sel * N_HEAD + r0 + r) * KV_LORA + 16u * jt + c] = tile_f(at, r, c);
+#else
     const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
-    if (jt < NT_V && (r0 + r) / uint(N_HEAD) < n_q) olat[(r0 + r) * KV_LORA + 16u * jt + c] = OLAT_VALUE(tile_f(at, r, c) * inv);
+    if (jt < NT_V && (r0 + r) / uint(N_HEAD) < sel) olat[(r0 + r) * KV_LORA + 16u * jt + c] = OLAT_VALUE(tile_f(at, r, c) * inv);
+#endif
   }
   group_sync();
 }
@@ -305,7 +330,7 @@ void write_tile(uint at, uint jt, uint r0, uint n_q) {
 #define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
 #define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
 #define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH); acc_load(V, SCRATCH); }
-#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, g * RT + J, r0, n_q); }
+#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, g * RT + J, r0, out_sel); }
 #define O_DECLS FOR_O(O_DECL)
 #define O_MMAS FOR_O(O_MMA)
 #define O_SCALE FOR_O(O_SCALE1)
@@ -321,17 +346,29 @@ void write_tile(uint at, uint jt, uint r0, uint n_q) {
 #define O_WRITE                                           \
   [[unroll]] for (uint j = 0; j < RT; ++j) {              \
     acc_store(o[j], SP_BASE + 64u * g);                   \
-    write_tile(SP_BASE + 64u * g, g * RT + j, r0, n_q);   \
+    write_tile(SP_BASE + 64u * g, g * RT + j, r0, out_sel); \
   }
 #endif
 
 void main() {
+  const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
+#if SPLIT
+  // One query (n_q 1): rows are heads; this workgroup's chunk [kv_begin, kv_end) of the context.
+  const uint r0 = gl_WorkGroupID.y * 16u, chunk = gl_WorkGroupID.x;
+  const uint n_q = 1u, pos0 = step_words[args.pos_word];
+  const uint kv_len = min(pos0 + 1u, args.n_ctx);
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || r0 >= uint(N_HEAD)) return;  // uniform
+  const uint len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
+  const uint kv_begin = chunk * len;
+  if (kv_begin >= kv_len) return;  // uniform: past the context's chunks
+  const uint kv_end = min(kv_begin + len, kv_len);
+#else
   const uint r0 = gl_WorkGroupID.x * 16u;
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
   if (r0 / uint(N_HEAD) >= n_q) return;  // uniform: no live row
-  const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
   const uint t_last = min((r0 + 15u) / uint(N_HEAD), n_q - 1u);
-  const uint kv_end = min(pos0 + t_last + 1u, args.n_ctx);
+  const uint kv_begin = 0u, kv_end = min(pos0 + t_last + 1u, args.n_ctx);
+#endif
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
   for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
@@ -362,10 +399,10 @@ void main() {
   // its bound; the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
   const uint st = (r0 + sr) / uint(N_HEAD);
-  const uint kv_row = st < n_q ? min(pos0 + st + 1u, args.n_ctx) : 0u;
+  const uint kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
   float m_ref = kNegHuge, l_sum = 0.0;
   O_DECLS
-  for (uint kb = 0; kb < kv_end; kb += 16u) {  // uniform
+  for (uint kb = kv_begin; kb < kv_end; kb += 16u) {  // uniform
     const uint kbase = K_BASE + (DOUBLE_K != 0 ? (kb / 16u) % 2u : 0u) * 16u * RS;
     STAGE(kb, kbase)
     PARTIAL_SCORES(kbase)
@@ -402,8 +439,22 @@ void main() {
   }
   TS_MARK();  // bench --timeline: the rows attended
   if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;
+#if SPLIT
+  if (tid < 128u && tid % 8u == 0u) row_m[sr] = m_ref;
+#endif
   barrier();  // row_l; every group's last products done with the scratch tiles (SP)
 
+#if SPLIT
+  // The chunk's (m, l) per head; its O tiles, unnormalized, below.
+  if (tid < 16u && r0 + tid < uint(N_HEAD)) {
+    const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + r0 + tid) * 2u;
+    partials[ml] = row_m[tid];
+    partials[ml + 1u] = row_l[tid];
+  }
+  const uint out_sel = chunk;
+#else
+  const uint out_sel = n_q;
+#endif
   // O's tiles out through each group's scratch tile, the live rows divided by their sums.
   O_WRITE
 }

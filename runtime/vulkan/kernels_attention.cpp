@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "format/error.h"
+#include "runtime/vulkan/kernels_prefill.h"
 
 namespace tessera::vk {
 namespace {
@@ -24,6 +25,10 @@ constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (m
 // kernel): 16384.
 constexpr uint32_t kDefaultShortMaxKv = 1024;
 constexpr uint32_t kDefaultRowsMaxKv = 16384;
+// ... where the long range runs on tensor cores (AttentionTuning::decode_tc; H100, GLM tg32: the
+// rows kernel 241.2 tok/s at 8192 positions against 232.6, the tensor cores 225.3 against 212.6
+// at 12000, 177.0 against the split kernel's 101.5 at 32000; session 26).
+constexpr uint32_t kTcRowsMaxKv = 10240;
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).
@@ -455,6 +460,22 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
                                    {"SV", std::to_string(sl->sv)},
                                    {"OH", std::to_string(sl->oh)}});
       partial_short_ = &ctx.pipeline(ps);
+    }
+  }
+
+  if (tuning.decode_tc != 0) {
+    if (tuning.decode_tc_groups != 4 && tuning.decode_tc_groups != 8)
+      usage_error("attention: ", tuning.decode_tc_groups, " tensor-core groups per workgroup, expected 4 or 8");
+    PrefillAttentionTuning tc_tuning;
+    tc_tuning.tc_groups = tuning.decode_tc_groups;
+    std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tc_tuning, tuning.decode_tc == 1);
+    if (tc) {
+      tc->name = "attention_decode_tc";
+      tc->defines["SPLIT"] = "1";
+      tc->defines["TILE"] = std::to_string(tile_);
+      tc_ = &ctx.pipeline(*tc);
+      // The rows kernel's range ends where the tensor cores pass it.
+      if (short_rows_desc_ && !tuning.short_max_kv) short_max_kv_ = kTcRowsMaxKv;
     }
   }
 

@@ -211,6 +211,15 @@ struct AttentionTuning {
   uint32_t mid_max_kv = 0;
   uint32_t mid_groups = 0;
   uint32_t mid_subgroups = 0;
+  // The decode step's long range on tensor cores (attention_prefill_tc.comp SPLIT: the context's
+  // n_groups chunks x tiles of 16 heads, each cache row read once per tile, the same partials and
+  // merge; session 26): -1 automatic (where the device has cooperative matrices), 0 never, 1
+  // wherever its plain-FMA form runs too (the tests' path). Where it is built, the rows kernel's
+  // short range ends at 10240 positions unless short_max_kv says otherwise (H100, GLM tg32: 177.0
+  // tok/s at 32000 positions against the split kernel's 101.5, 225.3 at 12000 against the rows
+  // kernel's 212.6; the rows kernel stays ahead at 8192: 241.2 against 232.6).
+  int decode_tc = -1;
+  uint32_t decode_tc_groups = 4;  // its groups of 32 invocations per workgroup (4 or 8)
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).
@@ -281,7 +290,13 @@ class AttentionOp {
   // The range a context of kv_len positions falls in (single, mid, short, else long).
   DecodeRange decode_range(uint32_t kv_len) const;
   // Whether record_decode for `range` merges in the partial kernel (no merge dispatch).
-  bool merge_folded(DecodeRange range) const { return range == DecodeRange::Short && partial_short_tail_ != nullptr; }
+  bool merge_folded(DecodeRange range) const {
+    return range == DecodeRange::Short && partial_short_tail_ != nullptr;
+  }
+  // Whether record_decode runs the long range's partials on tensor cores (AttentionTuning::
+  // decode_tc), and its workgroups along the heads (tiles of 16) then.
+  bool decode_uses_tc() const { return tc_ != nullptr; }
+  uint32_t tc_head_tiles() const { return (shape_.n_head + 15) / 16; }
   // Whether record_decode for `range` can write olat_q8 (the merge dispatch or the single kernel).
   bool decode_writes_olat_q8(DecodeRange range) const {
     if (range == DecodeRange::Single) return single_.q8 != nullptr;
@@ -349,6 +364,7 @@ class AttentionOp {
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   std::optional<PipelineDesc> short_rows_desc_;    // partial_short_'s, where it is the rows kernel (it can wait)
   bool short_wait_ = false;                        // AttentionTuning::short_wait
+  const Pipeline* tc_ = nullptr;  // the long range's partials on tensor cores (or null)
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)

@@ -215,6 +215,11 @@ struct PrefillAttentionTuning {
 bool attention_tc_supported(Context& ctx, bool plain);
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
+// attention_prefill_tc.comp's pipeline for `shape` with tuning's tc_* choices, where it can run
+// (attention_tc_supported(ctx, plain), attention_tc_fits); nullopt elsewhere. Also the decode
+// step's split form (AttentionOp, AttentionTuning::decode_tc: SPLIT and TILE added).
+std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape& shape,
+                                              const PrefillAttentionTuning& tuning, bool plain);
 
 class PrefillAttentionOp {
  public:

@@ -96,29 +96,39 @@ bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillA
   return tc_fitting_layout(ctx, shape, tuning).has_value();
 }
 
+std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape& shape,
+                                              const PrefillAttentionTuning& tuning, bool plain) {
+  if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
+  const std::optional<TcLayout> tc_layout = tc_fitting_layout(ctx, shape, tuning);
+  if (!tc_layout || !attention_tc_supported(ctx, plain)) return std::nullopt;
+  PipelineDesc p;
+  p.name = "attention_prefill_tc";
+  p.file = "attention_prefill_tc.comp";
+  const bool coop = matmul_coop_supported(ctx);
+  p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
+                    {"KV_LORA", std::to_string(shape.kv_lora)},
+                    {"COOP", coop ? "1" : "0"},
+                    {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
+                    {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
+                    {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
+                    {"QREG", tc_layout->qreg ? "1" : "0"},
+                    {"N_GROUPS", std::to_string(tc_layout->groups)}},
+                   shape.rope.defines());
+  p.num_buffers = 4;
+  p.push_bytes = sizeof(gpu::AttnPartialArgs);
+  p.full_subgroups = true;
+  return p;
+}
+
 PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
                                        const PrefillAttentionTuning& tuning)
     : attn_(ctx, shape, split), shape_(shape) {
   const DeviceInfo& info = ctx.info();
-  if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
-  const std::optional<TcLayout> tc_layout = tc_fitting_layout(ctx, shape, tuning);
-  if (tuning.tensor_cores != 0 && tc_layout && attention_tc_supported(ctx, tuning.tensor_cores == 1)) {
-    PipelineDesc p;
-    p.name = "attention_prefill_tc";
-    p.file = "attention_prefill_tc.comp";
-    const bool coop = matmul_coop_supported(ctx);
-    p.defines = with({{"N_HEAD", std::to_string(shape.n_head)},
-                      {"KV_LORA", std::to_string(shape.kv_lora)},
-                      {"COOP", coop ? "1" : "0"},
-                      {"TC_PREFETCH", tuning.tc_prefetch ? "1" : "0"},
-                      {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
-                      {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
-                      {"QREG", tc_layout->qreg ? "1" : "0"},
-                      {"N_GROUPS", std::to_string(tc_layout->groups)}},
-                     shape.rope.defines());
-    p.num_buffers = 4;
-    p.push_bytes = sizeof(gpu::AttnPartialArgs);
-    p.full_subgroups = true;
+  std::optional<PipelineDesc> tc;
+  if (tuning.tensor_cores != 0) tc = attention_tc_desc(ctx, shape, tuning, tuning.tensor_cores == 1);
+  else if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
+  if (tc) {
+    PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";

@@ -79,18 +79,21 @@ inline vk::AttentionTuning tuning(uint32_t n_groups, uint32_t min_chunk, uint32_
   t.min_chunk = min_chunk;
   t.heads_per_group = heads_per_group;
   t.tile = tile;
+  t.decode_tc = 0;  // the f32 kernels unless a test asks for the tensor-core one
   return t;
 }
 
 // olat of one query (got) against the reference attention of q_h over the first kv_len rows of
 // cache_h at position kv_len - 1: every value finite, the largest error within f32 rounding
-// (rel_tol of the largest value; the f16 arithmetic of AttentionTuning::rows_f16: kF16OlatTol).
-constexpr double kF32OlatTol = 2e-5, kF16OlatTol = 3e-3;
+// (rel_tol of the largest value; the f16 arithmetic of AttentionTuning::rows_f16: kF16OlatTol; the
+// tensor-core kernel, whose f16 query f16_query rounds in the reference too, and its f16 P:
+// kTcOlatTol, as the prefill's tensor-core tests).
+constexpr double kF32OlatTol = 2e-5, kF16OlatTol = 3e-3, kTcOlatTol = 1e-3;
 inline void expect_olat_near(const std::vector<float>& got, const std::vector<float>& q_h, const std::vector<uint16_t>& cache_h,
                       uint32_t n_head, uint32_t kv_lora, uint32_t n_rot, uint32_t kv_len, float kq_scale,
-                      const cpu::Rope& rope, double rel_tol = kF32OlatTol) {
+                      const cpu::Rope& rope, double rel_tol = kF32OlatTol, bool f16_query = false) {
   const std::vector<float> want =
-      test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, kq_scale, rope);
+      test::ref_attention(q_h, cache_h, n_head, kv_lora, n_rot, kv_len, kv_len - 1, kq_scale, rope, f16_query);
   double max_err = 0, max_ref = 0;
   for (size_t i = 0; i < want.size(); ++i) {
     ASSERT_TRUE(std::isfinite(got[i])) << "kv_len " << kv_len << " element " << i;

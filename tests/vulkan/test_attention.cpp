@@ -15,6 +15,7 @@
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_attention.h"
+#include "runtime/vulkan/kernels_prefill.h"
 #include "runtime/vulkan/memory.h"
 #include "runtime/vulkan/recorder.h"
 #include "tests/vulkan/attention_test_util.h"
@@ -301,6 +302,7 @@ struct DecodeCase {
   uint32_t short_groups = 0;  // AttentionTuning::short_groups (0: auto)
   bool coalesced = true;      // AttentionTuning::rows_coalesced
   bool f16 = false;           // AttentionTuning::rows_f16
+  bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -329,6 +331,14 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // the rows kernel in packed halves (short range folded; the long range's kernel unchanged)
       {"folded, packed halves", 20, 512, 64, 1100, 1000, true, true, 0, 0, 0, {1, 9, 300, 1000, 1001}, false, 0, true, true},
       {"2 heads, packed halves", 5, 80, 16, 200, 150, true, false, 7, 8, 2, {1, 8, 150, 151}, false, 7, true, true},
+      // the long range on tensor cores (attention_prefill_tc.comp SPLIT): GLM's shape (42 KB
+      // of shared memory in the plain form: devices with cooperative matrices or more shared memory),
+      // 20 heads in rows of 192 (two head tiles, the second 4 live), 17 heads x 48 with chunks of
+      // 8 rows (half blocks), 40 chunks at 300 positions, a head tile with one live head
+      {"tensor cores, GLM", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true},
+      {"tensor cores, rows of 192", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true},
+      {"tensor cores, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 7, 8, 9, 200, 201, 300, 330}, true, 5, true, false, true},
+      {"tensor cores, indirect counts", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -344,9 +354,15 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.short_groups = c.short_groups;
     t.rows_coalesced = c.coalesced;
     t.rows_f16 = c.f16;
+    t.decode_tc = c.tc ? 1 : 0;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
+    if (c.tc && !op.decode_uses_tc()) {
+      EXPECT_FALSE(vk::attention_tc_fits(*gpu().ctx, shape) && vk::attention_tc_supported(*gpu().ctx, true))
+          << "the tensor-core kernel fits but was not built";
+      continue;  // its shared memory does not fit this device in the plain form
+    }
     const uint32_t sgroups = op.decode_groups(vk::DecodeRange::Short);
     if (c.rows) EXPECT_EQ(sgroups, c.short_groups ? c.short_groups : std::min(op.n_groups(), 32u));
     const bool folded = c.merge_tail && uint64_t(4) * std::max(1u, c.rows_heads) * c.kv_lora >= sgroups;
@@ -358,6 +374,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     op.decode_counts(c.short_max, words);
     EXPECT_EQ(words[0], gpu::ts_attn_num_chunks(c.short_max, sgroups, op.min_chunk(), op.tile()));
     EXPECT_EQ(words[1], (c.n_head + op.short_heads_per_group() - 1) / op.short_heads_per_group());
+    if (c.tc) EXPECT_EQ(words[4], (c.n_head + 15) / 16);
     EXPECT_EQ(words[3], 0u) << "long range idle";
     op.decode_counts(c.short_max + 1, words);
     EXPECT_EQ(words[0], 0u) << "short range idle";
@@ -395,8 +412,11 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       upload(step, sw);
       (op.decode_range(kv_len) == vk::DecodeRange::Short ? rec_short : rec_long).run();
       const std::vector<float> got = download<float>(olat, size_t(c.n_head) * c.kv_lora);
+      // The tensor-core kernel (the long range): against the reference with its query rounded to
+      // f16 as staged, P in f16.
+      const bool tc = c.tc && op.decode_range(kv_len) == vk::DecodeRange::Long;
       expect_olat_near(got, q_h, cache_h, c.n_head, c.kv_lora, c.n_rot, kv_len, shape.kq_scale, rope,
-                       c.f16 ? kF16OlatTol : kF32OlatTol);
+                       c.f16 ? kF16OlatTol : tc ? kTcOlatTol : kF32OlatTol, tc);
       for (uint32_t a : download<uint32_t>(arrivals, op.arrivals_bytes() / 4))
         ASSERT_EQ(a, 0u) << "kv_len " << kv_len << ": an arrival counter was left set";
     }

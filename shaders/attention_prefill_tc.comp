@@ -14,8 +14,9 @@
 //   l = sum P, O += P V (V = the rows' first R values); where some row's m moved, O's tiles go
 //   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
 //   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
-// SPLIT (the decode step's short and long ranges, AttentionOp::record_decode; session 26): one
-// query, its heads as the rows (workgroup y = heads 16 y ..), workgroup x = chunk c of the context
+// SPLIT (the decode step's long range, AttentionOp::record_decode; session 26): one query, its
+// heads as the rows (workgroup y = heads 16 y .., the last tile overlapping the one before it
+// where there are at least 16 heads), workgroup x = chunk c of the context
 // split as attention_partial.comp splits it (ts_attn_chunk_len with TILE, kv_min / kv_max bounds),
 // writing that kernel's partials (o unnormalized against the row's reference m, and (m, l)) for
 // attention_merge.comp: the same merge, the cache read once per 16 heads instead of once per head.
@@ -125,6 +126,16 @@ layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; }
 #endif
 #if SPLIT && OUT_F16
 #error "attention_prefill_tc.comp: SPLIT writes f32 partials"
+#endif
+// SPLIT with at least 16 heads: the last head tile overlaps the one before it (rows r0 = N_HEAD -
+// 16 ..), so every row is a head; with cooperative matrices the O tiles then go from registers
+// straight to the partials (no shared-memory pass; rows of two tiles get the same bits twice).
+#if SPLIT && N_HEAD >= 16
+#define TILE_R0(y) min((y) * 16u, uint(N_HEAD) - 16u)
+#define DIRECT_OUT COOP
+#else
+#define TILE_R0(y) ((y) * 16u)
+#define DIRECT_OUT 0
 #endif
 #if SPLIT
 layout(std430, binding = 3) writeonly restrict buffer Out { float partials[]; };
@@ -330,7 +341,12 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
 #define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
 #define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH); acc_load(V, SCRATCH); }
+#if DIRECT_OUT
+#define O_WRITE1(J, V) \
+  if (J < RT && g * RT + J < NT_V) coopMatStoreNV(V, partials, (out_sel * N_HEAD + r0) * KV_LORA + 16u * (g * RT + J), KV_LORA, false);
+#else
 #define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, g * RT + J, r0, out_sel); }
+#endif
 #define O_DECLS FOR_O(O_DECL)
 #define O_MMAS FOR_O(O_MMA)
 #define O_SCALE FOR_O(O_SCALE1)
@@ -354,10 +370,11 @@ void main() {
   const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
 #if SPLIT
   // One query (n_q 1): rows are heads; this workgroup's chunk [kv_begin, kv_end) of the context.
-  const uint r0 = gl_WorkGroupID.y * 16u, chunk = gl_WorkGroupID.x;
+  const uint r0 = TILE_R0(gl_WorkGroupID.y), chunk = gl_WorkGroupID.x;
   const uint n_q = 1u, pos0 = step_words[args.pos_word];
   const uint kv_len = min(pos0 + 1u, args.n_ctx);
-  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || r0 >= uint(N_HEAD)) return;  // uniform
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || gl_WorkGroupID.y * 16u >= uint(N_HEAD))
+    return;  // uniform
   const uint len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint kv_begin = chunk * len;
   if (kv_begin >= kv_len) return;  // uniform: past the context's chunks

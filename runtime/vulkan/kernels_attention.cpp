@@ -25,10 +25,10 @@ constexpr uint32_t kDefaultGroups = 128;  // about one per SM of an H100/H200 (m
 // kernel): 16384.
 constexpr uint32_t kDefaultShortMaxKv = 1024;
 constexpr uint32_t kDefaultRowsMaxKv = 16384;
-// ... where the long range runs on tensor cores (AttentionTuning::decode_tc; H100, GLM tg32: the
-// rows kernel 241.2 tok/s at 8192 positions against 232.6, the tensor cores 225.3 against 212.6
-// at 12000, 177.0 against the split kernel's 101.5 at 32000; session 26).
-constexpr uint32_t kTcRowsMaxKv = 10240;
+// ... where the long range runs on tensor cores (AttentionTuning::decode_tc; H100, GLM tg32, the
+// rows kernel against the tensor cores: 285.1 / 273.1 tok/s at 4096 positions, 273.3 / 271.5 at
+// 5120, 262.1 / 262.5 at 6144, 242.7 / 254.2 at 8192; session 26).
+constexpr uint32_t kTcRowsMaxKv = 6144;
 constexpr uint32_t kDefaultMinChunk = 8;  // measured: small chunks win at short contexts
 // Context workgroups of the rows kernel's decode range (H100, GLM, tg128 with direct dispatches:
 // 128 groups 277.9 tok/s at depth 0 and 201.8 at 4096, 32 groups 280.2 / 219.8).

@@ -215,9 +215,9 @@ struct AttentionTuning {
   // n_groups chunks x tiles of 16 heads, each cache row read once per tile, the same partials and
   // merge; session 26): -1 automatic (where the device has cooperative matrices), 0 never, 1
   // wherever its plain-FMA form runs too (the tests' path). Where it is built, the rows kernel's
-  // short range ends at 10240 positions unless short_max_kv says otherwise (H100, GLM tg32: 177.0
-  // tok/s at 32000 positions against the split kernel's 101.5, 225.3 at 12000 against the rows
-  // kernel's 212.6; the rows kernel stays ahead at 8192: 241.2 against 232.6).
+  // short range ends at 6144 positions unless short_max_kv says otherwise (H100, GLM tg64: 190.5
+  // tok/s at 32000 positions against the split kernel's 101.9, 231.1 at 16000 against the rows
+  // kernel's 188.3; 254.2 against 242.7 at 8192, a tie at 6144, the rows kernel ahead at 4096).
   int decode_tc = -1;
   uint32_t decode_tc_groups = 4;  // its groups of 32 invocations per workgroup (4 or 8)
   // Also build the single and mid kernels that open a gate for an early-started W_vo

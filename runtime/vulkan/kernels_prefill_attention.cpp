@@ -120,9 +120,18 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
   return p;
 }
 
+namespace {
+// The split-K choices of the prefill's partials and merge: the decode step's tensor-core long
+// range (and the short range's bound it moves) is not theirs.
+AttentionTuning prefill_split(AttentionTuning t) {
+  t.decode_tc = 0;
+  return t;
+}
+}  // namespace
+
 PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& split,
                                        const PrefillAttentionTuning& tuning)
-    : attn_(ctx, shape, split), shape_(shape) {
+    : attn_(ctx, shape, prefill_split(split)), shape_(shape) {
   const DeviceInfo& info = ctx.info();
   std::optional<PipelineDesc> tc;
   if (tuning.tensor_cores != 0) tc = attention_tc_desc(ctx, shape, tuning, tuning.tensor_cores == 1);

@@ -47,7 +47,7 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
   // Used by the prefill's matmuls (shaders/matmul.comp, session 19); the decode does not use them:
   // two tensor-core attentions (sessions 17, 18) were no faster than the rows kernel on an H100.
   std::printf("  cooperative matrix       %s\n",
-              f.cooperative_matrix_nv    ? "NV, 16x16x16 f16 (used: the prefill's matrix products and attention)"
+              f.cooperative_matrix_nv    ? "NV, 16x16x16 f16 (used: the prefill's matrix products and attention, the decode's long-context attention)"
               : f.cooperative_matrix_khr ? "KHR only (not used: glslang 12 compiles only the NV extension)"
                                          : "no (plain matvecs in the prefill)");
   std::printf("  timestamps               %s\n", d.timestamp_period_ns > 0 ? "yes" : "no");

@@ -158,7 +158,7 @@ struct AttentionTuning {
   bool short_variant = true;           // false: one partial kernel
   uint32_t short_heads_per_group = 0;  // 0: a quarter of the heads per workgroup, at least 4 (none
                                        // when that is all of them)
-  uint32_t short_max_kv = 0;           // 0: 16384 with short_rows, else 1024
+  uint32_t short_max_kv = 0;           // 0: 16384 with short_rows (6144 with decode_tc), else 1024
   // The short variant's kernel: attention_rows.comp (one head per workgroup, the chunk's rows
   // spread over its subgroups; needs subgroup arithmetic) instead of attention_partial.comp with
   // short_heads_per_group heads per workgroup.

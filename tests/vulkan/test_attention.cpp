@@ -550,6 +550,48 @@ TEST(AttentionShapeTest, RefusesUnusableSizes) {
   EXPECT_NO_THROW(s.validate());
 }
 
+// The decode step's tensor-core long range (AttentionTuning::decode_tc): built where asked and
+// possible, and then the rows kernel's range ends at 6144 positions (unless short_max_kv says
+// otherwise); never with decode_tc 0; a group count other than 4 or 8 is refused by name; a shape
+// the kernel cannot take (rows of 136 values, not a multiple of 16) leaves the FMA kernels in place.
+TEST(AttentionShapeTest, DecodeTensorCoresWhereAskedAndPossible) {
+  REQUIRE_GPU();
+  vk::Context& ctx = *gpu().ctx;
+  const vk::AttentionShape shape = make_shape(20, 128, 64, 20000, kGlmRope);
+  vk::AttentionTuning t;
+  t.decode_tc = 0;
+  const vk::AttentionOp off(ctx, shape, t);
+  EXPECT_FALSE(off.decode_uses_tc());
+  t.decode_tc = 1;
+  const bool possible = vk::attention_tc_supported(ctx, true) && vk::attention_tc_fits(ctx, shape);
+  const vk::AttentionOp on(ctx, shape, t);
+  EXPECT_EQ(on.decode_uses_tc(), possible);
+  if (possible && on.short_heads_per_group() == 1) {  // the rows kernel's short range
+    EXPECT_EQ(on.short_max_kv(), 6144u);
+    EXPECT_EQ(on.decode_range(6145), vk::DecodeRange::Long);
+    EXPECT_EQ(off.short_max_kv(), 16384u);
+    t.short_max_kv = 9000;
+    EXPECT_EQ(vk::AttentionOp(ctx, shape, t).short_max_kv(), 9000u);
+    t.short_max_kv = 0;
+  }
+  t.decode_tc_groups = 5;
+  try {
+    vk::AttentionOp bad(ctx, shape, t);
+    ADD_FAILURE() << "5 groups accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("5 tensor-core groups"), std::string::npos) << e.what();
+  }
+  t.decode_tc_groups = 8;
+  EXPECT_EQ(vk::AttentionOp(ctx, shape, t).decode_uses_tc(),
+            vk::attention_tc_supported(ctx, true) && vk::attention_tc_fits(ctx, shape, [] {
+              vk::PrefillAttentionTuning p;
+              p.tc_groups = 8;
+              return p;
+            }()));
+  t.decode_tc_groups = 4;
+  EXPECT_FALSE(vk::AttentionOp(ctx, make_shape(20, 128, 8, 20000, kGlmRope), t).decode_uses_tc()) << "rows of 136";
+}
+
 // The rows kernel's tuning: out-of-range knobs and subgroup counts whose (m, l, o) would not fit
 // the device's shared memory are refused with a message, not handed to the driver.
 TEST(AttentionShapeTest, RowsKernelRefusesWhatTheDeviceCannotHold) {

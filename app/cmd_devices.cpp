@@ -44,8 +44,8 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
               yes_no(f.buffer_int64_atomics && f.shader_int64));
   std::printf("  subgroup size control    %s%s (used when present)\n", yes_no(f.subgroup_size_control),
               f.compute_full_subgroups ? ", full subgroups" : "");
-  // Used by the prefill's matmuls (shaders/matmul.comp, session 19); the decode does not use them:
-  // two tensor-core attentions (sessions 17, 18) were no faster than the rows kernel on an H100.
+  // Used by the prefill's matmuls (shaders/matmul.comp, session 19) and attention (session 20),
+  // and by the decode's attention past 6144 positions (session 26); below that the rows kernel wins.
   std::printf("  cooperative matrix       %s\n",
               f.cooperative_matrix_nv    ? "NV, 16x16x16 f16 (used: the prefill's matrix products and attention, the decode's long-context attention)"
               : f.cooperative_matrix_khr ? "KHR only (not used: glslang 12 compiles only the NV extension)"

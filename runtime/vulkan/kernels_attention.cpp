@@ -463,6 +463,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     }
   }
 
+  if (tuning.decode_tc < -1 || tuning.decode_tc > 1)
+    usage_error("attention: decode_tc ", tuning.decode_tc, ", expected -1 (automatic), 0 or 1");
   if (tuning.decode_tc != 0) {
     if (tuning.decode_tc_groups != 4 && tuning.decode_tc_groups != 8)
       usage_error("attention: ", tuning.decode_tc_groups, " tensor-core groups per workgroup, expected 4 or 8");

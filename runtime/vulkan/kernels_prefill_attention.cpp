@@ -70,9 +70,9 @@ TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool doub
 
 uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
   // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P;
-  // then the rows' sums and scales.
+  // then the rows' sums and scales (and SPLIT's maxima: counted always).
   const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
-  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 2 * 16 * 4;
+  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 3 * 16 * 4;
 }
 
 // The layout that fits the device: two K buffers where asked and they fit, else one; nullopt

@@ -333,12 +333,14 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       {"2 heads, packed halves", 5, 80, 16, 200, 150, true, false, 7, 8, 2, {1, 8, 150, 151}, false, 7, true, true},
       // the long range on tensor cores (attention_prefill_tc.comp SPLIT): GLM's shape (42 KB
       // of shared memory in the plain form: devices with cooperative matrices or more shared memory),
-      // 20 heads in rows of 192 (two head tiles, the second 4 live), 17 heads x 48 with chunks of
-      // 8 rows (half blocks), 40 chunks at 300 positions, a head tile with one live head
+      // 20 heads in rows of 192 (two head tiles, the second overlapping the first: heads 4-19),
+      // 17 heads x 48 with chunks of 8 rows (half blocks; tiles 0-15 and 1-16), 33 heads with
+      // indirect counts (tiles 0, 16, 17), 3 heads (one tile, 13 dead rows: the masked writes)
       {"tensor cores, GLM", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true},
       {"tensor cores, rows of 192", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true},
       {"tensor cores, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 7, 8, 9, 200, 201, 300, 330}, true, 5, true, false, true},
       {"tensor cores, indirect counts", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true},
+      {"tensor cores, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);

@@ -133,9 +133,10 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
                                        const PrefillAttentionTuning& tuning)
     : attn_(ctx, shape, prefill_split(split)), shape_(shape) {
   const DeviceInfo& info = ctx.info();
-  std::optional<PipelineDesc> tc;
-  if (tuning.tensor_cores != 0) tc = attention_tc_desc(ctx, shape, tuning, tuning.tensor_cores == 1);
-  else if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
+  // attention_tc_desc checks the tensor-core kernel's choices (margin, groups) whether or not the
+  // kernel is asked for.
+  std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tuning, tuning.tensor_cores == 1);
+  if (tuning.tensor_cores == 0) tc.reset();
   if (tc) {
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);

@@ -183,6 +183,8 @@ const Knob<O> kTuneKnobs[] = {
     {"gate_backoff", 4096, "integer steps between two polls of a gate; default 0", [](O& o, uint32_t v) { o.gate_backoff = v; }},
     {"mark_gates", 1, "1: with --timeline, a kernel's early mark is where its gated wait ended; default 0",
      [](O& o, uint32_t v) { o.mark_gates = v != 0; }},
+    {"tc_phases", 3, "with --timeline: the tensor-core attention's early mark and mark are the summed time of two of its phases (1: staging a block's rows, the partial scores; 2: P, O's products; 3: the query's staging, the output); default 0",
+     [](O& o, uint32_t v) { o.tc_phases = v; }},
     {"vb_q8", 1, "1, default: the factored value path on int8 kernels (attn_v_b per head, then attn_output, gated)",
      [](O& o, uint32_t v) { o.vb_q8 = v != 0; }},
     {"vb_teams", 16, "subgroups per attn_v_b workgroup on that path, 8 (default) or 16; 0: the matvec's own split",

@@ -160,6 +160,34 @@ shared float row_a[16];  // the block's scale of each row's O (1 where m stayed)
 
 const float kNegHuge = -3.0e38;
 
+// bench --timeline --tune tc_phases=N (TS_TC_PHASES, process-wide): invocation 0's time in the
+// kernel's phases, summed over its blocks; two of them replace its marks (the layer table's
+// "early" and "mark" columns): 1 = a block's rows staged, its partial scores; 2 = P and the rows'
+// scales, O's products; 3 = the step words read and the query staged, the output. Each phase
+// ends after its barrier.
+#if defined(TS_TIMELINE) && TS_TIMELINE && defined(TS_TC_PHASES) && TS_TC_PHASES
+uint ph_sum[6] = uint[6](0u, 0u, 0u, 0u, 0u, 0u);
+uvec2 ph_clock, ph_begin;
+#define PH_BEGIN() (ph_begin = ph_clock = clockRealtime2x32EXT())
+#define PH_SYNC() barrier()
+#define PH_END(I)                                   \
+  {                                                 \
+    const uvec2 now_ = clockRealtime2x32EXT();      \
+    ph_sum[I] += now_.x - ph_clock.x;               \
+    ph_clock = now_;                                \
+  }
+#define PH_MARKS()                                                                   \
+  {                                                                                  \
+    ts_early_clock = uvec2(ph_begin.x + ph_sum[2 * (TS_TC_PHASES - 1)] + 1u, ph_begin.y); \
+    ts_mark_clock = uvec2(ph_begin.x + ph_sum[2 * (TS_TC_PHASES - 1) + 1] + 1u, ph_begin.y); \
+  }
+#else
+#define PH_BEGIN()
+#define PH_SYNC()
+#define PH_END(I)
+#define PH_MARKS()
+#endif
+
 #if COOP
 #define ACC fcoopmatNV<32, gl_ScopeSubgroup, 16, 16>
 #define F16M fcoopmatNV<16, gl_ScopeSubgroup, 16, 16>
@@ -367,6 +395,7 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #endif
 
 void main() {
+  PH_BEGIN();
   const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
 #if SPLIT
   // One query (n_q 1): rows are heads; this workgroup's chunk [kv_begin, kv_end) of the context.
@@ -411,6 +440,7 @@ void main() {
   barrier();  // K buffer 0, where the query passed, is written by the first block
 #endif
   TS_MARK_EARLY();  // bench --timeline: the queries staged
+  PH_END(4)
 
   // This thread's row of the statistics and P (invocations 0 .. 127: 8 a row, 2 columns each) and
   // its bound; the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
@@ -422,8 +452,10 @@ void main() {
   for (uint kb = kv_begin; kb < kv_end; kb += 16u) {  // uniform
     const uint kbase = K_BASE + (DOUBLE_K != 0 ? (kb / 16u) % 2u : 0u) * 16u * RS;
     STAGE(kb, kbase)
+    PH_END(0)
     PARTIAL_SCORES(kbase)
     barrier();
+    PH_END(1)
     if (tid < 128u) {  // the rows' 8 lanes each (whole subgroups)
       const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
       const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
@@ -442,6 +474,7 @@ void main() {
       if (tid % 8u == 0u) row_a[sr] = a;
     }
     barrier();
+    PH_END(2)
     // O needs scaling where a row moved its m.
     bool moved = false;
     [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || row_a[r] < 1.0;
@@ -453,6 +486,7 @@ void main() {
     // go to the other buffer, and the next barrier (its rows stored) comes before P, row_a and
     // the partial tiles are rewritten.
     if (DOUBLE_K == 0) barrier();
+    PH_END(3)
   }
   TS_MARK();  // bench --timeline: the rows attended
   if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;
@@ -474,4 +508,7 @@ void main() {
 #endif
   // O's tiles out through each group's scratch tile, the live rows divided by their sums.
   O_WRITE
+  PH_SYNC();
+  PH_END(5)
+  PH_MARKS()
 }

@@ -447,6 +447,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.qk_q8_halves = o.qk_q8_halves;
   go.gate_backoff = o.gate_backoff;
   go.mark_gates = o.mark_gates;
+  go.tc_phases = o.tc_phases;
   go.vb_q8 = o.vb_q8;
   go.vb_teams = o.vb_teams;
   go.q8_raw = o.q8_raw;

@@ -248,6 +248,10 @@ struct GpuModelOptions {
   // With timeline: a kernel's early mark is where its gated wait ended (gate.glsl), not its own
   // TS_MARK_EARLY (timeline.glsl TS_MARK_GATES; process-wide). bench --tune mark_gates=1.
   bool mark_gates = false;
+  // With timeline: attention_prefill_tc.comp's two marks carry the summed time of two of its
+  // phases (timeline.glsl TS_TC_PHASES; process-wide): 1 staging a block's rows and its partial
+  // scores, 2 P and O's products, 3 the query's staging and the output. bench --tune tc_phases=N.
+  uint32_t tc_phases = 0;
   // The factored value path (a file without attn_vo) on the int8 kernels: attn_v_b as one matvec
   // of stacked per-head matrices on the attention's int8 olat (MatvecOp::x_head_rows), writing o
   // as int8 blocks that attn_output reads; with early_vo each starts beside its producer and

@@ -235,6 +235,7 @@ const Knob<A> kAttentionKnobs[] = {
     {"decode_tc", 2, "the long range on tensor cores: 0 never, 1 also in the plain form, 2 automatic (default)",
      [](A& t, uint32_t v) { t.decode_tc = v == 2 ? -1 : int(v); }},
     {"decode_tc_groups", 8, "its groups of 32 invocations per workgroup, 4 or 8", [](A& t, uint32_t v) { t.decode_tc_groups = v; }},
+    {"decode_tc_qdirect", 1, "1: its query's latent part loaded by each group straight into registers", [](A& t, uint32_t v) { t.decode_tc_qdirect = v != 0; }},
     {"mid_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.mid_max_kv = v; }},
     {"mid_groups", kAnyCount, "its workgroups per head", [](A& t, uint32_t v) { t.mid_groups = v; }},
     {"mid_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.mid_subgroups = v; }},

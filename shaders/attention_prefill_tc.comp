@@ -288,11 +288,37 @@ void store_block(uint kbase) {
 #define STAGE_FIRST()
 #endif
 
+// Q_DIRECT (SPLIT with QREG and at least 16 heads, asked by the define; session 27): the groups
+// load their latent k-tiles of the query straight from q, as f32 cooperative matrices, instead of
+// the workgroup staging all of it (nine dependent rounds of loads); only the rope columns are
+// staged (one round).
+#if !defined(Q_DIRECT) || !QREG || !SPLIT || N_HEAD < 16
+#undef Q_DIRECT
+#define Q_DIRECT 0
+#endif
+#if Q_DIRECT
+#define Q_STAGED N_ROT
+#else
+#define Q_STAGED ROW
+#endif
 // Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
 #if QREG
 #define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
 #define Q_DECL(I, V) F16M V;
+#if Q_DIRECT
+// The latent k-tiles straight from q (f32, 16 heads' rows), scaled, as f16; the rope ones as staged.
+#define Q_LOAD(I, V)                                                                     \
+  if (I < KPG && g * KPG + I < NT_K) {                                                   \
+    if (g * KPG + I < NT_V) {                                                            \
+      fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> qf;                                       \
+      coopMatLoadNV(qf, q, r0 * ROW + 16u * (g * KPG + I), ROW, false);                  \
+      V = F16M(qf * args.kq_scale);                                                      \
+    } else                                                                               \
+      coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);                      \
+  }
+#else
 #define Q_LOAD(I, V) if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);
+#endif
 #define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (g * KPG + I), RS, true)
 #else
 #define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
@@ -417,8 +443,9 @@ void main() {
 #endif
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
-  for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
-    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
+  // With Q_DIRECT only the rope part is staged here; the latent k-tiles are loaded below.
+  for (uint i = tid; i < 16u * (Q_STAGED / 8u); i += WG_SIZE) {
+    const uint r = i / (Q_STAGED / 8u), c0 = ROW - Q_STAGED + 8u * (i % (Q_STAGED / 8u)), t = (r0 + r) / uint(N_HEAD);
     float v[8];
     [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(r0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
     if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
@@ -428,7 +455,7 @@ void main() {
         v[k + 1u] = rr.y;
       }
     }
-    sh[Q_BASE + r * RS + i % (ROW / 8u)] =
+    sh[Q_BASE + r * RS + c0 / 8u] =
         uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
               packHalf2x16(vec2(v[6], v[7])));
   }

@@ -204,6 +204,9 @@ struct PrefillAttentionTuning {
   bool tc_f16_olat = false;
   uint32_t tc_groups = 4;  // groups of 32 invocations per workgroup (4 or 8): S's k-tiles and O's
                            // column tiles split over them
+  // The decode form's latent query k-tiles loaded by each group straight from q (Q_DIRECT; with
+  // cooperative matrices, the query in registers and at least 16 heads) instead of staged.
+  bool tc_qdirect = false;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

@@ -112,7 +112,8 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
-                    {"N_GROUPS", std::to_string(tc_layout->groups)}},
+                    {"N_GROUPS", std::to_string(tc_layout->groups)},
+                    {"Q_DIRECT", tuning.tc_qdirect ? "1" : "0"}},
                    shape.rope.defines());
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);

@@ -303,6 +303,7 @@ struct DecodeCase {
   bool coalesced = true;      // AttentionTuning::rows_coalesced
   bool f16 = false;           // AttentionTuning::rows_f16
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
+  bool qdirect = false;       // AttentionTuning::decode_tc_qdirect (with cooperative matrices)
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -341,6 +342,9 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       {"tensor cores, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 7, 8, 9, 200, 201, 300, 330}, true, 5, true, false, true},
       {"tensor cores, indirect counts", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true},
       {"tensor cores, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true},
+      // the query's latent k-tiles loaded straight from q (where there are cooperative matrices)
+      {"tensor cores, GLM, query direct", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, true},
+      {"tensor cores, 33 heads, query direct", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -357,6 +361,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_coalesced = c.coalesced;
     t.rows_f16 = c.f16;
     t.decode_tc = c.tc ? 1 : 0;
+    t.decode_tc_qdirect = c.qdirect;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic

@@ -116,19 +116,7 @@ void main() {
 
   float o = has_first ? exp(m_first - m_all) * o_first : 0.0;
   if (r < KV_LORA) {
-    // The rest of this thread's chunks, eight at a time with their loads issued first (one round
-    // trip per eight chunks: with 128 chunks a loop of dependent rounds took ~9 us, session 27).
-    uint c = lane + LANES;
-    for (; c + 7u * LANES < n_chunks; c += 8u * LANES) {
-      float m8[8], o8[8];
-      [[unroll]] for (uint k = 0; k < 8u; ++k) {
-        const uint ck = (c + k * LANES) * N_HEAD + head;
-        m8[k] = partials[ml_base + ck * 2u];
-        o8[k] = partials[p_base + ck * KV_LORA + r];
-      }
-      [[unroll]] for (uint k = 0; k < 8u; ++k) o += exp(m8[k] - m_all) * o8[k];
-    }
-    for (; c < n_chunks; c += LANES)
+    for (uint c = lane + LANES; c < n_chunks; c += LANES)
       o += exp(partials[ml_base + (c * N_HEAD + head) * 2] - m_all) * partials[p_base + (c * N_HEAD + head) * KV_LORA + r];
   }
 #else

@@ -163,11 +163,10 @@ const float kNegHuge = -3.0e38;
 // bench --timeline --tune tc_phases=N (TS_TC_PHASES, process-wide): invocation 0's time in the
 // kernel's phases, summed over its blocks; two of them replace its marks (the layer table's
 // "early" and "mark" columns): 1 = a block's rows staged, its partial scores; 2 = P and the rows'
-// scales, O's products; 3 = the query's tiles into registers (QREG), the output; 4 = the step
-// words read, the query staged (and the first block's loads issued). Each phase ends after its
-// barrier.
+// scales, O's products; 3 = the step words read and the query staged, the output. Each phase
+// ends after its barrier.
 #if defined(TS_TIMELINE) && TS_TIMELINE && defined(TS_TC_PHASES) && TS_TC_PHASES
-uint ph_sum[8] = uint[8](0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
+uint ph_sum[6] = uint[6](0u, 0u, 0u, 0u, 0u, 0u);
 uvec2 ph_clock, ph_begin;
 #define PH_BEGIN() (ph_begin = ph_clock = clockRealtime2x32EXT())
 #define PH_SYNC() barrier()
@@ -302,13 +301,6 @@ void store_block(uint kbase) {
 #else
 #define Q_STAGED ROW
 #endif
-#if !defined(S_CHAINS) || !QREG
-#undef S_CHAINS
-#define S_CHAINS 1
-#endif
-#if S_CHAINS != 1 && S_CHAINS != 3
-#error "attention_prefill_tc.comp: S_CHAINS is 1 or 3"
-#endif
 // Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
 #if QREG
 #define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
@@ -327,30 +319,7 @@ void store_block(uint kbase) {
 #else
 #define Q_LOAD(I, V) if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);
 #endif
-// S_CHAINS 3: the k-tiles accumulated into three matrices (tile i into chain i % 3), summed at
-// the end: three chains of dependent products instead of one.
-#if S_CHAINS == 3
-#define S_ACC_0 s
-#define S_ACC_1 s_1
-#define S_ACC_2 s_2
-#define S_ACC_3 s
-#define S_ACC_4 s_1
-#define S_ACC_5 s_2
-#define S_ACC_6 s
-#define S_ACC_7 s_1
-#define S_ACC_8 s_2
-#else
-#define S_ACC_0 s
-#define S_ACC_1 s
-#define S_ACC_2 s
-#define S_ACC_3 s
-#define S_ACC_4 s
-#define S_ACC_5 s
-#define S_ACC_6 s
-#define S_ACC_7 s
-#define S_ACC_8 s
-#endif
-#define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(S_ACC_##I, V, kbase + 2u * (g * KPG + I), RS, true)
+#define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (g * KPG + I), RS, true)
 #else
 #define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
 #define Q_DECL(I, V)
@@ -358,23 +327,11 @@ void store_block(uint kbase) {
 #define S_MMA(I, V) if (g * KPG + I < NT_K) MMA(s, Q_BASE + 2u * (g * KPG + I), RS, kbase + 2u * (g * KPG + I), RS, true)
 #endif
 // Group g's part of S for the block in the K buffer at kbase, stored at SP_BASE + 64 g.
-#if S_CHAINS == 3
-#define S_CHAINS_DECL \
-  ACC s_1, s_2;       \
-  acc_zero(s_1);      \
-  acc_zero(s_2);
-#define S_CHAINS_SUM s = s + s_1 + s_2;
-#else
-#define S_CHAINS_DECL
-#define S_CHAINS_SUM
-#endif
 #define PARTIAL_SCORES(kbase) \
   {                           \
     ACC s;                    \
     acc_zero(s);              \
-    S_CHAINS_DECL             \
     FOR_Q(S_MMA)              \
-    S_CHAINS_SUM              \
     acc_store(s, SP_BASE + 64u * g); \
   }
 
@@ -477,7 +434,6 @@ void main() {
   const uint kv_begin = chunk * len;
   if (kv_begin >= kv_len) return;  // uniform: past the context's chunks
   const uint kv_end = min(kv_begin + len, kv_len);
-  PH_END(6)
 #else
   const uint r0 = gl_WorkGroupID.x * 16u;
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
@@ -505,7 +461,6 @@ void main() {
   }
   STAGE_FIRST()
   barrier();
-  PH_END(7)
 #if QREG
   FOR_Q(Q_DECL)
   FOR_Q(Q_LOAD)

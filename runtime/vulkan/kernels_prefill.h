@@ -207,9 +207,6 @@ struct PrefillAttentionTuning {
   // The decode form's latent query k-tiles loaded by each group straight from q (Q_DIRECT; with
   // cooperative matrices, the query in registers and at least 16 heads) instead of staged.
   bool tc_qdirect = false;
-  // S's k-tiles of a group accumulated in 1 or 3 independent chains (S_CHAINS; with the query in
-  // registers).
-  uint32_t tc_s_chains = 1;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

@@ -99,8 +99,6 @@ bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillA
 std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape& shape,
                                               const PrefillAttentionTuning& tuning, bool plain) {
   if (tuning.tc_margin > 10) usage_error("prefill attention: margin of ", tuning.tc_margin, " nats, expected 0..10");
-  if (tuning.tc_s_chains != 1 && tuning.tc_s_chains != 3)
-    usage_error("tensor-core attention: ", tuning.tc_s_chains, " chains of score products, expected 1 or 3");
   const std::optional<TcLayout> tc_layout = tc_fitting_layout(ctx, shape, tuning);
   if (!tc_layout || !attention_tc_supported(ctx, plain)) return std::nullopt;
   PipelineDesc p;
@@ -115,8 +113,7 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
                     {"N_GROUPS", std::to_string(tc_layout->groups)},
-                    {"Q_DIRECT", tuning.tc_qdirect ? "1" : "0"},
-                    {"S_CHAINS", std::to_string(tuning.tc_s_chains)}},
+                    {"Q_DIRECT", tuning.tc_qdirect ? "1" : "0"}},
                    shape.rope.defines());
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);

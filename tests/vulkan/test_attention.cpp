@@ -304,7 +304,6 @@ struct DecodeCase {
   bool f16 = false;           // AttentionTuning::rows_f16
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool qdirect = false;       // AttentionTuning::decode_tc_qdirect (with cooperative matrices)
-  uint32_t s_chains = 1;      // AttentionTuning::decode_tc_s_chains (with cooperative matrices)
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -346,7 +345,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // the query's latent k-tiles loaded straight from q (where there are cooperative matrices)
       {"tensor cores, GLM, query direct", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, true},
       {"tensor cores, 33 heads, query direct", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true},
-      {"tensor cores, GLM, 3 chains of S", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false, 3},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -364,7 +362,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_f16 = c.f16;
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_qdirect = c.qdirect;
-    t.decode_tc_s_chains = c.s_chains;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
@@ -562,8 +559,7 @@ TEST(AttentionShapeTest, RefusesUnusableSizes) {
 
 // The decode step's tensor-core long range (AttentionTuning::decode_tc): built where asked and
 // possible, and then the rows kernel's range ends at 6144 positions (unless short_max_kv says
-// otherwise); never with decode_tc 0; a group count other than 4 or 8 and a chain count other than
-// 1 or 3 are refused by name; a shape
+// otherwise); never with decode_tc 0; a group count other than 4 or 8 is refused by name; a shape
 // the kernel cannot take (rows of 136 values, not a multiple of 16) leaves the FMA kernels in place.
 TEST(AttentionShapeTest, DecodeTensorCoresWhereAskedAndPossible) {
   REQUIRE_GPU();
@@ -592,15 +588,6 @@ TEST(AttentionShapeTest, DecodeTensorCoresWhereAskedAndPossible) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("5 tensor-core groups"), std::string::npos) << e.what();
   }
-  t.decode_tc_groups = 4;
-  t.decode_tc_s_chains = 2;
-  try {
-    vk::AttentionOp bad(ctx, shape, t);
-    ADD_FAILURE() << "2 chains of score products accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("2 chains of score products"), std::string::npos) << e.what();
-  }
-  t.decode_tc_s_chains = 1;
   t.decode_tc_groups = 8;
   EXPECT_EQ(vk::AttentionOp(ctx, shape, t).decode_uses_tc(),
             vk::attention_tc_supported(ctx, true) && vk::attention_tc_fits(ctx, shape, [] {

@@ -163,10 +163,11 @@ const float kNegHuge = -3.0e38;
 // bench --timeline --tune tc_phases=N (TS_TC_PHASES, process-wide): invocation 0's time in the
 // kernel's phases, summed over its blocks; two of them replace its marks (the layer table's
 // "early" and "mark" columns): 1 = a block's rows staged, its partial scores; 2 = P and the rows'
-// scales, O's products; 3 = the step words read and the query staged, the output. Each phase
-// ends after its barrier.
+// scales, O's products; 3 = the query's tiles into registers (QREG), the output; 4 = the step
+// words read, the query staged (and the first block's loads issued). Each phase ends after its
+// barrier.
 #if defined(TS_TIMELINE) && TS_TIMELINE && defined(TS_TC_PHASES) && TS_TC_PHASES
-uint ph_sum[6] = uint[6](0u, 0u, 0u, 0u, 0u, 0u);
+uint ph_sum[8] = uint[8](0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
 uvec2 ph_clock, ph_begin;
 #define PH_BEGIN() (ph_begin = ph_clock = clockRealtime2x32EXT())
 #define PH_SYNC() barrier()
@@ -434,6 +435,7 @@ void main() {
   const uint kv_begin = chunk * len;
   if (kv_begin >= kv_len) return;  // uniform: past the context's chunks
   const uint kv_end = min(kv_begin + len, kv_len);
+  PH_END(6)
 #else
   const uint r0 = gl_WorkGroupID.x * 16u;
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
@@ -461,6 +463,7 @@ void main() {
   }
   STAGE_FIRST()
   barrier();
+  PH_END(7)
 #if QREG
   FOR_Q(Q_DECL)
   FOR_Q(Q_LOAD)

@@ -100,7 +100,7 @@ struct BenchOptions {
   bool qk_q8_halves = true;               // GpuModelOptions::qk_q8_halves (--tune qk_q8=2: off)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
   bool mark_gates = false;                // GpuModelOptions::mark_gates (--tune mark_gates=1)
-  uint32_t tc_phases = 0;                 // GpuModelOptions::tc_phases (--tune tc_phases=1|2|3)
+  uint32_t tc_phases = 0;                 // GpuModelOptions::tc_phases (--tune tc_phases=1..4)
   bool vb_q8 = true;                      // GpuModelOptions::vb_q8 (--tune vb_q8=0|1)
   uint32_t vb_teams = 8;                  // GpuModelOptions::vb_teams (--tune vb_teams=N)
   bool q8_raw = true;                     // GpuModelOptions::q8_raw (--tune q8_raw=0|1)

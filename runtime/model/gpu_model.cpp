@@ -46,7 +46,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
   ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
   ctx_.pipelines().set_global_define("TS_MARK_GATES", options_.mark_gates ? "1" : "0");
-  if (options_.tc_phases > 3) usage_error("tc_phases ", options_.tc_phases, ", expected 0..3");
+  if (options_.tc_phases > 4) usage_error("tc_phases ", options_.tc_phases, ", expected 0..4");
   ctx_.pipelines().set_global_define("TS_TC_PHASES", std::to_string(options_.tc_phases));
   if (options_.vb_teams != 0 && options_.vb_teams != 8 && options_.vb_teams != 16)
     usage_error("attn_v_b: ", options_.vb_teams, " subgroups per workgroup; expected 8 or 16 (0: automatic)");

@@ -250,7 +250,8 @@ struct GpuModelOptions {
   bool mark_gates = false;
   // With timeline: attention_prefill_tc.comp's two marks carry the summed time of two of its
   // phases (timeline.glsl TS_TC_PHASES; process-wide): 1 staging a block's rows and its partial
-  // scores, 2 P and O's products, 3 the query's staging and the output. bench --tune tc_phases=N.
+  // scores, 2 P and O's products, 3 the query into registers and the output, 4 the step words and
+  // the query staged. bench --tune tc_phases=N.
   uint32_t tc_phases = 0;
   // The factored value path (a file without attn_vo) on the int8 kernels: attn_v_b as one matvec
   // of stacked per-head matrices on the attention's int8 olat (MatvecOp::x_head_rows), writing o

@@ -471,6 +471,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     PrefillAttentionTuning tc_tuning;
     tc_tuning.tc_groups = tuning.decode_tc_groups;
     tc_tuning.tc_qdirect = tuning.decode_tc_qdirect;
+    tc_tuning.tc_prefetch = tuning.decode_tc_prefetch;
+    tc_tuning.tc_qreg = tuning.decode_tc_qreg;
     std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tc_tuning, tuning.decode_tc == 1);
     if (tc) {
       tc->name = "attention_decode_tc";

@@ -304,6 +304,8 @@ struct DecodeCase {
   bool f16 = false;           // AttentionTuning::rows_f16
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool qdirect = false;       // AttentionTuning::decode_tc_qdirect (with cooperative matrices)
+  bool group_stats = false;   // AttentionTuning::decode_tc_group_stats
+  bool qunroll = false;       // AttentionTuning::decode_tc_qunroll
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -345,6 +347,11 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // the query's latent k-tiles loaded straight from q (where there are cooperative matrices)
       {"tensor cores, GLM, query direct", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, true},
       {"tensor cores, 33 heads, query direct", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true},
+      // every group its own statistics and P (rows of 192: two head tiles; 3 heads: dead rows),
+      // the query's staging loop unrolled
+      {"tensor cores, group statistics", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false, true, true},
+      {"tensor cores, 3 heads, group statistics", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true, false, true},
+      {"tensor cores, GLM, group statistics", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -362,6 +369,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_f16 = c.f16;
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_qdirect = c.qdirect;
+    t.decode_tc_group_stats = c.group_stats;
+    t.decode_tc_qunroll = c.qunroll;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic

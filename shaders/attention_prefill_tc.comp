@@ -111,25 +111,7 @@
 #endif
 #define SP_BASE (K_BASE + N_KBUF * 16 * RS)
 #define P_BASE (SP_BASE + 64 * N_GROUPS)
-// GROUP_STATS (session 27): every group computes the row statistics and P itself (2 lanes a row,
-// 8 columns each) from the summed partial tiles, into its own P tile and row scales, so a block
-// needs no barrier between P and O's products (3 barriers, not 4); O's rescales then go through
-// a scratch tile of the group's own ([SC_BASE], 64 uvec4 a group), since other groups may still
-// read its partial S tile. The statistics are the same bits in every group (same sums, same order).
-#ifndef GROUP_STATS
-#define GROUP_STATS 0
-#endif
-#define GRP (gl_LocalInvocationIndex / 32u)
-#if GROUP_STATS
-#define SC_BASE (P_BASE + 32 * N_GROUPS)
-#define SH_SIZE (SC_BASE + 64 * N_GROUPS)
-#define P_TILE (P_BASE + 32u * GRP)
-#define ROW_A(r) row_a[16u * GRP + (r)]
-#else
 #define SH_SIZE (P_BASE + 32)
-#define P_TILE P_BASE
-#define ROW_A(r) row_a[r]
-#endif
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -174,11 +156,7 @@ shared float row_l[16];  // each row's sum, at the end
 #if SPLIT
 shared float row_m[16];  // each row's reference maximum, at the end
 #endif
-#if GROUP_STATS
-shared float row_a[16 * N_GROUPS];  // each group's block scale of each row's O (1 where m stayed)
-#else
 shared float row_a[16];  // the block's scale of each row's O (1 where m stayed)
-#endif
 
 const float kNegHuge = -3.0e38;
 
@@ -186,8 +164,8 @@ const float kNegHuge = -3.0e38;
 // kernel's phases, summed over its blocks; two of them replace its marks (the layer table's
 // "early" and "mark" columns): 1 = a block's rows staged, its partial scores; 2 = P and the rows'
 // scales, O's products; 3 = the query's tiles into registers (QREG), the output; 4 = the step
-// words read, the query staged (and the first block's loads issued). Each phase ends after its
-// barrier.
+// words read (SPLIT), the query staged (and the first block's loads issued). Each phase ends
+// after its barrier.
 #if defined(TS_TIMELINE) && TS_TIMELINE && defined(TS_TC_PHASES) && TS_TC_PHASES
 uint ph_sum[8] = uint[8](0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
 uvec2 ph_clock, ph_begin;
@@ -311,43 +289,11 @@ void store_block(uint kbase) {
 #define STAGE_FIRST()
 #endif
 
-// Q_DIRECT (SPLIT with QREG and at least 16 heads, asked by the define; session 27): the groups
-// load their latent k-tiles of the query straight from q, as f32 cooperative matrices, instead of
-// the workgroup staging all of it (nine dependent rounds of loads); only the rope columns are
-// staged (one round).
-#if !defined(Q_DIRECT) || !QREG || !SPLIT || N_HEAD < 16
-#undef Q_DIRECT
-#define Q_DIRECT 0
-#endif
-#ifndef Q_UNROLL
-#define Q_UNROLL 0
-#endif
-#if Q_DIRECT
-#define Q_STAGED N_ROT
-#else
-#define Q_STAGED ROW
-#endif
 // Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
 #if QREG
 #define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
 #define Q_DECL(I, V) F16M V;
-#if Q_DIRECT
-// The latent k-tiles straight from q (f32, 16 heads' rows), all loads issued first thing
-// (QF_LOAD, before the step words), then scaled and converted to f16 (Q_LOAD); the rope ones as
-// staged.
-#define QF_LOAD(I, V)                                                                    \
-  fcoopmatNV<32, gl_ScopeSubgroup, 16, 16> V##_f;                                        \
-  if (I < KPG && g * KPG + I < NT_V) coopMatLoadNV(V##_f, q, r0 * ROW + 16u * (g * KPG + I), ROW, false);
-#define Q_LOAD(I, V)                                                                     \
-  if (I < KPG && g * KPG + I < NT_K) {                                                   \
-    if (g * KPG + I < NT_V)                                                              \
-      V = F16M(V##_f * args.kq_scale);                                                   \
-    else                                                                                 \
-      coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);                      \
-  }
-#else
 #define Q_LOAD(I, V) if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);
-#endif
 #define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (g * KPG + I), RS, true)
 #else
 #define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
@@ -389,7 +335,7 @@ void scale_tile(uint at) {
   const uint ln = gl_LocalInvocationIndex % 32u;
   [[unroll]] for (uint i = 0; i < 2u; ++i) {
     const uint u = at + ln + 32u * i;  // uvec4 u - at holds row (u - at) / 4
-    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * ROW_A((u - at) / 4u));
+    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[(u - at) / 4u]);
   }
   group_sync();
 }
@@ -421,12 +367,8 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #if COOP
 #define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
 #define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
-#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_TILE, 2u, kbase + 2u * (g * RT + J), RS, false)
-#if GROUP_STATS
-#define SCRATCH (SC_BASE + 64u * g)  // group g's scratch tile
-#else
+#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
 #define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
-#endif
 #define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH); acc_load(V, SCRATCH); }
 #if DIRECT_OUT
 #define O_WRITE1(J, V) \
@@ -442,10 +384,10 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
 #define O_MMAS                             \
   [[unroll]] for (uint j = 0; j < RT; ++j) \
-    if (g * RT + j < NT_V) MMA(o[j], P_TILE, 2u, kbase + 2u * (g * RT + j), RS, false)
+    if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, kbase + 2u * (g * RT + j), RS, false)
 #define O_SCALE                                                                       \
   [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
-    o[j][i] *= ROW_A((gl_LocalInvocationIndex % 32u + 32u * i) % 16u);
+    o[j][i] *= row_a[(gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
 #define O_WRITE                                           \
   [[unroll]] for (uint j = 0; j < RT; ++j) {              \
     acc_store(o[j], SP_BASE + 64u * g);                   \
@@ -459,9 +401,6 @@ void main() {
 #if SPLIT
   // One query (n_q 1): rows are heads; this workgroup's chunk [kv_begin, kv_end) of the context.
   const uint r0 = TILE_R0(gl_WorkGroupID.y), chunk = gl_WorkGroupID.x;
-#if Q_DIRECT
-  FOR_Q(QF_LOAD)
-#endif
   const uint n_q = 1u, pos0 = step_words[args.pos_word];
   const uint kv_len = min(pos0 + 1u, args.n_ctx);
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || gl_WorkGroupID.y * 16u >= uint(N_HEAD))
@@ -480,15 +419,8 @@ void main() {
 #endif
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
-  // With Q_DIRECT only the rope part is staged here; the latent k-tiles are loaded below. Q_UNROLL:
-  // the loop unrolled, so its rounds of loads need not wait for each other.
-#if Q_UNROLL
-  [[unroll]]
-#endif
-  for (uint j = 0; j < (16u * (Q_STAGED / 8u) + WG_SIZE - 1u) / WG_SIZE; ++j) {
-    const uint i = tid + j * WG_SIZE;
-    if (i >= 16u * (Q_STAGED / 8u)) break;
-    const uint r = i / (Q_STAGED / 8u), c0 = ROW - Q_STAGED + 8u * (i % (Q_STAGED / 8u)), t = (r0 + r) / uint(N_HEAD);
+  for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
+    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
     float v[8];
     [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(r0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
     if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
@@ -498,7 +430,7 @@ void main() {
         v[k + 1u] = rr.y;
       }
     }
-    sh[Q_BASE + r * RS + c0 / 8u] =
+    sh[Q_BASE + r * RS + i % (ROW / 8u)] =
         uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
               packHalf2x16(vec2(v[6], v[7])));
   }
@@ -513,17 +445,9 @@ void main() {
   TS_MARK_EARLY();  // bench --timeline: the queries staged
   PH_END(4)
 
-  // This thread's row of the statistics and P (invocations 0 .. 127: 8 a row, 2 columns each;
-  // GROUP_STATS: every group's lanes, 2 a row, 8 columns each) and its bound; the row's reference
-  // maximum and sum, the same in its lanes (butterfly reductions). stat_writer: the thread that
-  // writes its row's final (m, l).
-#if GROUP_STATS
-  const uint sr = (tid % 32u) / 2u, sc = 8u * (tid % 2u);
-  const bool stat_writer = tid < 32u && tid % 2u == 0u;
-#else
+  // This thread's row of the statistics and P (invocations 0 .. 127: 8 a row, 2 columns each) and
+  // its bound; the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
-  const bool stat_writer = tid < 128u && tid % 8u == 0u;
-#endif
   const uint st = (r0 + sr) / uint(N_HEAD);
   const uint kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
   float m_ref = kNegHuge, l_sum = 0.0;
@@ -535,34 +459,6 @@ void main() {
     PARTIAL_SCORES(kbase)
     barrier();
     PH_END(1)
-#if GROUP_STATS
-    {
-      float sv[8], m_blk = kNegHuge;
-      [[unroll]] for (uint c = 0; c < 8u; ++c) {
-        sv[c] = kb + sc + c < kv_row ? score(sr, sc + c) : kNegHuge;
-        m_blk = max(m_blk, sv[c]);
-      }
-      m_blk = max(m_blk, subgroupShuffleXor(m_blk, 1u));  // the same in the row's 2 lanes
-      float a = 1.0;
-      if (m_blk > m_ref + MARGIN) {  // as below
-        a = m_ref == kNegHuge ? 1.0 : exp(m_ref - m_blk);
-        l_sum *= a;
-        m_ref = m_blk;
-      }
-      float p_sum = 0.0;
-      uint pk[4];
-      [[unroll]] for (uint c = 0; c < 8u; c += 2u) {
-        const float p0 = kb + sc + c < kv_row ? exp(sv[c] - m_ref) : 0.0;
-        const float p1 = kb + sc + c + 1u < kv_row ? exp(sv[c + 1u] - m_ref) : 0.0;
-        p_sum += p0 + p1;
-        pk[c / 2u] = packHalf2x16(vec2(p0, p1));
-      }
-      l_sum += p_sum + subgroupShuffleXor(p_sum, 1u);
-      sh[P_TILE + sr * 2u + sc / 8u] = uvec4(pk[0], pk[1], pk[2], pk[3]);
-      if (tid % 2u == 0u) ROW_A(sr) = a;
-    }
-    group_sync();
-#else
     if (tid < 128u) {  // the rows' 8 lanes each (whole subgroups)
       const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
       const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
@@ -581,11 +477,10 @@ void main() {
       if (tid % 8u == 0u) row_a[sr] = a;
     }
     barrier();
-#endif
     PH_END(2)
     // O needs scaling where a row moved its m.
     bool moved = false;
-    [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || ROW_A(r) < 1.0;
+    [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || row_a[r] < 1.0;
     if (moved) {  // uniform
       O_SCALE
     }
@@ -597,9 +492,9 @@ void main() {
     PH_END(3)
   }
   TS_MARK();  // bench --timeline: the rows attended
-  if (stat_writer) row_l[sr] = l_sum;
+  if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;
 #if SPLIT
-  if (stat_writer) row_m[sr] = m_ref;
+  if (tid < 128u && tid % 8u == 0u) row_m[sr] = m_ref;
 #endif
   barrier();  // row_l; every group's last products done with the scratch tiles (SP)
 

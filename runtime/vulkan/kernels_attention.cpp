@@ -470,11 +470,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       usage_error("attention: ", tuning.decode_tc_groups, " tensor-core groups per workgroup, expected 4 or 8");
     PrefillAttentionTuning tc_tuning;
     tc_tuning.tc_groups = tuning.decode_tc_groups;
-    tc_tuning.tc_qdirect = tuning.decode_tc_qdirect;
     tc_tuning.tc_prefetch = tuning.decode_tc_prefetch;
     tc_tuning.tc_qreg = tuning.decode_tc_qreg;
-    tc_tuning.tc_qunroll = tuning.decode_tc_qunroll;
-    tc_tuning.tc_group_stats = tuning.decode_tc_group_stats;
     std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tc_tuning, tuning.decode_tc == 1);
     if (tc) {
       tc->name = "attention_decode_tc";

@@ -220,11 +220,8 @@ struct AttentionTuning {
   // kernel's 188.3; 254.2 against 242.7 at 8192, a tie at 6144, the rows kernel ahead at 4096).
   int decode_tc = -1;
   uint32_t decode_tc_groups = 4;  // its groups of 32 invocations per workgroup (4 or 8)
-  bool decode_tc_qdirect = false;  // its query's latent part loaded straight into registers (tc_qdirect)
   bool decode_tc_prefetch = true;  // its next block's rows loaded during the current one (tc_prefetch)
   bool decode_tc_qreg = true;      // each group's query k-tiles in registers (tc_qreg)
-  bool decode_tc_qunroll = false;  // its query's staging loop unrolled (tc_qunroll)
-  bool decode_tc_group_stats = false;  // every group computes the statistics and P (tc_group_stats)
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).

@@ -204,14 +204,6 @@ struct PrefillAttentionTuning {
   bool tc_f16_olat = false;
   uint32_t tc_groups = 4;  // groups of 32 invocations per workgroup (4 or 8): S's k-tiles and O's
                            // column tiles split over them
-  // The decode form's latent query k-tiles loaded by each group straight from q (Q_DIRECT; with
-  // cooperative matrices, the query in registers and at least 16 heads) instead of staged.
-  bool tc_qdirect = false;
-  // The query's staging loop unrolled (Q_UNROLL): its rounds of loads issued together.
-  bool tc_qunroll = false;
-  // Each group computes the row statistics and P itself (GROUP_STATS): no barrier between P and
-  // O's products; 2 KB more shared memory a workgroup with 4 groups.
-  bool tc_group_stats = false;
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices

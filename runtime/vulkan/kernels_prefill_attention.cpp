@@ -60,23 +60,19 @@ namespace {
 struct TcLayout {
   bool qreg = false, double_k = false;
   uint32_t groups = 4;
-  bool group_stats = false;
 };
 
 TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
   if (tuning.tc_groups != 4 && tuning.tc_groups != 8)
     usage_error("prefill attention: ", tuning.tc_groups, " groups per workgroup, expected 4 or 8");
-  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups, tuning.tc_group_stats};
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups};
 }
 
 uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
-  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P (with
-  // group_stats: a P tile and a scratch tile per group); then the rows' sums and scales (a set of
-  // scales per group with group_stats), and SPLIT's maxima (counted always).
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P;
+  // then the rows' sums and scales (and SPLIT's maxima: counted always).
   const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
-  const uint64_t p_tiles = l.group_stats ? l.groups : 1, scratch = l.group_stats ? 64 * l.groups : 0;
-  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32 * p_tiles + scratch) * 16 +
-         (2 + p_tiles) * 16 * 4;
+  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 3 * 16 * 4;
 }
 
 // The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
@@ -116,10 +112,7 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
-                    {"N_GROUPS", std::to_string(tc_layout->groups)},
-                    {"Q_DIRECT", tuning.tc_qdirect ? "1" : "0"},
-                    {"Q_UNROLL", tuning.tc_qunroll ? "1" : "0"},
-                    {"GROUP_STATS", tc_layout->group_stats ? "1" : "0"}},
+                    {"N_GROUPS", std::to_string(tc_layout->groups)}},
                    shape.rope.defines());
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);

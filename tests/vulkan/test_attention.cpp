@@ -303,9 +303,8 @@ struct DecodeCase {
   bool coalesced = true;      // AttentionTuning::rows_coalesced
   bool f16 = false;           // AttentionTuning::rows_f16
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
-  bool qdirect = false;       // AttentionTuning::decode_tc_qdirect (with cooperative matrices)
-  bool group_stats = false;   // AttentionTuning::decode_tc_group_stats
-  bool qunroll = false;       // AttentionTuning::decode_tc_qunroll
+  bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
+  bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -344,14 +343,9 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       {"tensor cores, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 7, 8, 9, 200, 201, 300, 330}, true, 5, true, false, true},
       {"tensor cores, indirect counts", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true},
       {"tensor cores, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true},
-      // the query's latent k-tiles loaded straight from q (where there are cooperative matrices)
-      {"tensor cores, GLM, query direct", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, true},
-      {"tensor cores, 33 heads, query direct", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true},
-      // every group its own statistics and P (rows of 192: two head tiles; 3 heads: dead rows),
-      // the query's staging loop unrolled
-      {"tensor cores, group statistics", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false, true, true},
-      {"tensor cores, 3 heads, group statistics", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true, false, true},
-      {"tensor cores, GLM, group statistics", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false, true},
+      // each block's rows loaded in its turn; the query in shared memory (with cooperative matrices)
+      {"tensor cores, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false},
+      {"tensor cores, GLM, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -368,9 +362,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.rows_coalesced = c.coalesced;
     t.rows_f16 = c.f16;
     t.decode_tc = c.tc ? 1 : 0;
-    t.decode_tc_qdirect = c.qdirect;
-    t.decode_tc_group_stats = c.group_stats;
-    t.decode_tc_qunroll = c.qunroll;
+    t.decode_tc_prefetch = c.tc_prefetch;
+    t.decode_tc_qreg = c.tc_qreg;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic

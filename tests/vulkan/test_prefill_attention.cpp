@@ -82,7 +82,7 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
-                                                    " groups ", tuning.tc_groups, " group_stats ", tuning.tc_group_stats, f16 ? " f16 olat" : "")
+                                                    " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
                    op.heads_per_group(), " tile ", op.tile(), " threads ", op.threads(), " split tile ",
@@ -168,12 +168,6 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_margin = 0; });  // a rescale at every new maximum
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_double_k = true; });  // two buffers, 3 barriers
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_groups = 8; });       // 256 invocations
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_group_stats = true; });  // 3 barriers a block
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) {  // the same with 8 groups, the query unrolled
-    t.tc_group_stats = true;
-    t.tc_groups = 8;
-    t.tc_qunroll = true;
-  });
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
   if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding

@@ -14,6 +14,7 @@
 #include "runtime/model/timeline.h"
 #include "runtime/vulkan/context.h"
 #include "runtime/vulkan/kernels_basic.h"
+#include "runtime/vulkan/kernels_prefill.h"
 #include "runtime/vulkan/memory.h"
 #include "tests/model/model_fixture.h"
 
@@ -260,6 +261,55 @@ TEST(GpuTimeline, EveryWorkgroupRecordedSameTokens) {
   EXPECT_EQ(tokens[0], tokens[1]);
   EXPECT_EQ(logits[0], logits[2]);
   EXPECT_EQ(tokens[0], tokens[2]);
+}
+
+// bench --tune tc_phases (GpuModelOptions::tc_phases): the tensor-core attention's two marks carry
+// two of its phase sums, so its workgroups' early mark and mark lie within their time, and each of
+// the four choices marks them; the tokens are those of the plain timeline; 5 is refused.
+TEST(GpuTimeline, TensorCorePhasesReplaceItsMarks) {
+  vk::Context* ctx = fixture.context();
+  if (ctx == nullptr) GTEST_SKIP() << "no Vulkan device";
+  if (!ctx->device().enabled().device_clock) GTEST_SKIP() << "no shader device clock";
+  if (!vk::attention_tc_supported(*ctx, true)) GTEST_SKIP() << "no tensor-core attention kernel here";
+  const testfx::ModelFiles f = fixture.files("tiny", "q4_0", "all");
+  TsrFile tsr = TsrFile::open(f.tsr);
+  const std::vector<int32_t> prompt = {3, 17, 42, 5, 99, 7, 11, 13, 2, 8, 21, 34};
+  std::vector<int32_t> tokens[5];
+  for (uint32_t phases = 0; phases <= 4; ++phases) {
+    SCOPED_TRACE(phases);
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.timeline = true;
+    o.tc_phases = phases;
+    o.attention.decode_tc = 1;  // the long range (past 4 positions) on the tensor-core kernel
+    o.attention.short_max_kv = 4;
+    o.attention.single = false;
+    o.attention.mid = false;
+    model::GpuModel m(*ctx, tsr, o);
+    m.forward(prompt, false);
+    for (int i = 0; i < 2; ++i) tokens[phases].push_back(m.decode_step());
+    const std::vector<model::DispatchSpan> spans = m.timeline_step(uint32_t(m.n_past()) + 1);
+    uint32_t tc = 0;
+    for (const model::DispatchSpan& d : spans) {
+      if (d.label.find("partial.tc") == std::string::npos) continue;
+      SCOPED_TRACE(d.label);
+      ++tc;
+      EXPECT_TRUE(d.early_marked);  // the queries staged (0), or a phase sum
+      EXPECT_GT(d.marked, 0u);      // the rows attended (0), or a phase sum (chunks past the context: none)
+      EXPECT_LE(d.wg_early_us, d.wg_us + 1e-9);
+      EXPECT_LE(d.wg_us - d.wg_tail_us, d.wg_us + 1e-9);
+    }
+    if (phases == 0 && tc == 0) GTEST_SKIP() << "the tiny model's tensor-core attention does not fit this device";
+    EXPECT_EQ(tc, m.config().n_layer) << "one tensor-core attention a layer";
+  }
+  for (uint32_t phases = 1; phases <= 4; ++phases) EXPECT_EQ(tokens[phases], tokens[0]) << phases;
+  model::GpuModelOptions bad{.n_ctx = 32, .prefill_chunk = 0};
+  bad.tc_phases = 5;
+  try {
+    model::GpuModel m(*ctx, tsr, bad);
+    ADD_FAILURE() << "tc_phases 5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tc_phases 5"), std::string::npos) << e.what();
+  }
 }
 
 TEST(GpuTimeline, Errors) {

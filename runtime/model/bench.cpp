@@ -302,6 +302,7 @@ std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, dou
     }
     out.push_back(summarize_timeline(steps, wall_us, d, m.timeline_untimed()));
     out.back().read_gbps = read_gbps;
+    out.back().tc_phases = o.tc_phases;
     for (TimelineFamily& f : out.back().families) f.ceiling_gbps = short_read_ceiling_gbps(short_reads, f.bytes_per_call);
   }
   return out;

@@ -97,6 +97,9 @@ struct TokenTimeline {
   int layer = -1;              // the layer of `layer_rows` (the middle one; -1: no layer labels)
   double layer_us = 0;         // its first start -> the next layer's first start (median)
   std::vector<LayerRow> layer_rows;
+  // GpuModelOptions::tc_phases of the run (0: none): the tensor-core attention's marks are then
+  // two of its phase sums, which the layer table says under its header.
+  uint32_t tc_phases = 0;
 };
 
 // Summarizes timeline steps (each the spans of one decode step; all of the same recording) with

@@ -85,6 +85,11 @@ TEST(Timeline, SummaryPerFamilyAndTheMiddleLayer) {
   EXPECT_NE(md.find("| moe_gateup | 3 | 10.00 | 1.00 | 4.00 | 10000 | 1.000 |"), std::string::npos) << md;
   EXPECT_NE(md.find("layer 1, µs from its first start"), std::string::npos) << md;
   EXPECT_NE(md.find("| moe_gateup blk.1. | 16 | 6.00 | 7.00 | - | 9.00 - 12.00 | 16.00 | -, 0.00, 0.00 | 1.0 |"), std::string::npos) << md;
+  EXPECT_EQ(md.find("tc_phases"), std::string::npos) << md;
+  model::TokenTimeline phased = t;
+  phased.tc_phases = 2;  // the layer table says what the tensor-core attention's marks hold
+  EXPECT_NE(model::timeline_markdown(phased).find("early mark = the time in its blocks' statistics and P, its mark = the time in its blocks' O products"),
+            std::string::npos);
 }
 
 // The read rate from the first early mark (with mark_gates: the end of an early-started kernel's

@@ -165,7 +165,8 @@ const float kNegHuge = -3.0e38;
 // "early" and "mark" columns): 1 = a block's rows staged, its partial scores; 2 = P and the rows'
 // scales, O's products; 3 = the query's tiles into registers (QREG), the output; 4 = the step
 // words read (SPLIT), the query staged (and the first block's loads issued). Each phase ends
-// after its barrier.
+// after its barrier, but for the step words (invocation 0's own loads) and, with DOUBLE_K (no
+// barrier after O's products), O's products (the other groups' then land in the next phase).
 #if defined(TS_TIMELINE) && TS_TIMELINE && defined(TS_TC_PHASES) && TS_TC_PHASES
 uint ph_sum[8] = uint[8](0u, 0u, 0u, 0u, 0u, 0u, 0u, 0u);
 uvec2 ph_clock, ph_begin;

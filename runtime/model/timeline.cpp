@@ -230,6 +230,16 @@ std::string timeline_markdown(const TokenTimeline& t) {
                 "start and end, nothing serialized)\n\n",
                 t.depth, t.tokens, t.dispatches);
   s += line;
+  if (t.tc_phases >= 1 && t.tc_phases <= 4) {
+    static const char* const kPhases[4][2] = {{"staging its blocks' rows", "its blocks' partial scores"},
+                                              {"its blocks' statistics and P", "its blocks' O products"},
+                                              {"loading its query's tiles into registers", "writing its output"},
+                                              {"reading the step words", "staging its query"}};
+    s += cat("(tc_phases=", t.tc_phases, ": the tensor-core attention's (partial.tc) marks are sums of its phases, not ",
+             "points in time, so its rates from the early mark and its times from the mark mean nothing here; a ",
+             "workgroup's early mark = the time in ", kPhases[t.tc_phases - 1][0], ", its mark = the time in ",
+             kPhases[t.tc_phases - 1][1], ")\n\n");
+  }
   s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | µs from the "
        "last mark to the end | bytes/call | GB/s | GB/s from the first early mark";
   // The rate's shares: of the read bandwidth (where measured), of a bare read of the family's
@@ -283,15 +293,6 @@ std::string timeline_markdown(const TokenTimeline& t) {
                 "their start to their early mark, their mark and their end\n\n",
                 t.layer, t.layer_us, per_char);
   s += line;
-  if (t.tc_phases >= 1 && t.tc_phases <= 4) {
-    static const char* const kPhases[4][2] = {{"staging its blocks' rows", "its blocks' partial scores"},
-                                              {"its blocks' statistics and P", "its blocks' O products"},
-                                              {"loading its query's tiles into registers", "writing its output"},
-                                              {"reading the step words", "staging its query"}};
-    s += cat("(tc_phases=", t.tc_phases, ": the tensor-core attention's (partial.tc) marks are sums of its phases, not ",
-             "points in time: a workgroup's early mark = the time in ", kPhases[t.tc_phases - 1][0], ", its mark = the time in ",
-             kPhases[t.tc_phases - 1][1], ")\n\n");
-  }
   s += "| dispatch | workgroups | start | last start | early marks | marks | end | a workgroup: early, mark, end | GB/s | |\n"
        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n";
   const auto range = [](bool on, double a, double b) { return on ? fmt2(a) + " - " + fmt2(b) : std::string("-"); };

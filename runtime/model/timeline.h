@@ -98,7 +98,7 @@ struct TokenTimeline {
   double layer_us = 0;         // its first start -> the next layer's first start (median)
   std::vector<LayerRow> layer_rows;
   // GpuModelOptions::tc_phases of the run (0: none): the tensor-core attention's marks are then
-  // two of its phase sums, which the layer table says under its header.
+  // two of its phase sums, which a note before the tables says.
   uint32_t tc_phases = 0;
 };
 

@@ -368,7 +368,10 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
     if (c.tc && !op.decode_uses_tc()) {
-      EXPECT_FALSE(vk::attention_tc_fits(*gpu().ctx, shape) && vk::attention_tc_supported(*gpu().ctx, true))
+      vk::PrefillAttentionTuning fit;
+      fit.tc_prefetch = c.tc_prefetch;
+      fit.tc_qreg = c.tc_qreg;
+      EXPECT_FALSE(vk::attention_tc_fits(*gpu().ctx, shape, fit) && vk::attention_tc_supported(*gpu().ctx, true))
           << "the tensor-core kernel fits but was not built";
       continue;  // its shared memory does not fit this device in the plain form
     }

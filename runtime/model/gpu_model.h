@@ -249,7 +249,7 @@ struct GpuModelOptions {
   // TS_MARK_EARLY (timeline.glsl TS_MARK_GATES; process-wide). bench --tune mark_gates=1.
   bool mark_gates = false;
   // With timeline: attention_prefill_tc.comp's two marks carry the summed time of two of its
-  // phases (attention_prefill_tc.comp TS_TC_PHASES; process-wide): 1 staging a block's rows and its partial
+  // phases (its define TS_TC_PHASES; process-wide): 1 staging a block's rows and its partial
   // scores, 2 P and O's products, 3 the query into registers and the output, 4 the step words and
   // the query staged. bench --tune tc_phases=N.
   uint32_t tc_phases = 0;

@@ -468,11 +468,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   if (tuning.decode_tc != 0) {
     if (tuning.decode_tc_groups != 4 && tuning.decode_tc_groups != 8)
       usage_error("attention: ", tuning.decode_tc_groups, " tensor-core groups per workgroup, expected 4 or 8");
-    PrefillAttentionTuning tc_tuning;
-    tc_tuning.tc_groups = tuning.decode_tc_groups;
-    tc_tuning.tc_prefetch = tuning.decode_tc_prefetch;
-    tc_tuning.tc_qreg = tuning.decode_tc_qreg;
-    std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tc_tuning, tuning.decode_tc == 1);
+    std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, decode_tc_tuning(tuning), tuning.decode_tc == 1);
     if (tc) {
       tc->name = "attention_decode_tc";
       tc->defines["SPLIT"] = "1";

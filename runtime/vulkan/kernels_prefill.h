@@ -220,6 +220,9 @@ bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillA
 // step's split form (AttentionOp, AttentionTuning::decode_tc: SPLIT and TILE added).
 std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape& shape,
                                               const PrefillAttentionTuning& tuning, bool plain);
+// The tensor-core kernel's choices of the decode step's form, from its decode_tc_* knobs (the rest
+// at their defaults): what AttentionOp builds it with, and what attention_tc_fits must be asked.
+PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t);
 
 class PrefillAttentionOp {
  public:

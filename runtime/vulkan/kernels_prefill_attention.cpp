@@ -120,6 +120,14 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
   return p;
 }
 
+PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
+  PrefillAttentionTuning p;
+  p.tc_groups = t.decode_tc_groups;
+  p.tc_prefetch = t.decode_tc_prefetch;
+  p.tc_qreg = t.decode_tc_qreg;
+  return p;
+}
+
 namespace {
 // The split-K choices of the prefill's partials and merge: the decode step's tensor-core long
 // range (and the short range's bound it moves) is not theirs.

@@ -368,10 +368,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
     if (c.tc && !op.decode_uses_tc()) {
-      vk::PrefillAttentionTuning fit;
-      fit.tc_prefetch = c.tc_prefetch;
-      fit.tc_qreg = c.tc_qreg;
-      EXPECT_FALSE(vk::attention_tc_fits(*gpu().ctx, shape, fit) && vk::attention_tc_supported(*gpu().ctx, true))
+      EXPECT_FALSE(vk::attention_tc_fits(*gpu().ctx, shape, vk::decode_tc_tuning(t)) &&
+                   vk::attention_tc_supported(*gpu().ctx, true))
           << "the tensor-core kernel fits but was not built";
       continue;  // its shared memory does not fit this device in the plain form
     }
@@ -594,12 +592,9 @@ TEST(AttentionShapeTest, DecodeTensorCoresWhereAskedAndPossible) {
     EXPECT_NE(std::string(e.what()).find("5 tensor-core groups"), std::string::npos) << e.what();
   }
   t.decode_tc_groups = 8;
+  EXPECT_EQ(vk::decode_tc_tuning(t).tc_groups, 8u);
   EXPECT_EQ(vk::AttentionOp(ctx, shape, t).decode_uses_tc(),
-            vk::attention_tc_supported(ctx, true) && vk::attention_tc_fits(ctx, shape, [] {
-              vk::PrefillAttentionTuning p;
-              p.tc_groups = 8;
-              return p;
-            }()));
+            vk::attention_tc_supported(ctx, true) && vk::attention_tc_fits(ctx, shape, vk::decode_tc_tuning(t)));
   t.decode_tc_groups = 4;
   EXPECT_FALSE(vk::AttentionOp(ctx, make_shape(20, 128, 8, 20000, kGlmRope), t).decode_uses_tc()) << "rows of 136";
 }

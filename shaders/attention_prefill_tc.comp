@@ -93,12 +93,6 @@
 #ifndef DOUBLE_K
 #define DOUBLE_K 0
 #endif
-#ifndef KDIRECT
-#define KDIRECT 0
-#endif
-#if KDIRECT && DOUBLE_K
-#error "attention_prefill_tc.comp: KDIRECT stages only a last partial block (one K buffer)"
-#endif
 #if !COOP
 #undef QREG
 #define QREG 0
@@ -267,7 +261,7 @@ void stage_block(uint kb, uint kv_end, uint kbase) {
   }
 }
 
-#if TC_PREFETCH && !KDIRECT
+#if TC_PREFETCH
 // TC_PREFETCH: the next block's cache rows are loaded into registers while the current block is
 // multiplied, and stored into its K buffer at the next block's start (its load latency off the chain).
 #define KPT ((16u * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)  // uvec4 per invocation and block
@@ -293,12 +287,7 @@ void store_block(uint kbase) {
 #define STAGE(kb, kbase)               \
   stage_block((kb), kv_end, (kbase));  \
   barrier();
-#if KDIRECT  // the first block's K tiles, beside the query's staging
-#define STAGE_FIRST() \
-  if (TC_PREFETCH != 0 && kv_begin + 16u <= kv_end) KF_LOAD(kv_begin)
-#else
 #define STAGE_FIRST()
-#endif
 #endif
 
 // Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
@@ -407,93 +396,6 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
   }
 #endif
 
-// KDIRECT: a block whose 16 rows are all below kv_end takes its operands straight from the cache
-// (no staging, no barrier before S, none after O: 2 barriers a block instead of 4); only a last,
-// partial block is staged (zeros past kv_end) as above. With COOP, group g's K k-tiles (S's B
-// operand, column-major) are cooperative matrices kf0 .. kf8, loaded during the block before
-// (TC_PREFETCH) or at the block's start, and its V tiles (O's B operand) vf0 .. vf7, loaded after
-// its S products and used after the statistics; P is loaded once per block. The plain form
-// multiplies from the cache buffer in place (the tests' path).
-#if KDIRECT
-#define CACHE_AT(kb, tile) ((kb) * (ROW / 8u) + 2u * (tile))  // uvec4 index of (row kb, column 16 tile)
-#if COOP
-#define FOR_KF(X) X(0, q0, kf0) X(1, q1, kf1) X(2, q2, kf2) X(3, q3, kf3) X(4, q4, kf4) X(5, q5, kf5) X(6, q6, kf6) X(7, q7, kf7) X(8, q8, kf8)
-#define FOR_VF(X) X(0, o0, vf0) X(1, o1, vf1) X(2, o2, vf2) X(3, o3, vf3) X(4, o4, vf4) X(5, o5, vf5) X(6, o6, vf6) X(7, o7, vf7)
-#define KF_DECL(I, QV, KV) F16M KV;
-#define KF_LOAD1(I, QV, KV) \
-  if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(KV, cache4, CACHE_AT(kf_row, g * KPG + I), ROW / 8u, true);
-#if QREG
-#define KF_MMA(I, QV, KV) if (I < KPG && g * KPG + I < NT_K) s = coopMatMulAddNV(QV, KV, s);
-#else
-#define KF_MMA(I, QV, KV)                                                  \
-  if (I < KPG && g * KPG + I < NT_K) {                                     \
-    F16M qa_;                                                              \
-    coopMatLoadNV(qa_, sh, Q_BASE + 2u * (g * KPG + I), RS, false);        \
-    s = coopMatMulAddNV(qa_, KV, s);                                       \
-  }
-#endif
-#define VF_DECL(J, OV, VV) F16M VV;
-#define VF_LOAD(J, OV, VV) if (J < RT && g * RT + J < NT_V) coopMatLoadNV(VV, cache4, CACHE_AT(kb, g * RT + J), ROW / 8u, false);
-#define VF_MMA(J, OV, VV) if (J < RT && g * RT + J < NT_V) OV = coopMatMulAddNV(pa, VV, OV);
-// The K tiles of the block at row `row` into kf0 .. kf8.
-#define KF_LOAD(row)          \
-  {                           \
-    const uint kf_row = (row); \
-    FOR_KF(KF_LOAD1)          \
-  }
-#define KF_DECLS FOR_KF(KF_DECL)
-#define DIRECT_SCORES(kb)              \
-  {                                    \
-    ACC s;                             \
-    acc_zero(s);                       \
-    FOR_KF(KF_MMA)                     \
-    acc_store(s, SP_BASE + 64u * g);   \
-  }
-#define VF_DECLS FOR_VF(VF_DECL)
-#define VF_LOADS(kb) FOR_VF(VF_LOAD)
-#define DIRECT_O(kb)                           \
-  {                                            \
-    F16M pa;                                   \
-    coopMatLoadNV(pa, sh, P_BASE, 2u, false);  \
-    FOR_VF(VF_MMA)                             \
-  }
-#else
-// f16 value (row r, column c) of the cache's rows from uvec4 index base, stride in uvec4.
-float cache_h(uint base, uint stride, uint r, uint c) {
-  return unpackHalf2x16(cache4[base + r * stride + c / 8u][(c % 8u) / 2u] >> ((c & 1u) * 16u)).x;
-}
-// acc += A B: A row-major in sh at a0 (stride as), B from the cache at b0 (stride bs), column-major or not.
-#define MMA_CACHE(ACCV, A0, AS, B0, BS, BCOL)                                                         \
-  {                                                                                                   \
-    const uint ln = gl_LocalInvocationIndex % 32u;                                                    \
-    [[unroll]] for (uint i = 0; i < 8; ++i) {                                                         \
-      const uint e = ln + 32u * i, mr = e % 16u, mn = e / 16u;                                        \
-      float sum = ACCV[i];                                                                            \
-      for (uint k = 0; k < 16u; ++k)                                                                  \
-        sum += sh_h((A0), (AS), mr, k) * ((BCOL) ? cache_h((B0), (BS), mn, k) : cache_h((B0), (BS), k, mn)); \
-      ACCV[i] = sum;                                                                                  \
-    }                                                                                                 \
-  }
-#define KF_DECLS
-#define KF_LOAD(row) {}
-#define VF_DECLS
-#define VF_LOADS(kb)
-#define DIRECT_SCORES(kb)                                                                              \
-  {                                                                                                    \
-    ACC s;                                                                                             \
-    acc_zero(s);                                                                                       \
-    [[unroll]] for (uint kt = 0; kt < KPG; ++kt)                                                       \
-      if (g * KPG + kt < NT_K) MMA_CACHE(s, Q_BASE + 2u * (g * KPG + kt), RS, CACHE_AT(kb, g * KPG + kt), ROW / 8u, true) \
-    acc_store(s, SP_BASE + 64u * g);                                                                   \
-  }
-#define DIRECT_O(kb)                             \
-  [[unroll]] for (uint j = 0; j < RT; ++j)       \
-    if (g * RT + j < NT_V) MMA_CACHE(o[j], P_BASE, 2u, CACHE_AT(kb, g * RT + j), ROW / 8u, false)
-#endif
-#else
-#define KF_DECLS
-#endif
-
 void main() {
   PH_BEGIN();
   const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
@@ -517,7 +419,6 @@ void main() {
   const uint kv_begin = 0u, kv_end = min(pos0 + t_last + 1u, args.n_ctx);
 #endif
 
-  KF_DECLS  // KDIRECT with COOP: the next direct block's K tiles
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
   for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
     const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
@@ -554,27 +455,9 @@ void main() {
   O_DECLS
   for (uint kb = kv_begin; kb < kv_end; kb += 16u) {  // uniform
     const uint kbase = K_BASE + (DOUBLE_K != 0 ? (kb / 16u) % 2u : 0u) * 16u * RS;
-#if KDIRECT
-    const bool direct = kb + 16u <= kv_end;  // uniform: every row of the block is below kv_end
-    VF_DECLS
-    if (direct) {
-      if (TC_PREFETCH == 0) KF_LOAD(kb)
-      PH_END(0)
-      DIRECT_SCORES(kb)
-      VF_LOADS(kb)
-      if (TC_PREFETCH != 0 && kb + 32u <= kv_end) KF_LOAD(kb + 16u)
-    } else {
-      stage_block(kb, kv_end, kbase);
-      barrier();
-      PH_END(0)
-      PARTIAL_SCORES(kbase)
-    }
-#else
-    const bool direct = false;
     STAGE(kb, kbase)
     PH_END(0)
     PARTIAL_SCORES(kbase)
-#endif
     barrier();
     PH_END(1)
     if (tid < 128u) {  // the rows' 8 lanes each (whole subgroups)
@@ -602,20 +485,11 @@ void main() {
     if (moved) {  // uniform
       O_SCALE
     }
-#if KDIRECT
-    if (direct) {
-      DIRECT_O(kb)
-    } else {
-      O_MMAS
-    }
-#else
     O_MMAS
-#endif
     // Without DOUBLE_K, K and P are rewritten by the next block; with it, the next block's rows
     // go to the other buffer, and the next barrier (its rows stored) comes before P, row_a and
-    // the partial tiles are rewritten. A direct block writes no K buffer: the next block's first
-    // barrier (after its S tiles) comes before P, row_a and those tiles are rewritten.
-    if (DOUBLE_K == 0 && !direct) barrier();
+    // the partial tiles are rewritten.
+    if (DOUBLE_K == 0) barrier();
     PH_END(3)
   }
   TS_MARK();  // bench --timeline: the rows attended

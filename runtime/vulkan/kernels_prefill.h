@@ -199,10 +199,6 @@ struct PrefillAttentionTuning {
   // with one buffer, +13 % there).
   bool tc_double_k = false;
   bool tc_qreg = true;
-  // Full blocks of 16 cache rows multiplied straight from the cache (KDIRECT: no staging, 2
-  // barriers a block instead of 4; a last partial block staged as before; session 28). Two K
-  // buffers do not go with it (tc_double_k is then ignored).
-  bool tc_kdirect = false;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;

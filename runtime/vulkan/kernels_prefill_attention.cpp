@@ -79,7 +79,7 @@ uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
 // where not even one fits or the shape is not the kernel's.
 std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
   if (shape.kv_lora % 16 != 0 || shape.row() % 16 != 0 || shape.kv_lora > 512 || shape.row() > 576) return std::nullopt;
-  for (bool dk : {tuning.tc_double_k && !tuning.tc_kdirect, false}) {
+  for (bool dk : {tuning.tc_double_k, false}) {
     const TcLayout l = tc_layout(ctx, tuning, dk);
     if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
   }
@@ -112,7 +112,6 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
-                    {"KDIRECT", tuning.tc_kdirect ? "1" : "0"},
                     {"N_GROUPS", std::to_string(tc_layout->groups)}},
                    shape.rope.defines());
   p.num_buffers = 4;
@@ -126,7 +125,6 @@ PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   p.tc_groups = t.decode_tc_groups;
   p.tc_prefetch = t.decode_tc_prefetch;
   p.tc_qreg = t.decode_tc_qreg;
-  p.tc_kdirect = t.decode_tc_kdirect;
   return p;
 }
 

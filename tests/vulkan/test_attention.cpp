@@ -305,7 +305,6 @@ struct DecodeCase {
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
   bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
-  bool tc_kdirect = false;    // AttentionTuning::decode_tc_kdirect
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -347,13 +346,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // each block's rows loaded in its turn; the query in shared memory (with cooperative matrices)
       {"tensor cores, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false},
       {"tensor cores, GLM, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false},
-      // full blocks straight from the cache: chunks of whole blocks and a partial last one (GLM,
-      // chunks of 64 rows: 9 of them and one of 23 at 599), 17 heads x 48 in short chunks, no
-      // prefetch, the query in shared memory (with cooperative matrices)
-      {"tensor cores, direct blocks, GLM", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 32, 33, 300, 599}, true, 0, true, false, true, true, true, true},
-      {"tensor cores, direct blocks, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 8, 9, 200, 330}, true, 5, true, false, true, true, true, true},
-      {"tensor cores, direct blocks, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 48, 301, 599}, true, 0, true, false, true, false, true, true},
-      {"tensor cores, direct blocks, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 33, 301, 599}, true, 0, true, false, true, true, false, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -372,7 +364,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_prefetch = c.tc_prefetch;
     t.decode_tc_qreg = c.tc_qreg;
-    t.decode_tc_kdirect = c.tc_kdirect;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic

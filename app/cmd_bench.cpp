@@ -105,6 +105,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.prefill_attention.tc_qreg = v != 0; }},
     {"pattn_tc_groups", 8, "... groups of 32 invocations per workgroup: 4 (default) or 8",
      [](O& o, uint32_t v) { o.prefill_attention.tc_groups = v; }},
+    {"pattn_tc_stagger", 1, "... each workgroup walks the cache from its own block on: 1 / 0 (default)",
+     [](O& o, uint32_t v) { o.prefill_attention.tc_stagger = v != 0; }},
     {"matmul_rows", 4, "16-row tiles per prefill matmul workgroup: 1, 2 or 4; 0 auto", [](O& o, uint32_t v) { o.matmul.row_tiles = v; }},
     {"matmul_step", 2048, "columns of W each prefill matmul workgroup stages per step (multiple of 32; of 64 for Q4_K / Q5_K, 128 for Q6_K); 0 auto (64)",
      [](O& o, uint32_t v) { o.matmul.step = v; }},

@@ -39,7 +39,9 @@
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
 // N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
-// SPLIT (0/1) with TILE (the chunking's rounding).
+// SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, not with SPLIT): workgroup x
+// walks its blocks from block x mod n_blk on, around to the start (the softmax does not depend on
+// the order), so the resident workgroups do not all read the same cache rows at once.
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
 // SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
@@ -92,6 +94,9 @@
 #endif
 #ifndef DOUBLE_K
 #define DOUBLE_K 0
+#endif
+#ifndef STAGGER
+#define STAGGER 0
 #endif
 #if !COOP
 #undef QREG
@@ -281,8 +286,8 @@ void store_block(uint kbase) {
 #define STAGE(kb, kbase)                              \
   store_block(kbase);                                 \
   barrier();                                          \
-  if ((kb) + 16u < kv_end) load_block((kb) + 16u, kv_end);
-#define STAGE_FIRST() load_block(kv_begin, kv_end);
+  if (i + 1u < n_blk) load_block(kb_next, kv_end);
+#define STAGE_FIRST() load_block(kb_first, kv_end);
 #else
 #define STAGE(kb, kbase)               \
   stage_block((kb), kv_end, (kbase));  \
@@ -418,6 +423,15 @@ void main() {
   const uint t_last = min((r0 + 15u) / uint(N_HEAD), n_q - 1u);
   const uint kv_begin = 0u, kv_end = min(pos0 + t_last + 1u, args.n_ctx);
 #endif
+  // The blocks of [kv_begin, kv_end), walked from block blk0 on and around (STAGGER: each
+  // workgroup of the prefill from its own block, so the resident workgroups read different rows).
+  const uint n_blk = (kv_end - kv_begin + 15u) / 16u;
+#if STAGGER && !SPLIT
+  const uint blk0 = gl_WorkGroupID.x % n_blk;
+#else
+  const uint blk0 = 0u;
+#endif
+  const uint kb_first = kv_begin + 16u * blk0;
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
   for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
@@ -453,8 +467,10 @@ void main() {
   const uint kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
   float m_ref = kNegHuge, l_sum = 0.0;
   O_DECLS
-  for (uint kb = kv_begin; kb < kv_end; kb += 16u) {  // uniform
-    const uint kbase = K_BASE + (DOUBLE_K != 0 ? (kb / 16u) % 2u : 0u) * 16u * RS;
+  uint kb = kb_first;
+  for (uint i = 0u; i < n_blk; ++i) {  // uniform
+    const uint kb_next = kb + 16u < kv_end ? kb + 16u : kv_begin;  // the walk's next block
+    const uint kbase = K_BASE + (DOUBLE_K != 0 ? i % 2u : 0u) * 16u * RS;
     STAGE(kb, kbase)
     PH_END(0)
     PARTIAL_SCORES(kbase)
@@ -491,6 +507,7 @@ void main() {
     // the partial tiles are rewritten.
     if (DOUBLE_K == 0) barrier();
     PH_END(3)
+    kb = kb_next;
   }
   TS_MARK();  // bench --timeline: the rows attended
   if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;

@@ -199,6 +199,9 @@ struct PrefillAttentionTuning {
   // with one buffer, +13 % there).
   bool tc_double_k = false;
   bool tc_qreg = true;
+  // Each workgroup walks the cache from its own block on, around to the start (STAGGER), so the
+  // resident workgroups do not all read the same rows at the same time (session 28).
+  bool tc_stagger = false;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;

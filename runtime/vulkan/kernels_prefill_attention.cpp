@@ -112,6 +112,7 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"MARGIN", std::to_string(tuning.tc_margin) + ".0"},
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
+                    {"STAGGER", tuning.tc_stagger ? "1" : "0"},
                     {"N_GROUPS", std::to_string(tc_layout->groups)}},
                    shape.rope.defines());
   p.num_buffers = 4;

@@ -82,6 +82,7 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
+                                                    " stagger ", tuning.tc_stagger,
                                                     " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
@@ -168,6 +169,9 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_margin = 0; });  // a rescale at every new maximum
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_double_k = true; });  // two buffers, 3 barriers
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_groups = 8; });       // 256 invocations
+  // each workgroup's walk from its own block, around (with the register prefetch, then two buffers)
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_stagger = true; });
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_stagger = true, t.tc_double_k = true, t.tc_prefetch = false; });
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
   if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding

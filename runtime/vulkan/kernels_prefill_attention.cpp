@@ -126,6 +126,7 @@ PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   p.tc_groups = t.decode_tc_groups;
   p.tc_prefetch = t.decode_tc_prefetch;
   p.tc_qreg = t.decode_tc_qreg;
+  p.tc_stagger = t.decode_tc_stagger;
   return p;
 }
 

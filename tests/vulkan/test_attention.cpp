@@ -305,6 +305,7 @@ struct DecodeCase {
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
   bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
+  bool tc_stagger = false;    // AttentionTuning::decode_tc_stagger
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -346,6 +347,10 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // each block's rows loaded in its turn; the query in shared memory (with cooperative matrices)
       {"tensor cores, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false},
       {"tensor cores, GLM, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false},
+      // each chunk stages the query from its own round on (rows of 80: 2 rounds of 128 lanes' 8
+      // values, the second a quarter full; GLM's rows: 9 full rounds)
+      {"tensor cores, staggered query", 20, 64, 16, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 599}, true, 0, true, false, true, true, true, true},
+      {"tensor cores, GLM, staggered query", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, true, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -364,6 +369,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_prefetch = c.tc_prefetch;
     t.decode_tc_qreg = c.tc_qreg;
+    t.decode_tc_stagger = c.tc_stagger;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
@@ -393,7 +399,9 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     std::vector<uint16_t> cache_h(size_t(c.n_ctx) * row);
     const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 21);
     for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-    const std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 22);
+    // A new query for every context length: a kernel that used shared memory it did not write
+    // this run (a workgroup before it staged the same query) would read the last run's.
+    std::vector<float> q_h = test::random_values(size_t(c.n_head) * row, 2.f, 22);
     vk::Buffer q = make_buffer(q_h.size() * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
     vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
     vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
@@ -413,6 +421,8 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       EXPECT_EQ(rec.barrier_count(), f ? 0u : 1u);
     }
     for (uint32_t kv_len : c.kv_lens) {
+      q_h = test::random_values(q_h.size(), 2.f, 22 + kv_len);
+      upload(q, q_h);
       poison(olat);
       poison(partials);
       op.decode_counts(kv_len, words);

@@ -239,8 +239,6 @@ const Knob<A> kAttentionKnobs[] = {
     {"decode_tc_groups", 8, "its groups of 32 invocations per workgroup, 4 or 8", [](A& t, uint32_t v) { t.decode_tc_groups = v; }},
     {"decode_tc_prefetch", 1, "its next block's rows loaded during the current one: 1 (default) / 0", [](A& t, uint32_t v) { t.decode_tc_prefetch = v != 0; }},
     {"decode_tc_qreg", 1, "each group's query k-tiles in registers: 1 (default) / 0", [](A& t, uint32_t v) { t.decode_tc_qreg = v != 0; }},
-    {"decode_tc_stagger", 1, "each chunk stages the query from its own round on: 1 / 0 (default)",
-     [](A& t, uint32_t v) { t.decode_tc_stagger = v != 0; }},
     {"mid_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.mid_max_kv = v; }},
     {"mid_groups", kAnyCount, "its workgroups per head", [](A& t, uint32_t v) { t.mid_groups = v; }},
     {"mid_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.mid_subgroups = v; }},

@@ -39,10 +39,10 @@
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
 // N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
-// SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1): the resident workgroups do not
-// all read the same addresses at once: in the prefill workgroup x walks its blocks from block
-// x mod n_blk on, around to the start (the softmax does not depend on the order); with SPLIT
-// (every workgroup stages the same query) chunk c stages the query from round c mod 9 on.
+// SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
+// chunk is its own already): workgroup x walks its blocks from block x mod n_blk on, around to
+// the start (the softmax does not depend on the order), so the resident workgroups do not all
+// read the same cache rows at once.
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
 // SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
@@ -428,23 +428,14 @@ void main() {
   // workgroup of the prefill from its own block, so the resident workgroups read different rows).
   const uint n_blk = (kv_end - kv_begin + 15u) / 16u;
 #if STAGGER && !SPLIT
-  const uint blk0 = gl_WorkGroupID.x % n_blk;  // (SPLIT: each chunk is its own already)
+  const uint blk0 = gl_WorkGroupID.x % n_blk;
 #else
   const uint blk0 = 0u;
 #endif
   const uint kb_first = kv_begin + 16u * blk0;
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
-  // STAGGER with SPLIT: every workgroup stages the same query; each starts at its own round.
-#if STAGGER && SPLIT
-#define Q_ROUNDS ((16u * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)
-  const uint q_rot = chunk % Q_ROUNDS;
-  [[dont_unroll]] for (uint j = 0u; j < Q_ROUNDS; ++j) {  // (unrolled, the loop's code cost 8 %: session 27)
-    const uint i = tid + WG_SIZE * (j + q_rot < Q_ROUNDS ? j + q_rot : j + q_rot - Q_ROUNDS);
-    if (i >= 16u * (ROW / 8u)) continue;
-#else
   for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
-#endif
     const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
     float v[8];
     [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(r0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;

@@ -222,7 +222,6 @@ struct AttentionTuning {
   uint32_t decode_tc_groups = 4;  // its groups of 32 invocations per workgroup (4 or 8)
   bool decode_tc_prefetch = true;  // its next block's rows loaded during the current one (tc_prefetch)
   bool decode_tc_qreg = true;      // each group's query k-tiles in registers (tc_qreg)
-  bool decode_tc_stagger = false;  // each chunk stages the query from its own round on (tc_stagger)
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).

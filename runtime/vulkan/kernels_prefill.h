@@ -201,8 +201,7 @@ struct PrefillAttentionTuning {
   bool tc_qreg = true;
   // Each workgroup walks the cache from its own block on, around to the start (STAGGER), so the
   // resident workgroups do not all read the same rows at the same time (H100, GLM pp512 @4096:
-  // +2.9 %, session 28). The decode form (SPLIT) has its own chunk each: there each workgroup
-  // stages the (shared) query from its own round on instead.
+  // +2.9 / +3.0 %, session 28; the decode form's chunks are disjoint already).
   bool tc_stagger = true;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).

@@ -126,7 +126,7 @@ PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   p.tc_groups = t.decode_tc_groups;
   p.tc_prefetch = t.decode_tc_prefetch;
   p.tc_qreg = t.decode_tc_qreg;
-  p.tc_stagger = t.decode_tc_stagger;
+  p.tc_stagger = false;  // (each chunk is its own; STAGGER does nothing with SPLIT)
   return p;
 }
 

@@ -305,7 +305,6 @@ struct DecodeCase {
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
   bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
-  bool tc_stagger = false;    // AttentionTuning::decode_tc_stagger
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -347,10 +346,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // each block's rows loaded in its turn; the query in shared memory (with cooperative matrices)
       {"tensor cores, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false},
       {"tensor cores, GLM, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false},
-      // each chunk stages the query from its own round on (rows of 80: 2 rounds of 128 lanes' 8
-      // values, the second a quarter full; GLM's rows: 9 full rounds)
-      {"tensor cores, staggered query", 20, 64, 16, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 599}, true, 0, true, false, true, true, true, true},
-      {"tensor cores, GLM, staggered query", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, true, true},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -369,7 +364,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_prefetch = c.tc_prefetch;
     t.decode_tc_qreg = c.tc_qreg;
-    t.decode_tc_stagger = c.tc_stagger;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic

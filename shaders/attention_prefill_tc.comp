@@ -75,15 +75,23 @@
 #ifndef N_GROUPS
 #define N_GROUPS 4
 #endif
-#if N_GROUPS != 4 && N_GROUPS != 8
-#error "attention_prefill_tc.comp: N_GROUPS is 4 or 8"
+#ifndef M_TILES
+#define M_TILES 1
+#endif
+#if M_TILES != 1 && M_TILES != 2
+#error "attention_prefill_tc.comp: M_TILES is 1 or 2"
+#endif
+#define GPT (N_GROUPS / M_TILES)   // groups per M tile
+#if GPT != 4 && GPT != 8
+#error "attention_prefill_tc.comp: 4 or 8 groups per M tile"
 #endif
 #define WG_SIZE (32 * N_GROUPS)
 #define RS (ROW / 8 + 1)           // row stride in uvec4 (ROW f16 + 8 f16 of padding)
 #define NT_K (ROW / 16)            // k-tiles of S
-#define KPG ((NT_K + N_GROUPS - 1) / N_GROUPS)  // ... per group
+#define KPG ((NT_K + GPT - 1) / GPT)  // ... per group
 #define NT_V (KV_LORA / 16)        // column tiles of O
-#define RT ((NT_V + N_GROUPS - 1) / N_GROUPS)   // ... per group
+#define RT ((NT_V + GPT - 1) / GPT)   // ... per group
+#define MR (16 * M_TILES)          // the workgroup's rows
 #if KPG > 9 || RT > 8
 #error "attention_prefill_tc.comp: R <= 512 and R + Dr <= 576"
 #endif
@@ -99,16 +107,16 @@
 #ifndef STAGGER
 #define STAGGER 0
 #endif
-#if !COOP
+#if !COOP || !defined(QREG)
 #undef QREG
 #define QREG 0
 #endif
 #if QREG
-#define Q_BASE 0  // staged in K buffer 0, then held in registers
+#define Q_BASE 0  // staged in K buffer 0 one M tile at a time, then held in registers
 #define K_BASE 0
 #else
 #define Q_BASE 0
-#define K_BASE (16 * RS)
+#define K_BASE (MR * RS)
 #endif
 #if DOUBLE_K
 #define N_KBUF 2
@@ -117,7 +125,7 @@
 #endif
 #define SP_BASE (K_BASE + N_KBUF * 16 * RS)
 #define P_BASE (SP_BASE + 64 * N_GROUPS)
-#define SH_SIZE (P_BASE + 32)
+#define SH_SIZE (P_BASE + 32 * M_TILES)
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -158,11 +166,11 @@ layout(std430, binding = 3) writeonly restrict buffer Out { float olat[]; };
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
 shared uvec4 sh[SH_SIZE];
-shared float row_l[16];  // each row's sum, at the end
+shared float row_l[MR];  // each row's sum, at the end
 #if SPLIT
-shared float row_m[16];  // each row's reference maximum, at the end
+shared float row_m[MR];  // each row's reference maximum, at the end
 #endif
-shared float row_a[16];  // the block's scale of each row's O (1 where m stayed)
+shared float row_a[MR];  // the block's scale of each row's O (1 where m stayed)
 
 const float kNegHuge = -3.0e38;
 
@@ -296,17 +304,19 @@ void store_block(uint kbase) {
 #define STAGE_FIRST()
 #endif
 
-// Group g's k-tiles kk = g KPG + i: the query's either in registers (QREG: q0 .. q8) or in sh.
+// Group g's k-tiles kk = gt KPG + i (gt: its index among its M tile's groups): the query's either
+// in registers (QREG: q0 .. q8) or in sh (its M tile's rows).
 #if QREG
 #define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
 #define Q_DECL(I, V) F16M V;
-#define Q_LOAD(I, V) if (I < KPG && g * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (g * KPG + I), RS, false);
-#define S_MMA(I, V) if (I < KPG && g * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (g * KPG + I), RS, true)
+#define Q_LOAD(I, V) if (I < KPG && gt * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (gt * KPG + I), RS, false);
+#define S_MMA(I, V) if (I < KPG && gt * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (gt * KPG + I), RS, true)
 #else
 #define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
 #define Q_DECL(I, V)
 #define Q_LOAD(I, V)
-#define S_MMA(I, V) if (g * KPG + I < NT_K) MMA(s, Q_BASE + 2u * (g * KPG + I), RS, kbase + 2u * (g * KPG + I), RS, true)
+#define S_MMA(I, V) \
+  if (gt * KPG + I < NT_K) MMA(s, Q_BASE + mt * 16u * RS + 2u * (gt * KPG + I), RS, kbase + 2u * (gt * KPG + I), RS, true)
 #endif
 // Group g's part of S for the block in the K buffer at kbase, stored at SP_BASE + 64 g.
 #define PARTIAL_SCORES(kbase) \
@@ -317,10 +327,10 @@ void store_block(uint kbase) {
     acc_store(s, SP_BASE + 64u * g); \
   }
 
-// S (row r, block column c): the groups' partial tiles summed.
+// S (row r of the workgroup's MR, block column c): the partial tiles of its M tile's groups summed.
 float score(uint r, uint c) {
   float s = 0.0;
-  [[unroll]] for (uint g = 0; g < N_GROUPS; ++g) s += tile_f(SP_BASE + 64u * g, r, c);
+  [[unroll]] for (uint g = 0; g < GPT; ++g) s += tile_f(SP_BASE + 64u * ((r / 16u) * GPT + g), r % 16u, c);
   return s;
 }
 
@@ -336,13 +346,13 @@ float sum8(float v) {
   return v + subgroupShuffleXor(v, 4u);
 }
 
-// The group's f32 row-major tile at uvec4 index at, row r scaled by row_a[r].
-void scale_tile(uint at) {
+// The group's f32 row-major tile at uvec4 index at, row r scaled by row_a[16 m + r] (m: its M tile).
+void scale_tile(uint at, uint m) {
   group_sync();
   const uint ln = gl_LocalInvocationIndex % 32u;
   [[unroll]] for (uint i = 0; i < 2u; ++i) {
     const uint u = at + ln + 32u * i;  // uvec4 u - at holds row (u - at) / 4
-    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[(u - at) / 4u]);
+    sh[u] = floatBitsToUint(uintBitsToFloat(sh[u]) * row_a[16u * m + (u - at) / 4u]);
   }
   group_sync();
 }
@@ -350,8 +360,8 @@ void scale_tile(uint at) {
 // The group's tile jt (O's columns 16 jt ..; none past NT_V) of the live rows out, divided by
 // their sums, through its scratch tile at `at` (stored there before the call).
 // `sel`: the live query count; SPLIT: the chunk, whose partial o goes out unnormalized for the
-// heads r0 + r < N_HEAD.
-void write_tile(uint at, uint jt, uint r0, uint sel) {
+// heads r0 + r < N_HEAD. m: the group's M tile (its rows' sums row_l[16 m ..]).
+void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
   group_sync();
   const uint ln = gl_LocalInvocationIndex % 32u;
   [[unroll]] for (uint i = 0; i < 8u; ++i) {
@@ -359,14 +369,14 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #if SPLIT
     if (jt < NT_V && r0 + r < uint(N_HEAD)) partials[(sel * N_HEAD + r0 + r) * KV_LORA + 16u * jt + c] = tile_f(at, r, c);
 #else
-    const float inv = row_l[r] > 0.0 ? 1.0 / row_l[r] : 0.0;
+    const float inv = row_l[16u * m + r] > 0.0 ? 1.0 / row_l[16u * m + r] : 0.0;
     if (jt < NT_V && (r0 + r) / uint(N_HEAD) < sel) olat[(r0 + r) * KV_LORA + 16u * jt + c] = OLAT_VALUE(tile_f(at, r, c) * inv);
 #endif
   }
   group_sync();
 }
 
-// O's accumulators, tile g * RT + j in the j-th: with COOP named variables o0 .. o7 (an array of
+// O's accumulators, tile gt * RT + j in the j-th: with COOP named variables o0 .. o7 (an array of
 // cooperative matrices may live in local memory: PERFORMANCE.md session 17); without, an array
 // (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes). O_SCALE
 // multiplies row r of every tile by row_a[r]: with COOP through the group's own 1 KB of SP_BASE
@@ -374,14 +384,14 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #if COOP
 #define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
 #define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
-#define O_MMA(J, V) if (J < RT && g * RT + J < NT_V) MMA(V, P_BASE, 2u, kbase + 2u * (g * RT + J), RS, false)
+#define O_MMA(J, V) if (J < RT && gt * RT + J < NT_V) MMA(V, P_BASE + 32u * mt, 2u, kbase + 2u * (gt * RT + J), RS, false)
 #define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
-#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH); acc_load(V, SCRATCH); }
+#define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH, mt); acc_load(V, SCRATCH); }
 #if DIRECT_OUT
 #define O_WRITE1(J, V) \
-  if (J < RT && g * RT + J < NT_V) coopMatStoreNV(V, partials, (out_sel * N_HEAD + r0) * KV_LORA + 16u * (g * RT + J), KV_LORA, false);
+  if (J < RT && gt * RT + J < NT_V) coopMatStoreNV(V, partials, (out_sel * N_HEAD + r0) * KV_LORA + 16u * (gt * RT + J), KV_LORA, false);
 #else
-#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, g * RT + J, r0, out_sel); }
+#define O_WRITE1(J, V) if (J < RT) { acc_store(V, SCRATCH); write_tile(SCRATCH, gt * RT + J, r0, out_sel, mt); }
 #endif
 #define O_DECLS FOR_O(O_DECL)
 #define O_MMAS FOR_O(O_MMA)
@@ -391,26 +401,29 @@ void write_tile(uint at, uint jt, uint r0, uint sel) {
 #define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
 #define O_MMAS                             \
   [[unroll]] for (uint j = 0; j < RT; ++j) \
-    if (g * RT + j < NT_V) MMA(o[j], P_BASE, 2u, kbase + 2u * (g * RT + j), RS, false)
+    if (gt * RT + j < NT_V) MMA(o[j], P_BASE + 32u * mt, 2u, kbase + 2u * (gt * RT + j), RS, false)
 #define O_SCALE                                                                       \
   [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
-    o[j][i] *= row_a[(gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
+    o[j][i] *= row_a[16u * mt + (gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
 #define O_WRITE                                           \
   [[unroll]] for (uint j = 0; j < RT; ++j) {              \
     acc_store(o[j], SP_BASE + 64u * g);                   \
-    write_tile(SP_BASE + 64u * g, g * RT + j, r0, out_sel); \
+    write_tile(SP_BASE + 64u * g, gt * RT + j, r0, out_sel, mt); \
   }
 #endif
 
 void main() {
   PH_BEGIN();
-  const uint tid = gl_LocalInvocationIndex, g = tid / 32u;
+  // Group g works on M tile mt (rows TR0(mt) ..), as its M tile's gt-th group.
+  const uint tid = gl_LocalInvocationIndex, g = tid / 32u, mt = g / GPT, gt = g % GPT;
 #if SPLIT
-  // One query (n_q 1): rows are heads; this workgroup's chunk [kv_begin, kv_end) of the context.
-  const uint r0 = TILE_R0(gl_WorkGroupID.y), chunk = gl_WorkGroupID.x;
+  // One query (n_q 1): rows are heads (tile m of workgroup y: TILE_R0(M_TILES y + m)); this
+  // workgroup's chunk [kv_begin, kv_end) of the context.
+#define TR0(m) TILE_R0(gl_WorkGroupID.y * M_TILES + (m))
+  const uint r0 = TR0(mt), chunk = gl_WorkGroupID.x;
   const uint n_q = 1u, pos0 = step_words[args.pos_word];
   const uint kv_len = min(pos0 + 1u, args.n_ctx);
-  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || gl_WorkGroupID.y * 16u >= uint(N_HEAD))
+  if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || gl_WorkGroupID.y * MR >= uint(N_HEAD))
     return;  // uniform
   const uint len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
   const uint kv_begin = chunk * len;
@@ -418,10 +431,12 @@ void main() {
   const uint kv_end = min(kv_begin + len, kv_len);
   PH_END(6)
 #else
-  const uint r0 = gl_WorkGroupID.x * 16u;
+  const uint r0w = gl_WorkGroupID.x * MR;  // the workgroup's rows r0w .. r0w + MR - 1
+#define TR0(m) (r0w + 16u * (m))
+  const uint r0 = TR0(mt);
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
-  if (r0 / uint(N_HEAD) >= n_q) return;  // uniform: no live row
-  const uint t_last = min((r0 + 15u) / uint(N_HEAD), n_q - 1u);
+  if (r0w / uint(N_HEAD) >= n_q) return;  // uniform: no live row
+  const uint t_last = min((r0w + MR - 1u) / uint(N_HEAD), n_q - 1u);
   const uint kv_begin = 0u, kv_end = min(pos0 + t_last + 1u, args.n_ctx);
 #endif
   // The blocks of [kv_begin, kv_end), walked from block blk0 on and around (STAGGER: each
@@ -434,11 +449,17 @@ void main() {
 #endif
   const uint kb_first = kv_begin + 16u * blk0;
 
-  // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones).
+  // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones),
+  // one M tile at a time (with QREG through K buffer 0 into its groups' registers).
+#if QREG
+  FOR_Q(Q_DECL)
+#endif
+  [[unroll]] for (uint m = 0u; m < M_TILES; ++m) {
+  const uint qr0 = TR0(m);
   for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
-    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (r0 + r) / uint(N_HEAD);
+    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (qr0 + r) / uint(N_HEAD);
     float v[8];
-    [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(r0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
+    [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(qr0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
     if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
       [[unroll]] for (uint k = 0; k < 8u; k += 2u) {
         const vec2 rr = rope_rotate(vec2(v[k], v[k + 1u]), rope_cos_sin(pos0 + t, (c0 + k - KV_LORA) / 2u));
@@ -446,25 +467,32 @@ void main() {
         v[k + 1u] = rr.y;
       }
     }
-    sh[Q_BASE + r * RS + i % (ROW / 8u)] =
+    sh[Q_BASE + (QREG != 0 ? 0u : 16u * RS * m) + r * RS + i % (ROW / 8u)] =
         uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
               packHalf2x16(vec2(v[6], v[7])));
   }
-  STAGE_FIRST()
+  if (m == 0u) {
+    STAGE_FIRST()
+  }
   barrier();
-  PH_END(7)
+  if (m + 1u == M_TILES) {
+    PH_END(7)
+  }
 #if QREG
-  FOR_Q(Q_DECL)
-  FOR_Q(Q_LOAD)
-  barrier();  // K buffer 0, where the query passed, is written by the first block
+  if (mt == m) {  // uniform in each group
+    FOR_Q(Q_LOAD)
+  }
+  barrier();  // K buffer 0, where the query passed, is written by the next M tile's or the first block
 #endif
+  }
   TS_MARK_EARLY();  // bench --timeline: the queries staged
   PH_END(4)
 
-  // This thread's row of the statistics and P (invocations 0 .. 127: 8 a row, 2 columns each) and
-  // its bound; the row's reference maximum and sum, the same in its 8 lanes (butterfly reductions).
+  // This thread's row sr of the statistics and P (invocations 0 .. MR * 8 - 1: 8 a row, 2 columns
+  // each; row sr of the workgroup is row sr % 16 of M tile sr / 16) and its bound; the row's
+  // reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
-  const uint st = (r0 + sr) / uint(N_HEAD);
+  const uint st = (TR0(sr / 16u) + sr % 16u) / uint(N_HEAD);
   const uint kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
   float m_ref = kNegHuge, l_sum = 0.0;
   O_DECLS
@@ -477,7 +505,7 @@ void main() {
     PARTIAL_SCORES(kbase)
     barrier();
     PH_END(1)
-    if (tid < 128u) {  // the rows' 8 lanes each (whole subgroups)
+    if (tid < 8u * MR) {  // the rows' 8 lanes each (whole subgroups)
       const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
       const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
       const float m_blk = max8(max(s0, s1));
@@ -496,10 +524,10 @@ void main() {
     }
     barrier();
     PH_END(2)
-    // O needs scaling where a row moved its m.
+    // O needs scaling where a row of the group's M tile moved its m.
     bool moved = false;
-    [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || row_a[r] < 1.0;
-    if (moved) {  // uniform
+    [[unroll]] for (uint r = 0; r < 16u; ++r) moved = moved || row_a[16u * mt + r] < 1.0;
+    if (moved) {  // uniform in the group (with M_TILES 1 in the workgroup)
       O_SCALE
     }
     O_MMAS
@@ -511,16 +539,16 @@ void main() {
     kb = kb_next;
   }
   TS_MARK();  // bench --timeline: the rows attended
-  if (tid < 128u && tid % 8u == 0u) row_l[sr] = l_sum;
+  if (tid < 8u * MR && tid % 8u == 0u) row_l[sr] = l_sum;
 #if SPLIT
-  if (tid < 128u && tid % 8u == 0u) row_m[sr] = m_ref;
+  if (tid < 8u * MR && tid % 8u == 0u) row_m[sr] = m_ref;
 #endif
   barrier();  // row_l; every group's last products done with the scratch tiles (SP)
 
 #if SPLIT
   // The chunk's (m, l) per head; its O tiles, unnormalized, below.
-  if (tid < 16u && r0 + tid < uint(N_HEAD)) {
-    const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + r0 + tid) * 2u;
+  if (tid < MR && TR0(tid / 16u) + tid % 16u < uint(N_HEAD)) {  // (overlapping tiles: the same values)
+    const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + TR0(tid / 16u) + tid % 16u) * 2u;
     partials[ml] = row_m[tid];
     partials[ml + 1u] = row_l[tid];
   }

@@ -132,11 +132,11 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
                                                : *partial_;
   const std::string name =
       folded ? what + " short+merge" : short_range ? what + " short" + (wait.enabled() ? ".wait" : "") : tc ? what + ".tc" : what;
-  // The tensor-core kernel reads each cache row once per tile of 16 heads.
+  // The tensor-core kernel reads each cache row once per workgroup along the heads.
   const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups)
-                         : tc   ? bytes + uint64_t(tc_head_tiles() - 1) * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2
+                         : tc   ? bytes + uint64_t(tc_head_groups() - 1) * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2
                                 : bytes;
-  const uint32_t y_groups = tc ? tc_head_tiles() : head_groups;
+  const uint32_t y_groups = tc ? tc_head_groups() : head_groups;
   if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, y_groups, 1, name, moved);
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
   if (folded) return;
@@ -153,7 +153,7 @@ gpu::AttnDecodeRule AttentionOp::decode_rule() const {
   r.short_groups = decode_groups(DecodeRange::Short) ? decode_groups(DecodeRange::Short) : n_groups_;
   r.long_groups = n_groups_;
   r.short_y = short_heads_ ? ceil_div(shape_.n_head, short_heads_) : 1u;
-  r.long_y = tc_ ? tc_head_tiles() : ceil_div(shape_.n_head, heads_per_group_);
+  r.long_y = tc_ ? tc_head_groups() : ceil_div(shape_.n_head, heads_per_group_);
   r.n_ctx = shape_.n_ctx;
   r.min_chunk = min_chunk_;
   r.tile = tile_;

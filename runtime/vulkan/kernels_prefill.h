@@ -203,6 +203,9 @@ struct PrefillAttentionTuning {
   // resident workgroups do not all read the same rows at the same time (H100, GLM pp512 @4096:
   // +2.9 / +3.0 %, session 28; the decode form's chunks are disjoint already).
   bool tc_stagger = true;
+  // Tiles of 16 (query, head) rows per workgroup (M_TILES, 1 or 2; 2 with 4 groups each): each
+  // staged block of cache rows serves both, so the L2 reads per row halve (session 28).
+  uint32_t tc_m_tiles = 1;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;
@@ -273,6 +276,7 @@ class PrefillAttentionOp {
   const Pipeline* pipeline_ = nullptr;
   const Pipeline* tc_ = nullptr;    // attention_prefill_tc.comp
   const Pipeline* tc16_ = nullptr;  // ... OUT_F16 (tuning.tc_f16_olat)
+  uint32_t tc_rows_ = 16;           // ... (query, head) rows per workgroup (16 tc_m_tiles)
   AttentionShape shape_;
   uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;
   uint32_t profile_kv_len_ = 0;

@@ -59,20 +59,26 @@ namespace {
 // shared memory, one or two buffers of 16 cache rows.
 struct TcLayout {
   bool qreg = false, double_k = false;
-  uint32_t groups = 4;
+  uint32_t groups = 4;   // per M tile
+  uint32_t m_tiles = 1;  // M tiles (16 rows each) per workgroup
 };
 
 TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
   if (tuning.tc_groups != 4 && tuning.tc_groups != 8)
     usage_error("prefill attention: ", tuning.tc_groups, " groups per workgroup, expected 4 or 8");
-  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups};
+  if (tuning.tc_m_tiles != 1 && tuning.tc_m_tiles != 2)
+    usage_error("prefill attention: ", tuning.tc_m_tiles, " tiles of 16 rows per workgroup, expected 1 or 2");
+  if (tuning.tc_m_tiles == 2 && tuning.tc_groups != 4)
+    usage_error("prefill attention: 2 tiles of 16 rows per workgroup take 4 groups each, not ", tuning.tc_groups);
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups, tuning.tc_m_tiles};
 }
 
 uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
-  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P;
-  // then the rows' sums and scales (and SPLIT's maxima: counted always).
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P per
+  // M tile; then the rows' sums and scales (and SPLIT's maxima: counted always).
   const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
-  return ((l.qreg ? 0 : rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups + 32) * 16 + 3 * 16 * 4;
+  return ((l.qreg ? 0 : l.m_tiles * rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups * l.m_tiles + 32 * l.m_tiles) * 16 +
+         3 * 16 * 4 * l.m_tiles;
 }
 
 // The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
@@ -113,7 +119,8 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"DOUBLE_K", tc_layout->double_k ? "1" : "0"},
                     {"QREG", tc_layout->qreg ? "1" : "0"},
                     {"STAGGER", tuning.tc_stagger ? "1" : "0"},
-                    {"N_GROUPS", std::to_string(tc_layout->groups)}},
+                    {"N_GROUPS", std::to_string(tc_layout->groups * tc_layout->m_tiles)},
+                    {"M_TILES", std::to_string(tc_layout->m_tiles)}},
                    shape.rope.defines());
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
@@ -127,6 +134,7 @@ PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   p.tc_prefetch = t.decode_tc_prefetch;
   p.tc_qreg = t.decode_tc_qreg;
   p.tc_stagger = false;  // (each chunk is its own; STAGGER does nothing with SPLIT)
+  p.tc_m_tiles = t.decode_tc_m_tiles;
   return p;
 }
 
@@ -150,6 +158,7 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
   if (tc) {
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
+    tc_rows_ = 16 * tuning.tc_m_tiles;
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";
       p.defines["OUT_F16"] = "1";
@@ -245,9 +254,9 @@ void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice
     need(olat, uint64_t(n) * shape_.n_head * shape_.kv_lora * (olat_f16 ? 2 : 4), what, "olat");
     const gpu::AttnPartialArgs args{pos_word, shape_.n_ctx, 1, 1, shape_.kq_scale, batch.count_word, 0, 0};
     const BufferSlice b[] = {q, cache, step, olat};
-    // Bytes: each workgroup's cache rows twice (two passes), the queries, olat.
-    const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, 16);
-    const uint64_t bytes = wgs * 2 * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
+    // Bytes: each workgroup's cache rows (one pass), the queries, olat.
+    const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, tc_rows_);
+    const uint64_t bytes = wgs * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
                            uint64_t(n) * shape_.n_head * (shape_.row() + shape_.kv_lora) * 4;
     rec.dispatch(olat_f16 ? *tc16_ : *tc_, b, args, uint32_t(wgs), 1, 1, what + (olat_f16 ? " tc.f16out" : " tc"), bytes);
     return;

@@ -305,6 +305,7 @@ struct DecodeCase {
   bool tc = false;            // AttentionTuning::decode_tc = 1 (the plain-FMA form without cooperative matrices)
   bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
   bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
+  uint32_t tc_m_tiles = 1;    // AttentionTuning::decode_tc_m_tiles
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -346,6 +347,14 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       // each block's rows loaded in its turn; the query in shared memory (with cooperative matrices)
       {"tensor cores, no prefetch", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, false},
       {"tensor cores, GLM, query in shared memory", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false},
+      // two head tiles a workgroup (each staged block serves both): GLM's and rows of 192 (one
+      // workgroup: tiles 0-15, 4-19), 33 heads (tiles 0, 16 | 17 and again 17), 3 heads (a dead
+      // second tile), the query in shared memory (with cooperative matrices)
+      {"tensor cores, two tiles, GLM", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, true, 2},
+      {"tensor cores, two tiles, rows of 192", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 599, 33}, true, 0, true, false, true, true, true, 2},
+      {"tensor cores, two tiles, 33 heads", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true, true, 2},
+      {"tensor cores, two tiles, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 299}, true, 5, true, false, true, true, true, 2},
+      {"tensor cores, two tiles, query in shared memory", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false, 2},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -364,6 +373,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.decode_tc = c.tc ? 1 : 0;
     t.decode_tc_prefetch = c.tc_prefetch;
     t.decode_tc_qreg = c.tc_qreg;
+    t.decode_tc_m_tiles = c.tc_m_tiles;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
@@ -384,7 +394,7 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     op.decode_counts(c.short_max, words);
     EXPECT_EQ(words[0], gpu::ts_attn_num_chunks(c.short_max, sgroups, op.min_chunk(), op.tile()));
     EXPECT_EQ(words[1], (c.n_head + op.short_heads_per_group() - 1) / op.short_heads_per_group());
-    if (c.tc) EXPECT_EQ(words[4], (c.n_head + 15) / 16);
+    if (c.tc) EXPECT_EQ(words[4], ((c.n_head + 15) / 16 + c.tc_m_tiles - 1) / c.tc_m_tiles);
     EXPECT_EQ(words[3], 0u) << "long range idle";
     op.decode_counts(c.short_max + 1, words);
     EXPECT_EQ(words[0], 0u) << "short range idle";

@@ -82,7 +82,7 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   ASSERT_EQ(op.partials_bytes(), per_query.partials_bytes());
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
-                                                    " stagger ", tuning.tc_stagger,
+                                                    " stagger ", tuning.tc_stagger, " m_tiles ", tuning.tc_m_tiles,
                                                     " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
@@ -172,8 +172,12 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_groups = 8; });       // 256 invocations
   // every workgroup's walk from block 0 (the default walks from its own block, around)
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_stagger = false; });
+  // two tiles of 16 rows a workgroup (8 groups; each staged block serves both)
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_m_tiles = 2; });
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
+  if (vk::matmul_coop_supported(ctx))
+    check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false, t.tc_m_tiles = 2; });
   if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding
     check_prefill_attention(GetParam(), 1, 2e-3, [](Tuning& t) { t.tc_f16_olat = true; });
 }

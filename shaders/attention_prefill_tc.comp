@@ -5,9 +5,10 @@
 // context, no partials, no merge. Wrapper: PrefillAttentionOp (runtime/vulkan/kernels_prefill.h).
 //
 // Rows: r = t * N_HEAD + h (query t of the chunk, head h; q and olat are laid out this way).
-// Workgroup x takes rows 16 x .. 16 x + 15 (one M tile: about one query's heads, so its rows'
-// causal bounds differ by at most a position or two) and walks the cache in blocks of 16 rows,
-// [0, kv_end) with kv_end the bound of its last live row:
+// Workgroup x takes M_TILES tiles of 16 rows, MR = 16 M_TILES rows from MR x (a tile: about one
+// query's heads, so the rows' causal bounds differ by at most a few positions) and walks the cache
+// in blocks of 16 rows, [0, kv_end) with kv_end the bound of its last live row, each staged block
+// serving all its tiles:
 //   s(r, j) = kq_scale * (q_lat_r . c_j + rope(q_pe_r, pos_t) . kpe_j),   j < kv_len_t
 //   per block S = Q K^T, then per row a reference m (the row's running maximum, moved only when a
 //   block's maximum passes it by more than MARGIN nats), P = exp(S - m) (f16, at most e^MARGIN),
@@ -15,30 +16,34 @@
 //   through shared memory once to be scaled by exp(m_old - m_new) (cooperative matrices have no
 //   per-row scale). olat[r] = O[r] / l[r]. MARGIN 0 is the exact online softmax.
 // SPLIT (the decode step's long range, AttentionOp::record_decode; session 26): one query, its
-// heads as the rows (workgroup y = heads 16 y .., the last tile overlapping the one before it
-// where there are at least 16 heads), workgroup x = chunk c of the context
+// heads as the rows (workgroup y = head tiles M_TILES y + m, tile k = heads 16 k .., the last
+// tile overlapping the one before it where there are at least 16 heads), workgroup x = chunk c
+// of the context
 // split as attention_partial.comp splits it (ts_attn_chunk_len with TILE, kv_min / kv_max bounds),
 // writing that kernel's partials (o unnormalized against the row's reference m, and (m, l)) for
-// attention_merge.comp: the same merge, the cache read once per 16 heads instead of once per head.
-// N_GROUPS (4 or 8) groups of 32 lanes ("subgroups"): S's 36 (ROW / 16) k-tiles split over them
-// (partial tiles summed through shared memory), O's R / 16 column tiles split over them. Per
-// block: the block's rows stored (barrier), S (barrier), P and the rows' scales (barrier),
-// O += P V (barrier); with DOUBLE_K the next block's rows go to the other buffer, so no fourth
-// barrier guards them. The row statistics and P: invocations 0 .. 127, 8 a row.
+// attention_merge.comp: the same merge, the cache read once per workgroup of head tiles instead
+// of once per head.
+// N_GROUPS groups of 32 lanes ("subgroups"), GPT = N_GROUPS / M_TILES (4 or 8) per tile: S's 36
+// (ROW / 16) k-tiles split over a tile's groups (partial tiles summed through shared memory), O's
+// R / 16 column tiles too. Per block: the block's rows stored (barrier), S (barrier), P and the
+// rows' scales (barrier), O += P V (barrier); with DOUBLE_K the next block's rows go to the other
+// buffer, so no fourth barrier guards them. The row statistics and P: invocations 0 .. 8 MR - 1,
+// 8 a row.
 //
 //   sh (uvec4, 8 f16 or 4 f32 per element):
-//     [Q_BASE]  (without QREG) 16 query rows, f16, roped and scaled (RS uvec4 a row: ROW values +
-//               8 padding); with QREG they pass through K buffer 0 into the groups' registers
+//     [Q_BASE]  (without QREG) MR query rows, f16, roped and scaled (RS uvec4 a row: ROW values +
+//               8 padding); with QREG they pass through K buffer 0 (a tile at a time) into the
+//               groups' registers
 //     [K_BASE]  1 or 2 (DOUBLE_K) buffers of a block's 16 cache rows, f16 (zeros past kv_end)
 //     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each); also each
 //               group's scratch for its O tiles (rescales, the output)
-//     [P_BASE]  P, f16 row-major 16 x 16 (2 uvec4 a row)
+//     [P_BASE]  P per tile, f16 row-major 16 x 16 (2 uvec4 a row)
 //
 // Defines: N_HEAD, KV_LORA (R, a multiple of 16, <= 512), N_ROT (Dr; R + Dr a multiple of 16,
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
-// N_GROUPS (4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
+// M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
 // SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
 // chunk is its own already): workgroup x walks its blocks from block x mod n_blk on, around to
 // the start (the softmax does not depend on the order), so the resident workgroups do not all

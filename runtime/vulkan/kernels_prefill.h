@@ -203,22 +203,25 @@ struct PrefillAttentionTuning {
   // resident workgroups do not all read the same rows at the same time (H100, GLM pp512 @4096:
   // +2.9 / +3.0 %, session 28; the decode form's chunks are disjoint already).
   bool tc_stagger = true;
-  // Tiles of 16 (query, head) rows per workgroup (M_TILES, 1 or 2; 2 with 4 groups each): each
-  // staged block of cache rows serves both, so the L2 reads per row halve (session 28).
-  uint32_t tc_m_tiles = 1;
+  // Tiles of 16 (query, head) rows per workgroup (M_TILES, 1 or 2; 2 with 4 groups each, one
+  // where two do not fit the shared memory): each staged block of cache rows serves both, so its
+  // L2 reads per row halve (H100, GLM pp512 @4096: +6.5 %, session 28; the decode form's heads:
+  // a tie at 8192 and 16000 positions, AttentionTuning::decode_tc_m_tiles 1).
+  uint32_t tc_m_tiles = 2;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;
-  uint32_t tc_groups = 4;  // groups of 32 invocations per workgroup (4 or 8): S's k-tiles and O's
-                           // column tiles split over them
+  uint32_t tc_groups = 4;  // groups of 32 invocations per tile of 16 rows (4 or 8; 4 with two
+                           // tiles): S's k-tiles and O's column tiles split over them
 };
 
 // Whether the tensor-core prefill attention can run here: with cooperative matrices
 // (matmul_coop_supported), or (plain) in its plain-FMA form; both need subgroup shuffles of >= 8
 // lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, R + Dr <= 576, and its shared
 // memory (attention_tc_shared_bytes: for GLM's rows ~23 KB with tensor cores, the query in
-// registers; ~42 KB in the plain form) within the device's (attention_tc_fits: with one buffer
-// of cache rows where two do not fit).
+// registers, ~28 KB with two tiles of 16 rows; ~42 KB in the plain form, one tile) within the
+// device's (attention_tc_fits: with one buffer of cache rows where two do not fit, one tile of
+// rows where two do not).
 bool attention_tc_supported(Context& ctx, bool plain);
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});

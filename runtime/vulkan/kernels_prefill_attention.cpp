@@ -81,13 +81,18 @@ uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
          3 * 16 * 4 * l.m_tiles;
 }
 
-// The layout that fits the device: two K buffers where asked and they fit, else one; nullopt
-// where not even one fits or the shape is not the kernel's.
+// The layout that fits the device: two K buffers where asked and they fit, else one; two M tiles
+// where asked and they fit, else one; nullopt where not even the smallest fits or the shape is
+// not the kernel's.
 std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
   if (shape.kv_lora % 16 != 0 || shape.row() % 16 != 0 || shape.kv_lora > 512 || shape.row() > 576) return std::nullopt;
-  for (bool dk : {tuning.tc_double_k, false}) {
-    const TcLayout l = tc_layout(ctx, tuning, dk);
-    if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
+  for (uint32_t m : {tuning.tc_m_tiles, 1u}) {
+    PrefillAttentionTuning t = tuning;
+    t.tc_m_tiles = m;
+    for (bool dk : {tuning.tc_double_k, false}) {
+      const TcLayout l = tc_layout(ctx, t, dk);
+      if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
+    }
   }
   return std::nullopt;
 }
@@ -158,7 +163,7 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
   if (tc) {
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
-    tc_rows_ = 16 * tuning.tc_m_tiles;
+    tc_rows_ = 16 * uint32_t(std::stoul(p.defines.at("M_TILES")));  // (one where two do not fit)
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";
       p.defines["OUT_F16"] = "1";

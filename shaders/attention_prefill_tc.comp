@@ -43,7 +43,8 @@
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
-// M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); OUT_F16 (0/1: olat as f16, the matmul's input rows, instead of f32);
+// M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); OUT_F16 (0/1: olat as f16, the matmul's
+// input rows, instead of f32);
 // SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
 // chunk is its own already): workgroup x walks its blocks from block x mod n_blk on, around to
 // the start (the softmax does not depend on the order), so the resident workgroups do not all

@@ -100,7 +100,10 @@ std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& sh
 
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
   const std::optional<TcLayout> l = tc_fitting_layout(ctx, shape, tuning);
-  return tc_shared_bytes(shape, l ? *l : tc_layout(ctx, tuning, false));
+  if (l) return tc_shared_bytes(shape, *l);
+  PrefillAttentionTuning smallest = tuning;  // what it would need at the least: one tile, one K buffer
+  smallest.tc_m_tiles = 1;
+  return tc_shared_bytes(shape, tc_layout(ctx, smallest, false));
 }
 
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {

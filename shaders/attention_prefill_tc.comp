@@ -461,34 +461,34 @@ void main() {
   FOR_Q(Q_DECL)
 #endif
   [[unroll]] for (uint m = 0u; m < M_TILES; ++m) {
-  const uint qr0 = TR0(m);
-  for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
-    const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (qr0 + r) / uint(N_HEAD);
-    float v[8];
-    [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(qr0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
-    if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
-      [[unroll]] for (uint k = 0; k < 8u; k += 2u) {
-        const vec2 rr = rope_rotate(vec2(v[k], v[k + 1u]), rope_cos_sin(pos0 + t, (c0 + k - KV_LORA) / 2u));
-        v[k] = rr.x;
-        v[k + 1u] = rr.y;
+    const uint qr0 = TR0(m);
+    for (uint i = tid; i < 16u * (ROW / 8u); i += WG_SIZE) {
+      const uint r = i / (ROW / 8u), c0 = 8u * (i % (ROW / 8u)), t = (qr0 + r) / uint(N_HEAD);
+      float v[8];
+      [[unroll]] for (uint k = 0; k < 8u; ++k) v[k] = t < n_q ? q[(qr0 + r) * ROW + c0 + k] * args.kq_scale : 0.0;
+      if (c0 >= KV_LORA) {  // the rope part (pairs (R + 2p, R + 2p + 1); c0 is even)
+        [[unroll]] for (uint k = 0; k < 8u; k += 2u) {
+          const vec2 rr = rope_rotate(vec2(v[k], v[k + 1u]), rope_cos_sin(pos0 + t, (c0 + k - KV_LORA) / 2u));
+          v[k] = rr.x;
+          v[k + 1u] = rr.y;
+        }
       }
+      sh[Q_BASE + (QREG != 0 ? 0u : 16u * RS * m) + r * RS + i % (ROW / 8u)] =
+          uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
+                packHalf2x16(vec2(v[6], v[7])));
     }
-    sh[Q_BASE + (QREG != 0 ? 0u : 16u * RS * m) + r * RS + i % (ROW / 8u)] =
-        uvec4(packHalf2x16(vec2(v[0], v[1])), packHalf2x16(vec2(v[2], v[3])), packHalf2x16(vec2(v[4], v[5])),
-              packHalf2x16(vec2(v[6], v[7])));
-  }
-  if (m == 0u) {
-    STAGE_FIRST()
-  }
-  barrier();
-  if (m + 1u == M_TILES) {
-    PH_END(7)
-  }
+    if (m == 0u) {
+      STAGE_FIRST()
+    }
+    barrier();
+    if (m + 1u == M_TILES) {
+      PH_END(7)
+    }
 #if QREG
-  if (mt == m) {  // uniform in each group
-    FOR_Q(Q_LOAD)
-  }
-  barrier();  // K buffer 0, where the query passed, is written by the next M tile's or the first block
+    if (mt == m) {  // uniform in each group
+      FOR_Q(Q_LOAD)
+    }
+    barrier();  // K buffer 0, where the query passed, is written by the next M tile's or the first block
 #endif
   }
   TS_MARK_EARLY();  // bench --timeline: the queries staged

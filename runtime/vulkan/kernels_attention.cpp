@@ -474,7 +474,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       tc->defines["SPLIT"] = "1";
       tc->defines["TILE"] = std::to_string(tile_);
       tc_ = &ctx.pipeline(*tc);
-      tc_m_tiles_ = uint32_t(std::stoul(tc->defines.at("M_TILES")));  // (one where two do not fit)
+      tc_m_tiles_ = attention_tc_m_tiles(*tc);
       // The rows kernel's range ends where the tensor cores pass it.
       if (short_rows_desc_ && !tuning.short_max_kv) short_max_kv_ = kTcRowsMaxKv;
     }

@@ -230,6 +230,9 @@ bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillA
 // step's split form (AttentionOp, AttentionTuning::decode_tc: SPLIT and TILE added).
 std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape& shape,
                                               const PrefillAttentionTuning& tuning, bool plain);
+// The tiles of 16 rows per workgroup a description from attention_tc_desc has (one where the
+// tuning's two did not fit): its workgroups' rows, or head tiles, are 16 times that.
+uint32_t attention_tc_m_tiles(const PipelineDesc& tc);
 // The tensor-core kernel's choices of the decode step's form, from its decode_tc_* knobs (the rest
 // at their defaults): what AttentionOp builds it with, and what attention_tc_fits must be asked.
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t);

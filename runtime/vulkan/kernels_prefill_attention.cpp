@@ -3,6 +3,7 @@
 // (attention_prefill.comp / attention_prefill_tc.comp; docs/PREFILL.md D3-D4).
 #include <algorithm>
 #include <optional>
+#include <string>
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_prefill.h"
@@ -136,6 +137,8 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
   return p;
 }
 
+uint32_t attention_tc_m_tiles(const PipelineDesc& tc) { return uint32_t(std::stoul(tc.defines.at("M_TILES"))); }
+
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   PrefillAttentionTuning p;
   p.tc_groups = t.decode_tc_groups;
@@ -166,7 +169,7 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
   if (tc) {
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
-    tc_rows_ = 16 * uint32_t(std::stoul(p.defines.at("M_TILES")));  // (one where two do not fit)
+    tc_rows_ = 16 * attention_tc_m_tiles(p);
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";
       p.defines["OUT_F16"] = "1";

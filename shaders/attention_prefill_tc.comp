@@ -7,8 +7,8 @@
 // Rows: r = t * N_HEAD + h (query t of the chunk, head h; q and olat are laid out this way).
 // Workgroup x takes M_TILES tiles of 16 rows, MR = 16 M_TILES rows from MR x (a tile: about one
 // query's heads, so the rows' causal bounds differ by at most a few positions) and walks the cache
-// in blocks of BK = 16 NB rows (NB 1 or 2 sub-blocks), [0, kv_end) with kv_end the bound of its
-// last live row, each staged block serving all its tiles:
+// in blocks of 16 rows, [0, kv_end) with kv_end the bound of its last live row, each staged block
+// serving all its tiles:
 //   s(r, j) = kq_scale * (q_lat_r . c_j + rope(q_pe_r, pos_t) . kpe_j),   j < kv_len_t
 //   per block S = Q K^T, then per row a reference m (the row's running maximum, moved only when a
 //   block's maximum passes it by more than MARGIN nats), P = exp(S - m) (f16, at most e^MARGIN),
@@ -24,8 +24,8 @@
 // attention_merge.comp: the same merge, the cache read once per workgroup of head tiles instead
 // of once per head.
 // N_GROUPS groups of 32 lanes ("subgroups"), GPT = N_GROUPS / M_TILES (4 or 8) per tile: S's 36
-// (ROW / 16) k-tiles split over a tile's groups (partial tiles summed through shared memory; a
-// group's NB sub-blocks are independent chains of products), O's R / 16 column tiles too. Per block: the block's rows stored (barrier), S (barrier), P and the
+// (ROW / 16) k-tiles split over a tile's groups (partial tiles summed through shared memory), O's
+// R / 16 column tiles too. Per block: the block's rows stored (barrier), S (barrier), P and the
 // rows' scales (barrier), O += P V (barrier); with DOUBLE_K the next block's rows go to the other
 // buffer, so no fourth barrier guards them. The row statistics and P: invocations 0 .. 8 MR - 1,
 // 8 a row.
@@ -34,18 +34,16 @@
 //     [Q_BASE]  (without QREG) MR query rows, f16, roped and scaled (RS uvec4 a row: ROW values +
 //               8 padding); with QREG they pass through K buffer 0 (a tile at a time) into the
 //               groups' registers
-//     [K_BASE]  1 or 2 (DOUBLE_K) buffers of a block's BK cache rows, f16 (zeros past kv_end)
-//     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each), NB a group
-//               (group g's sub-block n at 64 (NB g + n)); the first also the group's scratch for
-//               its O tiles (rescales, the output)
-//     [P_BASE]  P per tile, f16 row-major 16 x BK (2 NB uvec4 a row)
+//     [K_BASE]  1 or 2 (DOUBLE_K) buffers of a block's 16 cache rows, f16 (zeros past kv_end)
+//     [SP_BASE] the groups' partial S tiles, f32 row-major 16 x 16 (64 uvec4 each); also each
+//               group's scratch for its O tiles (rescales, the output)
+//     [P_BASE]  P per tile, f16 row-major 16 x 16 (2 uvec4 a row)
 //
 // Defines: N_HEAD, KV_LORA (R, a multiple of 16, <= 512), N_ROT (Dr; R + Dr a multiple of 16,
 // <= 576) + the rope.glsl table; COOP; SUBGROUP_SIZE (>= 8: the row statistics reduce over 8
 // lanes); TC_PREFETCH (0/1, below); MARGIN (nats, a float literal, 0 .. 10: P <= e^10 stays far
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
-// M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); NB (1 or 2: BK = 16 NB rows a block, so
-// a block's four barriers serve twice the rows); OUT_F16 (0/1: olat as f16, the matmul's
+// M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); OUT_F16 (0/1: olat as f16, the matmul's
 // input rows, instead of f32);
 // SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
 // chunk is its own already): workgroup x walks its blocks from block x mod n_blk on, around to
@@ -89,13 +87,6 @@
 #if M_TILES != 1 && M_TILES != 2
 #error "attention_prefill_tc.comp: M_TILES is 1 or 2"
 #endif
-#ifndef NB
-#define NB 1
-#endif
-#if NB != 1 && NB != 2
-#error "attention_prefill_tc.comp: NB is 1 or 2"
-#endif
-#define BK (16 * NB)               // cache rows a block
 #define GPT (N_GROUPS / M_TILES)   // groups per M tile
 #if GPT != 4 && GPT != 8
 #error "attention_prefill_tc.comp: 4 or 8 groups per M tile"
@@ -138,9 +129,9 @@
 #else
 #define N_KBUF 1
 #endif
-#define SP_BASE (K_BASE + N_KBUF * BK * RS)
-#define P_BASE (SP_BASE + 64 * NB * N_GROUPS)
-#define SH_SIZE (P_BASE + 32 * NB * M_TILES)
+#define SP_BASE (K_BASE + N_KBUF * 16 * RS)
+#define P_BASE (SP_BASE + 64 * N_GROUPS)
+#define SH_SIZE (P_BASE + 32 * M_TILES)
 
 layout(local_size_x = WG_SIZE) in;
 
@@ -282,9 +273,9 @@ void group_sync() {
 // f32 element (row r, column c) of a row-major 16 x 16 f32 tile at uvec4 index at.
 float tile_f(uint at, uint r, uint c) { return uintBitsToFloat(sh[at + r * 4u + c / 4u][c % 4u]); }
 
-// The block's cache rows kb .. kb + BK - 1 into the K buffer at kbase (zeros from kv_end on).
+// The block's cache rows kb .. kb + 15 into the K buffer at kbase (zeros from kv_end on).
 void stage_block(uint kb, uint kv_end, uint kbase) {
-  for (uint i = gl_LocalInvocationIndex; i < BK * (ROW / 8u); i += WG_SIZE) {
+  for (uint i = gl_LocalInvocationIndex; i < 16u * (ROW / 8u); i += WG_SIZE) {
     const uint r = i / (ROW / 8u), u = i % (ROW / 8u);
     sh[kbase + r * RS + u] = kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
   }
@@ -293,18 +284,18 @@ void stage_block(uint kb, uint kv_end, uint kbase) {
 #if TC_PREFETCH
 // TC_PREFETCH: the next block's cache rows are loaded into registers while the current block is
 // multiplied, and stored into its K buffer at the next block's start (its load latency off the chain).
-#define KPT ((BK * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)  // uvec4 per invocation and block
+#define KPT ((16u * (ROW / 8u) + WG_SIZE - 1u) / WG_SIZE)  // uvec4 per invocation and block
 uvec4 pf[KPT];
 void load_block(uint kb, uint kv_end) {
   [[unroll]] for (uint i = 0; i < KPT; ++i) {
     const uint idx = gl_LocalInvocationIndex + i * WG_SIZE, r = idx / (ROW / 8u), u = idx % (ROW / 8u);
-    pf[i] = idx < BK * (ROW / 8u) && kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
+    pf[i] = idx < 16u * (ROW / 8u) && kb + r < kv_end ? cache4[(kb + r) * (ROW / 8u) + u] : uvec4(0u);
   }
 }
 void store_block(uint kbase) {
   [[unroll]] for (uint i = 0; i < KPT; ++i) {
     const uint idx = gl_LocalInvocationIndex + i * WG_SIZE;
-    if (idx < BK * (ROW / 8u)) sh[kbase + (idx / (ROW / 8u)) * RS + idx % (ROW / 8u)] = pf[i];
+    if (idx < 16u * (ROW / 8u)) sh[kbase + (idx / (ROW / 8u)) * RS + idx % (ROW / 8u)] = pf[i];
   }
 }
 #define STAGE(kb, kbase)                              \
@@ -325,38 +316,27 @@ void store_block(uint kbase) {
 #define FOR_Q(X) X(0, q0) X(1, q1) X(2, q2) X(3, q3) X(4, q4) X(5, q5) X(6, q6) X(7, q7) X(8, q8)
 #define Q_DECL(I, V) F16M V;
 #define Q_LOAD(I, V) if (I < KPG && gt * KPG + I < NT_K) coopMatLoadNV(V, sh, Q_BASE + 2u * (gt * KPG + I), RS, false);
-#define S_MMA1(I, V, S, N) MMA_REG(S, V, kbase + (N) * 16u * RS + 2u * (gt * KPG + I), RS, true)
+#define S_MMA(I, V) if (I < KPG && gt * KPG + I < NT_K) MMA_REG(s, V, kbase + 2u * (gt * KPG + I), RS, true)
 #else
 #define FOR_Q(X) [[unroll]] for (uint kt = 0; kt < KPG; ++kt) X(kt, unused)  // (MMA's own loop is over i)
 #define Q_DECL(I, V)
 #define Q_LOAD(I, V)
-#define S_MMA1(I, V, S, N) \
-  MMA(S, Q_BASE + mt * 16u * RS + 2u * (gt * KPG + I), RS, kbase + (N) * 16u * RS + 2u * (gt * KPG + I), RS, true)
+#define S_MMA(I, V) \
+  if (gt * KPG + I < NT_K) MMA(s, Q_BASE + mt * 16u * RS + 2u * (gt * KPG + I), RS, kbase + 2u * (gt * KPG + I), RS, true)
 #endif
-// k-tile I's products with the block's NB sub-blocks of 16 rows (independent chains s0, s1).
-#define S_MMA(I, V)                                  \
-  if (I < KPG && gt * KPG + I < NT_K) {              \
-    S_MMA1(I, V, s0, 0u)                             \
-    if (NB > 1) S_MMA1(I, V, s1, 1u)                 \
-  }
-// Group g's part of S for the block in the K buffer at kbase, sub-block n stored at
-// SP_BASE + 64 (NB g + n).
-#define PARTIAL_SCORES(kbase)                                  \
-  {                                                            \
-    ACC s0, s1;                                                \
-    acc_zero(s0);                                              \
-    if (NB > 1) acc_zero(s1);                                  \
-    FOR_Q(S_MMA)                                               \
-    acc_store(s0, SP_BASE + 64u * NB * g);                     \
-    if (NB > 1) acc_store(s1, SP_BASE + 64u * (NB * g + 1u));  \
+// Group g's part of S for the block in the K buffer at kbase, stored at SP_BASE + 64 g.
+#define PARTIAL_SCORES(kbase) \
+  {                           \
+    ACC s;                    \
+    acc_zero(s);              \
+    FOR_Q(S_MMA)              \
+    acc_store(s, SP_BASE + 64u * g); \
   }
 
-// S (row r of the workgroup's MR, block column c < BK): the partial tiles of its M tile's groups
-// summed.
+// S (row r of the workgroup's MR, block column c): the partial tiles of its M tile's groups summed.
 float score(uint r, uint c) {
   float s = 0.0;
-  [[unroll]] for (uint g = 0; g < GPT; ++g)
-    s += tile_f(SP_BASE + 64u * (NB * ((r / 16u) * GPT + g) + c / 16u), r % 16u, c % 16u);
+  [[unroll]] for (uint g = 0; g < GPT; ++g) s += tile_f(SP_BASE + 64u * ((r / 16u) * GPT + g), r % 16u, c);
   return s;
 }
 
@@ -407,18 +387,11 @@ void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
 // (lavapipe compiles the unrolled form in seconds; dynamic indices took it minutes). O_SCALE
 // multiplies row r of every tile by row_a[r]: with COOP through the group's own 1 KB of SP_BASE
 // (free once P is written), in the plain form on the lanes' known elements.
-// O's tile J += P V over the block's sub-block N (P's columns 16 N .., its rows 16 N ..).
-#define PV1(ACCV, J, N) \
-  MMA(ACCV, P_BASE + 32u * NB * mt + 2u * (N), 2u * NB, kbase + (N) * 16u * RS + 2u * (gt * RT + (J)), RS, false)
-#define SCRATCH (SP_BASE + 64u * NB * g)  // group g's scratch tile (its first partial S tile's place)
 #if COOP
 #define FOR_O(X) X(0, o0) X(1, o1) X(2, o2) X(3, o3) X(4, o4) X(5, o5) X(6, o6) X(7, o7)
 #define O_DECL(J, V) ACC V; if (J < RT) acc_zero(V);
-#define O_MMA(J, V)                          \
-  if (J < RT && gt * RT + J < NT_V) {        \
-    PV1(V, J, 0u)                            \
-    if (NB > 1) PV1(V, J, 1u)                \
-  }
+#define O_MMA(J, V) if (J < RT && gt * RT + J < NT_V) MMA(V, P_BASE + 32u * mt, 2u, kbase + 2u * (gt * RT + J), RS, false)
+#define SCRATCH (SP_BASE + 64u * g)  // group g's scratch tile (its partial S tile's place)
 #define O_SCALE1(J, V) if (J < RT) { acc_store(V, SCRATCH); scale_tile(SCRATCH, mt); acc_load(V, SCRATCH); }
 #if DIRECT_OUT
 #define O_WRITE1(J, V) \
@@ -432,19 +405,16 @@ void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
 #define O_WRITE FOR_O(O_WRITE1)
 #else
 #define O_DECLS ACC o[RT]; [[unroll]] for (uint j = 0; j < RT; ++j) acc_zero(o[j]);
-#define O_MMAS                               \
-  [[unroll]] for (uint j = 0; j < RT; ++j)   \
-    if (gt * RT + j < NT_V) {                \
-      PV1(o[j], j, 0u)                       \
-      if (NB > 1) PV1(o[j], j, 1u)           \
-    }
+#define O_MMAS                             \
+  [[unroll]] for (uint j = 0; j < RT; ++j) \
+    if (gt * RT + j < NT_V) MMA(o[j], P_BASE + 32u * mt, 2u, kbase + 2u * (gt * RT + j), RS, false)
 #define O_SCALE                                                                       \
   [[unroll]] for (uint j = 0; j < RT; ++j) [[unroll]] for (uint i = 0; i < 8u; ++i) \
     o[j][i] *= row_a[16u * mt + (gl_LocalInvocationIndex % 32u + 32u * i) % 16u];
 #define O_WRITE                                           \
   [[unroll]] for (uint j = 0; j < RT; ++j) {              \
-    acc_store(o[j], SCRATCH);                             \
-    write_tile(SCRATCH, gt * RT + j, r0, out_sel, mt);    \
+    acc_store(o[j], SP_BASE + 64u * g);                   \
+    write_tile(SP_BASE + 64u * g, gt * RT + j, r0, out_sel, mt); \
   }
 #endif
 
@@ -477,13 +447,13 @@ void main() {
 #endif
   // The blocks of [kv_begin, kv_end), walked from block blk0 on and around (STAGGER: each
   // workgroup of the prefill from its own block, so the resident workgroups read different rows).
-  const uint n_blk = (kv_end - kv_begin + BK - 1u) / BK;
+  const uint n_blk = (kv_end - kv_begin + 15u) / 16u;
 #if STAGGER && !SPLIT
   const uint blk0 = gl_WorkGroupID.x % n_blk;
 #else
   const uint blk0 = 0u;
 #endif
-  const uint kb_first = kv_begin + BK * blk0;
+  const uint kb_first = kv_begin + 16u * blk0;
 
   // Q rows: roped at their query's position, scaled, as f16 (zeros for rows past the live ones),
   // one M tile at a time (with QREG through K buffer 0 into its groups' registers).
@@ -524,9 +494,8 @@ void main() {
   TS_MARK_EARLY();  // bench --timeline: the queries staged
   PH_END(4)
 
-  // This thread's row sr of the statistics and P (invocations 0 .. MR * 8 - 1: 8 a row, columns
-  // sc, sc + 1 of each sub-block; row sr of the workgroup is row sr % 16 of M tile sr / 16) and
-  // its bound; the row's
+  // This thread's row sr of the statistics and P (invocations 0 .. MR * 8 - 1: 8 a row, 2 columns
+  // each; row sr of the workgroup is row sr % 16 of M tile sr / 16) and its bound; the row's
   // reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
   const uint st = (TR0(sr / 16u) + sr % 16u) / uint(N_HEAD);
@@ -535,24 +504,17 @@ void main() {
   O_DECLS
   uint kb = kb_first;
   for (uint i = 0u; i < n_blk; ++i) {  // uniform
-    const uint kb_next = kb + BK < kv_end ? kb + BK : kv_begin;  // the walk's next block
-    const uint kbase = K_BASE + (DOUBLE_K != 0 ? i % 2u : 0u) * BK * RS;
+    const uint kb_next = kb + 16u < kv_end ? kb + 16u : kv_begin;  // the walk's next block
+    const uint kbase = K_BASE + (DOUBLE_K != 0 ? i % 2u : 0u) * 16u * RS;
     STAGE(kb, kbase)
     PH_END(0)
     PARTIAL_SCORES(kbase)
     barrier();
     PH_END(1)
     if (tid < 8u * MR) {  // the rows' 8 lanes each (whole subgroups)
-      vec2 sv[NB];
-      bvec2 live[NB];
-      float m_lane = kNegHuge;
-      [[unroll]] for (uint n = 0; n < NB; ++n) {
-        const uint c = 16u * n + sc;
-        live[n] = bvec2(kb + c < kv_row, kb + c + 1u < kv_row);
-        sv[n] = vec2(live[n].x ? score(sr, c) : kNegHuge, live[n].y ? score(sr, c + 1u) : kNegHuge);
-        m_lane = max(m_lane, max(sv[n].x, sv[n].y));
-      }
-      const float m_blk = max8(m_lane);
+      const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
+      const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
+      const float m_blk = max8(max(s0, s1));
       float a = 1.0;
       if (m_blk > m_ref + MARGIN) {  // the same in the row's 8 lanes
         // O and l are still 0 before a row's first live block (nothing to scale); after it, a may
@@ -561,13 +523,9 @@ void main() {
         l_sum *= a;
         m_ref = m_blk;
       }
-      float p_sum = 0.0;
-      [[unroll]] for (uint n = 0; n < NB; ++n) {
-        const vec2 p = vec2(live[n].x ? exp(sv[n].x - m_ref) : 0.0, live[n].y ? exp(sv[n].y - m_ref) : 0.0);
-        p_sum += p.x + p.y;
-        sh[P_BASE + sr * 2u * NB + 2u * n + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(p);
-      }
-      l_sum += sum8(p_sum);
+      const float p0 = live0 ? exp(s0 - m_ref) : 0.0, p1 = live1 ? exp(s1 - m_ref) : 0.0;
+      l_sum += sum8(p0 + p1);
+      sh[P_BASE + sr * 2u + sc / 8u][(sc % 8u) / 2u] = packHalf2x16(vec2(p0, p1));
       if (tid % 8u == 0u) row_a[sr] = a;
     }
     barrier();

@@ -475,7 +475,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       tc->defines["TILE"] = std::to_string(tile_);
       tc_ = &ctx.pipeline(*tc);
       tc_m_tiles_ = attention_tc_m_tiles(*tc);
-      tc_block_rows_ = attention_tc_block_rows(*tc);
       // The rows kernel's range ends where the tensor cores pass it.
       if (short_rows_desc_ && !tuning.short_max_kv) short_max_kv_ = kTcRowsMaxKv;
     }

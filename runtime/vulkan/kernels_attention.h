@@ -223,7 +223,6 @@ struct AttentionTuning {
   bool decode_tc_prefetch = true;  // its next block's rows loaded during the current one (tc_prefetch)
   bool decode_tc_qreg = true;      // each group's query k-tiles in registers (tc_qreg)
   uint32_t decode_tc_m_tiles = 1;  // head tiles per workgroup, 1 or 2 (tc_m_tiles): the cache read once per pair
-  uint32_t decode_tc_block_rows = 16;  // cache rows per block, 16 or 32 (tc_block_rows)
   // Also build the single and mid kernels that open a gate for an early-started W_vo
   // (attention_rows.comp GATE_SIGNAL; record_decode's `gate`). Set by the decode step where it
   // starts W_vo early (GpuModelOptions::early_vo).
@@ -303,8 +302,6 @@ class AttentionOp {
   uint32_t tc_head_tiles() const { return (shape_.n_head + 15) / 16; }
   // Workgroups along the heads of the long range on tensor cores (tc_m_tiles_ head tiles each).
   uint32_t tc_head_groups() const { return (tc_head_tiles() + tc_m_tiles_ - 1) / tc_m_tiles_; }
-  // Its cache rows per block (16 where decode_tc_block_rows' 32 did not fit).
-  uint32_t tc_block_rows() const { return tc_block_rows_; }
   // Whether record_decode for `range` can write olat_q8 (the merge dispatch or the single kernel).
   bool decode_writes_olat_q8(DecodeRange range) const {
     if (range == DecodeRange::Single) return single_.q8 != nullptr;
@@ -374,7 +371,6 @@ class AttentionOp {
   bool short_wait_ = false;                        // AttentionTuning::short_wait
   const Pipeline* tc_ = nullptr;  // the long range's partials on tensor cores (or null)
   uint32_t tc_m_tiles_ = 1;       // ... head tiles per workgroup
-  uint32_t tc_block_rows_ = 16;   // ... cache rows per block
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)

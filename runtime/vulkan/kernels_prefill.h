@@ -208,10 +208,6 @@ struct PrefillAttentionTuning {
   // L2 reads per row halve (H100, GLM pp512 @4096: +6.5 %, session 28; the decode form's heads:
   // a tie at 8192 and 16000 positions, AttentionTuning::decode_tc_m_tiles 1).
   uint32_t tc_m_tiles = 2;
-  // Cache rows per block (NB = rows / 16; 16 or 32, 16 where 32 do not fit the shared memory):
-  // a block's four barriers and its chains of products serve twice the rows; its partial scores
-  // are NB independent chains (session 29).
-  uint32_t tc_block_rows = 16;
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;
@@ -224,8 +220,8 @@ struct PrefillAttentionTuning {
 // lanes. Its shape needs R and R + Dr multiples of 16, R <= 512, R + Dr <= 576, and its shared
 // memory (attention_tc_shared_bytes: for GLM's rows ~23 KB with tensor cores, the query in
 // registers, ~28 KB with two tiles of 16 rows; ~42 KB in the plain form, one tile) within the
-// device's (attention_tc_fits: with one buffer of cache rows where two do not fit, blocks of 16
-// cache rows where 32 do not, one tile of rows where two do not).
+// device's (attention_tc_fits: with one buffer of cache rows where two do not fit, one tile of
+// rows where two do not).
 bool attention_tc_supported(Context& ctx, bool plain);
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
 bool attention_tc_fits(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning = {});
@@ -237,8 +233,6 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
 // The tiles of 16 rows per workgroup a description from attention_tc_desc has (one where the
 // tuning's two did not fit): its workgroups' rows, or head tiles, are 16 times that.
 uint32_t attention_tc_m_tiles(const PipelineDesc& tc);
-// ... and its cache rows per block (16 NB).
-uint32_t attention_tc_block_rows(const PipelineDesc& tc);
 // The tensor-core kernel's choices of the decode step's form, from its decode_tc_* knobs (the rest
 // at their defaults): what AttentionOp builds it with, and what attention_tc_fits must be asked.
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t);
@@ -273,9 +267,6 @@ class PrefillAttentionOp {
 
   bool tensor_cores() const { return tc_ != nullptr; }
   bool writes_f16_olat() const { return tc16_ != nullptr; }
-  // The tensor-core kernel's (query, head) rows and cache rows per workgroup and block.
-  uint32_t tc_rows() const { return tc_rows_; }
-  uint32_t tc_block_rows() const { return tc_block_rows_; }
   // The grouped kernel's work split (all 0 where the tensor-core kernel runs instead).
   uint32_t queries_per_group() const { return gq_; }
   uint32_t heads_per_group() const { return hw_; }
@@ -292,7 +283,6 @@ class PrefillAttentionOp {
   const Pipeline* tc_ = nullptr;    // attention_prefill_tc.comp
   const Pipeline* tc16_ = nullptr;  // ... OUT_F16 (tuning.tc_f16_olat)
   uint32_t tc_rows_ = 16;           // ... (query, head) rows per workgroup (16 tc_m_tiles)
-  uint32_t tc_block_rows_ = 16;     // ... cache rows per block
   AttentionShape shape_;
   uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;
   uint32_t profile_kv_len_ = 0;

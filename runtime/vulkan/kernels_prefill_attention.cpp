@@ -57,12 +57,11 @@ bool attention_tc_supported(Context& ctx, bool plain) {
 
 namespace {
 // attention_prefill_tc.comp's layout: the query in registers (QREG, with tensor cores) or in
-// shared memory, one or two buffers of a block's cache rows.
+// shared memory, one or two buffers of 16 cache rows.
 struct TcLayout {
   bool qreg = false, double_k = false;
   uint32_t groups = 4;   // per M tile
   uint32_t m_tiles = 1;  // M tiles (16 rows each) per workgroup
-  uint32_t nb = 1;       // sub-blocks of 16 cache rows per block (NB)
 };
 
 TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool double_k) {
@@ -72,36 +71,28 @@ TcLayout tc_layout(Context& ctx, const PrefillAttentionTuning& tuning, bool doub
     usage_error("prefill attention: ", tuning.tc_m_tiles, " tiles of 16 rows per workgroup, expected 1 or 2");
   if (tuning.tc_m_tiles == 2 && tuning.tc_groups != 4)
     usage_error("prefill attention: 2 tiles of 16 rows per workgroup take 4 groups each, not ", tuning.tc_groups);
-  if (tuning.tc_block_rows != 16 && tuning.tc_block_rows != 32)
-    usage_error("prefill attention: blocks of ", tuning.tc_block_rows, " cache rows, expected 16 or 32");
-  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups, tuning.tc_m_tiles,
-                  tuning.tc_block_rows / 16};
+  return TcLayout{tuning.tc_qreg && matmul_coop_supported(ctx), double_k, tuning.tc_groups, tuning.tc_m_tiles};
 }
 
 uint64_t tc_shared_bytes(const AttentionShape& shape, const TcLayout& l) {
-  // sh: [query rows] + K buffers (16 NB rows of RS uvec4 each) + NB partial S tiles per group + P
-  // per M tile (16 x 16 NB); then the rows' sums and scales (and SPLIT's maxima: counted always).
+  // sh: [query rows] + K buffers (16 rows of RS uvec4 each) + a partial S tile per group + P per
+  // M tile; then the rows' sums and scales (and SPLIT's maxima: counted always).
   const uint64_t rows16 = 16 * (shape.row() / 8 + 1);
-  return ((l.qreg ? 0 : l.m_tiles * rows16) + (l.double_k ? 2 : 1) * l.nb * rows16 + 64 * l.nb * l.groups * l.m_tiles +
-          32 * l.nb * l.m_tiles) *
-             16 +
+  return ((l.qreg ? 0 : l.m_tiles * rows16) + (l.double_k ? 2 : 1) * rows16 + 64 * l.groups * l.m_tiles + 32 * l.m_tiles) * 16 +
          3 * 16 * 4 * l.m_tiles;
 }
 
-// The layout that fits the device: two M tiles where asked and they fit, else one; within that,
-// blocks of 32 rows where asked and they fit, else 16; two K buffers where asked and they fit,
-// else one; nullopt where not even the smallest fits or the shape is not the kernel's.
+// The layout that fits the device: two K buffers where asked and they fit, else one; two M tiles
+// where asked and they fit, else one; nullopt where not even the smallest fits or the shape is
+// not the kernel's.
 std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
   if (shape.kv_lora % 16 != 0 || shape.row() % 16 != 0 || shape.kv_lora > 512 || shape.row() > 576) return std::nullopt;
   for (uint32_t m : {tuning.tc_m_tiles, 1u}) {
-    for (uint32_t rows : {tuning.tc_block_rows, 16u}) {
-      PrefillAttentionTuning t = tuning;
-      t.tc_m_tiles = m;
-      t.tc_block_rows = rows;
-      for (bool dk : {tuning.tc_double_k, false}) {
-        const TcLayout l = tc_layout(ctx, t, dk);
-        if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
-      }
+    PrefillAttentionTuning t = tuning;
+    t.tc_m_tiles = m;
+    for (bool dk : {tuning.tc_double_k, false}) {
+      const TcLayout l = tc_layout(ctx, t, dk);
+      if (tc_shared_bytes(shape, l) <= ctx.info().max_compute_shared_memory) return l;
     }
   }
   return std::nullopt;
@@ -111,9 +102,8 @@ std::optional<TcLayout> tc_fitting_layout(Context& ctx, const AttentionShape& sh
 uint64_t attention_tc_shared_bytes(Context& ctx, const AttentionShape& shape, const PrefillAttentionTuning& tuning) {
   const std::optional<TcLayout> l = tc_fitting_layout(ctx, shape, tuning);
   if (l) return tc_shared_bytes(shape, *l);
-  PrefillAttentionTuning smallest = tuning;  // what it would need at the least: one tile, blocks of 16, one K buffer
+  PrefillAttentionTuning smallest = tuning;  // what it would need at the least: one tile, one K buffer
   smallest.tc_m_tiles = 1;
-  smallest.tc_block_rows = 16;
   return tc_shared_bytes(shape, tc_layout(ctx, smallest, false));
 }
 
@@ -139,8 +129,7 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
                     {"QREG", tc_layout->qreg ? "1" : "0"},
                     {"STAGGER", tuning.tc_stagger ? "1" : "0"},
                     {"N_GROUPS", std::to_string(tc_layout->groups * tc_layout->m_tiles)},
-                    {"M_TILES", std::to_string(tc_layout->m_tiles)},
-                    {"NB", std::to_string(tc_layout->nb)}},
+                    {"M_TILES", std::to_string(tc_layout->m_tiles)}},
                    shape.rope.defines());
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
@@ -149,7 +138,6 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
 }
 
 uint32_t attention_tc_m_tiles(const PipelineDesc& tc) { return uint32_t(std::stoul(tc.defines.at("M_TILES"))); }
-uint32_t attention_tc_block_rows(const PipelineDesc& tc) { return 16 * uint32_t(std::stoul(tc.defines.at("NB"))); }
 
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   PrefillAttentionTuning p;
@@ -158,7 +146,6 @@ PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   p.tc_qreg = t.decode_tc_qreg;
   p.tc_stagger = false;  // (each chunk is its own; STAGGER does nothing with SPLIT)
   p.tc_m_tiles = t.decode_tc_m_tiles;
-  p.tc_block_rows = t.decode_tc_block_rows;
   return p;
 }
 
@@ -183,7 +170,6 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
     tc_rows_ = 16 * attention_tc_m_tiles(p);
-    tc_block_rows_ = attention_tc_block_rows(p);
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";
       p.defines["OUT_F16"] = "1";

@@ -306,7 +306,6 @@ struct DecodeCase {
   bool tc_prefetch = true;    // AttentionTuning::decode_tc_prefetch
   bool tc_qreg = true;        // AttentionTuning::decode_tc_qreg (with cooperative matrices)
   uint32_t tc_m_tiles = 1;    // AttentionTuning::decode_tc_m_tiles
-  uint32_t tc_block_rows = 16;  // AttentionTuning::decode_tc_block_rows
 };
 
 TEST(AttentionDecode, EachRangeMatchesTheReference) {
@@ -356,19 +355,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
       {"tensor cores, two tiles, 33 heads", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true, true, 2},
       {"tensor cores, two tiles, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 299}, true, 5, true, false, true, true, true, 2},
       {"tensor cores, two tiles, query in shared memory", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 301, 599}, true, 0, true, false, true, true, false, 2},
-      // blocks of 32 cache rows (two sub-blocks of 16 per barrier round): GLM's (the plain form
-      // does not fit 32 KB: blocks of 16 there), rows of 192 (chunks of 5 rows at 600: a block
-      // mostly past kv_end), 17 x 48 with chunks of 8, 33 heads with indirect counts, 3 heads,
-      // without the prefetch, with two head tiles, the query in shared memory
-      {"tensor cores, blocks of 32, GLM", 20, 512, 64, 600, 16, true, false, 0, 0, 0, {1, 17, 33, 301, 599}, true, 0, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, rows of 192", 20, 128, 64, 600, 16, true, false, 0, 0, 0, {1, 16, 17, 300, 301, 599, 33}, true, 0, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, 128 rows a chunk", 20, 128, 64, 600, 16, true, false, 4, 32, 0, {17, 31, 33, 64, 65, 300, 599}, true, 5, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, 17 x 48, chunks of 8", 17, 32, 16, 330, 6, true, false, 40, 8, 0, {1, 7, 8, 9, 200, 201, 300, 330}, true, 5, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, indirect counts", 33, 64, 16, 300, 8, true, true, 9, 8, 0, {1, 9, 100, 101, 299}, false, 5, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, 3 heads", 3, 64, 16, 300, 8, true, false, 9, 8, 0, {1, 9, 100, 101, 299}, true, 5, true, false, true, true, true, 1, 32},
-      {"tensor cores, blocks of 32, no prefetch", 20, 128, 64, 600, 16, true, false, 9, 8, 0, {1, 17, 100, 300, 599}, true, 5, true, false, true, false, true, 1, 32},
-      {"tensor cores, blocks of 32, two tiles", 20, 128, 64, 600, 16, true, false, 9, 8, 0, {1, 17, 100, 300, 599}, true, 5, true, false, true, true, true, 2, 32},
-      {"tensor cores, blocks of 32, query in shared memory", 20, 128, 64, 600, 16, true, false, 9, 8, 0, {1, 17, 301, 599}, true, 5, true, false, true, true, false, 1, 32},
   };
   for (const DecodeCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -388,7 +374,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
     t.decode_tc_prefetch = c.tc_prefetch;
     t.decode_tc_qreg = c.tc_qreg;
     t.decode_tc_m_tiles = c.tc_m_tiles;
-    t.decode_tc_block_rows = c.tc_block_rows;
     t.single = false;  // the single range: SingleRangeMatchesTheReference
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (c.rows && op.short_heads_per_group() != std::max(1u, c.rows_heads)) continue;  // no subgroup arithmetic
@@ -397,11 +382,6 @@ TEST(AttentionDecode, EachRangeMatchesTheReference) {
                    vk::attention_tc_supported(*gpu().ctx, true))
           << "the tensor-core kernel fits but was not built";
       continue;  // its shared memory does not fit this device in the plain form
-    }
-    if (c.tc) {
-      EXPECT_TRUE(op.tc_block_rows() == 16 || op.tc_block_rows() == c.tc_block_rows) << op.tc_block_rows();
-      // rows of <= 192 values fit blocks of 32 in 32 KB of shared memory (one head tile, any form)
-      if (c.tc_m_tiles == 1 && c.kv_lora + c.n_rot <= 192) EXPECT_EQ(op.tc_block_rows(), c.tc_block_rows);
     }
     const uint32_t sgroups = op.decode_groups(vk::DecodeRange::Short);
     if (c.rows) EXPECT_EQ(sgroups, c.short_groups ? c.short_groups : std::min(op.n_groups(), 32u));

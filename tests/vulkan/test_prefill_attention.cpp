@@ -83,8 +83,6 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
                                                     " stagger ", tuning.tc_stagger, " m_tiles ", tuning.tc_m_tiles,
-                                                    " block rows ", tuning.tc_block_rows, " (built: ", op.tc_rows(), " x ",
-                                                    op.tc_block_rows(), ")",
                                                     " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
@@ -178,13 +176,6 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_m_tiles = 1; });
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
-  // blocks of 32 cache rows (two sub-blocks a barrier round; 16 where they do not fit): with one
-  // or two tiles of rows, without the prefetch, two buffers, a rescale at every new maximum
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_block_rows = 32; });
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_block_rows = 32, t.tc_m_tiles = 1; });
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_block_rows = 32, t.tc_m_tiles = 1, t.tc_prefetch = false; });
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_block_rows = 32, t.tc_m_tiles = 1, t.tc_double_k = true; });
-  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_block_rows = 32, t.tc_m_tiles = 1, t.tc_margin = 0; });
   if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding
     check_prefill_attention(GetParam(), 1, 2e-3, [](Tuning& t) { t.tc_f16_olat = true; });
 }
@@ -244,8 +235,7 @@ INSTANTIATE_TEST_SUITE_P(
 // Two tiles of 16 rows a workgroup (the default) where they fit the shared memory, else one: asking
 // for two never fits less than asking for one, and the layout reported is one that fits. On
 // lavapipe (32 KB) rows of 256 without the query in registers fit only as one tile (21.4 KB
-// against 34.4), GLM's rows in neither form. Likewise blocks of 32 cache rows, else 16: the tiny
-// rows fit 32 in every form, and the op reports what it built.
+// against 34.4), GLM's rows in neither form.
 TEST(PrefillAttentionShape, TwoTilesFallBackToOneWhereTheyDoNotFit) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -268,19 +258,6 @@ TEST(PrefillAttentionShape, TwoTilesFallBackToOneWhereTheyDoNotFit) {
       EXPECT_LE(vk::attention_tc_shared_bytes(ctx, shape, two), ctx.info().max_compute_shared_memory);
       EXPECT_LE(vk::attention_tc_shared_bytes(ctx, shape, one), vk::attention_tc_shared_bytes(ctx, shape, two));
       EXPECT_TRUE(vk::PrefillAttentionOp(ctx, shape, {}, two).tensor_cores());
-      for (vk::PrefillAttentionTuning t : {one, two}) {
-        vk::PrefillAttentionTuning wide = t;
-        wide.tc_block_rows = 32;
-        SCOPED_TRACE(cat("m_tiles ", t.tc_m_tiles, ", blocks of 32"));
-        EXPECT_TRUE(vk::attention_tc_fits(ctx, shape, wide));
-        EXPECT_LE(vk::attention_tc_shared_bytes(ctx, shape, wide), ctx.info().max_compute_shared_memory);
-        EXPECT_LE(vk::attention_tc_shared_bytes(ctx, shape, t), vk::attention_tc_shared_bytes(ctx, shape, wide));
-        const vk::PrefillAttentionOp op(ctx, shape, {}, wide);
-        ASSERT_TRUE(op.tensor_cores());
-        EXPECT_TRUE(op.tc_block_rows() == 16 || op.tc_block_rows() == 32);
-        EXPECT_TRUE(op.tc_rows() == 16 || op.tc_rows() == 16 * t.tc_m_tiles);
-        if (c.kv_lora == 64) EXPECT_EQ(op.tc_block_rows(), 32u) << "tiny rows fit blocks of 32";
-      }
     }
   }
 }

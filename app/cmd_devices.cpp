@@ -32,6 +32,7 @@ void print_device(const vk::DeviceInfo& d, bool chosen) {
   std::printf("  maxStorageBufferRange    %s\n", vk::format_bytes(d.max_storage_buffer_range).c_str());
   std::printf("  maxMemoryAllocationSize  %s\n", vk::format_bytes(d.max_memory_allocation_size).c_str());
   std::printf("  shared memory / group    %s\n", vk::format_bytes(d.max_compute_shared_memory).c_str());
+  if (d.sm_count) std::printf("  SMs                      %u\n", d.sm_count);
   const vk::DeviceFeatures& f = d.features;
   std::printf("  16-bit storage           %s (required)\n", yes_no(f.storage_buffer_16bit));
   std::printf("  subgroup arithmetic      %s (used when present)\n", yes_no(f.subgroup_arithmetic));

@@ -23,6 +23,14 @@
 // writing that kernel's partials (o unnormalized against the row's reference m, and (m, l)) for
 // attention_merge.comp: the same merge, the cache read once per workgroup of head tiles instead
 // of once per head.
+// SPLIT_Q (the prefill's walk split along the context, PrefillAttentionOp tc_split; session 29):
+// rows (query, head) as without SPLIT, workgroup y = chunk c of every row's query's context, cut
+// as the merge cuts it (ts_attn_chunk_len of the query's kv_len with n_groups, min_chunk, TILE):
+// the workgroup walks the union of its rows' chunks c, each row masked to its own, and writes
+// the per-query partials attention_merge.comp reads (query t's at t n_groups N_HEAD (R + 2)
+// floats; a row whose chunk c is empty writes m = -3e38, l = 0, which the merge never reads). So a
+// chunk's workgroups come in n_groups shorter walks, and the last wave of a long context is not
+// mostly idle (PERFORMANCE.md session 29).
 // N_GROUPS groups of 32 lanes ("subgroups"), GPT = N_GROUPS / M_TILES (4 or 8) per tile: S's 36
 // (ROW / 16) k-tiles split over a tile's groups (partial tiles summed through shared memory), O's
 // R / 16 column tiles too. Per block: the block's rows stored (barrier), S (barrier), P and the
@@ -45,15 +53,16 @@
 // inside f16); DOUBLE_K (0/1); QREG (0/1, COOP only: each group's query k-tiles in registers);
 // M_TILES (1 or 2); N_GROUPS (GPT M_TILES, GPT 4 or 8); OUT_F16 (0/1: olat as f16, the matmul's
 // input rows, instead of f32);
-// SPLIT (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
+// SPLIT (0/1) or SPLIT_Q (0/1) with TILE (the chunking's rounding); STAGGER (0/1, the prefill's: with SPLIT each
 // chunk is its own already): workgroup x walks its blocks from block x mod n_blk on, around to
 // the start (the softmax does not depend on the order), so the resident workgroups do not all
 // read the same cache rows at once.
 // Bindings: 0 = q (f32 [T][N_HEAD][R + Dr], unroped), 1 = cache (f16 rows of R + Dr), 2 = step
 // words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
-// SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)).
+// SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)); SPLIT_Q: the
+// same per query.
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; SPLIT: n_groups, min_chunk,
-// kv_min, kv_max too, count_word unused).
+// kv_min, kv_max too, count_word unused; SPLIT_Q: n_groups, min_chunk too).
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
@@ -144,8 +153,14 @@ layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; }
 #ifndef SPLIT
 #define SPLIT 0
 #endif
-#if SPLIT && OUT_F16
-#error "attention_prefill_tc.comp: SPLIT writes f32 partials"
+#ifndef SPLIT_Q
+#define SPLIT_Q 0
+#endif
+#if (SPLIT || SPLIT_Q) && OUT_F16
+#error "attention_prefill_tc.comp: SPLIT and SPLIT_Q write f32 partials"
+#endif
+#if SPLIT && SPLIT_Q
+#error "attention_prefill_tc.comp: SPLIT or SPLIT_Q"
 #endif
 // SPLIT with at least 16 heads: the last head tile overlaps the one before it (rows r0 = N_HEAD -
 // 16 ..), so every row is a head; with cooperative matrices the O tiles then go from registers
@@ -157,7 +172,7 @@ layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; }
 #define TILE_R0(y) ((y) * 16u)
 #define DIRECT_OUT 0
 #endif
-#if SPLIT
+#if SPLIT || SPLIT_Q
 layout(std430, binding = 3) writeonly restrict buffer Out { float partials[]; };
 #elif OUT_F16  // olat as f16: the input rows (x16) of the matmul W_vo that follows (session 25)
 #extension GL_EXT_shader_explicit_arithmetic_types_float16 : require
@@ -173,7 +188,7 @@ layout(push_constant) uniform Push { AttnPartialArgs args; };
 
 shared uvec4 sh[SH_SIZE];
 shared float row_l[MR];  // each row's sum, at the end
-#if SPLIT
+#if SPLIT || SPLIT_Q
 shared float row_m[MR];  // each row's reference maximum, at the end
 #endif
 shared float row_a[MR];  // the block's scale of each row's O (1 where m stayed)
@@ -363,9 +378,21 @@ void scale_tile(uint at, uint m) {
   group_sync();
 }
 
+#if SPLIT_Q
+uint split_q_live = 0u;  // the live query count (set by main)
+// Query t's partials (floats): the merge's per-query layout.
+uint split_q_base(uint t) { return t * args.n_groups * uint(N_HEAD) * (KV_LORA + 2u); }
+// Query t's chunk c of the context: [x, y) (empty where x >= y), cut as the merge cuts it.
+uvec2 split_q_chunk(uint pos0, uint t, uint c) {
+  const uint kv_len = min(pos0 + t + 1u, args.n_ctx);
+  const uint len = ts_attn_chunk_len(kv_len, args.n_groups, args.min_chunk, TILE);
+  return uvec2(min(c * len, kv_len), min(c * len + len, kv_len));
+}
+#endif
+
 // The group's tile jt (O's columns 16 jt ..; none past NT_V) of the live rows out, divided by
 // their sums, through its scratch tile at `at` (stored there before the call).
-// `sel`: the live query count; SPLIT: the chunk, whose partial o goes out unnormalized for the
+// `sel`: the live query count; SPLIT (SPLIT_Q): the chunk, whose partial o goes out unnormalized for the
 // heads r0 + r < N_HEAD. m: the group's M tile (its rows' sums row_l[16 m ..]).
 void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
   group_sync();
@@ -374,6 +401,10 @@ void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
     const uint e = ln + 32u * i, r = e / 16u, c = e % 16u;
 #if SPLIT
     if (jt < NT_V && r0 + r < uint(N_HEAD)) partials[(sel * N_HEAD + r0 + r) * KV_LORA + 16u * jt + c] = tile_f(at, r, c);
+#elif SPLIT_Q
+    const uint t = (r0 + r) / uint(N_HEAD), h = (r0 + r) % uint(N_HEAD);
+    if (jt < NT_V && t < split_q_live)
+      partials[split_q_base(t) + (sel * N_HEAD + h) * KV_LORA + 16u * jt + c] = tile_f(at, r, c);
 #else
     const float inv = row_l[16u * m + r] > 0.0 ? 1.0 / row_l[16u * m + r] : 0.0;
     if (jt < NT_V && (r0 + r) / uint(N_HEAD) < sel) olat[(r0 + r) * KV_LORA + 16u * jt + c] = OLAT_VALUE(tile_f(at, r, c) * inv);
@@ -443,7 +474,16 @@ void main() {
   const uint n_q = step_words[args.count_word], pos0 = step_words[args.pos_word];
   if (r0w / uint(N_HEAD) >= n_q) return;  // uniform: no live row
   const uint t_last = min((r0w + MR - 1u) / uint(N_HEAD), n_q - 1u);
+#if SPLIT_Q
+  // The union of the rows' chunks c (both ends grow with the query), none where all are empty.
+  const uint chunk = gl_WorkGroupID.y;
+  split_q_live = n_q;
+  const uint kv_begin = split_q_chunk(pos0, r0w / uint(N_HEAD), chunk).x;
+  const uint kv_end = split_q_chunk(pos0, t_last, chunk).y;
+  if (kv_begin >= kv_end) return;  // uniform
+#else
   const uint kv_begin = 0u, kv_end = min(pos0 + t_last + 1u, args.n_ctx);
+#endif
 #endif
   // The blocks of [kv_begin, kv_end), walked from block blk0 on and around (STAGGER: each
   // workgroup of the prefill from its own block, so the resident workgroups read different rows).
@@ -499,7 +539,12 @@ void main() {
   // reference maximum and sum, the same in its 8 lanes (butterfly reductions).
   const uint sr = tid / 8u, sc = 2u * (tid % 8u);
   const uint st = (TR0(sr / 16u) + sr % 16u) / uint(N_HEAD);
-  const uint kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
+#if SPLIT_Q
+  const uvec2 row_chunk = st < n_q ? split_q_chunk(pos0, st, chunk) : uvec2(0u);
+  const uint kv_lo = row_chunk.x, kv_row = min(row_chunk.y, kv_end);
+#else
+  const uint kv_lo = 0u, kv_row = st < n_q ? min(min(pos0 + st + 1u, args.n_ctx), kv_end) : 0u;
+#endif
   float m_ref = kNegHuge, l_sum = 0.0;
   O_DECLS
   uint kb = kb_first;
@@ -512,7 +557,7 @@ void main() {
     barrier();
     PH_END(1)
     if (tid < 8u * MR) {  // the rows' 8 lanes each (whole subgroups)
-      const bool live0 = kb + sc < kv_row, live1 = kb + sc + 1u < kv_row;
+      const bool live0 = kb + sc >= kv_lo && kb + sc < kv_row, live1 = kb + sc + 1u >= kv_lo && kb + sc + 1u < kv_row;
       const float s0 = live0 ? score(sr, sc) : kNegHuge, s1 = live1 ? score(sr, sc + 1u) : kNegHuge;
       const float m_blk = max8(max(s0, s1));
       float a = 1.0;
@@ -546,7 +591,7 @@ void main() {
   }
   TS_MARK();  // bench --timeline: the rows attended
   if (tid < 8u * MR && tid % 8u == 0u) row_l[sr] = l_sum;
-#if SPLIT
+#if SPLIT || SPLIT_Q
   if (tid < 8u * MR && tid % 8u == 0u) row_m[sr] = m_ref;
 #endif
   barrier();  // row_l; every group's last products done with the scratch tiles (SP)
@@ -557,6 +602,17 @@ void main() {
     const uint ml = args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + TR0(tid / 16u) + tid % 16u) * 2u;
     partials[ml] = row_m[tid];
     partials[ml + 1u] = row_l[tid];
+  }
+  const uint out_sel = chunk;
+#elif SPLIT_Q
+  // Each live row's (m, l) for its query's chunk; its O tiles, unnormalized, below.
+  if (tid < MR) {
+    const uint rr = TR0(tid / 16u) + tid % 16u, t = rr / uint(N_HEAD);
+    if (t < n_q) {
+      const uint ml = split_q_base(t) + args.n_groups * N_HEAD * KV_LORA + (chunk * N_HEAD + rr % uint(N_HEAD)) * 2u;
+      partials[ml] = row_m[tid];
+      partials[ml + 1u] = row_l[tid];
+    }
   }
   const uint out_sel = chunk;
 #else

@@ -422,6 +422,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.matmul = o.matmul;
   go.prefill_moe_matmul = o.prefill_moe_matmul;
   go.prefill_tail_chunks = o.prefill_tail_chunks;
+  go.prefill_tc_split_depth = o.prefill_tc_split_depth;
   go.prefill_q8_input = o.prefill_q8_input;
   go.prefill_moe_f16_input = o.prefill_moe_f16_input;
   go.prefill_router = o.prefill_router;

@@ -73,6 +73,7 @@ struct BenchOptions {
   int prefill_matmul = -1;                // GpuModelOptions::prefill_matmul (--tune prefill_matmul=0..3)
   int prefill_moe_matmul = -1;            // GpuModelOptions::prefill_moe_matmul (--tune moe_matmul=0|1|2)
   uint32_t prefill_tail_chunks = 2;       // GpuModelOptions::prefill_tail_chunks (--tune tail_chunks)
+  uint32_t prefill_tc_split_depth = 8;    // GpuModelOptions::prefill_tc_split_depth (--tune split_depth)
   bool prefill_q8_input = true;           // GpuModelOptions::prefill_q8_input (--tune prefill_q8_input)
   bool prefill_moe_f16_input = true;      // GpuModelOptions::prefill_moe_f16_input (--tune moe_f16_in)
   uint32_t prefill_router = 0;            // GpuModelOptions::prefill_router (--tune prefill_router)

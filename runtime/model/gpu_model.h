@@ -89,6 +89,13 @@ struct GpuModelOptions {
   // 2700 in one large chunk, pp192 2952 in three against 3735; without the tail pp16 502 against
   // 997, pp64 1532 against 3002.
   uint32_t prefill_tail_chunks = 2;
+  // A chunk of T tokens whose first position is at least this many times T runs a second
+  // recording whose tensor-core attention splits each tile's walk along the context and merges
+  // (vk::PrefillAttentionTuning::tc_split, automatic from the SM count unless set; 0: every chunk):
+  // at depth the walks are long and come in whole rounds of the SMs, near the start the merge
+  // only costs. H200 GLM Q4_0, session 29: split at 4096 / at 0, pp16 341 -> 654 / 1329 -> 1228,
+  // pp64 1275 -> 2168 / 3589 -> 3280, pp512 2958 -> 3064 / 5818 -> 5290. bench --tune split_depth.
+  uint32_t prefill_tc_split_depth = 8;
   // The FFN's int8 prefill kernels read h2 as int8 blocks written once per token by its RMSNorm
   // (bench --tune prefill_q8_input=0: each workgroup quantizes the f32 rows it stages).
   bool prefill_q8_input = true;
@@ -392,7 +399,9 @@ class GpuModel : public LanguageModel {
   void create_prefill();
   std::vector<float> run_prefill(std::span<const int32_t> tokens, bool last_only);
   // head: gpu_prefill.cpp's Head; tail: the prefill_tail_chunk recording.
-  std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false, bool tail = false);
+  // deep: the recording for chunks past prefill_tc_split_depth (its attention's walks split).
+  std::unique_ptr<vk::CommandRecorder> record_prefill(int head, bool timestamps = false, bool tail = false,
+                                                      bool deep = false);
   void write_step(uint32_t token, uint32_t pos);  // the decode step buffer's words
   // For gpu_prefill.cpp: tensors by name and the layers' KV caches.
   vk::MatrixRef weight_matrix(std::string_view name) const;

@@ -47,11 +47,15 @@ vk::AttentionTuning prefill_attention_split(const GpuModelOptions& o, uint32_t T
 }
 
 // The attention of a recording of chunks of T tokens under options o; f16_olat: also the
-// tensor-core kernel's variant writing olat as f16 (PrefillAttentionTuning::tc_f16_olat).
+// tensor-core kernel's variant writing olat as f16 (PrefillAttentionTuning::tc_f16_olat); deep:
+// the recording for chunks past prefill_tc_split_depth (the tensor-core walks split as
+// o.prefill_attention.tc_split says), else none split.
 vk::PrefillAttentionOp prefill_attention(vk::Context& ctx, const ModelConfig& c, uint32_t n_ctx, const GpuModelOptions& o,
-                                         uint32_t T, bool f16_olat = false) {
+                                         uint32_t T, bool f16_olat = false, bool deep = false) {
   vk::PrefillAttentionTuning tuning = o.prefill_attention;
   tuning.tc_f16_olat = f16_olat;
+  tuning.chunk_queries = T;
+  if (!deep) tuning.tc_split = 1;
   return vk::PrefillAttentionOp(ctx, vk::AttentionShape::from_config(c, n_ctx), prefill_attention_split(o, T), tuning);
 }
 constexpr uint64_t kMatmulsPerStage = 2;     // matmuls reading one x16 (q_a and kv_a)
@@ -77,12 +81,16 @@ struct GpuModel::Prefill {
   vk::Buffer mm_partials;  // their split-K partial sums: one region per matmul of a stage
   bool matmul = false;
   vk::MatmulKernel kernel = vk::MatmulKernel::Auto;  // the matmuls' kernel (prefill_matmul 2: Plain)
-  std::unique_ptr<vk::CommandRecorder> rec[3];  // per Head, recorded on first use
+  // Per [deep][Head], recorded on first use; deep: chunks from prefill_tc_split_depth T on.
+  std::unique_ptr<vk::CommandRecorder> rec[2][3];
   // The tail recording (GpuModelOptions::prefill_tail_chunk; 0: none): chunks of T_tail tokens on
   // the same buffers.
   uint32_t T_tail = 0;
-  std::unique_ptr<vk::CommandRecorder> rec_tail[3];
-  std::unique_ptr<vk::CommandRecorder> profiled, profiled_tail;  // Head::None with timestamps (profile_prefill)
+  std::unique_ptr<vk::CommandRecorder> rec_tail[2][3];
+  std::unique_ptr<vk::CommandRecorder> profiled[2], profiled_tail[2];  // [deep], Head::None with timestamps
+
+  // Whether a chunk of T tokens from position p0 takes the deep recording.
+  bool deep(uint32_t T, uint64_t p0, uint32_t depth) const { return p0 >= uint64_t(depth) * T; }
 };
 
 void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
@@ -133,15 +141,18 @@ Sizes sizes(const ModelConfig& c, uint32_t T, uint64_t attention_partials, const
   return s;
 }
 
-// The attention partials of the recordings of chunks of T and tail tokens (tail 0: none), each
-// with its own split (prefill_attention_split); none where the tensor-core kernel runs.
+// The attention partials of the recordings of chunks of T and tail tokens (tail 0: none), near
+// the start and deep, each with its own split (prefill_attention_split); none where the
+// tensor-core kernel runs unsplit.
 uint64_t attention_partials(vk::Context& ctx, const ModelConfig& c, uint32_t n_ctx, const GpuModelOptions& o, uint32_t T,
                             uint32_t tail) {
   uint64_t most = 0;
   for (uint32_t t : {T, tail}) {
     if (t == 0) continue;
-    const vk::PrefillAttentionOp probe = prefill_attention(ctx, c, n_ctx, o, t);
-    if (!probe.tensor_cores()) most = std::max(most, t * probe.partials_bytes());
+    for (bool deep : {false, true}) {
+      const vk::PrefillAttentionOp probe = prefill_attention(ctx, c, n_ctx, o, t, false, deep);
+      most = std::max(most, t * probe.needed_partials_bytes());
+    }
   }
   return most;
 }
@@ -207,7 +218,7 @@ void GpuModel::create_prefill() {
   prefill_stats_.attention_tc = prefill_attention(ctx_, c, n_ctx_, options_, p->T).tensor_cores();
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
-  prefill_->rec[int(Head::None)] = record_prefill(int(Head::None));
+  prefill_->rec[0][int(Head::None)] = record_prefill(int(Head::None));
 }
 
 namespace {
@@ -344,7 +355,7 @@ struct PrefillRecorder {
 
 }  // namespace
 
-std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps, bool tail) {
+std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bool timestamps, bool tail, bool deep) {
   Prefill& p = *prefill_;
   const uint32_t T = tail ? p.T_tail : p.T;
   const vk::Buffer& route_buf = p.route;
@@ -371,7 +382,7 @@ std::unique_ptr<vk::CommandRecorder> GpuModel::record_prefill(int head_index, bo
     // Composed W_vo as a matmul: the tensor-core attention writes its f16 input rows itself.
     const bool f16_olat = options_.prefill_f16_olat && p.matmul && has_weight("blk.0.attn_vo.weight") &&
                           uint64_t(c.n_head) * c.kv_lora_rank % 32 == 0;  // W_vo's rows then run as a matmul
-    const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T, f16_olat);
+    const vk::PrefillAttentionOp attn = prefill_attention(ctx_, c, n_ctx_, options_, T, f16_olat, deep);
     const vk::QueryBatch batch{T, kCountWord};
     // The FFN's matmul form (experts and dense layers) in this recording's chunks; else its int8
     // kernels read h2 as int8 blocks written by the FFN's RMSNorm, once per token, instead of
@@ -583,10 +594,11 @@ std::vector<vk::DispatchTiming> GpuModel::profile_prefill(double* wall_us, bool 
   const uint32_t T = tail ? p.T_tail : p.T;
   if (uint64_t(n_past_) + T > n_ctx_)
     usage_error("profile_prefill: a chunk of ", T, " tokens at position ", n_past_, " exceeds the context of ", n_ctx_);
-  std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.profiled_tail : p.profiled;
+  const bool deep = p.deep(T, n_past_, options_.prefill_tc_split_depth);
+  std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.profiled_tail[deep] : p.profiled[deep];
   if (!rec) {
     const PrefillStats keep = prefill_stats_;
-    rec = record_prefill(int(Head::None), true, tail);
+    rec = record_prefill(int(Head::None), true, tail, deep);
     prefill_stats_ = keep;
   }
   std::vector<uint32_t> words(kIdsWord + p.T, 0);
@@ -616,8 +628,10 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
     const uint32_t n = uint32_t(std::min<size_t>(tail ? p.T_tail : p.T, left));
     const bool last_chunk = i0 + n == tokens.size();
     const Head head = !last_only ? Head::All : last_chunk ? Head::Last : Head::None;
-    std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.rec_tail[int(head)] : p.rec[int(head)];
-    if (!rec) rec = record_prefill(int(head), false, tail);
+    const uint32_t T = tail ? p.T_tail : p.T;
+    const bool deep = p.deep(T, n_past_, options_.prefill_tc_split_depth);
+    std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.rec_tail[deep][int(head)] : p.rec[deep][int(head)];
+    if (!rec) rec = record_prefill(int(head), false, tail, deep);
     std::vector<uint32_t> words(kIdsWord + p.T, 0);
     words[kPosWord] = n_past_;
     words[kCountWord] = n;

@@ -90,7 +90,11 @@ DeviceInfo query_device(VkInstance instance, VkPhysicalDevice pd, uint32_t index
   if (v12) { *tail = &driver; tail = &driver.pNext; }
   if (has_sg_control) { *tail = &sgc; tail = &sgc.pNext; }
   if (has_int_dot) { *tail = &dotp; tail = &dotp.pNext; }
+  auto smb = vk_struct<VkPhysicalDeviceShaderSMBuiltinsPropertiesNV>(VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_SM_BUILTINS_PROPERTIES_NV);
+  const bool has_sm = info.has_extension(VK_NV_SHADER_SM_BUILTINS_EXTENSION_NAME);
+  if (has_sm) { *tail = &smb; tail = &smb.pNext; }
   vkGetPhysicalDeviceProperties2(pd, &props);
+  info.sm_count = has_sm ? smb.shaderSMCount : 0;
 
   const VkPhysicalDeviceLimits& lim = props.properties.limits;
   info.name = props.properties.deviceName;

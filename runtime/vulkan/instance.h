@@ -64,6 +64,7 @@ struct DeviceInfo {
   uint32_t max_compute_shared_memory = 0;
   std::array<uint32_t, 3> max_workgroup_count{};
   uint32_t max_push_constants_size = 0;
+  uint32_t sm_count = 0;  // streaming multiprocessors (VK_NV_shader_sm_builtins), 0 where unknown
   float timestamp_period_ns = 0;  // ns per timestamp tick
   DeviceFeatures features;
   std::vector<std::string> extensions;  // device extensions the driver offers

@@ -573,8 +573,9 @@ void AttentionOp::record_partial(CommandRecorder& rec, BufferSlice q, BufferSlic
 
 void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch,
-                               BufferSlice olat_q8) const {
-  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, n_groups_, {});
+                               BufferSlice olat_q8, uint32_t groups) const {
+  if (groups > n_groups_) runtime_error(label, ": a merge of ", groups, " chunks, more than the op's ", n_groups_);
+  merge_groups(rec, partials, step, pos_word, olat, label, batch, olat_q8, groups ? groups : n_groups_, {});
 }
 
 void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,

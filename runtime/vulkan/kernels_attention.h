@@ -248,9 +248,11 @@ class AttentionOp {
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                       BufferSlice partials, std::string_view label, const QueryBatch& batch = {}) const;
   // D6: olat from the partials of the same step. olat_q8 (set, where writes_olat_q8()): olat also
-  // as int8 blocks of 32 (3 uvec4 each, q8_quantize.glsl), for MatvecOp::x_q8 of W_vo.
+  // as int8 blocks of 32 (3 uvec4 each, q8_quantize.glsl), for MatvecOp::x_q8 of W_vo. groups:
+  // the chunking the partials were written with (0: n_groups(); at most n_groups()).
   void record_merge(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
-                    std::string_view label, const QueryBatch& batch = {}, BufferSlice olat_q8 = {}) const;
+                    std::string_view label, const QueryBatch& batch = {}, BufferSlice olat_q8 = {},
+                    uint32_t groups = 0) const;
   bool writes_olat_q8() const { return merge_q8_ != nullptr; }
   // Bytes of olat_q8 per query (n_head * kv_lora / 32 blocks of 48 bytes).
   uint64_t olat_q8_bytes() const { return uint64_t(shape_.n_head) * shape_.kv_lora / 32 * 48; }

@@ -208,6 +208,14 @@ struct PrefillAttentionTuning {
   // L2 reads per row halve (H100, GLM pp512 @4096: +6.5 %, session 28; the decode form's heads:
   // a tie at 8192 and 16000 positions, AttentionTuning::decode_tc_m_tiles 1).
   uint32_t tc_m_tiles = 2;
+  // Each (query, head) tile's walk split into this many chunks of the context (SPLIT_Q: a second
+  // dispatch along y, then the merge; the decode's partials layout, f32 olat): 1 none, 2..8, 0
+  // automatic (prefill_tc_split: the fewest rounds of the device's SMs, one or two workgroups
+  // each, for chunk_queries queries; 1 where the SM count is unknown). At depth the walks are
+  // about equally long, so the attention costs whole rounds (H200, 4096 positions: 0.6 ms a layer
+  // per round for chunks of 256 to 640 tokens; session 29).
+  uint32_t tc_split = 0;
+  uint32_t chunk_queries = 0;  // the recording's queries per chunk (T), for the automatic tc_split
   // Also build the tensor-core kernel's variant that writes olat as f16 (record's olat_f16: the
   // rows a following matmul reads, so no f32 -> f16 conversion dispatch and barrier; session 25).
   bool tc_f16_olat = false;
@@ -233,6 +241,11 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
 // The tiles of 16 rows per workgroup a description from attention_tc_desc has (one where the
 // tuning's two did not fit): its workgroups' rows, or head tiles, are 16 times that.
 uint32_t attention_tc_m_tiles(const PipelineDesc& tc);
+// The automatic tc_split: the smallest of 1 .. max_split whose rounds of `slots` resident
+// workgroups for `workgroups` equally long walks (ceil(workgroups s / slots) / s walks) are within
+// 5 % of the fewest (each chunk costs a workgroup prologue and partials); 1 where slots is 0
+// (unknown).
+uint32_t prefill_tc_split(uint32_t workgroups, uint32_t slots, uint32_t max_split);
 // The tensor-core kernel's choices of the decode step's form, from its decode_tc_* knobs (the rest
 // at their defaults): what AttentionOp builds it with, and what attention_tc_fits must be asked.
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t);
@@ -250,8 +263,9 @@ class PrefillAttentionOp {
   void record_partial(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                       BufferSlice partials, std::string_view label, const QueryBatch& batch) const;
   // record_partial, barrier, attention().record_merge (olat: [n][H][R]); with tensor cores the
-  // one dispatch that writes olat (partials unused). olat_f16: olat holds f16 (the tensor-core
-  // kernel built with tuning.tc_f16_olat; else Error(Runtime)).
+  // one dispatch that writes olat (partials unused), or with tc_split() > 1 its split walks, a
+  // barrier and the merge (partials: n * partials_bytes()). olat_f16: olat holds f16 (the
+  // tensor-core kernel built with tuning.tc_f16_olat, unsplit; else Error(Runtime)).
   void record(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
               BufferSlice partials, BufferSlice olat, std::string_view label, const QueryBatch& batch,
               bool olat_f16 = false) const;
@@ -267,6 +281,10 @@ class PrefillAttentionOp {
 
   bool tensor_cores() const { return tc_ != nullptr; }
   bool writes_f16_olat() const { return tc16_ != nullptr; }
+  // The tensor-core kernel's context chunks per tile (1: no split, no merge).
+  uint32_t tc_split() const { return tc_split_; }
+  // Partials bytes per query the recording needs (0: none, the tensor-core kernel unsplit).
+  uint64_t needed_partials_bytes() const { return tc_ && tc_split_ == 1 ? 0 : partials_bytes(); }
   // The grouped kernel's work split (all 0 where the tensor-core kernel runs instead).
   uint32_t queries_per_group() const { return gq_; }
   uint32_t heads_per_group() const { return hw_; }
@@ -282,6 +300,8 @@ class PrefillAttentionOp {
   const Pipeline* pipeline_ = nullptr;
   const Pipeline* tc_ = nullptr;    // attention_prefill_tc.comp
   const Pipeline* tc16_ = nullptr;  // ... OUT_F16 (tuning.tc_f16_olat)
+  const Pipeline* tc_split_pipe_ = nullptr;  // ... SPLIT_Q (tc_split_ > 1)
+  uint32_t tc_split_ = 1;
   uint32_t tc_rows_ = 16;           // ... (query, head) rows per workgroup (16 tc_m_tiles)
   AttentionShape shape_;
   uint32_t gq_ = 0, hw_ = 0, tile_ = 0, wg_ = 0;

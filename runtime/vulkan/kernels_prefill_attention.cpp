@@ -21,6 +21,8 @@ void need(const BufferSlice& s, uint64_t bytes, const std::string& what, const c
 
 constexpr uint32_t kDefaultQueriesPerGroup = 8;
 constexpr uint32_t kDefaultMaxPairs = 32;
+constexpr uint32_t kMaxTcSplit = 8;      // chunks of a tensor-core walk (PrefillAttentionTuning::tc_split)
+constexpr uint32_t kMaxAutoTcSplit = 4;  // ... chosen automatically (each chunk: a prologue, partials)
 constexpr uint32_t kMaxValueQuadsPerThread = 16;  // OH: accumulator vec4 per value thread
 
 // Thread layout and shared memory of attention_prefill.comp for P pairs (same formulas as its
@@ -139,6 +141,15 @@ std::optional<PipelineDesc> attention_tc_desc(Context& ctx, const AttentionShape
 
 uint32_t attention_tc_m_tiles(const PipelineDesc& tc) { return uint32_t(std::stoul(tc.defines.at("M_TILES"))); }
 
+uint32_t prefill_tc_split(uint32_t workgroups, uint32_t slots, uint32_t max_split) {
+  if (slots == 0 || workgroups == 0) return 1;
+  auto rounds = [&](uint32_t s) { return double(ceil_div(workgroups * s, slots)) / s; };
+  double fewest = rounds(1);
+  for (uint32_t s = 2; s <= max_split; ++s) fewest = std::min(fewest, rounds(s));
+  for (uint32_t s = 1;; ++s)
+    if (rounds(s) <= fewest * 1.05) return s;
+}
+
 PrefillAttentionTuning decode_tc_tuning(const AttentionTuning& t) {
   PrefillAttentionTuning p;
   p.tc_groups = t.decode_tc_groups;
@@ -166,10 +177,27 @@ PrefillAttentionOp::PrefillAttentionOp(Context& ctx, const AttentionShape& shape
   // kernel is asked for.
   std::optional<PipelineDesc> tc = attention_tc_desc(ctx, shape, tuning, tuning.tensor_cores == 1);
   if (tuning.tensor_cores == 0) tc.reset();
+  if (tuning.tc_split > kMaxTcSplit)
+    usage_error("prefill attention: the tensor-core walk split into ", tuning.tc_split, " chunks, expected 0 (automatic) .. ",
+                kMaxTcSplit);
   if (tc) {
     PipelineDesc& p = *tc;
     tc_ = &ctx.pipeline(p);
     tc_rows_ = 16 * attention_tc_m_tiles(p);
+    // The walk's split: resident workgroups per SM from the driver's statistics on the H100 /
+    // H200 (two tiles of rows: 256 invocations x 194 registers, one; one tile: two).
+    const uint32_t slots = info.sm_count * (tc_rows_ == 32 ? 1 : 2);
+    const uint32_t wgs = ceil_div(tuning.chunk_queries * shape.n_head, tc_rows_);
+    tc_split_ = std::min(tuning.tc_split ? tuning.tc_split : prefill_tc_split(wgs, slots, kMaxAutoTcSplit), attn_.n_groups());
+    if (tc_split_ > 1) {
+      PipelineDesc ps = p;
+      ps.name += ".splitq";
+      ps.defines["SPLIT_Q"] = "1";
+      ps.defines["TILE"] = std::to_string(attn_.tile());
+      tc_split_pipe_ = &ctx.pipeline(ps);
+      profile_kv_len_ = shape.n_ctx;
+      return;  // olat as f32 from the merge: no OUT_F16 variant
+    }
     if (tuning.tc_f16_olat && ctx.device().enabled().shader_float16) {
       p.name += ".f16out";
       p.defines["OUT_F16"] = "1";
@@ -269,6 +297,18 @@ void PrefillAttentionOp::record(CommandRecorder& rec, BufferSlice q, BufferSlice
     const uint64_t wgs = ceil_div(uint64_t(n) * shape_.n_head, tc_rows_);
     const uint64_t bytes = wgs * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2 +
                            uint64_t(n) * shape_.n_head * (shape_.row() + shape_.kv_lora) * 4;
+    if (tc_split_ > 1) {  // the walks in tc_split_ chunks, then the merge (f32 olat)
+      need(partials, n * partials_bytes(), what, "partials");
+      const gpu::AttnPartialArgs split_args{pos_word, shape_.n_ctx, tc_split_, attn_.min_chunk(), shape_.kq_scale,
+                                            batch.count_word, 0, 0};
+      const BufferSlice bs[] = {q, cache, step, partials};
+      const uint64_t partials_written = uint64_t(n) * tc_split_ * shape_.n_head * (shape_.kv_lora + 2) * 4;
+      rec.dispatch(*tc_split_pipe_, bs, split_args, uint32_t(wgs), tc_split_, 1, what + " tc.splitq",
+                   bytes - uint64_t(n) * shape_.n_head * shape_.kv_lora * 4 + partials_written);
+      rec.barrier();
+      attn_.record_merge(rec, partials, step, pos_word, olat, what + " merge", batch, {}, tc_split_);
+      return;
+    }
     rec.dispatch(olat_f16 ? *tc16_ : *tc_, b, args, uint32_t(wgs), 1, 1, what + (olat_f16 ? " tc.f16out" : " tc"), bytes);
     return;
   }

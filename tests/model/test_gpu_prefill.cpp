@@ -225,8 +225,10 @@ TEST(GpuPrefill, TailChunksMatchTheReference) {
 // The prefill attention's work split (GpuModelOptions::prefill_attention_*): one chunk per query,
 // chunks of at least 16 positions, 4 queries x 64 pairs per workgroup, and the tensor-core kernel
 // (its plain-FMA form here), also with the dense matrices as matmuls (then the tensor-core
-// kernel writes W_vo's f16 input rows itself); each against the CPU reference over prompts that
-// cross chunk and group boundaries, then a continuation.
+// kernel writes W_vo's f16 input rows itself), and its walks split in 3 context chunks and
+// merged in every chunk, or (with the matmuls: W_vo's input then from the merge, f32) in the
+// chunks from position 32 on (the deep recording beside the first); each against the CPU
+// reference over prompts that cross chunk and group boundaries, then a continuation.
 TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
   if (!context()) GTEST_SKIP() << "no Vulkan device";
   const std::string path = tsr_file("tiny", "q4_0", "all");
@@ -236,9 +238,11 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
     uint32_t groups, min_chunk, queries, pairs;
     int tc = 0;  // PrefillAttentionTuning::tensor_cores
     bool matmul = false;
+    uint32_t tc_split = 0;     // PrefillAttentionTuning::tc_split (0: automatic, 1 here: no SM count)
+    uint32_t split_depth = 8;  // GpuModelOptions::prefill_tc_split_depth
   };
   for (const Split& sp : {Split{1, 0, 0, 0}, Split{3, 16, 0, 0}, Split{0, 0, 4, 64}, Split{0, 0, 0, 0, 1},
-                          Split{0, 0, 0, 0, 1, true}}) {
+                          Split{0, 0, 0, 0, 1, true}, Split{4, 8, 0, 0, 1, false, 3, 0}, Split{4, 8, 0, 0, 1, true, 3, 1}}) {
     if (sp.tc && !vk::attention_tc_supported(*context(), true)) continue;
     if (sp.matmul && !vk::matmul_supported(*context())) continue;
     model::GpuModelOptions o = options(128, 32);
@@ -248,6 +252,8 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
     o.prefill_attention.queries_per_group = sp.queries;
     o.prefill_attention.max_pairs = sp.pairs;
     o.prefill_attention.tensor_cores = sp.tc;
+    o.prefill_attention.tc_split = sp.tc_split;
+    o.prefill_tc_split_depth = sp.split_depth;
     model::GpuModel gpu(*context(), tsr, o);
     EXPECT_EQ(gpu.prefill_stats().attention_tc, sp.tc == 1);
     const size_t V = gpu.n_vocab();
@@ -255,7 +261,7 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
     const auto p = prompt(gpu.n_vocab(), 77);
     const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
     EXPECT_LT(c.max_rel, 2e-3) << "groups " << sp.groups << " min_chunk " << sp.min_chunk << " queries " << sp.queries
-                               << " tc " << sp.tc << " matmul " << sp.matmul;
+                               << " tc " << sp.tc << " matmul " << sp.matmul << " tc_split " << sp.tc_split;
     const auto more = prompt(gpu.n_vocab(), 5, 1);
     const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
     EXPECT_LT(cc.max_rel, 2e-3) << "continuation, groups " << sp.groups;

@@ -76,6 +76,8 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   if (tc) tc(tuning);
   vk::PrefillAttentionOp op(*g.ctx, s, c.split, tuning);
   ASSERT_EQ(op.tensor_cores(), tensor_cores == 1);
+  if (op.tensor_cores() && tuning.tc_split)
+    ASSERT_EQ(op.tc_split(), std::min(tuning.tc_split, op.attention().n_groups())) << "the split asked for";
   const bool f16 = tuning.tc_f16_olat;  // olat written as f16 (the composed W_vo's matmul input)
   ASSERT_EQ(op.writes_f16_olat(), f16);
   vk::AttentionOp per_query(*g.ctx, s, c.split);
@@ -83,6 +85,7 @@ void check_prefill_attention(const PrefillAttnCase& c, int tensor_cores, double 
   SCOPED_TRACE(cat(c.name, op.tensor_cores() ? cat(", tensor cores, prefetch ", tuning.tc_prefetch, " margin ", tuning.tc_margin,
                                                     " double_k ", tuning.tc_double_k, " qreg ", tuning.tc_qreg,
                                                     " stagger ", tuning.tc_stagger, " m_tiles ", tuning.tc_m_tiles,
+                                                    " split ", tuning.tc_split, " (built: ", op.tc_split(), ")",
                                                     " groups ", tuning.tc_groups, f16 ? " f16 olat" : "")
                                               : "",
                    ": G ", op.queries_per_group(), " heads/group ",
@@ -176,6 +179,11 @@ TEST_P(PrefillAttentionGroups, TensorCoreKernelMatchesTheReference) {
   check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_m_tiles = 1; });
   if (vk::matmul_coop_supported(ctx))
     check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_qreg = false; });  // the query in shared memory
+  // each tile's walk in 2 or 3 context chunks (at most the case's split groups), the partials
+  // merged: chunk bounds that differ between the queries of a tile, chunks empty for some rows
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_split = 2; });
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_split = 3, t.tc_m_tiles = 1; });
+  check_prefill_attention(GetParam(), 1, 1e-3, [](Tuning& t) { t.tc_split = 3, t.tc_margin = 0, t.tc_stagger = false; });
   if (ctx.device().enabled().shader_float16)  // olat as f16: one more f16 rounding
     check_prefill_attention(GetParam(), 1, 2e-3, [](Tuning& t) { t.tc_f16_olat = true; });
 }
@@ -260,6 +268,20 @@ TEST(PrefillAttentionShape, TwoTilesFallBackToOneWhereTheyDoNotFit) {
       EXPECT_TRUE(vk::PrefillAttentionOp(ctx, shape, {}, two).tensor_cores());
     }
   }
+}
+
+// The automatic split of the tensor-core walks: the smallest within 5 % of the fewest rounds of
+// resident workgroups, none where the SM count is unknown.
+TEST(PrefillAttentionShape, AutomaticSplitTakesTheFewestRounds) {
+  EXPECT_EQ(vk::prefill_tc_split(320, 132, 4), 2u);  // 512 tokens x 20 heads / 32 rows: 3 rounds -> 2.5
+  EXPECT_EQ(vk::prefill_tc_split(320, 132, 8), 2u);  // (7: 2.43, within 5 % of 2.5)
+  EXPECT_EQ(vk::prefill_tc_split(40, 132, 4), 3u);   // a 64-token tail: one third of a round
+  EXPECT_EQ(vk::prefill_tc_split(264, 132, 4), 1u);  // two whole rounds already
+  EXPECT_EQ(vk::prefill_tc_split(100, 132, 8), 5u);  // 500 fifths in 4 rounds: 0.8 (halves: 2 rounds, 1.0)
+  EXPECT_EQ(vk::prefill_tc_split(100, 132, 4), 1u);  // halves, thirds, quarters: 1.0 each, a tie
+  EXPECT_EQ(vk::prefill_tc_split(320, 132, 1), 1u);
+  EXPECT_EQ(vk::prefill_tc_split(320, 0, 8), 1u);
+  EXPECT_EQ(vk::prefill_tc_split(0, 132, 8), 1u);
 }
 
 // The declared bytes: the cache once per (query group, head group), not once per query.

@@ -139,8 +139,8 @@ ModelConfig ModelConfig::from_metadata(const Metadata& md) {
     bad_input(md.origin(), ": deepseek2.rope.scaling.type '", scaling, "' is not supported (expected none or yarn)");
   }
 
-  const auto vocab_key = md.get_uint(key("vocab_size"));
-  c.n_vocab = vocab_key ? uint32_t(*vocab_key) : uint32_t(md.get_string_array("tokenizer.ggml.tokens").size());
+  c.n_vocab = md.get_uint(key("vocab_size")) ? opt_u32(md, "vocab_size", 0)
+                                              : uint32_t(md.get_string_array("tokenizer.ggml.tokens").size());
   if (c.n_vocab == 0) bad_input(md.origin(), ": no deepseek2.vocab_size and no tokenizer.ggml.tokens: vocabulary size unknown");
 
   const uint32_t gating = opt_u32(md, "expert_gating_func", 0);

@@ -18,6 +18,7 @@
 #include "format/quant_blocks.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define TESSERA_HAVE_F16C_PATH 1
 #endif
@@ -118,7 +119,11 @@ __attribute__((target("avx,f16c"))) void quant_f16_f16c(const float* src, uint8_
 #endif
 void quant_f16(const float* src, uint8_t* dst, int64_t n) {
 #ifdef TESSERA_HAVE_F16C_PATH
-  static const bool has_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+  // F16C from CPUID leaf 1: clang 14 (the fuzz builds) does not know __builtin_cpu_supports("f16c").
+  static const bool has_f16c = [] {
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
+  }();
   if (has_f16c) return quant_f16_f16c(src, dst, n);
 #endif
   quant_f16_scalar(src, dst, n);

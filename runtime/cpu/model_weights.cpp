@@ -106,10 +106,16 @@ ModelWeights ModelWeights::load(const WeightSource& w, const ModelConfig& c, Att
   m.output_norm = read_vector(w, "output_norm.weight", c.n_embd);
   m.output = w.has("output.weight") ? "output.weight" : m.token_embd;
   w.require(m.output, {c.n_embd, c.n_vocab});
-  m.layers.resize(c.n_layer);
+  // Grown block by block: block_count comes from the metadata, so a file claiming more blocks
+  // than it holds fails on the first missing tensor instead of allocating them all up front.
   for (uint32_t l = 0; l < c.n_layer; ++l) {
-    load_attention(w, c, l, path, m.layers[l]);
-    load_ffn(w, c, l, m.layers[l]);
+    if (!w.has(blk(l, "attn_norm.weight")))
+      bad_input(w.metadata().origin(), ": the metadata says ", c.n_layer, " decoder blocks, the file has no tensors of block ",
+                l, " ('", blk(l, "attn_norm.weight"), "' not found)");
+    LayerWeights lw;
+    load_attention(w, c, l, path, lw);
+    load_ffn(w, c, l, lw);
+    m.layers.push_back(std::move(lw));
   }
   return m;
 }

@@ -1,14 +1,18 @@
 // The .tsr container on a small hand-built file: writer -> reader round trip, alignment and
 // order rules, and every way a file can be damaged: each single byte of header, directory and
 // metadata flipped, tensor bytes flipped, truncation, wrong version, garbage, trailing bytes,
-// and writers that never finish.
+// writers that never finish, and valid files the CPU loader must refuse (cases found by
+// tests/fuzz/fuzz_tsr.cpp).
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <random>
 
 #include "format/error.h"
+#include "format/model_config.h"
 #include "format/tsr.h"
+#include "runtime/cpu/model_weights.h"
+#include "runtime/cpu/tsr_weights.h"
 #include "tests/convert/convert_test_util.h"
 
 namespace tessera {
@@ -164,6 +168,45 @@ TEST(TsrFile, SpecificErrors) {
   } catch (const Error& e) {
     EXPECT_EQ(e.kind(), ErrorKind::Runtime);
   }
+}
+
+// Found by fuzz_tsr: metadata claiming billions of decoder blocks made ModelWeights::load allocate
+// an entry per block before looking for any of their tensors (std::bad_alloc, not an Error).
+TEST(TsrFile, LoaderRefusesMoreBlocksThanTheFileHolds) {
+  ModelConfig c = *ModelConfig::preset("tiny");
+  c.n_embd = 32;
+  c.n_vocab = 8;
+  c.n_layer = 4'000'000'000u;
+  TsrWriter w;
+  c.to_metadata(w.metadata());
+  const uint64_t embd[2] = {c.n_embd, c.n_vocab}, norm[1] = {c.n_embd};
+  w.add_tensor(TsrTensor::plain("token_embd.weight", GgmlType::F32, embd, -1));
+  w.add_tensor(TsrTensor::plain("output_norm.weight", GgmlType::F32, norm, -1));
+  const std::string path = temp_file("many-blocks.tsr");
+  w.begin(path);
+  for (size_t i = 0; i < w.tensors().size(); ++i) {
+    const Bytes bytes = pattern(w.tensors()[i].nbytes, 0);
+    w.write(i, bytes.data(), bytes.size());
+  }
+  w.finish();
+  const TsrWeights weights(path);
+  const ModelConfig read = ModelConfig::from_metadata(weights.metadata());
+  ASSERT_EQ(read.n_layer, c.n_layer);
+  const std::string msg = error_of([&] { cpu::ModelWeights::load(weights, read, AttentionPath::Absorbed); });
+  EXPECT_NE(msg.find("the metadata says 4000000000 decoder blocks, the file has no tensors of block 0 "
+                     "('blk.0.attn_norm.weight' not found)"),
+            std::string::npos)
+      << msg;
+}
+
+// A vocabulary size past 32 bits is refused, not truncated (found reading fuzz_tsr's targets).
+TEST(TsrFile, VocabularySizePast32BitsIsRefused) {
+  ModelConfig c = *ModelConfig::preset("tiny");
+  Metadata md;
+  c.to_metadata(md);
+  md.set_u64("deepseek2.vocab_size", (1ull << 32) + 8);
+  const std::string msg = error_of([&] { ModelConfig::from_metadata(md); });
+  EXPECT_NE(msg.find("deepseek2.vocab_size = 4294967304 is out of range"), std::string::npos) << msg;
 }
 
 TEST(TsrWriter, UnfinishedWritersLeaveNothing) {

@@ -4,7 +4,7 @@
 //
 //   clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -I. \
 //       tests/fuzz/fuzz_gguf.cpp format/gguf.cpp format/gguf_writer.cpp format/metadata.cpp \
-//       format/mapped_file.cpp format/quant.cpp format/quant_kquants.cpp -o fuzz_gguf
+//       format/mapped_file.cpp format/quant.cpp format/quant_kquants.cpp format/file_io.cpp -o fuzz_gguf
 //   mkdir -p fuzz-corpus && ./fuzz_gguf fuzz-corpus -max_len=4096
 //
 // Seed the corpus with small valid files (e.g. written by tests/format) for faster coverage.

@@ -5,7 +5,9 @@
 // tests/fuzz/fuzz_tsr.cpp).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
+#include <limits>
 #include <random>
 
 #include "format/error.h"
@@ -207,6 +209,32 @@ TEST(TsrFile, VocabularySizePast32BitsIsRefused) {
   md.set_u64("deepseek2.vocab_size", (1ull << 32) + 8);
   const std::string msg = error_of([&] { ModelConfig::from_metadata(md); });
   EXPECT_NE(msg.find("deepseek2.vocab_size = 4294967304 is out of range"), std::string::npos) << msg;
+}
+
+// The float hyper-parameters: NaN, infinities, a non-positive RMS epsilon or a rope base <= 1
+// are refused with the key and the value (found reading fuzz_tsr's targets).
+TEST(TsrFile, HyperParametersOutOfRangeAreRefused) {
+  struct Bad {
+    const char* key;
+    float value;
+    const char* expect;
+  };
+  const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+  for (const Bad& b : {Bad{"deepseek2.attention.layer_norm_rms_epsilon", nan, "expected a finite number"},
+                       Bad{"deepseek2.attention.layer_norm_rms_epsilon", 0.f, "expected 0 < eps < 1"},
+                       Bad{"deepseek2.attention.layer_norm_rms_epsilon", -1e-6f, "expected 0 < eps < 1"},
+                       Bad{"deepseek2.rope.freq_base", 0.5f, "expected > 1"},
+                       Bad{"deepseek2.rope.freq_base", inf, "expected a finite number"},
+                       Bad{"deepseek2.expert_weights_scale", nan, "expected a finite number"}}) {
+    SCOPED_TRACE(b.key);
+    ModelConfig c = *ModelConfig::preset("tiny");
+    Metadata md;
+    c.to_metadata(md);
+    md.set_f32(b.key, b.value);
+    const std::string msg = error_of([&] { ModelConfig::from_metadata(md); });
+    EXPECT_NE(msg.find(b.key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(b.expect), std::string::npos) << msg;
+  }
 }
 
 TEST(TsrWriter, UnfinishedWritersLeaveNothing) {

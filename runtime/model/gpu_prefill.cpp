@@ -88,9 +88,14 @@ struct GpuModel::Prefill {
   uint32_t T_tail = 0;
   std::unique_ptr<vk::CommandRecorder> rec_tail[2][3];
   std::unique_ptr<vk::CommandRecorder> profiled[2], profiled_tail[2];  // [deep], Head::None with timestamps
+  // [tail]: whether the deep recording's attention splits its walks (where it would not, it would
+  // be the near recording again, and deep chunks take that one).
+  bool deep_splits[2] = {false, false};
 
-  // Whether a chunk of T tokens from position p0 takes the deep recording.
-  bool deep(uint32_t T, uint64_t p0, uint32_t depth) const { return p0 >= uint64_t(depth) * T; }
+  // Whether a chunk of the main (tail: the tail) recording from position p0 takes the deep one.
+  bool deep(bool tail, uint64_t p0, uint32_t depth) const {
+    return deep_splits[tail] && p0 >= uint64_t(depth) * (tail ? T_tail : T);
+  }
 };
 
 void GpuModel::PrefillDeleter::operator()(Prefill* p) const { delete p; }
@@ -216,6 +221,9 @@ void GpuModel::create_prefill() {
   prefill_stats_.matmul = p->matmul;
   prefill_stats_.matmul_coop = p->matmul && vk::matmul_uses_coop(ctx_, p->kernel);
   prefill_stats_.attention_tc = prefill_attention(ctx_, c, n_ctx_, options_, p->T).tensor_cores();
+  for (bool tail : {false, true})
+    if (const uint32_t t = tail ? p->T_tail : p->T)
+      p->deep_splits[tail] = prefill_attention(ctx_, c, n_ctx_, options_, t, false, true).tc_split() > 1;
   prefill_ = std::move(p);
   // The body without a head: recorded now for the stats (and compiles the pipelines at load).
   prefill_->rec[0][int(Head::None)] = record_prefill(int(Head::None));
@@ -594,7 +602,7 @@ std::vector<vk::DispatchTiming> GpuModel::profile_prefill(double* wall_us, bool 
   const uint32_t T = tail ? p.T_tail : p.T;
   if (uint64_t(n_past_) + T > n_ctx_)
     usage_error("profile_prefill: a chunk of ", T, " tokens at position ", n_past_, " exceeds the context of ", n_ctx_);
-  const bool deep = p.deep(T, n_past_, options_.prefill_tc_split_depth);
+  const bool deep = p.deep(tail, n_past_, options_.prefill_tc_split_depth);
   std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.profiled_tail[deep] : p.profiled[deep];
   if (!rec) {
     const PrefillStats keep = prefill_stats_;
@@ -628,8 +636,7 @@ std::vector<float> GpuModel::run_prefill(std::span<const int32_t> tokens, bool l
     const uint32_t n = uint32_t(std::min<size_t>(tail ? p.T_tail : p.T, left));
     const bool last_chunk = i0 + n == tokens.size();
     const Head head = !last_only ? Head::All : last_chunk ? Head::Last : Head::None;
-    const uint32_t T = tail ? p.T_tail : p.T;
-    const bool deep = p.deep(T, n_past_, options_.prefill_tc_split_depth);
+    const bool deep = p.deep(tail, n_past_, options_.prefill_tc_split_depth);
     std::unique_ptr<vk::CommandRecorder>& rec = tail ? p.rec_tail[deep][int(head)] : p.rec[deep][int(head)];
     if (!rec) rec = record_prefill(int(head), false, tail, deep);
     std::vector<uint32_t> words(kIdsWord + p.T, 0);

@@ -28,12 +28,17 @@ uint32_t opt_u32(const Metadata& md, const char* suffix, uint32_t dflt) {
   return uint32_t(*v);
 }
 
-// A float key (dflt where absent); NaN, infinities and values past f32 are refused.
+// A float key as f32; NaN, infinities and values past f32 are refused.
+float finite_f32(const Metadata& md, const char* suffix, double v) {
+  if (!std::isfinite(float(v))) bad_input(md.origin(), ": ", key(suffix), " = ", v, ", expected a finite number");
+  return float(v);
+}
+
+float req_f32(const Metadata& md, const char* suffix) { return finite_f32(md, suffix, md.require_float(key(suffix))); }
+
 float opt_f32(const Metadata& md, const char* suffix, float dflt) {
   const auto v = md.get_float(key(suffix));
-  if (!v) return dflt;
-  if (!std::isfinite(float(*v))) bad_input(md.origin(), ": ", key(suffix), " = ", *v, ", expected a finite number");
-  return float(*v);
+  return v ? finite_f32(md, suffix, *v) : dflt;
 }
 
 void expect_positive(const Metadata& md, const char* suffix, uint64_t v) {
@@ -122,8 +127,7 @@ ModelConfig ModelConfig::from_metadata(const Metadata& md) {
     expect_positive(md, k, v);
 
   c.n_ctx_train = opt_u32(md, "context_length", 4096);
-  md.require_float(key("attention.layer_norm_rms_epsilon"));
-  c.eps = opt_f32(md, "attention.layer_norm_rms_epsilon", 0.f);
+  c.eps = req_f32(md, "attention.layer_norm_rms_epsilon");
   if (!(c.eps > 0.f && c.eps < 1.f))
     bad_input(md.origin(), ": deepseek2.attention.layer_norm_rms_epsilon = ", c.eps, ", expected 0 < eps < 1");
   c.rope_base = opt_f32(md, "rope.freq_base", 10000.f);

@@ -340,8 +340,17 @@ void pair_unit(Mat g, uint gr, Mat u, uint ur, uint groups, uint t, inout vec2 a
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint nb = args.n_embd / 32u;
   vec2 acc = vec2(0.0);
+#if Q8_PAIRS  // Q4_K: a lane takes both sub-blocks of its quant bytes (q8_activations.glsl)
+  const uint np = nb / 2u;
+  for (uint p = lane; p < np; p += nlanes) {
+    const uvec2 bu = q8_pair_units(p);
+    acc += vec2(q8_pair_dot(q8_load_pair(g.qbase, g.mbase, gr * np + p), bu),
+                q8_pair_dot(q8_load_pair(u.qbase, u.mbase, ur * np + p), bu));
+  }
+#else
   for (uint b = lane; b < nb; b += nlanes)
     acc += vec2(q8_block_dot(g.qbase, g.mbase, gr * nb + b, b), q8_block_dot(u.qbase, u.mbase, ur * nb + b, b));
+#endif
   return acc;
 }
 #else

@@ -453,6 +453,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.vb_q8 = o.vb_q8;
   go.vb_teams = o.vb_teams;
   go.q8_raw = o.q8_raw;
+  go.kq_pairs = o.kq_pairs;
   go.barrier_scope = o.barrier_scope;
   go.prefill_chunk = o.prefill_chunk;
   go.timeline = o.timeline;

@@ -105,6 +105,7 @@ struct BenchOptions {
   bool vb_q8 = true;                      // GpuModelOptions::vb_q8 (--tune vb_q8=0|1)
   uint32_t vb_teams = 8;                  // GpuModelOptions::vb_teams (--tune vb_teams=N)
   bool q8_raw = true;                     // GpuModelOptions::q8_raw (--tune q8_raw=0|1)
+  bool kq_pairs = true;                   // GpuModelOptions::kq_pairs (--tune kq_pairs=0|1)
   vk::BarrierScope barrier_scope = vk::BarrierScope::ComputeOnly;  // GpuModelOptions::barrier_scope (--tune barrier=)
   RooflineOptions roofline_options;
   // Status lines while running ("loading ...", "filling the cache to 4096 ..."); may be empty.

@@ -45,6 +45,7 @@ GpuModel::GpuModel(vk::Context& ctx, const TsrFile& file, const GpuModelOptions&
   // Process-wide shader defines, set both ways: a model made earlier in the process may have set them.
   ctx_.pipelines().set_global_define("GATE_BACKOFF", std::to_string(options_.gate_backoff));
   ctx_.pipelines().set_global_define("Q8_RAW", options_.q8_raw ? "1" : "0");
+  ctx_.pipelines().set_global_define("KQ_PAIRS", options_.kq_pairs ? "1" : "0");
   ctx_.pipelines().set_global_define("TS_MARK_GATES", options_.mark_gates ? "1" : "0");
   if (options_.tc_phases > 4) usage_error("tc_phases ", options_.tc_phases, ", expected 0..4");
   ctx_.pipelines().set_global_define("TS_TC_PHASES", std::to_string(options_.tc_phases));

@@ -21,7 +21,9 @@ constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
 // Measured on an H200 (GLM-4.7-Flash, tg128, bench --tune, docs/PERFORMANCE.md): gate-up 16
 // subgroups 14.7 us per call vs 16.8 with 8 (4, 32: slower); down, Q4_0: 2 rows 12.4 us vs 19.4
-// with 8 (1, 4, 16: slower); down, Q4_K_M (Q4_K / Q6_K): 4 rows 16.8 us vs 18.3 with 2.
+// with 8 (1, 4, 16: slower); down, Q4_K_M: 4 rows 16.8 us vs 18.3 with 2 (V2-Lite Q4_K_M tg128 323.0
+// vs 317.0 with 1), but early-started (its blocks held across its wait) 1 row: more of it resident
+// beside the gate-up, GLM Q4_K_M tg128 333.9 -> 354.9 (2 rows 338.5; Q4_0 1 row -1.8 %; session 30).
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
 // The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid
@@ -31,6 +33,7 @@ constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup 
 constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
 constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
+constexpr uint32_t kQ8DownRowsKEarly = 1;      // ... K-quants, the early-started down
 
 // MoeTuning with the automatic choices filled in (except q8_down_rows, which depends on the
 // weight type: q8_down_rows()).
@@ -48,9 +51,11 @@ MoeTuning resolve(const MoeTuning& t) {
   return r;
 }
 
-// Rows per workgroup of the int8 down kernel for weights of `type`.
-uint32_t q8_down_rows(const MoeTuning& t, GgmlType type) {
-  return t.q8_down_rows ? t.q8_down_rows : type_info(type).block_elems == 256 ? kQ8DownRowsK : kQ8DownRows;
+// Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
+uint32_t q8_down_rows(const MoeTuning& t, GgmlType type, bool gated) {
+  if (t.q8_down_rows) return t.q8_down_rows;
+  if (type_info(type).block_elems == 256) return gated ? kQ8DownRowsKEarly : kQ8DownRowsK;
+  return kQ8DownRows;
 }
 
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
@@ -623,7 +628,7 @@ void MoeDownOp::record(CommandRecorder& rec) const {
                   "dispatch, at most 8 weight blocks per lane, two gate words, an error word and a target)");
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
-    const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type) : t.down_rows;
+    const uint32_t rows_per_wg = q8 ? q8_down_rows(t, p.type, gated) : t.down_rows;
     const uint32_t groups = down_groups(g, rows_per_wg);
     const bool vec8 = is_plain(p.type) && (!p.routed || g.w_routed % 8 == 0) && (!p.shared || g.w_shared % 8 == 0);
     const uint32_t slots = (p.routed ? n_used : 0) + (p.shared ? 1 : 0);
@@ -658,13 +663,14 @@ bool MoeDownOp::gate_supported(Context& ctx) const {
   // shared slot (2816 wide: 3 blocks per lane, 6 with its 2 rows) took the gated kernel to 106
   // registers and the token from 457 to 430 tok/s (H100); GLM's 2 per lane gained 1.3-2 %.
   const uint64_t own = down_q8_own(ctx, std::max(g.w_routed, g.w_shared));
-  return own <= kMaxGateOwn && uint64_t(q8_down_rows(resolve(tuning), parts[0].type)) * own <= 8;
+  return own <= kMaxGateOwn && uint64_t(q8_down_rows(resolve(tuning), parts[0].type, true)) * own <= 8;
 }
 
 uint32_t MoeDownOp::gate_x_target() const {
   // The groups of the one dispatch's workgroups (gate_supported: one part, of the routed down
   // type; moe_down.comp gate_signal_tree).
-  return std::min(down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type)), TS_GATE_TREE_GROUPS);
+  return std::min(down_groups(tile.geometry, q8_down_rows(resolve(tuning), tile.geometry.down_type, true)),
+                  TS_GATE_TREE_GROUPS);
 }
 
 bool MoeGateUpOp::gate_supported(Context& ctx) const {
@@ -786,7 +792,7 @@ void DenseDownOp::record(CommandRecorder& rec) const {
                     down.rows, "x", down.cols, " on this device");
     need(hq, dense_hq_bytes(down.cols), what, "hq");
   }
-  const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type) : t.down_rows;
+  const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type, false) : t.down_rows;
   const Pipeline& pipe =
       q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, 0) : down_kernel(ctx, down.type, vec8, 1, t, 0);
   gpu::MoeArgs a{};

@@ -107,7 +107,7 @@ struct MoeTuning {
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
   // The int8-activation kernels (decode):
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
-  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4)
+  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4, early-started 1)
   // The router fold's gate-up reads its input, the accumulators and the expert bias in one phase
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).

@@ -33,6 +33,7 @@ struct TileCase {
   std::vector<float> logits;  // empty = distinct random logits
   bool per_workgroup_routing = false;  // no route buffer: the expert kernels route themselves
   bool q8 = false;                     // the int8-activation path (hq set on both kernels)
+  bool gated_down = false;             // the down's early-start kernel (its gate words found open)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -160,6 +161,20 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   }
   EXPECT_GT(gu.bytes(), 0u);
   EXPECT_GT(down.bytes(), 0u);
+  // The down's early-start form (moe_down.comp WAIT_GATE, MoeDownOp::gate) with its gate words
+  // already at their targets (the route seen, every gate-up workgroup arrived): its arithmetic.
+  vk::Buffer gate_b = vktest::make_buffer(g, 16, "down gate");
+  vk::Buffer gate_err_b = vktest::make_buffer(g, 8, "down gate error");
+  if (c.gated_down) {
+    const uint32_t target = 7;
+    const uint32_t words[4] = {1, target, 0, 0}, no_error[2] = {0, 0};
+    vktest::upload_bytes(g, gate_b, words, sizeof words);
+    vktest::upload_bytes(g, gate_err_b, no_error, sizeof no_error);
+    down.gate = gate_b.whole();
+    down.gate_h_target = target;
+    down.gate_error = gate_err_b.whole();
+    EXPECT_TRUE(down.gate_supported(*g.ctx));
+  }
 
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
@@ -185,6 +200,12 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
     out.weights.push_back(rw[2 * k + 1]);
   }
   EXPECT_EQ(out.ids, route.experts) << "expert choice";
+  if (c.gated_down) {
+    const std::vector<float> ge = vktest::download_floats(g, gate_err_b, 2);
+    uint32_t err;
+    std::memcpy(&err, &ge[0], 4);
+    EXPECT_EQ(err, 0u) << "the down's open gate was not seen";
+  }
   for (uint32_t k = 0; k < c.n_used; ++k)
     EXPECT_NEAR(out.weights[k], route.weights[k], 2e-6 * std::fabs(route.weights[k]) + 1e-7) << "weight " << k;
 
@@ -378,6 +399,27 @@ TEST(MoeKernels, Int8ActivationPath) {
     c.q8 = true;
     run_tile_case(c, seed++);
   }
+  // The down's early-start form (the decode step's default where it fits): Q4_0, the Q4_K_M mix
+  // (Q6_K downs), all Q6_K, Q4_K downs; with 32-lane subgroups GLM's width of 1536 (48 blocks,
+  // 24 pairs: lanes with 2 blocks and 1, lanes with a pair and none).
+  std::vector<TileCase> gated = {make_case(16, 4, 96, 96, 256, q40, Style::Glm),
+                                 make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm),
+                                 make_case(6, 3, 512, 256, 256, q6k, Style::V2),
+                                 make_case(8, 2, 256, 256, 512, q4k, Style::Glm)};
+  if (vktest::gpu().ctx->info().subgroup_size >= 32) gated.push_back(make_case(8, 4, 1536, 1536, 256, kQ4KM, Style::Glm));
+  for (TileCase& c : gated) {
+    c.q8 = c.gated_down = true;
+    run_tile_case(c, seed++);
+  }
+  // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs).
+  vk::Context& ctx = *vktest::gpu().ctx;
+  ctx.pipelines().set_global_define("KQ_PAIRS", "0");
+  for (TileCase c : {make_case(8, 2, 256, 256, 512, q4k, Style::Glm), gated[1], gated[2],
+                     make_case(8, 2, 256, 512, 256, kQ4KM, Style::V2, /*no_subgroup=*/true)}) {
+    c.q8 = true;
+    run_tile_case(c, seed++);
+  }
+  ctx.pipelines().set_global_define("KQ_PAIRS", "1");
 }
 
 TEST(MoeKernels, RefusesBadShapes) {

@@ -185,8 +185,10 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   r.x = vktest::download_floats(g, c.fused_down ? x_mid_b : x_b, c.n_embd);
   if (c.fused_down) {
     r.x_final = vktest::download_floats(g, x_b, c.n_embd);
+    // Through a staging copy: on a discrete GPU the accumulators are device-local.
+    const std::vector<float> acc = vktest::download_floats(g, dacc_b, dacc_bytes / 4, dacc_off);
     r.down_acc.resize(dacc_bytes);
-    dacc_b.read(dacc_off, r.down_acc.data(), dacc_bytes);
+    std::memcpy(r.down_acc.data(), acc.data(), dacc_bytes);
   }
   r.logits = vktest::download_floats(g, logit_b, c.n_expert);
   r.h = vktest::download_floats(g, h_b, h_floats);

@@ -13,6 +13,11 @@ namespace tessera::tsr_codec {
 inline constexpr char kMagic[4] = {'T', 'S', 'R', '1'};
 inline constexpr uint64_t kHeaderHashedBytes = 248;  // header bytes covered by header_xxh64
 inline constexpr uint64_t kMaxMetadataRaw = uint64_t(1) << 30;
+// ... and at most this many times its compressed size plus kMetadataRatioSlack: a few bytes of a
+// corrupt or crafted frame cannot make the reader allocate up to kMaxMetadataRaw before zstd
+// fails (the writer's metadata compresses ~4-40 x: a synthetic GLM-4.7-Flash's 3.5 MB -> 93 KB).
+inline constexpr uint64_t kMaxMetadataRatio = 256;
+inline constexpr uint64_t kMetadataRatioSlack = uint64_t(64) << 20;
 
 // Header field offsets (FORMAT.md §2).
 enum HeaderOffset : uint32_t {

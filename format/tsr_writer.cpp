@@ -85,6 +85,12 @@ void TsrWriter::begin(const std::string& path) {
   const size_t zn = ZSTD_compress(packed.data(), packed.size(), raw.data(), raw.size(), kZstdLevel);
   if (ZSTD_isError(zn)) runtime_error(path, ": zstd compression of the metadata failed: ", ZSTD_getErrorName(zn));
   packed.resize(zn);
+  // The reader's bounds (tsr_codec.h), checked before anything is written: no file it would refuse.
+  if (raw.size() > tsr_codec::kMaxMetadataRaw ||
+      raw.size() > tsr_codec::kMaxMetadataRatio * zn + tsr_codec::kMetadataRatioSlack)
+    bad_input(path, ": the metadata (", raw.size(), " bytes, ", zn, " compressed) is past what a .tsr reader accepts (",
+              tsr_codec::kMaxMetadataRaw, " bytes, ", tsr_codec::kMaxMetadataRatio, " x its compressed size + ",
+              tsr_codec::kMetadataRatioSlack, ")");
 
   TsrHeader& h = header_;
   h = TsrHeader{};

@@ -163,6 +163,15 @@ TEST(TsrFile, SpecificErrors) {
   tsr_codec::set<uint64_t>(e3, tsr_codec::kEntParams + 8 * 8, 12345);
   convert::testing::reseal(params);
   EXPECT_NE(open_msg(params).find("slot_stride"), std::string::npos) << open_msg(params);
+  // A metadata frame that claims far more bytes than it could hold (checked before any allocation).
+  Bytes huge = good;
+  tsr_codec::set<uint64_t>(huge.data(), tsr_codec::kOffMetaRawSize, uint64_t(900) << 20);
+  convert::testing::reseal(huge);
+  EXPECT_NE(open_msg(huge).find("is more than 256 x its"), std::string::npos) << open_msg(huge);
+  Bytes over = good;
+  tsr_codec::set<uint64_t>(over.data(), tsr_codec::kOffMetaRawSize, (uint64_t(1) << 30) + 1);
+  convert::testing::reseal(over);
+  EXPECT_NE(open_msg(over).find("exceeds the limit of 1073741824 bytes"), std::string::npos) << open_msg(over);
   // Opening a missing path is a runtime (I/O) error.
   try {
     TsrFile::open(temp_file("does-not-exist.tsr"));
@@ -271,6 +280,14 @@ TEST(TsrWriter, RefusesBadPlansBeforeWriting) {
   EXPECT_NE(error_of([&] { w.begin(path); }).find("not enough disk space"), std::string::npos);
   EXPECT_FALSE(std::filesystem::exists(path));
   EXPECT_FALSE(std::filesystem::exists(w.temp_path()));
+  // Metadata the reader would refuse (80 MiB that compress past 256 x): refused before writing.
+  TsrWriter m;
+  const uint64_t one[1] = {64};
+  m.add_tensor(TsrTensor::plain("a", GgmlType::F32, one, -1));
+  m.metadata().set_string("test.padding", std::string(size_t(80) << 20, 'x'));
+  EXPECT_NE(error_of([&] { m.begin(path); }).find("past what a .tsr reader accepts"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(path));
+  EXPECT_FALSE(std::filesystem::exists(m.temp_path()));
   // A block split into two runs, and a duplicate name.
   TsrWriter v;
   const uint64_t ne[1] = {64};

@@ -199,7 +199,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.vb_teams = v; }},
     {"q8_raw", 1, "1, default: weight blocks held across a wait kept as loaded (Q4_0: half the registers)",
      [](O& o, uint32_t v) { o.q8_raw = v != 0; }},
-    {"kq_pairs", 1, "1, default: Q4_K expert gate-ups read both sub-blocks of a lane's 32 quant bytes per step",
+    {"kq_pairs", 1, "1, default: Q4_K gate-ups (experts, dense FFN) read both sub-blocks of a lane's 32 quant bytes per step",
      [](O& o, uint32_t v) { o.kq_pairs = v != 0; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},

@@ -271,10 +271,10 @@ struct GpuModelOptions {
   // Weight blocks held across a wait or a staging kept as loaded (Q4_0: 5 registers instead of 10;
   // q8_activations.glsl Q8_RAW), unpacked at use. A process-wide shader define. bench --tune q8_raw=0.
   bool q8_raw = true;
-  // Q4_K expert gate-ups on the int8 path: a lane takes both sub-blocks that share its 32 quant
-  // bytes (low and high nibbles), each byte and scale word loaded once (q8_activations.glsl
-  // KQ_PAIRS; H200 Q4_K_M tg128 +0.7 %, session 30). A process-wide shader define. bench --tune
-  // kq_pairs=0.
+  // Q4_K gate-ups (experts, dense FFN) on the int8 path: a lane takes both sub-blocks that share
+  // its 32 quant bytes (low and high nibbles), each byte and scale word loaded once
+  // (q8_activations.glsl KQ_PAIRS; H200 Q4_K_M tg128 +0.7 %, session 30). A process-wide shader
+  // define. bench --tune kq_pairs=0.
   bool kq_pairs = true;
   // Every kernel of the model writes its workgroups' device-clock start and end
   // (shaders/timeline.glsl) for timeline_step (bench --timeline). The kernels are other pipelines

@@ -21,9 +21,8 @@ constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
 // Measured on an H200 (GLM-4.7-Flash, tg128, bench --tune, docs/PERFORMANCE.md): gate-up 16
 // subgroups 14.7 us per call vs 16.8 with 8 (4, 32: slower); down, Q4_0: 2 rows 12.4 us vs 19.4
-// with 8 (1, 4, 16: slower); down, Q4_K_M: 4 rows 16.8 us vs 18.3 with 2 (V2-Lite Q4_K_M tg128 323.0
-// vs 317.0 with 1), but early-started (its blocks held across its wait) 1 row: more of it resident
-// beside the gate-up, GLM Q4_K_M tg128 333.9 -> 354.9 (2 rows 338.5; Q4_0 1 row -1.8 %; session 30).
+// with 8 (1, 4, 16: slower); down, Q4_K_M: 4 rows 16.8 us vs 18.3 with 2; early-started (blocks held
+// across its wait) 1 row, more of it resident beside the gate-up: GLM Q4_K_M tg128 +6.3 % (session 30).
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
 constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
 // The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid

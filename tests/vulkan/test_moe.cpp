@@ -34,6 +34,7 @@ struct TileCase {
   bool per_workgroup_routing = false;  // no route buffer: the expert kernels route themselves
   bool q8 = false;                     // the int8-activation path (hq set on both kernels)
   bool gated_down = false;             // the down's early-start kernel (its gate words found open)
+  bool down_late = true;               // MoeTuning::down_late (32-element types: the late path)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -171,6 +172,7 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
     vktest::upload_bytes(g, gate_b, words, sizeof words);
     vktest::upload_bytes(g, gate_err_b, no_error, sizeof no_error);
     down.gate = gate_b.whole();
+    down.tuning.down_late = c.down_late;
     down.gate_h_target = target;
     down.gate_error = gate_err_b.whole();
     EXPECT_TRUE(down.gate_supported(*g.ctx));
@@ -399,27 +401,42 @@ TEST(MoeKernels, Int8ActivationPath) {
     c.q8 = true;
     run_tile_case(c, seed++);
   }
-  // The down's early-start form (the decode step's default where it fits): Q4_0, the Q4_K_M mix
-  // (Q6_K downs), all Q6_K, Q4_K downs; with 32-lane subgroups GLM's width of 1536 (48 blocks,
-  // 24 pairs: lanes with 2 blocks and 1, lanes with a pair and none).
+  // Q4_K gate-ups over rows of several pairs per lane (n_embd 2048: 32 pairs).
+  run_tile_case([&] {
+    TileCase c = make_case(8, 2, 256, 256, 2048, q4k, Style::Glm);
+    c.q8 = true;
+    return c;
+  }(), seed++);
+  // The down's early-start form (the decode step's default where it fits) on every int8 type:
+  // Q4_0 (its late path, and its wait with down_late off), Q8_0, the Q4_K_M mix (Q6_K downs), all
+  // Q6_K, Q4_K downs; with 32-lane subgroups GLM's width of 1536 (48 blocks: lanes with 2 and 1).
+  const TileTypes q80 = {GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0, GgmlType::Q8_0};
   std::vector<TileCase> gated = {make_case(16, 4, 96, 96, 256, q40, Style::Glm),
                                  make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm),
                                  make_case(6, 3, 512, 256, 256, q6k, Style::V2),
-                                 make_case(8, 2, 256, 256, 512, q4k, Style::Glm)};
+                                 make_case(8, 2, 256, 256, 512, q4k, Style::Glm),
+                                 make_case(16, 4, 96, 96, 256, q40, Style::Glm),
+                                 make_case(8, 3, 128, 64, 256, q80, Style::V2)};
+  gated[4].down_late = false;
   if (vktest::gpu().ctx->info().subgroup_size >= 32) gated.push_back(make_case(8, 4, 1536, 1536, 256, kQ4KM, Style::Glm));
   for (TileCase& c : gated) {
     c.q8 = c.gated_down = true;
     run_tile_case(c, seed++);
   }
-  // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs).
-  vk::Context& ctx = *vktest::gpu().ctx;
-  ctx.pipelines().set_global_define("KQ_PAIRS", "0");
-  for (TileCase c : {make_case(8, 2, 256, 256, 512, q4k, Style::Glm), gated[1], gated[2],
-                     make_case(8, 2, 256, 512, 256, kQ4KM, Style::V2, /*no_subgroup=*/true)}) {
+  // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs), on both
+  // test devices (with and without subgroup arithmetic: two contexts).
+  struct PairsOff {
+    PairsOff() { set("0"); }
+    ~PairsOff() { set("1"); }
+    static void set(const char* v) {
+      for (bool no_subgroup : {false, true}) vktest::gpu(no_subgroup).ctx->pipelines().set_global_define("KQ_PAIRS", v);
+    }
+  } pairs_off;
+  for (TileCase c : {make_case(8, 2, 256, 256, 512, q4k, Style::Glm), make_case(8, 2, 256, 256, 2048, q4k, Style::Glm),
+                     gated[1], gated[2], make_case(8, 2, 256, 512, 256, kQ4KM, Style::V2, /*no_subgroup=*/true)}) {
     c.q8 = true;
     run_tile_case(c, seed++);
   }
-  ctx.pipelines().set_global_define("KQ_PAIRS", "1");
 }
 
 TEST(MoeKernels, RefusesBadShapes) {

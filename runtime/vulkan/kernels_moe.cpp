@@ -5,11 +5,12 @@
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/kernels_moe_internal.h"
 #include "shaders/gate_args.h"
 #include "shaders/moe_args.h"
 
 namespace tessera::vk {
-namespace {
+namespace moe_detail {
 
 // Work split: many small independent dot products (one per subgroup), so that many weight loads
 // are in flight at once. Alternatives are selectable through MoeTuning (bench: MoeBench.*).
@@ -24,12 +25,6 @@ constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // with 8 (1, 4, 16: slower); down, Q4_K_M: 4 rows 16.8 us vs 18.3 with 2; early-started (blocks held
 // across its wait) 1 row, more of it resident beside the gate-up: GLM Q4_K_M tg128 +6.3 % (session 30).
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
-constexpr uint32_t kQ8GateUpOutputs = 32;      // outputs per gate-up workgroup (one int8 block of h)
-// The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid
-// within this many workgroups: the kernel runs 2 per SM (52 registers x 512 threads on an H100,
-// bench --kernel-stats), so GLM's 10240-wide FFN in 320 workgroups of 32 ran in two waves (a
-// heuristic from that GPU: 2 x 132 SMs, rounded down; measured 23.1 -> 19.7 us).
-constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
 constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
 constexpr uint32_t kQ8DownRowsKEarly = 1;      // ... K-quants, the early-started down
@@ -107,7 +102,7 @@ std::string route_code(ShaderDefines& d, uint32_t route_e) {
 }
 
 // fold: the router fold's variant (ROUTER_FOLD 1, binding 8 = the accumulators). re: route_e().
-const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold = false) {
+const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold) {
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(t.gateup_teams)}, {"Q8ACT", "0"}, {"ROUTER_FOLD", fold ? "1" : "0"}};
   const std::string rc = route_code(d, re);
   return row_kernel(ctx, cat("moe_gateup.", type_name(type), vec8 ? ".v8" : "", fold ? ".rfold" : "", rc),
@@ -116,9 +111,8 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold = false,
-                                 bool fused_down = false, uint32_t outs = kQ8GateUpOutputs, bool gate = false,
-                                 const GateWait& wait = {}) {
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold,
+                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
@@ -164,8 +158,7 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
 
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false,
-                               bool late = false) {
+                               uint32_t rows, uint32_t re, uint32_t gate_h_target, bool x_signal, bool late) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -399,7 +392,9 @@ void record_router(CommandRecorder& rec, const MatrixRef* w, uint32_t n_expert, 
   rec.dispatch(pipe, std::span<const BufferSlice>(bufs, 7), a, w ? n_expert : 1, 1, 1, what, bytes);
 }
 
-}  // namespace
+}  // namespace moe_detail
+
+using namespace moe_detail;
 
 MoeRouting MoeRouting::from_config(const ModelConfig& c) {
   return {c.n_expert_used, c.gating, c.expert_weights_norm, c.expert_weights_scale};
@@ -687,121 +682,6 @@ uint32_t MoeGateUpOp::gate_h_target(Context& ctx) const {
   // The one part holds the routed slots and the shared one; every workgroup of the grid arrives.
   const GroupCounts gc = split_workgroups(gateup_groups(g, k, outs, true, g.has_shared()), ctx.info());
   return gc.x * gc.y;
-}
-
-// ---------------------------------------------------------------------------------------------
-// Dense FFN
-
-namespace {
-
-// The gate-up / down kernels' view of a dense matrix: plain or SPLIT1, element aligned.
-void check_dense_matrix(const MatrixRef& m, const char* which, const std::string& what) {
-  m.validate(cat(what, " ", which).c_str());
-  if (m.layout == WeightLayout::Plain ? !is_plain(m.type) : !split1_supported(m.type))
-    runtime_error(what, ": ", which, " has type ", type_name(m.type), " in a layout the FFN kernels do not read");
-}
-
-}  // namespace
-
-uint64_t DenseGateUpOp::bytes() const {
-  const uint64_t in = norm_weight.buffer != VK_NULL_HANDLE ? 8 : 4;
-  return gate.read_bytes() + up.read_bytes() + uint64_t(gate.cols) * in + uint64_t(gate.rows) * 4;
-}
-
-void DenseGateUpOp::record(CommandRecorder& rec) const {
-  Context& ctx = rec.context();
-  const std::string name = cat("dense_gateup.", type_name(gate.type));
-  const std::string what = label.empty() ? name : label;
-  check_dense_matrix(gate, "gate", what);
-  check_dense_matrix(up, "up", what);
-  if (gate.buffer != up.buffer || gate.type != up.type || gate.layout != up.layout || gate.rows != up.rows ||
-      gate.cols != up.cols)
-    runtime_error(what, ": gate (", type_name(gate.type), " ", gate.rows, "x", gate.cols, ") and up (", type_name(up.type),
-                  " ", up.rows, "x", up.cols, ") must have one type, shape and buffer");
-  if (gate.cols % 4 != 0) runtime_error(what, ": n_embd ", gate.cols, " must be a multiple of 4");
-  need(x, uint64_t(gate.cols) * 4, what, "x");
-  const bool norm = norm_weight.buffer != VK_NULL_HANDLE;
-  if (norm) need(norm_weight, uint64_t(gate.cols) * 4, what, "norm_weight");
-  need(h, uint64_t(gate.rows) * 4, what, "h");
-
-  // One binding over both matrices, starting at the first one.
-  const uint64_t align = std::max<uint64_t>(ctx.info().min_storage_buffer_offset_alignment, 16);
-  const uint64_t start = std::min(gate.offset, up.offset) / align * align;
-  const uint64_t end = std::max(gate.offset + gate.bytes(), up.offset + up.bytes());
-  if (end - start > ctx.info().max_storage_buffer_range)
-    runtime_error(what, ": gate and up span ", end - start, " bytes of buffer '", gate.buffer->name(),
-                  "', more than one binding can hold (", ctx.info().max_storage_buffer_range, ")");
-  const uint64_t gate_at = gate.offset - start, up_at = up.offset - start;
-  const bool plain = gate.layout == WeightLayout::Plain;
-  if (plain ? (gate_at % elem_bytes(gate.type) != 0 || up_at % elem_bytes(gate.type) != 0)
-            : (gate_at % 256 != 0 || up_at % 256 != 0))
-    runtime_error(what, ": gate/up offsets ", gate.offset, "/", up.offset, " are not ",
-                  plain ? "element" : "256-byte", " aligned relative to each other");
-  const bool vec8 = plain && gate.cols % 8 == 0 && gate_at % (8 * elem_bytes(gate.type)) == 0 &&
-                    up_at % (8 * elem_bytes(gate.type)) == 0;
-  const MoeTuning t = resolve(tuning);
-  const bool q8 = hq.buffer != VK_NULL_HANDLE;
-  if (q8) {
-    if (plain || gate.rows % 32 != 0 || !q8_activations_usable(ctx, gate.type, gate.cols))
-      runtime_error(what, ": hq is set but the int8-activation path does not serve ", type_name(gate.type), " ",
-                    gate.rows, "x", gate.cols, " on this device");
-    need(hq, dense_hq_bytes(gate.rows), what, "hq");
-  }
-  const uint32_t q8_blocks = gate.rows / kQ8GateUpOutputs;  // blocks of 32 outputs (int8 path: rows % 32 == 0)
-  const uint32_t q8_outs =
-      kQ8GateUpOutputs * std::max<uint32_t>(1, (q8_blocks + kQ8DenseGateUpMaxGroups - 1) / kQ8DenseGateUpMaxGroups);
-  const Pipeline& pipe =
-      q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, 0, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t, 0);
-  gpu::MoeArgs a{};
-  a.n_embd = gate.cols;
-  a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);
-  a.norm_eps = eps;
-  a.h_stride = (gate.rows + 3) / 4 * 4;
-  a.w_shared = gate.rows;
-  a.shared_offset = uint32_t(gate_at);
-  a.shared_up_offset = uint32_t(up_at);
-  const BufferSlice bufs[8] = {weight_slice(*gate.buffer, start, end - start), x, norm ? norm_weight : x, x, h, x, x,
-                               q8 ? hq : h};
-  const uint32_t outs = q8 ? q8_outs : t.gateup_teams;
-  const GroupCounts gc = split_workgroups((gate.rows + outs - 1) / outs, ctx.info());
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 8 : 7), a, gc.x, gc.y, 1, what, bytes());
-}
-
-uint64_t DenseDownOp::bytes() const { return down.read_bytes() + uint64_t(down.cols) * 4 + uint64_t(down.rows) * 8; }
-
-void DenseDownOp::record(CommandRecorder& rec) const {
-  Context& ctx = rec.context();
-  const std::string name = cat("dense_down.", type_name(down.type));
-  const std::string what = label.empty() ? name : label;
-  check_dense_matrix(down, "down", what);
-  if (down.cols % 4 != 0) runtime_error(what, ": FFN width ", down.cols, " must be a multiple of 4");
-  need(h, uint64_t(down.cols) * 4, what, "h");
-  need(x, uint64_t(down.rows) * 4, what, "x");
-  if (down.bytes() > ctx.info().max_storage_buffer_range)
-    runtime_error(what, ": down matrix of ", down.bytes(), " bytes exceeds the binding limit ",
-                  ctx.info().max_storage_buffer_range);
-  const bool plain = down.layout == WeightLayout::Plain;
-  const bool vec8 = plain && down.cols % 8 == 0;
-  const MoeTuning t = resolve(tuning);
-  const bool q8 = hq.buffer != VK_NULL_HANDLE;
-  const uint32_t h_stride = (down.cols + 3) / 4 * 4;
-  if (q8) {
-    if (plain || down.cols % 32 != 0 || !q8_activations_usable(ctx, down.type, down.cols))
-      runtime_error(what, ": hq is set but the int8-activation path does not serve ", type_name(down.type), " ",
-                    down.rows, "x", down.cols, " on this device");
-    need(hq, dense_hq_bytes(down.cols), what, "hq");
-  }
-  const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type, false) : t.down_rows;
-  const Pipeline& pipe =
-      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, 0) : down_kernel(ctx, down.type, vec8, 1, t, 0);
-  gpu::MoeArgs a{};
-  a.n_embd = down.rows;
-  a.flags = TS_MOE_SHARED;
-  a.h_stride = (down.cols + 3) / 4 * 4;
-  a.w_shared = down.cols;
-  const BufferSlice bufs[7] = {weight_slice(*down.buffer, down.offset, down.bytes()), h, x, h, h, h, q8 ? hq : h};
-  const uint32_t groups = (down.rows + rows_per_wg - 1) / rows_per_wg;
-  rec.dispatch(pipe, std::span<const BufferSlice>(bufs, q8 ? 7 : 6), a, groups, 1, 1, what, bytes());
 }
 
 }  // namespace tessera::vk

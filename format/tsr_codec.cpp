@@ -73,7 +73,7 @@ void check_header_fields(const uint8_t* p, const TsrHeader& h, uint64_t size, co
     bad_input(P, ": metadata section [", h.metadata_offset, ", +", h.metadata_size, ") exceeds the file size ", size);
   if (h.metadata_raw_size > kMaxMetadataRaw)
     bad_input(P, ": metadata_raw_size ", h.metadata_raw_size, " exceeds the limit of ", kMaxMetadataRaw, " bytes");
-  if (h.metadata_raw_size > kMaxMetadataRatio * h.metadata_size + kMetadataRatioSlack)
+  if (h.metadata_raw_size > metadata_ratio_bound(h.metadata_size))
     bad_input(P, ": metadata_raw_size ", h.metadata_raw_size, " is more than ", kMaxMetadataRatio, " x its ",
               h.metadata_size, " compressed bytes + ", kMetadataRatioSlack, ": not a metadata section tessera writes");
   const uint64_t data = align_up(h.metadata_offset + h.metadata_size, kTsrGroupAlign);

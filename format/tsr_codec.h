@@ -18,6 +18,8 @@ inline constexpr uint64_t kMaxMetadataRaw = uint64_t(1) << 30;
 // fails (the writer's metadata compresses ~4-40 x: a synthetic GLM-4.7-Flash's 3.5 MB -> 93 KB).
 inline constexpr uint64_t kMaxMetadataRatio = 256;
 inline constexpr uint64_t kMetadataRatioSlack = uint64_t(64) << 20;
+// The most raw bytes a metadata frame of `compressed` bytes may declare by the ratio bound.
+inline uint64_t metadata_ratio_bound(uint64_t compressed) { return kMaxMetadataRatio * compressed + kMetadataRatioSlack; }
 
 // Header field offsets (FORMAT.md §2).
 enum HeaderOffset : uint32_t {

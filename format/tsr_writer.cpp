@@ -86,8 +86,7 @@ void TsrWriter::begin(const std::string& path) {
   if (ZSTD_isError(zn)) runtime_error(path, ": zstd compression of the metadata failed: ", ZSTD_getErrorName(zn));
   packed.resize(zn);
   // The reader's bounds (tsr_codec.h), checked before anything is written: no file it would refuse.
-  if (raw.size() > tsr_codec::kMaxMetadataRaw ||
-      raw.size() > tsr_codec::kMaxMetadataRatio * zn + tsr_codec::kMetadataRatioSlack)
+  if (raw.size() > tsr_codec::kMaxMetadataRaw || raw.size() > tsr_codec::metadata_ratio_bound(zn))
     bad_input(path, ": the metadata (", raw.size(), " bytes, ", zn, " compressed) is past what a .tsr reader accepts (",
               tsr_codec::kMaxMetadataRaw, " bytes, ", tsr_codec::kMaxMetadataRatio, " x its compressed size + ",
               tsr_codec::kMetadataRatioSlack, ")");

@@ -342,11 +342,9 @@ vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   vec2 acc = vec2(0.0);
 #if Q8_PAIRS  // Q4_K: a lane takes both sub-blocks of its quant bytes (q8_activations.glsl)
   const uint np = nb / 2u;
-  for (uint p = lane; p < np; p += nlanes) {
-    const uvec2 bu = q8_pair_units(p);
-    acc += vec2(q8_pair_dot(q8_load_pair(g.qbase, g.mbase, gr * np + p), bu),
-                q8_pair_dot(q8_load_pair(u.qbase, u.mbase, ur * np + p), bu));
-  }
+  for (uint p = lane; p < np; p += nlanes)
+    acc += vec2(q8_pair_dot(q8_load_pair(g.qbase, g.mbase, gr * np + p), 2u * p),
+                q8_pair_dot(q8_load_pair(u.qbase, u.mbase, ur * np + p), 2u * p));
 #else
   for (uint b = lane; b < nb; b += nlanes)
     acc += vec2(q8_block_dot(g.qbase, g.mbase, gr * nb + b, b), q8_block_dot(u.qbase, u.mbase, ur * nb + b, b));

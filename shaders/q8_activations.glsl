@@ -183,7 +183,7 @@ float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
 
 // Q4_K pairs: sub-blocks 2c and 2c + 1 share their 32 quant bytes (the low and the high
 // nibbles) and their super-block's scale words, so one lane taking both loads each once instead
-// of twice. Pair p counts pairs (4 a super-block); q8_pair_units(p) are its two units, counted as
+// of twice. Pair p counts pairs (4 a super-block): units 2p and 2p + 1, counted as
 // q8_load_block's entry (p relative to a row gives units relative to it: rows are whole
 // super-blocks). KQ_PAIRS (a process-wide tuning define, bench --tune kq_pairs=0|1; default 1):
 // 0 keeps one unit per lane and step. (Q6_K's units g and g + 2 share their ql bytes the same
@@ -194,9 +194,8 @@ float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
 #if WTYPE == TS_TYPE_Q4_K && KQ_PAIRS
 #define Q8_PAIRS 1
 struct Q8WPair {
-  Q8W w0, w1;  // units q8_pair_units(p).x, .y
+  Q8W w0, w1;  // units 2p, 2p + 1
 };
-uvec2 q8_pair_units(uint p) { return uvec2(2u * p, 2u * p + 1u); }
 Q8WPair q8_load_pair(uint qbase, uint mbase, uint p) {
   const uint sb = p >> 2, c = p & 3u;
   const uvec4 q0 = w_q[qbase + 8u * sb + 2u * c], q1 = w_q[qbase + 8u * sb + 2u * c + 1u];
@@ -207,9 +206,9 @@ Q8WPair q8_load_pair(uint qbase, uint mbase, uint p) {
   return Q8WPair(Q8W(q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, dm.x * s0.x, dm.y * s0.y),
                  Q8W((q0 >> 4) & 0x0F0F0F0Fu, (q1 >> 4) & 0x0F0F0F0Fu, dm.x * s1.x, dm.y * s1.y));
 }
-// Pair w dotted with input blocks b.x, b.y of the shared-memory copy.
-float q8_pair_dot(Q8WPair w, uvec2 b) {
-  return q8_dot_loaded(w.w0, q8_lo[b.x], q8_hi[b.x], q8_ds[b.x]) + q8_dot_loaded(w.w1, q8_lo[b.y], q8_hi[b.y], q8_ds[b.y]);
+// Pair w dotted with input blocks b, b + 1 of the shared-memory copy.
+float q8_pair_dot(Q8WPair w, uint b) {
+  return q8_dot_loaded(w.w0, q8_lo[b], q8_hi[b], q8_ds[b]) + q8_dot_loaded(w.w1, q8_lo[b + 1u], q8_hi[b + 1u], q8_ds[b + 1u]);
 }
 #else
 #define Q8_PAIRS 0

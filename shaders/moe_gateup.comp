@@ -16,7 +16,8 @@
 // (1 or 2 units per loop iteration), Q8ACT (Q4_0 / Q8_0 / Q4_K / Q6_K: the input quantized to
 // int8 per workgroup, integer dot products, q8_activations.glsl; Q8_BLOCKS >= n_embd / 32;
 // OUT_PER_WG a multiple of 32 and the widths multiples of 32: each workgroup also writes its
-// outputs as int8 blocks to hq, the down kernel's input).
+// outputs as int8 blocks to hq, the down kernel's input), GU_OUTS and Q8_NB (Q8ACT with
+// subgroups: outputs per subgroup pass with every weight load issued first; see gu_multi_dot).
 // Work split: workgroup g < n_used*groups_routed (TS_MOE_ROUTED) takes rows
 // [(g % groups_routed) * OUT_PER_WG, +OUT_PER_WG) of routed slot g / groups_routed; the
 // following workgroups (TS_MOE_SHARED) take the shared slot's rows the same way. With
@@ -351,6 +352,66 @@ vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
 #endif
   return acc;
 }
+
+// GU_OUTS (0, or 1..8 with USE_SUBGROUP; MoeTuning::q8_gateup_outs, bench --tune gateup_outs):
+// each subgroup takes GU_OUTS outputs per pass and loads every weight unit of its lanes' shares
+// of their 2 x GU_OUTS rows before the first product, so that a lane has all its loads in flight
+// at once (2 x GU_OUTS x GU_PER_LANE, held as loaded: Q8WRaw / Q8WPairRaw) instead of one
+// round trip per unit. Needs Q8_NB = n_embd / 32 (the loop bounds as constants).
+#ifndef GU_OUTS
+#define GU_OUTS 0
+#endif
+#if GU_OUTS
+#ifndef Q8_NB
+#error "moe_gateup.comp: GU_OUTS needs Q8_NB"
+#endif
+#if Q8_PAIRS  // a lane's unit: a pair of Q4_K sub-blocks
+#define GU_UNITS (Q8_NB / 2)
+#define GU_RAW Q8WPairRaw
+#else  // a lane's unit: one 32-element block
+#define GU_UNITS Q8_NB
+#define GU_RAW Q8WRaw
+#endif
+#define GU_PER_LANE ((GU_UNITS + THREADS_PER_ROW - 1) / THREADS_PER_ROW)
+
+GU_RAW gu_load(Mat m, uint row, uint unit) {
+#if Q8_PAIRS
+  return q8_load_pair_raw(m.qbase, m.mbase, row * GU_UNITS + unit);
+#else
+  return q8_load_raw(m.qbase, m.mbase, row * GU_UNITS + unit);
+#endif
+}
+
+// Unit `unit` of a row (as loaded) dotted with the staged input.
+float gu_dot(GU_RAW w, uint unit) {
+#if Q8_PAIRS
+  return q8_pair_dot(q8_unpack_pair(w), 2u * unit);
+#else
+  return q8_dot_loaded(q8_unpack(w), q8_lo[unit], q8_hi[unit], q8_ds[unit]);
+#endif
+}
+
+// Partial dot products of outputs out_i[k] (gate row gm * i, up row gm * i + ua) over this
+// lane's share of the units; every load first. Lanes past the last unit load the last one
+// again (a valid address) and add nothing.
+void gu_multi_dot(Mat g, Mat u, uint gm, uint ua, uint out_i[GU_OUTS], uint lane, out vec2 acc[GU_OUTS]) {
+  GU_RAW wg[GU_OUTS][GU_PER_LANE], wu[GU_OUTS][GU_PER_LANE];
+  [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+    [[unroll]] for (uint j = 0; j < GU_PER_LANE; ++j) {
+      const uint t = min(lane + j * THREADS_PER_ROW, GU_UNITS - 1u);
+      wg[k][j] = gu_load(g, gm * out_i[k], t);
+      wu[k][j] = gu_load(u, gm * out_i[k] + ua, t);
+    }
+  }
+  [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+    acc[k] = vec2(0.0);
+    [[unroll]] for (uint j = 0; j < GU_PER_LANE; ++j) {
+      const uint t = lane + j * THREADS_PER_ROW;
+      if (t < GU_UNITS) acc[k] += vec2(gu_dot(wg[k][j], t), gu_dot(wu[k][j], t));
+    }
+  }
+}
+#endif  // GU_OUTS
 #else
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
   const uint n = args.n_embd;
@@ -513,7 +574,26 @@ void gateup_main() {
 #endif
 
   TS_MARK();  // bench --timeline: the prologue's end (the route, the staged input)
-#if USE_SUBGROUP && Q8ACT
+#if USE_SUBGROUP && Q8ACT && GU_OUTS
+  // GU_OUTS outputs per pass (the last ones clamped to the range, stored only when valid).
+  const uint ns = gl_NumSubgroups;
+  for (uint ib = i0 + gl_SubgroupID; ib < i_end; ib += GU_OUTS * ns) {
+    uint oi[GU_OUTS];
+    [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) oi[k] = min(ib + k * ns, i_end - 1u);
+    vec2 acc[GU_OUTS];
+    gu_multi_dot(gmat, umat, gate_mul, up_add, oi, gl_SubgroupInvocationID, acc);
+    [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) acc[k] = subgroupAdd(acc[k]) * scale;
+    if (subgroupElect()) {
+      [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+        if (ib + k * ns < i_end) {
+          const float v = silu(acc[k].x) * acc[k].y;
+          h[hbase + oi[k]] = v;
+          h_out[oi[k] - i0] = v;
+        }
+      }
+    }
+  }
+#elif USE_SUBGROUP && Q8ACT
   // Two outputs per iteration (the second clamped to the range, stored only when valid): four
   // independent weight loads per lane and block.
   for (uint i = i0 + gl_SubgroupID; i < i_end; i += 2u * gl_NumSubgroups) {

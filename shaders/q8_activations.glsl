@@ -196,16 +196,26 @@ float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
 struct Q8WPair {
   Q8W w0, w1;  // units 2p, 2p + 1
 };
-Q8WPair q8_load_pair(uint qbase, uint mbase, uint p) {
+// A pair as loaded (12 registers instead of Q8WPair's 20): its 32 quant bytes and its
+// super-block's M entry (d and dmin, the 12 scale bytes), unpacked at use.
+struct Q8WPairRaw {
+  uvec4 q0, q1;
+  uvec4 m;  // M entry words: d | dmin, scales[0..3], scales[4..7], scales[8..11]
+  uint c;   // the pair within its super-block (sub-blocks 2c, 2c + 1)
+};
+Q8WPairRaw q8_load_pair_raw(uint qbase, uint mbase, uint p) {
   const uint sb = p >> 2, c = p & 3u;
-  const uvec4 q0 = w_q[qbase + 8u * sb + 2u * c], q1 = w_q[qbase + 8u * sb + 2u * c + 1u];
-  const uint mw = mbase + 4u * sb;  // M entry: d, dmin, scales[12]
-  const vec2 dm = unpackHalf2x16(w_m[mw]);
-  const uvec3 sc = uvec3(w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]);
-  const vec2 s0 = kquant_scale_min(sc, 2u * c), s1 = kquant_scale_min(sc, 2u * c + 1u);
-  return Q8WPair(Q8W(q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, dm.x * s0.x, dm.y * s0.y),
-                 Q8W((q0 >> 4) & 0x0F0F0F0Fu, (q1 >> 4) & 0x0F0F0F0Fu, dm.x * s1.x, dm.y * s1.y));
+  const uint mw = mbase + 4u * sb;
+  return Q8WPairRaw(w_q[qbase + 8u * sb + 2u * c], w_q[qbase + 8u * sb + 2u * c + 1u],
+                    uvec4(w_m[mw], w_m[mw + 1u], w_m[mw + 2u], w_m[mw + 3u]), c);
 }
+Q8WPair q8_unpack_pair(Q8WPairRaw r) {
+  const vec2 dm = unpackHalf2x16(r.m.x);
+  const vec2 s0 = kquant_scale_min(r.m.yzw, 2u * r.c), s1 = kquant_scale_min(r.m.yzw, 2u * r.c + 1u);
+  return Q8WPair(Q8W(r.q0 & 0x0F0F0F0Fu, r.q1 & 0x0F0F0F0Fu, dm.x * s0.x, dm.y * s0.y),
+                 Q8W((r.q0 >> 4) & 0x0F0F0F0Fu, (r.q1 >> 4) & 0x0F0F0F0Fu, dm.x * s1.x, dm.y * s1.y));
+}
+Q8WPair q8_load_pair(uint qbase, uint mbase, uint p) { return q8_unpack_pair(q8_load_pair_raw(qbase, mbase, p)); }
 // Pair w dotted with input blocks b, b + 1 of the shared-memory copy.
 float q8_pair_dot(Q8WPair w, uint b) {
   return q8_dot_loaded(w.w0, q8_lo[b], q8_hi[b], q8_ds[b]) + q8_dot_loaded(w.w1, q8_lo[b + 1u], q8_hi[b + 1u], q8_ds[b + 1u]);

@@ -36,7 +36,9 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
-  if (r.q8_gateup_teams == 0) r.q8_gateup_teams = kQ8GateUpTeams;
+  if (r.q8_gateup_outs > 8) runtime_error("MoE kernels: int8 gate-up outputs per pass ", r.q8_gateup_outs, " outside 0..8");
+  if (r.q8_gateup_teams == 0)
+    r.q8_gateup_teams = r.q8_gateup_outs ? std::max<uint32_t>(1, kQ8GateUpOutputs / r.q8_gateup_outs) : kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
@@ -121,6 +123,11 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
+  const bool gu = t.q8_gateup_outs && team_shape(ctx).subgroup;
+  if (gu) {
+    d["GU_OUTS"] = std::to_string(t.q8_gateup_outs);
+    d["Q8_NB"] = std::to_string(n_embd / 32);
+  }
   const std::string rc = route_code(d, re);
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
   // weight in shared memory too (128 bytes per block beside the staging's 48).
@@ -135,7 +142,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", t.q8_gateup_outs) : "", rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -107,6 +107,10 @@ struct MoeTuning {
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
   // The int8-activation kernels (decode):
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
+  // Outputs a gate-up subgroup takes per pass, all their weight loads issued first (moe_gateup.comp
+  // GU_OUTS), 1..8; 0: the loop of two outputs, one round trip per unit. With it the automatic
+  // teams are 32 / q8_gateup_outs (one pass per subgroup). Subgroup path only.
+  uint32_t q8_gateup_outs = 0;
   uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4, early-started 1)
   // The router fold's gate-up reads its input, the accumulators and the expert bias in one phase
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9

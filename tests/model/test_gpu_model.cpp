@@ -699,6 +699,17 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     std::printf("%s: tuned vs default max |diff| %.3g of max |logit| %.3g\n", type, worst, scale);
     EXPECT_LE(worst, 1e-4f * scale) << type;
 
+    // The gate-up with every weight load of a pass first, 3 outputs a pass (10 subgroups): through
+    // the decode step's router fold, its gates and its early-started down.
+    model::GpuModelOptions go{.n_ctx = 32, .prefill_chunk = 0};
+    go.moe.q8_gateup_outs = 3;
+    model::GpuModel outs3(context(), tsr, go);
+    const std::vector<float> c3 = outs3.forward(p, false);
+    ASSERT_EQ(c3.size(), b.size());
+    float gworst = 0;
+    for (size_t i = 0; i < c3.size(); ++i) gworst = std::max(gworst, std::fabs(c3[i] - b[i]));
+    EXPECT_LE(gworst, 1e-4f * scale) << type << " gate-up outputs 3";
+
     // The batched prefill's matvecs (prefill_chunk 8: one dispatch of 8 columns per matrix).
     model::GpuModelOptions po{.n_ctx = 32, .prefill_chunk = 8};
     model::GpuModel pplain(context(), tsr, po);

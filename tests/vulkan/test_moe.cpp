@@ -35,6 +35,7 @@ struct TileCase {
   bool q8 = false;                     // the int8-activation path (hq set on both kernels)
   bool gated_down = false;             // the down's early-start kernel (its gate words found open)
   bool down_late = true;               // MoeTuning::down_late (32-element types: the late path)
+  uint32_t gateup_outs = 0;            // MoeTuning::q8_gateup_outs (all loads first, N outputs a pass)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -146,6 +147,7 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   gu.h2 = h2_b.whole();
   gu.h = h_b.whole();
   gu.max_binding_bytes = c.max_binding_bytes;
+  gu.tuning.q8_gateup_outs = c.gateup_outs;
   vk::MoeDownOp down;
   down.tile = gu.tile;
   down.n_used = c.n_used;
@@ -422,6 +424,26 @@ TEST(MoeKernels, Int8ActivationPath) {
   for (TileCase& c : gated) {
     c.q8 = c.gated_down = true;
     run_tile_case(c, seed++);
+  }
+  // The gate-up with every load of a pass first (MoeTuning::q8_gateup_outs): 1, 3 (10 subgroups of
+  // 3: a second pass for the last 2 outputs of 32, the rest clamped), 4 and 8 outputs a pass; rows
+  // of fewer units than lanes (n_embd 256, 320), of two units a lane (2048); Q4_0, Q8_0 beside
+  // Q4_0, Q4_K pairs, Q6_K; per-workgroup routing; the shared-memory path ignores it.
+  {
+    const uint32_t outs[] = {1, 3, 4, 8};
+    std::vector<TileCase> gu = {make_case(16, 4, 96, 96, 256, q40, Style::Glm),
+                                make_case(8, 2, 1536, 3072, 2048, mixed, Style::V2),
+                                make_case(8, 2, 256, 256, 2048, q4k, Style::Glm),
+                                make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm),
+                                make_case(9, 3, 96, 256, 256, q6k_mix, Style::Glm),
+                                make_case(8, 2, 64, 0, 320, mixed, Style::V2),
+                                per_wg,
+                                make_case(8, 2, 256, 512, 256, kQ4KM, Style::V2, /*no_subgroup=*/true)};
+    for (size_t i = 0; i < gu.size(); ++i) {
+      gu[i].q8 = true;
+      gu[i].gateup_outs = outs[i % std::size(outs)];
+      run_tile_case(gu[i], seed++);
+    }
   }
   // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs), on both
   // test devices (with and without subgroup arithmetic: two contexts).

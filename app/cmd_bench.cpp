@@ -74,7 +74,7 @@ const Knob<O> kTuneKnobs[] = {
     {"pmatvec_teams", 16, "subgroups per workgroup of the prefill matvec", [](O& o, uint32_t v) { o.matvec.batch_teams = v; }},
     {"pmatvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.batch_rows = v; }},
     {"gateup_teams", 32, "subgroups per int8 gate-up workgroup", [](O& o, uint32_t v) { o.moe.q8_gateup_teams = v; }},
-    {"gateup_outs", 8, "outputs per int8 gate-up subgroup and pass, every weight load issued first; 0: two, a round trip per unit",
+    {"gateup_outs", 9, "outputs per int8 gate-up subgroup and pass, every weight load issued first; 9: two, a round trip per unit; 0 auto (Q4_0 2, else 9)",
      [](O& o, uint32_t v) { o.moe.q8_gateup_outs = v; }},
     {"down_rows", 64, "rows per int8 down workgroup; 0 auto (2; K-quants 4, early-started 1)", [](O& o, uint32_t v) { o.moe.q8_down_rows = v; }},
     {"gateup_overlap", 1, "1, default: the router fold's gate-up reads input, sums and bias in one phase",

@@ -36,15 +36,26 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)
   if (r.gateup_teams == 0) r.gateup_teams = kGateUpTeams;
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
-  if (r.q8_gateup_outs > 8) runtime_error("MoE kernels: int8 gate-up outputs per pass ", r.q8_gateup_outs, " outside 0..8");
+  if (r.q8_gateup_outs > kQ8GateUpLoop)
+    runtime_error("MoE kernels: int8 gate-up outputs per pass ", r.q8_gateup_outs, " outside 0..9");
+  const bool outs_set = r.q8_gateup_outs && r.q8_gateup_outs != kQ8GateUpLoop;
   if (r.q8_gateup_teams == 0)
-    r.q8_gateup_teams = r.q8_gateup_outs ? std::max<uint32_t>(1, kQ8GateUpOutputs / r.q8_gateup_outs) : kQ8GateUpTeams;
+    r.q8_gateup_teams = outs_set ? std::max<uint32_t>(1, kQ8GateUpOutputs / r.q8_gateup_outs) : kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
                   ") outside 1..2 / 1..16 / 1..16 / 1..32 / 1..64");
   return r;
+}
+
+// Outputs per pass of the int8 gate-up (moe_gateup.comp GU_OUTS) for experts of `type`; 0: the
+// two-output loop. Auto: 2 for Q4_0 (H200, GLM-4.7-Flash tg128 422.5 -> 424.8, six runs), the loop
+// for the K-quants (Q4_K_M 354.8 -> 329.7 with 2; session 31).
+uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
+  if (t.q8_gateup_outs == kQ8GateUpLoop) return 0;
+  if (t.q8_gateup_outs) return t.q8_gateup_outs;
+  return type == GgmlType::Q4_0 ? 2 : 0;
 }
 
 // Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
@@ -123,9 +134,10 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
-  const bool gu = t.q8_gateup_outs && team_shape(ctx).subgroup;
+  const uint32_t gu_outs = q8_gateup_outs(t, type);
+  const bool gu = gu_outs && team_shape(ctx).subgroup;
   if (gu) {
-    d["GU_OUTS"] = std::to_string(t.q8_gateup_outs);
+    d["GU_OUTS"] = std::to_string(gu_outs);
     d["Q8_NB"] = std::to_string(n_embd / 32);
   }
   const std::string rc = route_code(d, re);
@@ -142,7 +154,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", t.q8_gateup_outs) : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -101,6 +101,8 @@ struct MoeTileRef {
 // Work-split choices of the gate-up / down kernels; 0 = automatic. On an H200 the variants tried
 // (bench test MoeBench.*) were within 5% of each other: the kernels are latency-bound, see the
 // report in tests/vulkan/test_moe_bench.cpp.
+constexpr uint32_t kQ8GateUpLoop = 9;  // MoeTuning::q8_gateup_outs: the two-output loop
+
 struct MoeTuning {
   uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto 1
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
@@ -108,8 +110,9 @@ struct MoeTuning {
   // The int8-activation kernels (decode):
   uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
   // Outputs a gate-up subgroup takes per pass, all their weight loads issued first (moe_gateup.comp
-  // GU_OUTS), 1..8; 0: the loop of two outputs, one round trip per unit. With it the automatic
-  // teams are 32 / q8_gateup_outs (one pass per subgroup). Subgroup path only.
+  // GU_OUTS), 1..8; 9 (kQ8GateUpLoop): the loop of two outputs, one round trip per unit; auto (0):
+  // 2 for Q4_0 experts (H200 tg128 +0.5 %), the loop otherwise (Q4_K_M lost 7 % with 2; session
+  // 31). With 1..8 set the automatic teams are 32 / q8_gateup_outs. Subgroup path only.
   uint32_t q8_gateup_outs = 0;
   uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4, early-started 1)
   // The router fold's gate-up reads its input, the accumulators and the expert bias in one phase

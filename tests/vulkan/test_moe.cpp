@@ -444,6 +444,11 @@ TEST(MoeKernels, Int8ActivationPath) {
       gu[i].gateup_outs = outs[i % std::size(outs)];
       run_tile_case(gu[i], seed++);
     }
+    // Q4_0's default is 2 outputs a pass; the two-output loop it replaced, forced.
+    TileCase loop = make_case(16, 4, 96, 96, 2048, q40, Style::Glm);
+    loop.q8 = true;
+    loop.gateup_outs = vk::kQ8GateUpLoop;
+    run_tile_case(loop, seed++);
   }
   // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs), on both
   // test devices (with and without subgroup arithmetic: two contexts).

@@ -196,7 +196,7 @@ float q8_dot_loaded(Q8W w, uvec4 xl, uvec4 xh, vec4 ds) {
 struct Q8WPair {
   Q8W w0, w1;  // units 2p, 2p + 1
 };
-// A pair as loaded (12 registers instead of Q8WPair's 20): its 32 quant bytes and its
+// A pair as loaded (13 registers instead of Q8WPair's 20): its 32 quant bytes and its
 // super-block's M entry (d and dmin, the 12 scale bytes), unpacked at use.
 struct Q8WPairRaw {
   uvec4 q0, q1;

@@ -50,7 +50,7 @@ MoeTuning resolve(const MoeTuning& t) {
 }
 
 // Outputs per pass of the int8 gate-up (moe_gateup.comp GU_OUTS) for experts of `type`; 0: the
-// two-output loop. Auto: 2 for Q4_0 (H200, GLM-4.7-Flash tg128 422.5 -> 424.8, six runs), the loop
+// two-output loop. Auto: 2 for Q4_0 (H200, GLM-4.7-Flash tg128 422.5 -> 424.8, alternating runs), the loop
 // for the K-quants (Q4_K_M 354.8 -> 329.7 with 2; session 31).
 uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
   if (t.q8_gateup_outs == kQ8GateUpLoop) return 0;

@@ -98,11 +98,11 @@ struct MoeTileRef {
   MoeTileGeometry geometry;
 };
 
+constexpr uint32_t kQ8GateUpLoop = 9;  // MoeTuning::q8_gateup_outs: the two-output loop
+
 // Work-split choices of the gate-up / down kernels; 0 = automatic. On an H200 the variants tried
 // (bench test MoeBench.*) were within 5% of each other: the kernels are latency-bound, see the
 // report in tests/vulkan/test_moe_bench.cpp.
-constexpr uint32_t kQ8GateUpLoop = 9;  // MoeTuning::q8_gateup_outs: the two-output loop
-
 struct MoeTuning {
   uint32_t unroll = 0;        // weight units per loop iteration, 1..2; auto 1
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4

@@ -19,8 +19,10 @@ constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 
 // MoeTuning with the automatic choices filled in (except q8_down_rows).
 MoeTuning resolve(const MoeTuning& t);
+// Outputs per pass of the int8 gate-up for experts of `type` (moe_gateup.comp GU_OUTS); 0: the
+// two-output loop.
+uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type);
 // Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
-uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type);  // 0: the two-output loop
 uint32_t q8_down_rows(const MoeTuning& t, GgmlType type, bool gated);
 bool is_plain(GgmlType t);       // F32 / F16 / BF16
 uint32_t elem_bytes(GgmlType t);  // of a plain type

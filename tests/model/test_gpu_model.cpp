@@ -691,11 +691,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     const auto p = prompt(plain.n_vocab(), 5);
     const std::vector<float> a = tuned.forward(p, false), b = plain.forward(p, false);
     ASSERT_EQ(a.size(), b.size());
-    float scale = 0, worst = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      scale = std::max(scale, std::fabs(b[i]));
-      worst = std::max(worst, std::fabs(a[i] - b[i]));
-    }
+    const auto [worst, scale] = gap(b, a);  // scale: the default's logits
     std::printf("%s: tuned vs default max |diff| %.3g of max |logit| %.3g\n", type, worst, scale);
     EXPECT_LE(worst, 1e-4f * scale) << type;
 
@@ -706,9 +702,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     model::GpuModel outs3(context(), tsr, go);
     const std::vector<float> c3 = outs3.forward(p, false);
     ASSERT_EQ(c3.size(), b.size());
-    float gworst = 0;
-    for (size_t i = 0; i < c3.size(); ++i) gworst = std::max(gworst, std::fabs(c3[i] - b[i]));
-    EXPECT_LE(gworst, 1e-4f * scale) << type << " gate-up outputs 3";
+    EXPECT_LE(gap(c3, b).worst, 1e-4f * scale) << type << " gate-up outputs 3";
 
     // The batched prefill's matvecs (prefill_chunk 8: one dispatch of 8 columns per matrix).
     model::GpuModelOptions po{.n_ctx = 32, .prefill_chunk = 8};
@@ -717,9 +711,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     model::GpuModel ptuned(context(), tsr, po);
     const std::vector<float> pa = ptuned.forward(p, false), pb = pplain.forward(p, false);
     ASSERT_EQ(pa.size(), pb.size());
-    float pworst = 0;
-    for (size_t i = 0; i < pa.size(); ++i) pworst = std::max(pworst, std::fabs(pa[i] - pb[i]));
-    EXPECT_LE(pworst, 1e-4f * scale) << type << " prefill";
+    EXPECT_LE(gap(pa, pb).worst, 1e-4f * scale) << type << " prefill";
   }
 }
 

@@ -20,6 +20,9 @@
 // `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
 // defines ROUTE_LOGIT(e) to read logit e from elsewhere (the router fold: shared memory).
 // route_compute() must be reached by all invocations (uniform control flow: barriers).
+// ROUTE_RANKS (0/1; sigmoid gating only, WG_SIZE >= ROUTE_E, subgroups with shuffles; the
+// wrapper sets it, kernels_moe.cpp route_ranks()): the whole workgroup ranks the experts instead
+// of subgroup 0's K rounds (below: route_ranks). Same ids and the same weight bits.
 // ROUTE_E (a multiple of 32, <= TS_ROUTE_MAX_E; default TS_ROUTE_MAX_E): the most experts the
 // kernel routes among (the wrapper's n_expert rounded up); it sizes the per-lane arrays and the
 // unrolled code. ROUTE_RECOMPUTE (0/1, default 1): 0 where the including kernel never routes
@@ -132,6 +135,59 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
 }
 #endif
 
+#ifndef ROUTE_RANKS
+#define ROUTE_RANKS 0
+#endif
+#if ROUTE_RANKS
+#extension GL_KHR_shader_subgroup_shuffle : require
+#if !USE_SUBGROUP || WG_SIZE < ROUTE_E
+#error "routing.glsl: ROUTE_RANKS needs subgroups and WG_SIZE >= ROUTE_E"
+#endif
+// Invocations per expert: the most of 8, 4, 2, 1 that the workgroup and a subgroup hold.
+#define RK_L (WG_SIZE >= 8 * ROUTE_E && SUBGROUP_SIZE >= 8 ? 8 : WG_SIZE >= 4 * ROUTE_E && SUBGROUP_SIZE >= 4 ? 4 : WG_SIZE >= 2 * ROUTE_E ? 2 : 1)
+shared uint rk_key[ROUTE_E];     // selection keys (route_key; 0 past n_expert)
+shared float rk_prob[ROUTE_E];   // sigmoid probabilities
+float rk_factor;                 // the weights' normalization and scale (every invocation)
+
+// Expert e's rank = the experts ahead of it in (key descending, index ascending): a total order,
+// so ranks 0..n_used-1 are each taken once and rank k is the round-k winner of route_subgroup.
+// Invocation v (numbered through its subgroup, so that a team of RK_L shares one) compares expert
+// v / RK_L's key with RK_L-th of all keys, and the team adds its counts by shuffles. Two
+// barriers, one exp per expert, no serial rounds.
+void route_ranks(uint n_expert, uint n_used, uint flags, float scale) {
+  const uint tid = gl_LocalInvocationIndex;
+  if (tid < ROUTE_E) {
+    float p = 0.0;
+    uint key = 0u;
+    if (tid < n_expert) {
+      p = 1.0 / (1.0 + exp(-ROUTE_LOGIT(tid)));
+      key = route_key(route_score(tid, p, flags));
+    }
+    rk_key[tid] = key;
+    rk_prob[tid] = p;
+  }
+  barrier();
+  const uint v = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
+  const uint e = min(v / RK_L, ROUTE_E - 1u), part = v % RK_L;
+  const uint ke = rk_key[e];
+  uint rank = 0u;
+  [[unroll]] for (uint i = 0; i < ROUTE_E / RK_L; ++i) {
+    const uint f = part + i * RK_L;
+    const uint kf = rk_key[f];
+    rank += (kf > ke || (kf == ke && f < e)) ? 1u : 0u;
+  }
+  [[unroll]] for (uint s = 1; s < RK_L; s <<= 1) rank += subgroupShuffleXor(rank, s);
+  if (part == 0u && v / RK_L < n_expert && rank < n_used) {
+    rt_id[rank] = e;
+    rt_w[rank] = rk_prob[e];
+  }
+  barrier();
+  float wsum = 0.0;
+  for (uint k = 0; k < n_used; ++k) wsum += rt_w[k];  // in rank order, as the host sums
+  rk_factor = route_factor(wsum, flags, scale);
+}
+#endif
+
 #ifndef RT_SUBGROUP_PATH
 shared float rt_prob[ROUTE_E];   // probabilities
 shared float rt_score[ROUTE_E];  // softmax exponentials, then selection scores
@@ -178,19 +234,26 @@ void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float 
 }
 #endif
 
-// Computes the routing into rt_id / rt_w (ends with a workgroup barrier). n_expert <=
-// ROUTE_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
+// Computes the routing into rt_id / rt_w (a workgroup barrier after their last write). n_expert
+// <= ROUTE_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
 void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
-#ifdef RT_SUBGROUP_PATH
+#if ROUTE_RANKS  // sigmoid gating (the wrapper's condition)
+  route_ranks(n_expert, n_used, flags, scale);
+#elif defined(RT_SUBGROUP_PATH)
   if (gl_SubgroupID == 0u) route_subgroup(n_expert, n_used, gating, flags, scale);
+  barrier();
 #else
   route_workgroup(n_expert, n_used, gating, flags, scale);
-#endif
   barrier();
+#endif
 }
 
 // Expert and final weight of routed slot k (after route_compute).
 uint route_expert(uint k) { return rt_id[k]; }
+#if ROUTE_RANKS
+float route_weight(uint k) { return rt_w[k] * rk_factor; }
+#else
 float route_weight(uint k) { return rt_w[k]; }
+#endif
 
 #endif  // TESSERA_ROUTING_GLSL

@@ -20,14 +20,15 @@ constexpr uint32_t kDownRowsPerWg = 2;         // down: rows per workgroup (one 
 constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // The int8-activation variants (Q8ACT): bigger workgroups, so that the input each workgroup
 // quantizes (gate-up) or copies (down) into shared memory is shared by more rows.
-// Measured on an H200 (GLM-4.7-Flash, tg128, bench --tune, docs/PERFORMANCE.md): gate-up 16
-// subgroups 14.7 us per call vs 16.8 with 8 (4, 32: slower); down, Q4_0: 2 rows 12.4 us vs 19.4
-// with 8 (1, 4, 16: slower); down, Q4_K_M: 4 rows 16.8 us vs 18.3 with 2; early-started (blocks held
-// across its wait) 1 row, more of it resident beside the gate-up: GLM Q4_K_M tg128 +6.3 % (session 30).
+// Measured on an H200 (tg128, bench --tune, docs/PERFORMANCE.md): gate-up 16 subgroups 14.7 us
+// per call vs 16.8 with 8 (4, 32: slower). Down behind a barrier: 4 rows (DeepSeek-V2-Lite Q4_0
+// 568.7 -> 590.1 tok/s against 2 rows, Q4_K_M 323.3 -> 328.1; 8 rows slower; session 32).
+// Early-started down (blocks held across its wait, resident beside the gate-up): Q4_0 2 rows
+// (1: -1.8 %, 4: -3 %), K-quants 1 row (GLM Q4_K_M +6.3 % against 4; session 30).
 constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
-constexpr uint32_t kQ8DownRows = 2;            // down rows per workgroup, 32-element block types
-constexpr uint32_t kQ8DownRowsK = 4;           // ... K-quants (256-element blocks)
-constexpr uint32_t kQ8DownRowsKEarly = 1;      // ... K-quants, the early-started down
+constexpr uint32_t kQ8DownRows = 4;            // down rows per workgroup behind a barrier, every type
+constexpr uint32_t kQ8DownRowsEarly = 2;       // ... early-started, 32-element block types
+constexpr uint32_t kQ8DownRowsKEarly = 1;      // ... early-started, K-quants (256-element blocks)
 
 // MoeTuning with the automatic choices filled in (except q8_down_rows, which depends on the
 // weight type: q8_down_rows()).
@@ -42,6 +43,7 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.q8_gateup_teams == 0)
     r.q8_gateup_teams = outs_set ? std::max<uint32_t>(1, kQ8GateUpOutputs / r.q8_gateup_outs) : kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
+  if (r.route_ranks > 2) runtime_error("MoE kernels: route ranks ", r.route_ranks, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
                   r.down_rows, ", int8 gate-up teams ", r.q8_gateup_teams, ", int8 down rows ", r.q8_down_rows,
@@ -61,8 +63,8 @@ uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
 // Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
 uint32_t q8_down_rows(const MoeTuning& t, GgmlType type, bool gated) {
   if (t.q8_down_rows) return t.q8_down_rows;
-  if (type_info(type).block_elems == 256) return gated ? kQ8DownRowsKEarly : kQ8DownRowsK;
-  return kQ8DownRows;
+  if (!gated) return kQ8DownRows;
+  return type_info(type).block_elems == 256 ? kQ8DownRowsKEarly : kQ8DownRowsEarly;
 }
 
 bool is_plain(GgmlType t) { return t == GgmlType::F32 || t == GgmlType::F16 || t == GgmlType::BF16; }
@@ -122,10 +124,16 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
                     "moe_gateup.comp", type, vec8, t.gateup_teams, t.unroll, d, fold ? 9 : 7);
 }
 
+bool route_ranks(Context& ctx, const MoeTuning& t, uint32_t re, GatingFunc gating) {
+  const TeamShape ts = team_shape(ctx);
+  return re && gating == GatingFunc::Sigmoid && t.route_ranks != 2 && ts.subgroup && ctx.info().features.subgroup_shuffle &&
+         ts.threads_per_row * t.q8_gateup_teams >= re;
+}
+
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
-// written. fused_down: the down fused in (FUSED_DOWN, 11 bindings).
+// written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). ranks: route_ranks().
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold,
-                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait) {
+                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait, bool ranks) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
@@ -140,7 +148,8 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["GU_OUTS"] = std::to_string(gu_outs);
     d["Q8_NB"] = std::to_string(n_embd / 32);
   }
-  const std::string rc = route_code(d, re);
+  const std::string rc = route_code(d, re) + (ranks ? ".ranks" : "");
+  if (ranks) d["ROUTE_RANKS"] = "1";
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
   // weight in shared memory too (128 bytes per block beside the staging's 48).
   const bool consts = wait.enabled() && overlap && t.gateup_consts &&
@@ -567,7 +576,8 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
     const uint32_t re = p.routed ? route_e(g.n_expert, fold || src.recompute) : 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait)
+    const bool ranks = q8 && route_ranks(ctx, t, re, routing.gating);
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait, ranks)
                               : gateup_kernel(ctx, p.type, vec8, t, re, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

@@ -114,11 +114,14 @@ struct MoeTuning {
   // 2 for Q4_0 experts (H200 tg128 +0.5 %), the loop otherwise (Q4_K_M lost 7 % with 2; session
   // 31). With 1..8 set the automatic teams are 32 / q8_gateup_outs. Subgroup path only.
   uint32_t q8_gateup_outs = 0;
-  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 2 (K-quants: 4, early-started 1)
+  uint32_t q8_down_rows = 0;     // down rows per workgroup, 1..64; auto 4 (early-started: 2, K-quants 1)
   // The router fold's gate-up reads its input, the accumulators and the expert bias in one phase
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
+  // The int8 gate-up's routing (sigmoid gating) ranks every expert across the workgroup instead of
+  // subgroup 0's K rounds of reductions (routing.glsl ROUTE_RANKS; session 32): 1 on, 2 off; auto (0): on.
+  uint32_t route_ranks = 0;
   // The early-started int8 down (32-element block types): a workgroup whose first poll finds every
   // h written loads hq beside its weights instead of after a second wait (moe_down.comp
   // DOWN_LATE; H100 +2.4 %). K-quant downs always wait (their Q4_K_M grid lost 8 % with it).

@@ -35,10 +35,14 @@ BufferSlice weight_slice(const Buffer& buffer, uint64_t offset, uint64_t bytes);
 // expert bound (0: none).
 const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold = false);
 // ... the int8-activation form: `outs` outputs per workgroup (a multiple of 32), the int8 copy of
-// h written; fused_down: the down fused in; gate / wait: the early starts' signal and wait.
+// h written; fused_down: the down fused in; gate / wait: the early starts' signal and wait;
+// ranks: the routing by ranks (route_ranks()).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re,
                                  bool fold = false, bool fused_down = false, uint32_t outs = kQ8GateUpOutputs,
-                                 bool gate = false, const GateWait& wait = {});
+                                 bool gate = false, const GateWait& wait = {}, bool ranks = false);
+// Whether a routing int8 gate-up (re: route_e()) routes by ranks (routing.glsl ROUTE_RANKS): sigmoid
+// gating, subgroups with shuffles, a workgroup of at least re invocations, MoeTuning::route_ranks.
+bool route_ranks(Context& ctx, const MoeTuning& t, uint32_t re, GatingFunc gating);
 // moe_down.comp: the f32-input form, `slots` teams per workgroup.
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t, uint32_t re);
 // ... the int8-activation form (hq_floats: h floats covered; width: the widest slot); gate_h_target

@@ -39,13 +39,16 @@ struct FoldCase {
   bool fused_down = false;  // the down projection fused into the gate-up
   bool overlap_off = false;  // the gate-up's fold sums, staging and bias in separate phases (not the default)
   bool x_q8 = false;         // the matvec reads its input as int8 blocks (MatvecOp::x_q8; long rows: two subgroups each)
+  bool ranks_off = false;    // the int8 gate-up routes by subgroup 0's rounds (MoeTuning::route_ranks 2), not by ranks
+  bool tied_router = false;  // router rows (and biases) 2i and 2i + 1 equal: every logit tied with a neighbour
 };
 
 std::string describe(const FoldCase& c) {
   return cat("n_embd ", c.n_embd, " in ", c.in_cols, " E", c.n_expert, " K", c.n_used, " w", c.w_routed, "/", c.w_shared,
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
              type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
-             c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "");
+             c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "",
+             c.ranks_off ? " ranks-off" : "", c.tied_router ? " tied" : "");
 }
 
 struct FoldResult {
@@ -62,7 +65,10 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   std::mt19937 rng(seed);
   const std::vector<uint8_t> wq = vktest::random_matrix(rng, c.matvec_type, c.n_embd, c.in_cols);
   auto wm = vktest::upload_matrix(g, c.matvec_type, c.n_embd, c.in_cols, wq);
-  const std::vector<uint8_t> rq = vktest::random_matrix(rng, c.router_type, c.n_expert, c.n_embd);
+  std::vector<uint8_t> rq = vktest::random_matrix(rng, c.router_type, c.n_expert, c.n_embd);
+  const size_t router_row = rq.size() / c.n_expert;
+  if (c.tied_router)
+    for (uint32_t e = 1; e < c.n_expert; e += 2) std::memcpy(&rq[e * router_row], &rq[(e - 1) * router_row], router_row);
   auto rm = vktest::upload_matrix(g, c.router_type, c.n_expert, c.n_embd, rq);
   const moetest::HostTile ht = moetest::build_tile(rng, c.n_expert, c.w_routed, c.w_shared, c.n_embd, c.tile);
   const std::vector<float> in = vktest::random_values(rng, c.in_cols, 0.3f);
@@ -73,7 +79,7 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
   std::vector<float> bias;
   if (c.glm) {
     std::uniform_real_distribution<float> u(-0.3f, 0.3f);
-    for (uint32_t e = 0; e < c.n_expert; ++e) bias.push_back(u(rng));
+    for (uint32_t e = 0; e < c.n_expert; ++e) bias.push_back(c.tied_router && e % 2 ? bias.back() : u(rng));
   }
   ModelConfig cfg;
   cfg.n_expert = c.n_expert;
@@ -144,6 +150,7 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     gu.hq = hq_b.whole();
   }
   gu.tuning.q8_fold_overlap = c.overlap_off ? 2u : 0u;
+  gu.tuning.route_ranks = c.ranks_off ? 2u : 0u;
   if (c.fused_down) {
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
@@ -316,6 +323,40 @@ TEST(RouterFold, Int8ActivationKernels) {
   // than 2 x 2 x subgroup size blocks), with the fold's epilogue.
   if (vk::q8_activations_type(*g.ctx, GgmlType::Q8_0))
     run_fold(g, {224, 10240, 64, 4, 64, 128, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, false, false, true}, 20);
+}
+
+// The routing by ranks (routing.glsl ROUTE_RANKS, the int8 gate-up's default with sigmoid gating)
+// against subgroup 0's rounds: both against the CPU, then the same route (ids and weight bits) and
+// the same h bits. E 64 (8 invocations an expert), E 200 (2: ROUTE_E 224), E 37 (ROUTE_E 64: 27
+// invocation teams past n_expert), and routers whose logits tie in pairs (ties inside and across
+// the top-K cut: the lower expert first).
+TEST(RouterFold, RanksGiveTheRoundsRoute) {
+  Gpu& g = vktest::gpu();
+  REQUIRE_FOLD(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0)) GTEST_SKIP() << "no integer dot product";
+  if (!g.ctx->pipelines().use_subgroup() || !g.ctx->info().features.subgroup_shuffle)
+    GTEST_SKIP() << "no subgroup shuffles: the rounds only";
+  std::vector<FoldCase> cases = {{224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true},
+                                 {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true},
+                                 {96, 64, 37, 3, 32, 64, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, true}};
+  for (size_t i = 0, n = cases.size(); i < n; ++i) {
+    FoldCase t = cases[i];
+    t.tied_router = true;
+    cases.push_back(t);
+  }
+  uint32_t seed = 30;
+  for (FoldCase c : cases) {
+    const FoldResult ranks = run_fold(g, c, seed);
+    c.ranks_off = true;
+    const FoldResult rounds = run_fold(g, c, seed++);
+    SCOPED_TRACE(describe(c));
+    EXPECT_EQ(ranks.route, rounds.route);
+    ASSERT_EQ(ranks.h.size(), rounds.h.size());
+    EXPECT_EQ(std::memcmp(ranks.h.data(), rounds.h.data(), ranks.h.size() * 4), 0);
+    if (c.tied_router)  // the pair of a chosen even expert is chosen right after it, or lost at the cut
+      for (uint32_t k = 0; k + 1 < c.n_used; ++k)
+        if (ranks.route[2 * k] % 2 == 0) EXPECT_EQ(ranks.route[2 * k + 2], ranks.route[2 * k] + 1) << "slot " << k;
+  }
 }
 
 TEST(RouterFold, SharedMemoryReductionPath) {

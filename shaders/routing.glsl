@@ -20,9 +20,10 @@
 // `route_bias[]` (bias read only with TS_ROUTER_EXPERT_BIAS) before #include "routing.glsl", or
 // defines ROUTE_LOGIT(e) to read logit e from elsewhere (the router fold: shared memory).
 // route_compute() must be reached by all invocations (uniform control flow: barriers).
-// ROUTE_RANKS (0/1; sigmoid gating only, WG_SIZE >= ROUTE_E, subgroups with shuffles; the
-// wrapper sets it, kernels_moe.cpp route_ranks()): the whole workgroup ranks the experts instead
-// of subgroup 0's K rounds (below: route_ranks). Same ids and the same weight bits.
+// ROUTE_RANKS (0; 1 for sigmoid gating, 2 for softmax; WG_SIZE >= ROUTE_E,
+// subgroups of at least 8 with shuffles; the wrapper sets it, kernels_moe.cpp route_ranks()): the
+// whole workgroup ranks the experts instead of subgroup 0's K rounds (below: route_ranks). Same ids
+// and the same weight bits.
 // ROUTE_E (a multiple of 32, <= TS_ROUTE_MAX_E; default TS_ROUTE_MAX_E): the most experts the
 // kernel routes among (the wrapper's n_expert rounded up); it sizes the per-lane arrays and the
 // unrolled code. ROUTE_RECOMPUTE (0/1, default 1): 0 where the including kernel never routes
@@ -73,11 +74,11 @@ float route_factor(float sum, uint flags, float scale) {
 #define RT_SUBGROUP_PATH 1
 #define RT_PER_LANE ((ROUTE_E + SUBGROUP_SIZE - 1) / SUBGROUP_SIZE)  // entries per lane
 
-// Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
-void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
+// One subgroup: the probabilities of experts e = lane + j * gl_SubgroupSize (lane `lane`, entry j;
+// softmax: a subgroup max and sum over them all).
+void route_lane_probs(uint n_expert, uint gating, out float prob[RT_PER_LANE]) {
   const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize;
   const float ninf = uintBitsToFloat(0xFF800000u);
-  float prob[RT_PER_LANE];
   [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
     const uint e = lane + j * step;
     prob[j] = e < n_expert ? ROUTE_LOGIT(e) : ninf;
@@ -96,6 +97,13 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
   } else {
     [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] = 1.0 / (1.0 + exp(-prob[j]));
   }
+}
+
+// Subgroup 0: expert e = lane + j * gl_SubgroupSize lives in lane `lane`, entry j.
+void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
+  const uint lane = gl_SubgroupInvocationID, step = gl_SubgroupSize;
+  float prob[RT_PER_LANE];
+  route_lane_probs(n_expert, gating, prob);
   // K rounds: the best remaining (score, lower index), the score as an order-preserving integer
   // key (an integer max: one instruction on some GPUs, where a float max is a chain of shuffles),
   // then the lowest expert among the lanes that hold it (an integer min). The winning lane
@@ -140,8 +148,8 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
 #endif
 #if ROUTE_RANKS
 #extension GL_KHR_shader_subgroup_shuffle : require
-#if !USE_SUBGROUP || WG_SIZE < ROUTE_E
-#error "routing.glsl: ROUTE_RANKS needs subgroups and WG_SIZE >= ROUTE_E"
+#if !defined(RT_SUBGROUP_PATH) || WG_SIZE < ROUTE_E
+#error "routing.glsl: ROUTE_RANKS needs subgroups of at least 8 and WG_SIZE >= ROUTE_E"
 #endif
 // Invocations per expert: the most of 8, 4, 2, 1 that the workgroup and a subgroup hold.
 #define RK_L (WG_SIZE >= 8 * ROUTE_E && SUBGROUP_SIZE >= 8 ? 8 : WG_SIZE >= 4 * ROUTE_E && SUBGROUP_SIZE >= 4 ? 4 : WG_SIZE >= 2 * ROUTE_E ? 2 : 1)
@@ -151,11 +159,25 @@ float rk_factor;                 // the weights' normalization and scale (every 
 
 // Expert e's rank = the experts ahead of it in (key descending, index ascending): a total order,
 // so ranks 0..n_used-1 are each taken once and rank k is the round-k winner of route_subgroup.
-// Invocation v (numbered through its subgroup, so that a team of RK_L shares one) compares expert
-// v / RK_L's key with RK_L-th of all keys, and the team adds its counts by shuffles. Two
-// barriers, one exp per expert, no serial rounds.
+// The keys first: sigmoid, invocation e < ROUTE_E for expert e; softmax, subgroup 0 (its max and
+// sum, route_lane_probs). Then invocation v (numbered through its subgroup, so that a team of RK_L
+// shares one) compares expert v / RK_L's key with every RK_L-th key, and the team adds its counts
+// by shuffles. Two barriers, no serial rounds.
 void route_ranks(uint n_expert, uint n_used, uint flags, float scale) {
   const uint tid = gl_LocalInvocationIndex;
+#if ROUTE_RANKS == 2  // softmax
+  if (gl_SubgroupID == 0u) {
+    float prob[RT_PER_LANE];
+    route_lane_probs(n_expert, TS_GATING_SOFTMAX, prob);
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) {
+      const uint e = gl_SubgroupInvocationID + j * gl_SubgroupSize;
+      if (e < ROUTE_E) {
+        rk_key[e] = e < n_expert ? route_key(route_score(e, prob[j], flags)) : 0u;
+        rk_prob[e] = prob[j];
+      }
+    }
+  }
+#else
   if (tid < ROUTE_E) {
     float p = 0.0;
     uint key = 0u;
@@ -166,6 +188,7 @@ void route_ranks(uint n_expert, uint n_used, uint flags, float scale) {
     rk_key[tid] = key;
     rk_prob[tid] = p;
   }
+#endif
   barrier();
   const uint v = gl_SubgroupID * gl_SubgroupSize + gl_SubgroupInvocationID;
   const uint e = min(v / RK_L, ROUTE_E - 1u), part = v % RK_L;
@@ -237,7 +260,7 @@ void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float 
 // Computes the routing into rt_id / rt_w (a workgroup barrier after their last write). n_expert
 // <= ROUTE_E, 1 <= n_used <= min(n_expert, TS_ROUTE_MAX_K) (the wrappers check).
 void route_compute(uint n_expert, uint n_used, uint gating, uint flags, float scale) {
-#if ROUTE_RANKS  // sigmoid gating (the wrapper's condition)
+#if ROUTE_RANKS  // the gating the define names (the wrapper's condition)
   route_ranks(n_expert, n_used, flags, scale);
 #elif defined(RT_SUBGROUP_PATH)
   if (gl_SubgroupID == 0u) route_subgroup(n_expert, n_used, gating, flags, scale);

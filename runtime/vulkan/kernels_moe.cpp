@@ -25,13 +25,14 @@ constexpr uint32_t kRouterWgSize = 128;        // router: one workgroup per row
 // 568.7 -> 590.1 tok/s against 2 rows, Q4_K_M 323.3 -> 328.1; 8 rows slower; session 32).
 // Early-started down (blocks held across its wait, resident beside the gate-up): Q4_0 2 rows
 // (1: -1.8 %, 4: -3 %), K-quants 1 row (GLM Q4_K_M +6.3 % against 4; session 30).
-constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup
+constexpr uint32_t kQ8GateUpTeams = 16;        // subgroups per gate-up workgroup, early-started
+constexpr uint32_t kQ8GateUpTeamsAlone = 8;    // ... behind a barrier
 constexpr uint32_t kQ8DownRows = 4;            // down rows per workgroup behind a barrier, every type
 constexpr uint32_t kQ8DownRowsEarly = 2;       // ... early-started, 32-element block types
 constexpr uint32_t kQ8DownRowsKEarly = 1;      // ... early-started, K-quants (256-element blocks)
 
 // MoeTuning with the automatic choices filled in (except q8_down_rows, which depends on the
-// weight type: q8_down_rows()).
+// weight type: q8_down_rows(), and q8_gateup_teams: q8_gateup_teams()).
 MoeTuning resolve(const MoeTuning& t) {
   MoeTuning r = t;
   if (r.unroll == 0) r.unroll = 1;  // H200: 2 was slower (more registers, fewer resident workgroups)
@@ -39,9 +40,6 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.down_rows == 0) r.down_rows = kDownRowsPerWg;
   if (r.q8_gateup_outs > kQ8GateUpLoop)
     runtime_error("MoE kernels: int8 gate-up outputs per pass ", r.q8_gateup_outs, " outside 0..9");
-  const bool outs_set = r.q8_gateup_outs && r.q8_gateup_outs != kQ8GateUpLoop;
-  if (r.q8_gateup_teams == 0)
-    r.q8_gateup_teams = outs_set ? std::max<uint32_t>(1, kQ8GateUpOutputs / r.q8_gateup_outs) : kQ8GateUpTeams;
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.route_ranks > 2) runtime_error("MoE kernels: route ranks ", r.route_ranks, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
@@ -58,6 +56,16 @@ uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
   if (t.q8_gateup_outs == kQ8GateUpLoop) return 0;
   if (t.q8_gateup_outs) return t.q8_gateup_outs;
   return type == GgmlType::Q4_0 ? 2 : 0;
+}
+
+// Subgroups per int8 gate-up workgroup (32 outputs each), early-started (`early`: it waits beside
+// W_vo) or not: the set value; with the outputs a pass set, 32 / those; else 16 early (GLM-4.7-Flash:
+// 8 lost 2.9-4.8 %, sessions 16 and 30), 8 behind a barrier (DeepSeek-V2-Lite's 352 workgroups in
+// one wave: H200 Q4_0 tg128 598.5 -> 620.8, Q4_K_M 322.0 -> 329.5; session 32).
+uint32_t q8_gateup_teams(const MoeTuning& t, bool early) {
+  if (t.q8_gateup_teams) return t.q8_gateup_teams;
+  if (t.q8_gateup_outs && t.q8_gateup_outs != kQ8GateUpLoop) return std::max<uint32_t>(1, kQ8GateUpOutputs / t.q8_gateup_outs);
+  return early ? kQ8GateUpTeams : kQ8GateUpTeamsAlone;
 }
 
 // Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
@@ -124,17 +132,23 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
                     "moe_gateup.comp", type, vec8, t.gateup_teams, t.unroll, d, fold ? 9 : 7);
 }
 
-bool route_ranks(Context& ctx, const MoeTuning& t, uint32_t re, GatingFunc gating) {
+uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t re, GatingFunc gating) {
   const TeamShape ts = team_shape(ctx);
-  return re && gating == GatingFunc::Sigmoid && t.route_ranks != 2 && ts.subgroup && ctx.info().features.subgroup_shuffle &&
-         ts.threads_per_row * t.q8_gateup_teams >= re;
+  if (!re || t.route_ranks == 2 || !ts.subgroup || ts.threads_per_row < 8 || !ctx.info().features.subgroup_shuffle ||
+      ts.threads_per_row * teams < re)
+    return 0;
+  // Softmax only when asked: DeepSeek-V2-Lite on an H200 ranked as fast as the rounds (Q4_0 tg128
+  // 624.9 against 626.4, Q4_K_M 335.0 against 335.7; session 32).
+  return gating == GatingFunc::Sigmoid ? 1 : t.route_ranks == 1 ? 2 : 0;
 }
 
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). ranks: route_ranks().
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold,
-                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait, bool ranks) {
+                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait, GatingFunc gating) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
+  const uint32_t teams = q8_gateup_teams(t, wait.enabled());
+  const uint32_t ranks = route_ranks(ctx, t, teams, re, gating);
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
                      {"Q8_BLOCKS", std::to_string(q8_blocks_define(n_embd))},
@@ -149,7 +163,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["Q8_NB"] = std::to_string(n_embd / 32);
   }
   const std::string rc = route_code(d, re) + (ranks ? ".ranks" : "");
-  if (ranks) d["ROUTE_RANKS"] = "1";
+  if (ranks) d["ROUTE_RANKS"] = std::to_string(ranks);
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
   // weight in shared memory too (128 bytes per block beside the staging's 48).
   const bool consts = wait.enabled() && overlap && t.gateup_consts &&
@@ -164,7 +178,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
                         wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
-                    "moe_gateup.comp", type, false, t.q8_gateup_teams, 1, d,
+                    "moe_gateup.comp", type, false, teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
@@ -576,8 +590,8 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
     const uint32_t re = p.routed ? route_e(g.n_expert, fold || src.recompute) : 0;
-    const bool ranks = q8 && route_ranks(ctx, t, re, routing.gating);
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait, ranks)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait,
+                                                 routing.gating)
                               : gateup_kernel(ctx, p.type, vec8, t, re, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

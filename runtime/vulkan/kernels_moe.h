@@ -108,7 +108,7 @@ struct MoeTuning {
   uint32_t gateup_teams = 0;  // gate-up outputs per workgroup (one per subgroup/team), 1..16; auto 4
   uint32_t down_rows = 0;     // down rows per workgroup (one team per slot), 1..16; auto 2
   // The int8-activation kernels (decode):
-  uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16
+  uint32_t q8_gateup_teams = 0;  // subgroups per gate-up workgroup (32 outputs each), 1..32; auto 16 early-started, 8 behind a barrier
   // Outputs a gate-up subgroup takes per pass, all their weight loads issued first (moe_gateup.comp
   // GU_OUTS), 1..8; 9 (kQ8GateUpLoop): the loop of two outputs, one round trip per unit; auto (0):
   // 2 for Q4_0 experts (H200 tg128 +0.5 %), the loop otherwise (Q4_K_M lost 7 % with 2; session
@@ -119,8 +119,9 @@ struct MoeTuning {
   // (moe_gateup.comp FOLD_OVERLAP): 1 on, 2 off; auto (0): on (H100, GLM: gate-up 17.5 -> 14.9
   // us, tg128 294.1 -> 299.6 / 298.1 tok/s; PERFORMANCE.md).
   uint32_t q8_fold_overlap = 0;
-  // The int8 gate-up's routing (sigmoid gating) ranks every expert across the workgroup instead of
-  // subgroup 0's K rounds of reductions (routing.glsl ROUTE_RANKS; session 32): 1 on, 2 off; auto (0): on.
+  // The int8 gate-up's routing ranks every expert across the workgroup instead of subgroup 0's K
+  // rounds of reductions (routing.glsl ROUTE_RANKS; session 32): 1 on, 2 off; auto (0): on for
+  // sigmoid gating (GLM-4.7-Flash +1.5-1.7 %), off for softmax (DeepSeek-V2-Lite: a tie).
   uint32_t route_ranks = 0;
   // The early-started int8 down (32-element block types): a workgroup whose first poll finds every
   // h written loads hq beside its weights instead of after a second wait (moe_down.comp

@@ -17,7 +17,7 @@ constexpr uint32_t kQ8GateUpOutputs = 32;  // outputs per int8 gate-up workgroup
 // heuristic from that GPU: 2 x 132 SMs, rounded down; measured 23.1 -> 19.7 us).
 constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 
-// MoeTuning with the automatic choices filled in (except q8_down_rows).
+// MoeTuning with the automatic choices filled in (except q8_down_rows and q8_gateup_teams).
 MoeTuning resolve(const MoeTuning& t);
 // Outputs per pass of the int8 gate-up for experts of `type` (moe_gateup.comp GU_OUTS); 0: the
 // two-output loop.
@@ -36,13 +36,18 @@ BufferSlice weight_slice(const Buffer& buffer, uint64_t offset, uint64_t bytes);
 const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold = false);
 // ... the int8-activation form: `outs` outputs per workgroup (a multiple of 32), the int8 copy of
 // h written; fused_down: the down fused in; gate / wait: the early starts' signal and wait;
-// ranks: the routing by ranks (route_ranks()).
+// gating: the routing's (where re > 0), for route_ranks(). Subgroups: q8_gateup_teams().
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re,
                                  bool fold = false, bool fused_down = false, uint32_t outs = kQ8GateUpOutputs,
-                                 bool gate = false, const GateWait& wait = {}, bool ranks = false);
-// Whether a routing int8 gate-up (re: route_e()) routes by ranks (routing.glsl ROUTE_RANKS): sigmoid
-// gating, subgroups with shuffles, a workgroup of at least re invocations, MoeTuning::route_ranks.
-bool route_ranks(Context& ctx, const MoeTuning& t, uint32_t re, GatingFunc gating);
+                                 bool gate = false, const GateWait& wait = {}, GatingFunc gating = GatingFunc::Softmax);
+uint32_t q8_gateup_teams(const MoeTuning& t, bool early);
+// The experts a MoE kernel routes among (ROUTE_E: n_expert rounded up to 32), 0 where it does not route.
+uint32_t route_e(uint32_t n_expert, bool recompute);
+// The ROUTE_RANKS define of a routing int8 gate-up of `teams` subgroups (re: route_e();
+// routing.glsl): 1 (sigmoid gating) or 2 (softmax, only with MoeTuning::route_ranks 1) where the
+// device has subgroups of at least 8 with shuffles, the workgroup holds at least re invocations and
+// MoeTuning::route_ranks is not 2; else 0 (the rounds).
+uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t re, GatingFunc gating);
 // moe_down.comp: the f32-input form, `slots` teams per workgroup.
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t, uint32_t re);
 // ... the int8-activation form (hq_floats: h floats covered; width: the widest slot); gate_h_target

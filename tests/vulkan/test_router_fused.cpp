@@ -20,6 +20,7 @@
 #include "runtime/cpu/ops.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "runtime/vulkan/kernels_moe.h"
+#include "runtime/vulkan/kernels_moe_internal.h"
 #include "tests/vulkan/test_moe_util.h"
 #include "tests/vulkan/vk_test_util.h"
 
@@ -39,8 +40,9 @@ struct FoldCase {
   bool fused_down = false;  // the down projection fused into the gate-up
   bool overlap_off = false;  // the gate-up's fold sums, staging and bias in separate phases (not the default)
   bool x_q8 = false;         // the matvec reads its input as int8 blocks (MatvecOp::x_q8; long rows: two subgroups each)
-  bool ranks_off = false;    // the int8 gate-up routes by subgroup 0's rounds (MoeTuning::route_ranks 2), not by ranks
+  uint32_t route_ranks = 0;  // MoeTuning::route_ranks: 0 auto, 1 ranks (softmax too), 2 subgroup 0's rounds
   bool tied_router = false;  // router rows (and biases) 2i and 2i + 1 equal: every logit tied with a neighbour
+  uint32_t teams = 0;        // MoeTuning::q8_gateup_teams (0: auto)
 };
 
 std::string describe(const FoldCase& c) {
@@ -48,7 +50,7 @@ std::string describe(const FoldCase& c) {
              " matvec ", type_name(c.matvec_type), " router ", type_name(c.router_type), " tile ",
              type_name(c.tile.gateup), c.glm ? " glm" : " v2", c.q8 ? " q8act" : "", c.no_subgroup ? " no-subgroup" : "",
              c.fused_down ? " fused-down" : "", c.overlap_off ? " overlap-off" : "", c.x_q8 ? " x-q8" : "",
-             c.ranks_off ? " ranks-off" : "", c.tied_router ? " tied" : "");
+             c.route_ranks ? cat(" route_ranks ", c.route_ranks) : "", c.tied_router ? " tied" : "");
 }
 
 struct FoldResult {
@@ -150,7 +152,8 @@ FoldResult run_fold(Gpu& g, const FoldCase& c, uint32_t seed, const std::vector<
     gu.hq = hq_b.whole();
   }
   gu.tuning.q8_fold_overlap = c.overlap_off ? 2u : 0u;
-  gu.tuning.route_ranks = c.ranks_off ? 2u : 0u;
+  gu.tuning.route_ranks = c.route_ranks;
+  gu.tuning.q8_gateup_teams = c.teams;
   if (c.fused_down) {
     EXPECT_TRUE(vk::moe_fused_down_supported(*g.ctx, ht.g, c.n_used));
     gu.down_acc = dacc_b.slice(dacc_off, dacc_bytes);
@@ -325,11 +328,14 @@ TEST(RouterFold, Int8ActivationKernels) {
     run_fold(g, {224, 10240, 64, 4, 64, 128, GgmlType::Q8_0, GgmlType::F32, kQ4Tile, true, true, false, false, false, true}, 20);
 }
 
-// The routing by ranks (routing.glsl ROUTE_RANKS, the int8 gate-up's default with sigmoid gating)
-// against subgroup 0's rounds: both against the CPU, then the same route (ids and weight bits) and
-// the same h bits. E 64 (8 invocations an expert), E 200 (2: ROUTE_E 224), E 37 (ROUTE_E 64: 27
-// invocation teams past n_expert), and routers whose logits tie in pairs (ties inside and across
-// the top-K cut: the lower expert first).
+// The routing by ranks (routing.glsl ROUTE_RANKS: the int8 gate-up's default for sigmoid gating,
+// asked for softmax) against subgroup 0's rounds: both against the CPU, then the same route (ids
+// and weight bits) and the same h bits. Sigmoid: E 64, E 200 (ROUTE_E 224), E 37 (ROUTE_E 64: teams
+// past n_expert); softmax: E 70 (ROUTE_E 96), E 200; workgroups of 32 subgroups (1-8 invocations an
+// expert by the subgroup size); and routers whose logits tie in pairs (ties inside and across the
+// top-K cut: the lower expert first). The E 70 case keeps the seed of Int8ActivationKernels: seed
+// 33 draws logits whose softmax underflows, where the GPU (either path) flushes the probabilities
+// the CPU keeps as denormals and orders those experts otherwise.
 TEST(RouterFold, RanksGiveTheRoundsRoute) {
   Gpu& g = vktest::gpu();
   REQUIRE_FOLD(g);
@@ -338,17 +344,30 @@ TEST(RouterFold, RanksGiveTheRoundsRoute) {
     GTEST_SKIP() << "no subgroup shuffles: the rounds only";
   std::vector<FoldCase> cases = {{224, 320, 64, 4, 64, 128, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, true, true},
                                  {544, 64, 200, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, true, true},
-                                 {96, 64, 37, 3, 32, 64, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, true}};
+                                 {96, 64, 37, 3, 32, 64, GgmlType::Q8_0, GgmlType::F32, kQ8Tile, true, true},
+                                 {96, 64, 70, 6, 32, 64, GgmlType::Q8_0, GgmlType::F16, kQ8Tile, false, true},
+                                 {544, 64, 200, 6, 32, 64, GgmlType::Q4_0, GgmlType::F32, kQ4Tile, false, true}};
   for (size_t i = 0, n = cases.size(); i < n; ++i) {
     FoldCase t = cases[i];
     t.tied_router = true;
     cases.push_back(t);
   }
-  uint32_t seed = 30;
-  for (FoldCase c : cases) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    FoldCase c = cases[i];
+    // Workgroups of 32 subgroups: at least ROUTE_E invocations with lavapipe's subgroups of 8.
+    c.teams = 32;
+    c.route_ranks = 1;  // softmax ranks only when asked
+    vk::MoeTuning tuning;
+    tuning.q8_gateup_teams = c.teams;
+    tuning.route_ranks = c.route_ranks;
+    const uint32_t re = vk::moe_detail::route_e(c.n_expert, true);
+    ASSERT_EQ(vk::moe_detail::route_ranks(*g.ctx, tuning, c.teams, re, c.glm ? GatingFunc::Sigmoid : GatingFunc::Softmax),
+              c.glm ? 1u : 2u)
+        << describe(c);
+    const uint32_t seed = i == 3 ? 5 : uint32_t(30 + i);
     const FoldResult ranks = run_fold(g, c, seed);
-    c.ranks_off = true;
-    const FoldResult rounds = run_fold(g, c, seed++);
+    c.route_ranks = 2;
+    const FoldResult rounds = run_fold(g, c, seed);
     SCOPED_TRACE(describe(c));
     EXPECT_EQ(ranks.route, rounds.route);
     ASSERT_EQ(ranks.h.size(), rounds.h.size());

@@ -79,6 +79,8 @@ const Knob<O> kTuneKnobs[] = {
     {"down_rows", 64, "rows per int8 down workgroup; 0 auto (4; early-started 2, K-quants 1)", [](O& o, uint32_t v) { o.moe.q8_down_rows = v; }},
     {"route_ranks", 1, "1: the int8 gate-up routes by ranking every expert across the workgroup; 0: subgroup 0's rounds; default: ranks for sigmoid gating, rounds for softmax",
      [](O& o, uint32_t v) { o.moe.route_ranks = v ? 1u : 2u; }},
+    {"down_first", 9, "rows a pass (1, 2, 4) of the int8 down behind a barrier whose weight blocks load before their products; 9 none; 0 auto (Q4_0 1, else none)",
+     [](O& o, uint32_t v) { o.moe.down_first_rows = v; }},
     {"gateup_overlap", 1, "1, default: the router fold's gate-up reads input, sums and bias in one phase",
      [](O& o, uint32_t v) { o.moe.q8_fold_overlap = v ? 1u : 2u; }},
     {"prefetch", model::kPrefetchAll, "L2 prefetch bits: 1 W_vo, 2 router + shared expert, 4 W_qk",

@@ -49,6 +49,13 @@ layout(local_size_x = WG_SIZE) in;
 #ifndef DOWN_LATE  // 0/1, with WAIT_GATE (MoeTuning::down_late); see the WAIT_GATE path
 #define DOWN_LATE 0
 #endif
+// DOWN_FIRST (0, 1, 2 or 4; Q8ACT with subgroups, no WAIT_GATE; MoeTuning::down_first_rows): rows a
+// pass whose weight blocks are all loaded before the first product; 0: passes of 4 rows, each
+// block loaded where it is used.
+#ifndef DOWN_FIRST
+#define DOWN_FIRST 0
+#endif
+#define DN_PASS (DOWN_FIRST > 0 ? DOWN_FIRST : 4)
 
 layout(std430, binding = 1) readonly restrict buffer HBuf { float h[]; };
 layout(std430, binding = 1) readonly restrict buffer HBuf4 { vec4 h4[]; };
@@ -299,8 +306,8 @@ void main() {
     }
   }
 #elif USE_SUBGROUP && Q8ACT
-  // The slot's input blocks this lane uses, in registers; then four rows per iteration (the
-  // last ones clamped, stored only when valid): up to 4 * Q8_OWN weight loads in flight.
+  // The slot's input blocks this lane uses, in registers; then DN_PASS rows per iteration (the
+  // last ones clamped, stored only when valid): up to DN_PASS * Q8_OWN weight loads in flight.
   const uint s = gl_SubgroupID;
   if (s < n_slots) {
     Mat m;
@@ -316,9 +323,25 @@ void main() {
       xd[j] = vec4(0.0);
     }
     hq_load(b0, nb, lane, nl, xl, xh, xd);
-    for (uint r = 0; r < rows; r += 4u) {
-      float d[4];
-      [[unroll]] for (uint k = 0; k < 4; ++k) {
+    for (uint r = 0; r < rows; r += DN_PASS) {
+      float d[DN_PASS];
+#if DOWN_FIRST
+      // Every weight block of the pass's rows loaded first (indices clamped, no branch around a
+      // load), then the products of those the lane uses.
+      Q8WRaw w[DN_PASS][Q8_OWN];
+      if (nb > 0u) {
+        [[unroll]] for (uint k = 0; k < DN_PASS; ++k) {
+          const uint rr = row0 + min(r + k, rows - 1u);
+          [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) w[k][j] = q8_load_raw(m.qbase, m.mbase, rr * nb + min(lane + j * nl, nb - 1u));
+        }
+      }
+      [[unroll]] for (uint k = 0; k < DN_PASS; ++k) {
+        d[k] = 0.0;
+        [[unroll]] for (uint j = 0; j < Q8_OWN; ++j)
+          if (lane + j * nl < nb) d[k] += q8_dot_loaded(q8_unpack(w[k][j]), xl[j], xh[j], xd[j]);
+      }
+#else
+      [[unroll]] for (uint k = 0; k < DN_PASS; ++k) {
         const uint rr = row0 + min(r + k, rows - 1u);
         d[k] = 0.0;
         [[unroll]] for (uint j = 0; j < Q8_OWN; ++j) {
@@ -326,9 +349,10 @@ void main() {
           if (b < nb) d[k] += q8_block_dot_x(m.qbase, m.mbase, rr * nb + b, xl[j], xh[j], xd[j]);
         }
       }
-      [[unroll]] for (uint k = 0; k < 4; ++k) d[k] = subgroupAdd(d[k]);
+#endif
+      [[unroll]] for (uint k = 0; k < DN_PASS; ++k) d[k] = subgroupAdd(d[k]);
       if (subgroupElect()) {
-        [[unroll]] for (uint k = 0; k < 4; ++k)
+        [[unroll]] for (uint k = 0; k < DN_PASS; ++k)
           if (r + k < rows) part[r + k][s] = weight * d[k];
       }
     }

@@ -119,7 +119,8 @@ void DenseDownOp::record(CommandRecorder& rec) const {
   }
   const uint32_t rows_per_wg = q8 ? q8_down_rows(t, down.type, false) : t.down_rows;
   const Pipeline& pipe =
-      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, 0) : down_kernel(ctx, down.type, vec8, 1, t, 0);
+      q8 ? down_q8_kernel(ctx, down.type, 1, h_stride, down.cols, rows_per_wg, 0, 0, false, false, q8_down_first(t, down.type))
+         : down_kernel(ctx, down.type, vec8, 1, t, 0);
   gpu::MoeArgs a{};
   a.n_embd = down.rows;
   a.flags = TS_MOE_SHARED;

@@ -41,6 +41,9 @@ MoeTuning resolve(const MoeTuning& t) {
   if (r.q8_gateup_outs > kQ8GateUpLoop)
     runtime_error("MoE kernels: int8 gate-up outputs per pass ", r.q8_gateup_outs, " outside 0..9");
   if (r.q8_fold_overlap > 2) runtime_error("MoE kernels: fold overlap ", r.q8_fold_overlap, " is not 0 (auto), 1 (on) or 2 (off)");
+  if (r.down_first_rows != 0 && r.down_first_rows != 1 && r.down_first_rows != 2 && r.down_first_rows != 4 &&
+      r.down_first_rows != kQ8DownFirstOff)
+    runtime_error("MoE kernels: down rows loaded first ", r.down_first_rows, " is not 0 (auto), 1, 2, 4 or 9 (none)");
   if (r.route_ranks > 2) runtime_error("MoE kernels: route ranks ", r.route_ranks, " is not 0 (auto), 1 (on) or 2 (off)");
   if (r.unroll > 2 || r.gateup_teams > 16 || r.down_rows > 16 || r.q8_gateup_teams > 32 || r.q8_down_rows > 64)
     runtime_error("MoE kernels: tuning (unroll ", r.unroll, ", gate-up teams ", r.gateup_teams, ", down rows ",
@@ -66,6 +69,17 @@ uint32_t q8_gateup_teams(const MoeTuning& t, bool early) {
   if (t.q8_gateup_teams) return t.q8_gateup_teams;
   if (t.q8_gateup_outs && t.q8_gateup_outs != kQ8GateUpLoop) return std::max<uint32_t>(1, kQ8GateUpOutputs / t.q8_gateup_outs);
   return early ? kQ8GateUpTeams : kQ8GateUpTeamsAlone;
+}
+
+// Rows a pass of the int8 down behind a barrier whose weight blocks are all loaded first
+// (moe_down.comp DOWN_FIRST), 0 for none: the set value (kQ8DownFirstOff: none); auto: 1 for Q4_0
+// (H200 DeepSeek-V2-Lite Q4_0 tg128 622.3 -> 668.6; 4 rows a pass 640.9, 2 660.2: its lanes had
+// waited on each block's load in turn), none otherwise (V2-Lite Q4_K_M, whose Q8_0 / Q6_K downs run
+// here, 330.4 -> 326.1 with 4 rows a pass; session 32).
+uint32_t q8_down_first(const MoeTuning& t, GgmlType type) {
+  if (t.down_first_rows == kQ8DownFirstOff) return 0;
+  if (t.down_first_rows) return t.down_first_rows;
+  return type == GgmlType::Q4_0 ? 1 : 0;
 }
 
 // Rows per workgroup of the int8 down kernel for weights of `type`, early-started (`gated`) or not.
@@ -199,8 +213,9 @@ uint64_t down_q8_own(Context& ctx, uint64_t width) {
 }
 
 // gate_h_target (0: none): the early start's variant (WAIT_GATE, two bindings more; late: DOWN_LATE).
+// first (without the gate, on subgroups): DOWN_FIRST, the rows a pass loaded first (0: none).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
-                               uint32_t rows, uint32_t re, uint32_t gate_h_target, bool x_signal, bool late) {
+                               uint32_t rows, uint32_t re, uint32_t gate_h_target, bool x_signal, bool late, uint32_t first) {
   const TeamShape ts = team_shape(ctx);
   ShaderDefines d = {{"TEAMS", std::to_string(slots)},
                      {"ROWS_PER_WG", std::to_string(rows)},
@@ -214,8 +229,10 @@ const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint
     d["DOWN_LATE"] = late && type_info(type).block_elems == 32 ? "1" : "0";  // MoeTuning::down_late
     d["X_SIGNAL"] = x_signal ? "1" : "0";
   }
+  if (gate_h_target || !ts.subgroup) first = 0;
+  if (first) d["DOWN_FIRST"] = std::to_string(first);
   return row_kernel(ctx, cat("moe_down.", type_name(type), ".s", slots, ".q8act", gate_h_target ? ".gate" : "",
-                             x_signal ? ".xsig" : "", rc),
+                             x_signal ? ".xsig" : "", first ? cat(".first", first) : "", rc),
                     "moe_down.comp", type, false, slots, 1, d, gate_h_target ? 9 : 7);
 }
 
@@ -672,7 +689,8 @@ void MoeDownOp::record(CommandRecorder& rec) const {
     const uint32_t re = p.routed ? route_e(g.n_expert, src.recompute) : 0;
     const Pipeline& pipe = q8 ? down_q8_kernel(ctx, p.type, slots, uint64_t(n_used + 1) * moe_h_stride(g),
                                                std::max(g.w_routed, g.w_shared), rows_per_wg, re,
-                                               gated ? gate_h_target : 0, gated && gate_signal_x, t.down_late)
+                                               gated ? gate_h_target : 0, gated && gate_signal_x, t.down_late,
+                                               q8_down_first(t, p.type))
                               : down_kernel(ctx, p.type, vec8, slots, t, re);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

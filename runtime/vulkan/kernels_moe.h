@@ -99,6 +99,7 @@ struct MoeTileRef {
 };
 
 constexpr uint32_t kQ8GateUpLoop = 9;  // MoeTuning::q8_gateup_outs: the two-output loop
+constexpr uint32_t kQ8DownFirstOff = 9;  // MoeTuning::down_first_rows: no loads first
 
 // Work-split choices of the gate-up / down kernels; 0 = automatic. On an H200 the variants tried
 // (bench test MoeBench.*) were within 5% of each other: the kernels are latency-bound, see the
@@ -123,6 +124,10 @@ struct MoeTuning {
   // rounds of reductions (routing.glsl ROUTE_RANKS; session 32): 1 on, 2 off; auto (0): on for
   // sigmoid gating (GLM-4.7-Flash +1.5-1.7 %), off for softmax (DeepSeek-V2-Lite: a tie).
   uint32_t route_ranks = 0;
+  // The int8 down behind a barrier loads every weight block of N rows before their first product
+  // (moe_down.comp DOWN_FIRST; session 32): N = 1, 2 or 4; 9 (kQ8DownFirstOff): passes of 4 rows, a
+  // block loaded where it is used; auto (0): q8_down_first().
+  uint32_t down_first_rows = 0;
   // The early-started int8 down (32-element block types): a workgroup whose first poll finds every
   // h written loads hq beside its weights instead of after a second wait (moe_down.comp
   // DOWN_LATE; H100 +2.4 %). K-quant downs always wait (their Q4_K_M grid lost 8 % with it).

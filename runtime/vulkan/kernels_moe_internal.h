@@ -51,9 +51,10 @@ uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t 
 // moe_down.comp: the f32-input form, `slots` teams per workgroup.
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t, uint32_t re);
 // ... the int8-activation form (hq_floats: h floats covered; width: the widest slot); gate_h_target
-// (0: none): the early start's variant (late: DOWN_LATE).
+// (0: none): the early start's variant (late: DOWN_LATE); first: DOWN_FIRST (no gate; q8_down_first()).
 const Pipeline& down_q8_kernel(Context& ctx, GgmlType type, uint32_t slots, uint64_t hq_floats, uint64_t width,
                                uint32_t rows, uint32_t re, uint32_t gate_h_target = 0, bool x_signal = false,
-                               bool late = false);
+                               bool late = false, uint32_t first = 0);
+uint32_t q8_down_first(const MoeTuning& t, GgmlType type);
 
 }  // namespace tessera::vk::moe_detail

@@ -36,6 +36,7 @@ struct TileCase {
   bool gated_down = false;             // the down's early-start kernel (its gate words found open)
   bool down_late = true;               // MoeTuning::down_late (32-element types: the late path)
   uint32_t gateup_outs = 0;            // MoeTuning::q8_gateup_outs (all loads first, N outputs a pass)
+  uint32_t down_first = 0;             // MoeTuning::down_first_rows (the down's loads first, N rows a pass)
 };
 
 TileCase make_case(uint32_t n_expert, uint32_t n_used, uint32_t w_routed, uint32_t w_shared, uint32_t n_embd,
@@ -57,7 +58,8 @@ std::string describe(const TileCase& c) {
              type_name(c.types.gateup), "/", type_name(c.types.down), " shared ", type_name(c.types.shared_gateup), "/",
              type_name(c.types.shared_down), c.style == Style::Glm ? " glm" : " v2",
              c.max_binding_bytes ? cat(" binding<=", c.max_binding_bytes) : "", c.no_subgroup ? " no-subgroup" : "",
-             c.per_workgroup_routing ? " routing per workgroup" : "", c.q8 ? " q8act" : "");
+             c.per_workgroup_routing ? " routing per workgroup" : "", c.q8 ? " q8act" : "",
+             c.down_first ? cat(" down_first ", c.down_first) : "");
 }
 
 ModelConfig routing_config(const TileCase& c) {
@@ -168,6 +170,7 @@ Outcome run_tile_case(const TileCase& c, uint32_t seed) {
   // already at their targets (the route seen, every gate-up workgroup arrived): its arithmetic.
   vk::Buffer gate_b = vktest::make_buffer(g, 16, "down gate");
   vk::Buffer gate_err_b = vktest::make_buffer(g, 8, "down gate error");
+  down.tuning.down_first_rows = c.down_first;
   if (c.gated_down) {
     const uint32_t target = 7;
     const uint32_t words[4] = {1, target, 0, 0}, no_error[2] = {0, 0};
@@ -449,6 +452,26 @@ TEST(MoeKernels, Int8ActivationPath) {
     loop.q8 = true;
     loop.gateup_outs = vk::kQ8GateUpLoop;
     run_tile_case(loop, seed++);
+  }
+  // The down behind a barrier with every weight block of a pass's rows loaded first (DOWN_FIRST,
+  // Q4_0's default with 1 row a pass): 1, 2 and 4 rows a pass, none (the
+  // default's loop, forced, on a slot range); lane blocks clamped (width 96 on 256 rows), two
+  // blocks a lane (1536 / 3072 wide), Q4_K_M's Q6_K downs and Q6_K beside Q4_0 (forced on),
+  // per-workgroup routing.
+  {
+    const uint32_t first[] = {1, 2, 4, 2, vk::kQ8DownFirstOff, 4};  // per case below
+    TileCase ranged = make_case(8, 2, 64, 128, 256, q40, Style::Glm);
+    ranged.max_binding_bytes = 3 * moe_tile_geometry(8, 64, 128, 256, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::Q4_0,
+                                                     GgmlType::Q4_0).slot_stride;
+    const TileCase cases[] = {make_case(16, 4, 96, 96, 256, q40, Style::Glm), make_case(8, 2, 1536, 3072, 2048, mixed, Style::V2),
+                              make_case(8, 2, 256, 512, 512, kQ4KM, Style::Glm), make_case(9, 3, 96, 256, 256, q6k_mix, Style::Glm),
+                              ranged, per_wg};
+    for (size_t i = 0; i < std::size(cases); ++i) {
+      TileCase c = cases[i];
+      c.q8 = true;
+      c.down_first = first[i];
+      run_tile_case(c, seed++);
+    }
   }
   // Q4_K gate-ups one sub-block per lane and step (KQ_PAIRS 0; the default takes pairs), on both
   // test devices (with and without subgroup arithmetic: two contexts).

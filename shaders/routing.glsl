@@ -154,7 +154,7 @@ void route_subgroup(uint n_expert, uint n_used, uint gating, uint flags, float s
 // Invocations per expert: the most of 8, 4, 2, 1 that the workgroup and a subgroup hold.
 #define RK_L (WG_SIZE >= 8 * ROUTE_E && SUBGROUP_SIZE >= 8 ? 8 : WG_SIZE >= 4 * ROUTE_E && SUBGROUP_SIZE >= 4 ? 4 : WG_SIZE >= 2 * ROUTE_E ? 2 : 1)
 shared uint rk_key[ROUTE_E];     // selection keys (route_key; 0 past n_expert)
-shared float rk_prob[ROUTE_E];   // sigmoid probabilities
+shared float rk_prob[ROUTE_E];   // probabilities
 float rk_factor;                 // the weights' normalization and scale (every invocation)
 
 // Expert e's rank = the experts ahead of it in (key descending, index ascending): a total order,

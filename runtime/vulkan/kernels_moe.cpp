@@ -64,7 +64,7 @@ uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
 // Subgroups per int8 gate-up workgroup (32 outputs each), early-started (`early`: it waits beside
 // W_vo) or not: the set value; with the outputs a pass set, 32 / those; else 16 early (GLM-4.7-Flash:
 // 8 lost 2.9-4.8 %, sessions 16 and 30), 8 behind a barrier (DeepSeek-V2-Lite's 352 workgroups in
-// one wave: H200 Q4_0 tg128 598.5 -> 620.8, Q4_K_M 322.0 -> 329.5; session 32).
+// one wave: H200 Q4_0 tg128 601.6 -> 624.9, Q4_K_M 327.3 -> 335.0; session 32).
 uint32_t q8_gateup_teams(const MoeTuning& t, bool early) {
   if (t.q8_gateup_teams) return t.q8_gateup_teams;
   if (t.q8_gateup_outs && t.q8_gateup_outs != kQ8GateUpLoop) return std::max<uint32_t>(1, kQ8GateUpOutputs / t.q8_gateup_outs);
@@ -157,7 +157,7 @@ uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t 
 }
 
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
-// written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). ranks: route_ranks().
+// written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). gating: the routing's (route_ranks()).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold,
                                  bool fused_down, uint32_t outs, bool gate, const GateWait& wait, GatingFunc gating) {
   const bool overlap = fold && t.q8_fold_overlap != 2;

@@ -57,13 +57,17 @@ float route_score(uint e, float p, uint flags) {
   return isnan(s) ? uintBitsToFloat(0xFF800000u) : s;
 }
 
-// Normalization and scale of the weights (same arithmetic in both paths).
+// Sigmoid gating's probability of logit l: one expression for every path, so that the ranks and
+// the rounds see the same bits.
+float route_sigmoid(float l) { return 1.0 / (1.0 + exp(-l)); }
+
 // A key whose unsigned order is the float order of s (s not NaN; -0 as +0, equal to it), > 0.
 uint route_key(float s) {
   const uint u = floatBitsToUint(s == 0.0 ? 0.0 : s);
   return (u & 0x80000000u) != 0u ? ~u : u | 0x80000000u;
 }
 
+// Normalization and scale of the weights (same arithmetic in every path).
 float route_factor(float sum, uint flags, float scale) {
   float f = (flags & TS_ROUTER_NORM_WEIGHTS) != 0u ? 1.0 / max(sum, 6.103515625e-5) : 1.0;
   if (scale != 0.0 && scale != 1.0) f *= scale;
@@ -95,7 +99,7 @@ void route_lane_probs(uint n_expert, uint gating, out float prob[RT_PER_LANE]) {
     sum = subgroupAdd(sum);
     [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] /= sum;
   } else {
-    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] = 1.0 / (1.0 + exp(-prob[j]));
+    [[unroll]] for (uint j = 0; j < RT_PER_LANE; ++j) prob[j] = route_sigmoid(prob[j]);
   }
 }
 
@@ -182,7 +186,7 @@ void route_ranks(uint n_expert, uint n_used, uint flags, float scale) {
     float p = 0.0;
     uint key = 0u;
     if (tid < n_expert) {
-      p = 1.0 / (1.0 + exp(-ROUTE_LOGIT(tid)));
+      p = route_sigmoid(ROUTE_LOGIT(tid));
       key = route_key(route_score(tid, p, flags));
     }
     rk_key[tid] = key;
@@ -231,7 +235,7 @@ void route_workgroup(uint n_expert, uint n_used, uint gating, uint flags, float 
     for (uint e = 0; e < n_expert; ++e) sum += rt_score[e];
     for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = rt_score[e] / sum;
   } else {
-    for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = 1.0 / (1.0 + exp(-rt_prob[e]));
+    for (uint e = tid; e < n_expert; e += WG_SIZE) rt_prob[e] = route_sigmoid(rt_prob[e]);
   }
   barrier();
   for (uint e = tid; e < n_expert; e += WG_SIZE) rt_score[e] = route_score(e, rt_prob[e], flags);

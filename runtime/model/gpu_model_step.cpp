@@ -122,12 +122,13 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   vk::GateWait x_gate;  // set by a MoE down that signals the next layer's stage 1 (no barrier after it)
 
   // The MoE FFN's gate-up and down of layer l, set up (nothing recorded): fuse_down where the down
-  // is fused into the gate-up, early_down where the down starts beside the gate-up.
+  // is fused into the gate-up, early_down where the down starts beside the gate-up, gateup_gate
+  // where the gate-up can open the down's gate words (and so start early itself).
   struct MoeOps {
     vk::MoeGateUpOp gu;
     vk::MoeDownOp down;
     vk::BufferSlice bias;  // the expert selection bias (exp_probs_b), or none
-    bool fuse_down = false, early_down = false;
+    bool fuse_down = false, early_down = false, gateup_gate = false;
   };
   auto moe_ops = [&](uint32_t l, bool fold, const vk::RouterFold& rfold, vk::BufferSlice ffn_norm) {
     const std::string L = cat("blk.", l, ".");
@@ -170,7 +171,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.hq = gu.hq;
     down.tuning = options_.moe;
     // The down started early (no barrier after the gate-up) where both kernels take the gate.
-    m.early_down = options_.early_down && !m.fuse_down && gu.gate_supported(ctx_) && down.gate_supported(ctx_);
+    m.gateup_gate = !m.fuse_down && gu.gate_supported(ctx_);
+    m.early_down = options_.early_down && m.gateup_gate && down.gate_supported(ctx_);
     return m;
   };
 
@@ -317,7 +319,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // gate-up also opens the down's (early_down).
     MoeOps moe;
     if (c.is_moe(l)) moe = moe_ops(l, fold, rfold, ffn_norm);
-    const bool early_gateup = options_.early_gateup && (vo || vb_q8) && early && fold && moe.early_down;
+    // Also where the down stays behind a barrier (DeepSeek-V2-Lite: its 2816-wide shared slot): the
+    // gate-up then opens the down's words for no one (GATE_SIGNAL is part of the wait's variant).
+    const bool early_gateup = options_.early_gateup && (vo || vb_q8) && early && fold && moe.gateup_gate;
     const vk::BufferSlice ffn_words = early_gateup ? gate_slice(l, kGateFfn, 4) : vk::BufferSlice{};
     uint32_t ffn_target = 0;
     if (vo) {
@@ -415,6 +419,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       for (const Stage1& s : stage1(l + 1))
         next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
                                              false).gate_supported(ctx_);
+    if (ffn_target && !early_down) gu.gate = gate_slice(l, kGateDown, 8);  // zeroed with the others every step
     if (early_down) {
       const vk::BufferSlice words = gate_slice(l, kGateDown, TS_DOWN_GATE_WORDS * 4);
       gu.gate = words.sub(0, 8);
@@ -425,7 +430,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
-               (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : " ") + L;
+               (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : ffn_target ? ".wait " : " ") + L;
     gu.record(rec);
     if (!early_down) rec.barrier();
     if (fuse_down) {

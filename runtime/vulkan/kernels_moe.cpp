@@ -592,9 +592,14 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   }
 
   const std::vector<TilePart> parts = op_parts(ctx, tile, false, max_binding_bytes, what);
-  const MoeTuning t = resolve(tuning);
+  MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
+  // Early-started with more workgroups than run two to an SM (DeepSeek-V2-Lite's 352 beside
+  // attn_output): the barrier's 8 subgroups each, so that the grid starts in one wave (16: H200
+  // tg128 617 against 665-672 behind the barrier; session 33).
+  if (wait.enabled() && !t.q8_gateup_teams && gateup_groups(g, n_used, outs, true, g.has_shared()) > kQ8DenseGateUpMaxGroups)
+    t.q8_gateup_teams = kQ8GateUpTeamsAlone;
   const bool gated = gate.buffer != VK_NULL_HANDLE;
   if (gated && (!gate_supported(ctx) || gate.size < 8))
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "

@@ -381,6 +381,35 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.tokens, late.tokens);
 }
 
+// The same where the down stays behind its barrier (early_down off; DeepSeek-V2-Lite, whose shared
+// slot is too wide for the early down): the gate-up still starts beside W_vo / attn_output, opening
+// the down's words for no one; the same bits, one barrier less per MoE layer. GLM-like composed and
+// V2-Lite-like factored files (the factored value path's attn_output opens the gate-up's).
+TEST(GpuModel, EarlyGateUpWithoutTheEarlyDown) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  for (const char* preset : {"tiny", "tiny-lite"}) {
+    SCOPED_TRACE(preset);
+    TsrFile tsr = TsrFile::open(files(preset, "q4_0", std::string(preset) == "tiny" ? "all" : "none").tsr);
+    const ModelConfig cfg = ModelConfig::from_metadata(tsr.metadata());
+    uint32_t moe_layers = 0;
+    for (uint32_t l = 0; l < cfg.n_layer; ++l) moe_layers += cfg.is_moe(l) ? 1 : 0;
+    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
+    o.attention.single_max_kv = 3;
+    o.early_down = false;
+    o.early_gateup = false;
+    const Decoded ref = decode(tsr, o);
+    o.early_gateup = true;
+    const Decoded early = decode(tsr, o);
+    EXPECT_TRUE(early.early_starts) << "no wait gave up";
+    if (ref.stats.barriers == early.stats.barriers)
+      GTEST_SKIP() << "no early gate-up here (int8 kernels with subgroups, the router fold)";
+    EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
+    EXPECT_EQ(ref.stats.dispatches, early.stats.dispatches);
+    EXPECT_EQ(ref.logits, early.logits);
+    EXPECT_EQ(ref.tokens, early.tokens);
+  }
+}
+
 // q_a handing W_qk its output as int8 blocks and sums of squares (GpuModelOptions::qk_q8): whole
 // blocks are the same int8 blocks W_qk stages itself, only the sum of squares added in another
 // order, so logits within rounding and the same greedy tokens; halves (qk_q8_halves, each 16 rows

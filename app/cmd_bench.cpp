@@ -182,7 +182,7 @@ const Knob<O> kTuneKnobs[] = {
     {"early_down", 1, "1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane",
      [](O& o, uint32_t v) { o.early_down = v != 0; }},
     {"early_next", 1, "1: the next layer's q_a / kv_a start beside the down; default 0", [](O& o, uint32_t v) { o.early_next = v != 0; }},
-    {"early_qk", 1, "1: W_qk / q_b and kv_write start beside q_a / kv_a; default 0", [](O& o, uint32_t v) { o.early_qk = v != 0; }},
+    {"early_qk", 1, "1: W_qk / q_b and kv_write start beside q_a / kv_a (racy on the H200: decodes other tokens run to run); default 0", [](O& o, uint32_t v) { o.early_qk = v != 0; }},
     {"early_gateup", 1, "1, default: the MoE gate-up starts beside W_vo", [](O& o, uint32_t v) { o.early_gateup = v != 0; }},
     {"early_attn", 1, "1, default: the attention starts beside W_qk and kv_write (single and mid ranges)",
      [](O& o, uint32_t v) { o.early_attn = v != 0; }},

@@ -209,17 +209,30 @@ std::vector<BenchResult> run_grid(const BenchOptions& o, Target& t, uint32_t n_v
       const bool warm_by_time = r.kind == "pp" || o.forced_tokens;
       // The first run carries one-time costs (a recording's first use: 0.6 s for a 16-token
       // prefill on the H100), so the warm-up's seconds count from the second.
-      std::vector<int32_t> ids;
+      std::vector<int32_t> ids, first_ids;
+      // Forced inputs: every run must decode the first run's ids (BenchResult::runs_differ).
+      const bool same_ids = r.kind == "tg" && o.forced_tokens;
+      auto check_ids = [&] {
+        if (same_ids && ids != first_ids) ++r.runs_differ;
+      };
       run_once(ids);
+      first_ids = ids;
       r.warmup_runs = 1;
-      for (double warm = 0; warm_by_time && warm < o.warmup_seconds && r.warmup_runs < kMaxWarmupRuns; ++r.warmup_runs)
+      for (double warm = 0; warm_by_time && warm < o.warmup_seconds && r.warmup_runs < kMaxWarmupRuns; ++r.warmup_runs) {
         warm += run_once(ids);
+        check_ids();
+      }
       for (int rep = 0; rep < o.repetitions; ++rep) {
         r.seconds.push_back(run_once(ids));
+        check_ids();
         for (int32_t id : ids)
           for (int b = 0; b < 4; ++b) digest = (digest ^ ((uint32_t(id) >> (8 * b)) & 0xffu)) * 0x100000001b3ull;
       }
       if (r.kind == "tg") r.ids_digest = digest;
+      if (r.runs_differ)
+        std::fprintf(stderr, "bench: warning: %s: %u of %u runs decoded other token ids than the first from the same "
+                     "forced inputs (a nondeterministic decode: a race between kernels?)\n",
+                     r.name().c_str(), r.runs_differ, r.warmup_runs + o.repetitions);
       std::vector<double> tps;
       for (double s : r.seconds) tps.push_back(s > 0 ? n / s : 0);
       double sum = 0, sq = 0;

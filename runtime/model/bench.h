@@ -148,6 +148,10 @@ struct BenchResult {
   // tg: FNV-1a of every token id the timed runs decoded (each fed the one before, greedy), so
   // that two variants of the same model and kernels can be seen to decode the same tokens.
   uint64_t ids_digest = 0;
+  // tg with forced tokens: the runs (warm-up and timed) whose token ids differ from the first
+  // run's. Every run starts at the same depth from the same inputs, so any is a nondeterministic
+  // decode (a race between kernels: session 33's early_qk on the H200); bench warns on stderr.
+  uint32_t runs_differ = 0;
   std::string name() const;    // "pp512", "tg128 @ d4096"
 };
 

@@ -112,7 +112,8 @@ std::string bench_markdown(const BenchReport& r) {
       s += "| " + b.kind + std::to_string(b.n_tokens) + " | " + std::to_string(b.depth) + " | " +
            std::to_string(b.seconds.size()) + " | " + f("%.2f", b.tps_mean) + f(" ± %.2f", b.tps_stddev) + " | " +
            f("%.2f", b.tps_median) + " | " + f("%.3f", b.tps_median > 0 ? 1e3 / b.tps_median : 0.0) + " | " +
-           (b.kind == "tg" ? hex64(b.ids_digest) : std::string("-")) + " |\n";
+           (b.kind == "tg" ? hex64(b.ids_digest) : std::string("-")) +
+           (b.runs_differ ? cat(" (", b.runs_differ, " runs differ)") : std::string()) + " |\n";
     }
   }
   for (const TokenProfile& p : r.profiles) s += "\n" + profile_markdown(p);
@@ -153,7 +154,9 @@ std::string bench_json(const BenchReport& r) {
          ju(b.depth) + ", \"repetitions\": " + ju(b.seconds.size()) + ", \"warmup_runs\": " + ju(b.warmup_runs) +
          ", \"tok_per_s_mean\": " + jn(b.tps_mean) +
          ", \"tok_per_s_stddev\": " + jn(b.tps_stddev) + ", \"tok_per_s_median\": " + jn(b.tps_median) +
-         (b.kind == "tg" ? ", \"ids_digest\": " + js(hex64(b.ids_digest)) : std::string()) + ", \"seconds\": [";
+         (b.kind == "tg" ? ", \"ids_digest\": " + js(hex64(b.ids_digest)) + ", \"runs_differ\": " + ju(b.runs_differ)
+                         : std::string()) +
+         ", \"seconds\": [";
     for (size_t k = 0; k < b.seconds.size(); ++k) s += (k ? ", " : "") + jn(b.seconds[k]);
     s += "]}";
   }

@@ -204,7 +204,10 @@ struct GpuModelOptions {
   // weight blocks while they run and waits on the first, kv_write on the second (kv_write.comp
   // WAIT_GATE). Off: on the H100 it lost 6.5 % (GLM tg128 327.3 -> 306.3 at depth 0; W_qk's
   // 9.4 MB stream slows the latency-bound q_a it waits for; PERFORMANCE.md session 11).
-  // bench --tune early_qk=0|1.
+  // NOT SAFE on the H200 (session 33): with it the runs of one bench from the same forced inputs
+  // decode other tokens (5 of 6 differ; with coherent x too): a race somewhere in the gated stage
+  // 2, not found yet; the lavapipe tests cannot see it (one dispatch at a time there). Its speed
+  // with qk_q8 (442-444 against 432 tok/s) is therefore no result. bench --tune early_qk=0|1.
   bool early_qk = false;
   // The attention without the barrier after stage 2 (composed W_qk, a q LoRA, early_vo; the
   // single and mid ranges; with early_qk too since session 14, W_qk and kv_write then both wait
@@ -213,8 +216,9 @@ struct GpuModelOptions {
   // (attention_rows.comp WAIT_GATE). H100, GLM Q4_0: +2.0 % tg128 at depth 0, +2.2 % at 512
   // (PERFORMANCE.md session 12). bench --tune early_attn=0|1.
   bool early_attn = true;
-  // The MoE gate-up without the barrier after W_vo (with early_vo and early_down, the router
-  // fold): W_vo's workgroups open a gate once their rows of x and their fold sums are written
+  // The MoE gate-up without the barrier after W_vo (with early_vo and the router fold; since
+  // session 33 also where the down stays behind its barrier, e.g. DeepSeek-V2-Lite: H200 tg128
+  // +0.4 %, Q4_K_M +0.7 %): W_vo's workgroups open a gate once their rows of x and their fold sums are written
   // (matvec_q8.comp SIGNAL_GATE), the gate-up's wait on it (moe_gateup.comp WAIT_GATE) and read x
   // and the accumulators with plain loads. Session 12: neutral to -1 %; session 15 (the routing's
   // shorter rounds, queued steps): +1.0 % tg128 on the H100 at depth 0, +0.8 % at 4096, two

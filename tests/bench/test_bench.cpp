@@ -295,6 +295,28 @@ TEST(BenchFormat, KernelStatisticsTable) {
   EXPECT_EQ(j["kernel_statistics"]["note"].str, "");
 }
 
+// A decode whose runs from the same forced inputs decoded other ids (BenchResult::runs_differ):
+// flagged beside the digest in markdown and as a count in the JSON; nothing said where none differ.
+TEST(BenchFormat, RunsThatDifferAreFlagged) {
+  model::BenchReport r;
+  model::BenchResult b;
+  b.kind = "tg";
+  b.n_tokens = 16;
+  b.seconds = {0.1, 0.1};
+  b.ids_digest = 0x0123456789abcdefull;
+  b.runs_differ = 2;
+  r.results.push_back(b);
+  b.runs_differ = 0;
+  r.results.push_back(b);
+  const std::string md = model::bench_markdown(r);
+  EXPECT_NE(md.find("| 0123456789abcdef (2 runs differ) |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| 0123456789abcdef |"), std::string::npos) << md;
+  const Value j = testjson::parse(model::bench_json(r));
+  ASSERT_EQ(j["results"].arr.size(), 2u);
+  EXPECT_EQ(j["results"].arr[0]["runs_differ"].num, 2);
+  EXPECT_EQ(j["results"].arr[1]["runs_differ"].num, 0);
+}
+
 // --tune router=0|1: the router's own dispatch or the router fold (where the device has 64-bit
 // integer atomics), named in the JSON header; the fold records one dispatch and one barrier less
 // per MoE layer.
@@ -402,8 +424,12 @@ TEST(BenchCli, ForcedTokensFeedFixedIds) {
   EXPECT_TRUE(jg["model"]["forced_tokens"].b);
   ASSERT_EQ(jg["results"].arr.size(), 2u);
   ASSERT_EQ(jc["results"].arr.size(), 2u);
-  for (size_t i = 0; i < 2; ++i)
+  for (size_t i = 0; i < 2; ++i) {
     EXPECT_EQ(jg["results"].arr[i]["ids_digest"].str, jc["results"].arr[i]["ids_digest"].str) << "depth " << i;
+    // Every run (the warm-up ones too) decoded the first run's ids.
+    EXPECT_EQ(jg["results"].arr[i]["runs_differ"].num, 0) << "depth " << i;
+    EXPECT_EQ(jc["results"].arr[i]["runs_differ"].num, 0) << "depth " << i;
+  }
   const RunResult text = run_tessera("bench '" + tiny_tsr() + "' -p 0 -n 2 -r 1 --forced-tokens");
   ASSERT_EQ(text.rc, 0) << text.out;
   EXPECT_NE(text.out.find("decode:     fed fixed token ids"), std::string::npos) << text.out;

@@ -217,6 +217,7 @@ TEST(GpuModel, FusedDownMatchesTheDownDispatch) {
       model::GpuModelOptions o{.n_ctx = 48, .prefill_chunk = 0};
       o.fused_down = fused;
       o.early_down = false;  // the down dispatch behind its barrier: the fused kernel saves that barrier
+      o.early_gateup = false;  // and the gate-up behind W_vo's (the fused kernel has no early start)
       model::GpuModel m(context(), tsr, o);
       if (!m.stats().int8_activations || !m.stats().fused_router) GTEST_SKIP() << "no int8 path or router fold here";
       stats[fused] = m.stats();
@@ -576,6 +577,7 @@ std::vector<float> decode_logits(vk::Context& ctx, const TsrFile& tsr, bool fuse
   o.fused_router = fused;
   o.int8_activations = int8;
   o.early_down = false;  // only with the fold: it would take one more barrier from the fused side
+  o.early_gateup = false;  // the same (it needs the fold too)
   model::GpuModel m(ctx, tsr, o);
   if (stats) *stats = m.stats();
   return m.forward(prompt(m.n_vocab(), 6), false);

@@ -73,11 +73,11 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   const uint32_t q8_outs =
       kQ8GateUpOutputs * std::max<uint32_t>(1, (q8_blocks + kQ8DenseGateUpMaxGroups - 1) / kQ8DenseGateUpMaxGroups);
   // The int8 form keeps 16 subgroups a workgroup (q8_gateup_teams' early-started count): its grid
-  // is sized for them (kQ8DenseGateUpMaxGroups); the experts' 8 behind a barrier was not measured here.
-  MoeTuning tq = t;
-  tq.q8_gateup_teams = q8_gateup_teams(t, true);
-  const Pipeline& pipe =
-      q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, tq, 0, false, false, q8_outs) : gateup_kernel(ctx, gate.type, vec8, t, 0);
+  // is sized for them (at most kQ8DenseGateUpMaxGroups); the experts' 8 behind a barrier was not
+  // measured here.
+  const uint32_t q8_teams = q8_gateup_teams(t, true, (q8_blocks * kQ8GateUpOutputs + q8_outs - 1) / q8_outs);
+  const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, q8_teams, 0, false, false, q8_outs)
+                            : gateup_kernel(ctx, gate.type, vec8, t, 0);
   gpu::MoeArgs a{};
   a.n_embd = gate.cols;
   a.flags = TS_MOE_SHARED | TS_MOE_SEPARATE_GATE_UP | (norm ? TS_MOE_NORM_INPUT : 0u);

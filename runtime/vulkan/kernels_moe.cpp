@@ -61,14 +61,16 @@ uint32_t q8_gateup_outs(const MoeTuning& t, GgmlType type) {
   return type == GgmlType::Q4_0 ? 2 : 0;
 }
 
-// Subgroups per int8 gate-up workgroup (32 outputs each), early-started (`early`: it waits beside
-// W_vo) or not: the set value; with the outputs a pass set, 32 / those; else 16 early (GLM-4.7-Flash:
-// 8 lost 2.9-4.8 %, sessions 16 and 30), 8 behind a barrier (DeepSeek-V2-Lite's 352 workgroups in
-// one wave: H200 Q4_0 tg128 601.6 -> 624.9, Q4_K_M 327.3 -> 335.0; session 32).
-uint32_t q8_gateup_teams(const MoeTuning& t, bool early) {
+// Subgroups per int8 gate-up workgroup (32 outputs each) of a grid of `groups` workgroups,
+// early-started (`early`: it waits beside W_vo) or not: the set value; with the outputs a pass set,
+// 32 / those; else 16 early (GLM-4.7-Flash: 8 lost 2.9-4.8 %, sessions 16 and 30), 8 behind a
+// barrier (DeepSeek-V2-Lite's 352 workgroups in one wave: H200 Q4_0 tg128 601.6 -> 624.9, Q4_K_M
+// 327.3 -> 335.0; session 32) and early where the grid has more workgroups than run two to an SM
+// (V2-Lite's 352 beside attn_output: 16 started in two waves, 617 against 674; session 33).
+uint32_t q8_gateup_teams(const MoeTuning& t, bool early, uint64_t groups) {
   if (t.q8_gateup_teams) return t.q8_gateup_teams;
   if (t.q8_gateup_outs && t.q8_gateup_outs != kQ8GateUpLoop) return std::max<uint32_t>(1, kQ8GateUpOutputs / t.q8_gateup_outs);
-  return early ? kQ8GateUpTeams : kQ8GateUpTeamsAlone;
+  return early && groups <= kQ8DenseGateUpMaxGroups ? kQ8GateUpTeams : kQ8GateUpTeamsAlone;
 }
 
 // Rows a pass of the int8 down behind a barrier whose weight blocks are all loaded first
@@ -158,10 +160,10 @@ uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t 
 
 // The int8-activation gate-up: `outs` outputs per workgroup (a multiple of 32), int8 copy of h
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). gating: the routing's (route_ranks()).
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re, bool fold,
-                                 bool fused_down, uint32_t outs, bool gate, const GateWait& wait, GatingFunc gating) {
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t teams,
+                                 uint32_t re, bool fold, bool fused_down, uint32_t outs, bool gate, const GateWait& wait,
+                                 GatingFunc gating) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
-  const uint32_t teams = q8_gateup_teams(t, wait.enabled());
   const uint32_t ranks = route_ranks(ctx, t, teams, re, gating);
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
                      {"Q8ACT", "1"},
@@ -592,14 +594,10 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
   }
 
   const std::vector<TilePart> parts = op_parts(ctx, tile, false, max_binding_bytes, what);
-  MoeTuning t = resolve(tuning);
+  const MoeTuning t = resolve(tuning);
   const bool q8 = check_hq(ctx, hq, g, n_used, what);
   const uint32_t outs = q8 ? kQ8GateUpOutputs : t.gateup_teams;
-  // Early-started with more workgroups than run two to an SM (DeepSeek-V2-Lite's 352 beside
-  // attn_output): the barrier's 8 subgroups each, so that the grid starts in one wave (16: H200
-  // tg128 617 against 665-672 behind the barrier; session 33).
-  if (wait.enabled() && !t.q8_gateup_teams && gateup_groups(g, n_used, outs, true, g.has_shared()) > kQ8DenseGateUpMaxGroups)
-    t.q8_gateup_teams = kQ8GateUpTeamsAlone;
+  const uint32_t teams = q8_gateup_teams(t, wait.enabled(), gateup_groups(g, n_used, outs, true, g.has_shared()));
   const bool gated = gate.buffer != VK_NULL_HANDLE;
   if (gated && (!gate_supported(ctx) || gate.size < 8))
     runtime_error(what, ": no early-start gate here (it needs the router fold, int8 h, no fused down, one dispatch "
@@ -612,8 +610,8 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
     const uint32_t re = p.routed ? route_e(g.n_expert, fold || src.recompute) : 0;
-    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, re, fold, fused, kQ8GateUpOutputs, gated, wait,
-                                                 routing.gating)
+    const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, teams, re, fold, fused, kQ8GateUpOutputs,
+                                                 gated, wait, routing.gating)
                               : gateup_kernel(ctx, p.type, vec8, t, re, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);

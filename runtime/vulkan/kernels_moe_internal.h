@@ -36,11 +36,13 @@ BufferSlice weight_slice(const Buffer& buffer, uint64_t offset, uint64_t bytes);
 const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeTuning& t, uint32_t re, bool fold = false);
 // ... the int8-activation form: `outs` outputs per workgroup (a multiple of 32), the int8 copy of
 // h written; fused_down: the down fused in; gate / wait: the early starts' signal and wait;
-// gating: the routing's (where re > 0), for route_ranks(). Subgroups: q8_gateup_teams().
-const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t re,
-                                 bool fold = false, bool fused_down = false, uint32_t outs = kQ8GateUpOutputs,
+// gating: the routing's (where re > 0), for route_ranks(). `teams` subgroups a workgroup
+// (q8_gateup_teams()).
+const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t teams,
+                                 uint32_t re, bool fold = false, bool fused_down = false, uint32_t outs = kQ8GateUpOutputs,
                                  bool gate = false, const GateWait& wait = {}, GatingFunc gating = GatingFunc::Softmax);
-uint32_t q8_gateup_teams(const MoeTuning& t, bool early);
+// Subgroups per int8 gate-up workgroup of a grid of `groups` workgroups, early-started or not.
+uint32_t q8_gateup_teams(const MoeTuning& t, bool early, uint64_t groups);
 // The experts a MoE kernel routes among (ROUTE_E: n_expert rounded up to 32), 0 where it does not route.
 uint32_t route_e(uint32_t n_expert, bool recompute);
 // The ROUTE_RANKS define of a routing int8 gate-up of `teams` subgroups (re: route_e();

@@ -429,8 +429,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       down.gate_signal_x = next_early;
       if (next_early) x_gate = gate_wait(words, 2, down.gate_x_target());
     }
+    // .gate: it opens the early down's gate; .wait: it waits on W_vo's (neither with the fused down).
     gu.label = std::string(gu.hq.buffer ? "moe_gateup.q8act" : "moe_gateup") + (fold ? ".rfold" : "") +
-               (fuse_down ? ".fdown " : early_down ? (ffn_target ? ".gate.wait " : ".gate ") : ffn_target ? ".wait " : " ") + L;
+               (fuse_down ? ".fdown" : cat(early_down ? ".gate" : "", ffn_target ? ".wait" : "")) + " " + L;
     gu.record(rec);
     if (!early_down) rec.barrier();
     if (fuse_down) {

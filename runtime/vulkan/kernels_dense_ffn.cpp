@@ -75,7 +75,7 @@ void DenseGateUpOp::record(CommandRecorder& rec) const {
   // The int8 form keeps 16 subgroups a workgroup (q8_gateup_teams' early-started count): its grid
   // is sized for them (at most kQ8DenseGateUpMaxGroups); the experts' 8 behind a barrier was not
   // measured here.
-  const uint32_t q8_teams = q8_gateup_teams(t, true, (q8_blocks * kQ8GateUpOutputs + q8_outs - 1) / q8_outs);
+  const uint32_t q8_teams = q8_gateup_teams(t, true, (gate.rows + q8_outs - 1) / q8_outs);
   const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, gate.type, gate.cols, t, q8_teams, 0, false, false, q8_outs)
                             : gateup_kernel(ctx, gate.type, vec8, t, 0);
   gpu::MoeArgs a{};

@@ -14,7 +14,9 @@ constexpr uint32_t kQ8GateUpOutputs = 32;  // outputs per int8 gate-up workgroup
 // The dense FFN's int8 gate-up takes as many blocks of 32 outputs per workgroup as keep its grid
 // within this many workgroups: the kernel runs 2 per SM (52 registers x 512 threads on an H100,
 // bench --kernel-stats), so GLM's 10240-wide FFN in 320 workgroups of 32 ran in two waves (a
-// heuristic from that GPU: 2 x 132 SMs, rounded down; measured 23.1 -> 19.7 us).
+// heuristic from that GPU: 2 x 132 SMs, rounded down; measured 23.1 -> 19.7 us). The same bound
+// tells q8_gateup_teams() when an early-started MoE gate-up grid of 16 subgroups a workgroup would
+// not start in one wave (DeepSeek-V2-Lite's 352 workgroups; session 33).
 constexpr uint32_t kQ8DenseGateUpMaxGroups = 256;
 
 // MoeTuning with the automatic choices filled in (except q8_down_rows and q8_gateup_teams).

@@ -182,13 +182,13 @@ const Knob<O> kTuneKnobs[] = {
     {"early_down", 1, "1, default: the MoE down starts beside the gate-up where its slots are at most 2 blocks per lane",
      [](O& o, uint32_t v) { o.early_down = v != 0; }},
     {"early_next", 1, "1: the next layer's q_a / kv_a start beside the down; default 0", [](O& o, uint32_t v) { o.early_next = v != 0; }},
-    {"early_qk", 1, "1: W_qk / q_b and kv_write start beside q_a / kv_a (racy on the H200: decodes other tokens run to run); default 0", [](O& o, uint32_t v) { o.early_qk = v != 0; }},
+    {"early_qk", 1, "1: W_qk / q_b and kv_write start beside q_a / kv_a (the residual add after the attention then writes the other x buffer); 0: not; default: where q_a is Q4_0 / Q8_0", [](O& o, uint32_t v) { o.early_qk = v != 0 ? 1 : 0; }},
     {"early_gateup", 1, "1, default: the MoE gate-up starts beside W_vo", [](O& o, uint32_t v) { o.early_gateup = v != 0; }},
     {"early_attn", 1, "1, default: the attention starts beside W_qk and kv_write (single and mid ranges)",
      [](O& o, uint32_t v) { o.early_attn = v != 0; }},
-    {"qk_q8", 2, "1: q_a hands W_qk / q_b its output as int8 half blocks and sums of squares (no staging); 2: as whole blocks; default 0",
+    {"qk_q8", 2, "1: q_a hands W_qk / q_b its output as int8 half blocks and sums of squares (no staging); 2: as whole blocks; 0: off; default: 1 where q_a is Q4_0 / Q8_0",
      [](O& o, uint32_t v) {
-       o.qk_q8 = v != 0;
+       o.qk_q8 = v != 0 ? 1 : 0;
        o.qk_q8_halves = v != 2;
      }},
     {"gate_x", 3, "how a gated matvec reads x after the gate: 1 coherent per lane, 2 once per workgroup into shared memory, 3 plain per lane; 0 auto (3)",

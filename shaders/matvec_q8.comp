@@ -68,8 +68,10 @@
 // Bindings: 0 = W region Q, 1 = W region M, 2 = x, 3 = y, 4 = norm weight (NORM_INPUT), 5..7 =
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
 // (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats), 11 = the word
-// opened (SIGNAL_GATE), 12..14 = int8 y, its norm weight, the sums of squares (OUT_Q8); with
-// X_SS binding 4 holds x's sums of squares.
+// opened (SIGNAL_GATE), 12..14 = int8 y, its norm weight, the sums of squares (OUT_Q8), 15 = the
+// residual (RESIDUAL_IN); with X_SS binding 4 holds x's sums of squares.
+// RESIDUAL_IN (0/1; one accumulating column): y = residual + W x with the residual read from
+// binding 15, y only written (MatvecOp::residual: the decode step's x in two buffers).
 
 #include "common.glsl"
 #ifndef X_Q8
@@ -183,6 +185,18 @@ void gate_time(uint i, uint64_t t) { atomicMax(gate_times[2u + i], t); }
 #endif
 #endif
 layout(std430, binding = 3) restrict buffer YBuf { float y[]; };
+#ifndef RESIDUAL_IN
+#define RESIDUAL_IN 0
+#endif
+#if RESIDUAL_IN
+#if NUM_COLS != 1
+#error "matvec_q8.comp: RESIDUAL_IN takes one column"
+#endif
+layout(std430, binding = 15) readonly restrict buffer ResBuf { float res[]; };
+#define Y_BEFORE(i) res[i]  // what the accumulating store adds to
+#else
+#define Y_BEFORE(i) y[i]
+#endif
 #if NORM_INPUT
 layout(std430, binding = 4) readonly restrict buffer NormBuf4 { vec4 nw4[]; };
 #endif
@@ -319,7 +333,7 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
   // What the epilogue reads and the gate does not change, into shared memory while the gate is
   // closed: y (the residual) and the router fold's weights.
   for (uint i = gl_LocalInvocationIndex; i < row_end - row0; i += WG_SIZE)
-    gate_y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[args.row_begin + row0 + i] : 0.0;
+    gate_y[i] = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? Y_BEFORE(args.row_begin + row0 + i) : 0.0;
 #if ROUTER_FOLD
   router_preload(args.row_begin + row0, row_end - row0);
 #endif
@@ -513,7 +527,7 @@ void store(uint row, uint c, float v, uint row0) {
 #if WAIT_GATE && X_Q8 && !GATE_LATE
   const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? gate_y[row - row0] + v : v;  // one column
 #else
-  const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? y[i] + v : v;
+  const float r = (args.flags & TS_MATVEC_ACCUMULATE) != 0u ? Y_BEFORE(i) + v : v;
 #endif
   y[i] = r;
 #if ROUTER_FOLD

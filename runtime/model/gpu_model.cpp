@@ -189,6 +189,7 @@ void GpuModel::plan_and_upload(const TsrFile& file) {
   Weights& w = *w_;
   const std::vector<Act> acts = {
       {&w.x, "x", c.n_embd * 4ull},
+      {&w.x2, "x (second buffer)", c.n_embd * 4ull},
       {&w.cq, "cq", std::max<uint64_t>(c.q_lora_rank, 4) * 4},
       {&w.cq_q8, "int8 cq", std::max<uint64_t>(c.q_lora_rank / 32 * 48, 48)},
       {&w.cq_ss, "cq sums of squares", std::max<uint64_t>(c.q_lora_rank / 16, 4) * 4},  // per 16 rows at most
@@ -354,7 +355,7 @@ bool GpuModel::step_gave_up() {
                "gate at %u); recording the decode step without early starts\n", ctx_.info().name.c_str(), gave_up[1]);
   options_.early_vo = false;
   options_.early_down = false;
-  options_.early_qk = false;
+  options_.early_qk = 0;
   options_.early_attn = false;
   options_.early_gateup = false;
   record_steps();

@@ -197,18 +197,26 @@ struct GpuModelOptions {
   // With early_down: the next layer's q_a / kv_a wait on the down's gate instead of a barrier
   // (moe_down.comp X_SIGNAL, matvec_q8.comp WAIT_GATE on staged x). Off: on the H100 it lost
   // 1-1.6 % (GLM tg128 329.6 / 330.6 -> 324.9 / 324.0 at depth 0; PERFORMANCE.md session 10):
-  // the down's 1024 workgroups all add to one word. bench --tune early_next=0|1.
+  // the down's 1024 workgroups all add to one word. That next layer keeps the barrier after its
+  // stage 1 (early_qk off there). H200, session 34: -3.9 % (447.4 -> 429.9). bench --tune
+  // early_next=0|1.
   bool early_next = false;
   // Stage 2 without the barrier after stage 1 (models with a q LoRA): the q LoRA matvec and kv_a
   // open gates as their workgroups finish (matvec_q8.comp SIGNAL_GATE); W_qk (or q_b) loads its
   // weight blocks while they run and waits on the first, kv_write on the second (kv_write.comp
-  // WAIT_GATE). Off: on the H100 it lost 6.5 % (GLM tg128 327.3 -> 306.3 at depth 0; W_qk's
-  // 9.4 MB stream slows the latency-bound q_a it waits for; PERFORMANCE.md session 11).
-  // NOT SAFE on the H200 (session 33): with it the runs of one bench from the same forced inputs
-  // decode other tokens (5 of 6 differ; with coherent x too): a race somewhere in the gated stage
-  // 2, not found yet; the lavapipe tests cannot see it (one dispatch at a time there). Its speed
-  // with qk_q8 (442-444 against 432 tok/s) is therefore no result. bench --tune early_qk=0|1.
-  bool early_qk = false;
+  // WAIT_GATE). Since no barrier then separates stage 1's reads of x from the kernels that read x
+  // after the attention's residual add (the gate-up, the down: early-started, plain loads), the
+  // add writes the other of two x buffers (MatvecOp::residual): otherwise an SM that ran q_a may
+  // serve x's old lines from its L1 — session 33's race on the H200 (other tokens from the same
+  // inputs), found in session 34. Only where that matvec takes the residual (the int8 kernel).
+  // Not after a layer whose down opened stage 1's gate (early_next): that layer's FFN read the
+  // buffer this one's add writes, with no barrier since.
+  // Session 34, H200, with qk_q8: GLM Q4_0 tg128 432.3-432.8 -> 445.7-447.5 (+3.1-3.4 %), 311.1
+  // -> 315.2 at depth 4096; Q4_K_M (q_a in Q4_K) 362.3 -> 360.8 and 360.4 -> 357.6 (-0.4 / -0.8 %);
+  // without qk_q8 -1.2 % / -4.7 % (PERFORMANCE.md). On the H100 (session 11, without qk_q8) it
+  // lost 6.5 %: not measured there since. 1 on, 0 off, -1 (default) where q_a's weights have
+  // 32-element blocks (Q4_0, Q8_0). bench --tune early_qk=0|1.
+  int early_qk = -1;
   // The attention without the barrier after stage 2 (composed W_qk, a q LoRA, early_vo; the
   // single and mid ranges; with early_qk too since session 14, W_qk and kv_write then both wait
   // and signal): W_qk's workgroups and kv_write open a gate
@@ -230,8 +238,10 @@ struct GpuModelOptions {
   // Session 12 (whole blocks): W_qk 8.0 -> 6.2 µs, q_a 4.1 -> 6.2: a tie. Session 14 (halves,
   // below): W_qk 8.2 -> 6.7 µs, q_a 4.0 -> 5.1; tg128 a tie at 0, -2 % at 512; with early_qk
   // (now chained to the early attention) +1 % / -1 %, q_a 8.5 µs beside W_qk's stream: off.
-  // bench --tune qk_q8=0|1|2.
-  bool qk_q8 = false;
+  // Session 34 (H200, with early_qk race-free): GLM Q4_0 +3.4 %, Q4_K_M -0.4 / -0.8 % (early_qk
+  // alone: -1.2 % / -4.7 %). 1 on, 0 off, -1 (default) as early_qk's default. bench --tune
+  // qk_q8=0|1|2.
+  int qk_q8 = -1;
   // With qk_q8: q_a writes half blocks of 16 rows, each with its own scale, so it keeps its 48
   // workgroups of 16 rows (matvec_q8.comp OUT_HALVES / X_HALVES); off: whole blocks, 24
   // workgroups of 32 rows (session 12: q_a 4.1 -> 6.2 µs). bench --tune qk_q8=2 turns it off.
@@ -337,7 +347,7 @@ class GpuModel : public LanguageModel {
   const DecodeStats& stats() const { return stats_; }
   // Whether the decode step is recorded with early starts (false once a wait gave up; early_attn
   // needs early_vo).
-  bool early_starts() const { return options_.early_vo || options_.early_down || options_.early_qk; }
+  bool early_starts() const { return options_.early_vo || options_.early_down || options_.early_qk != 0; }
   // GpuModelOptions::gate_stats: the early-started W_vo since the model was made (GateTrace).
   const GateTrace& gate_trace() const { return gate_trace_; }
   const PrefillStats& prefill_stats() const { return prefill_stats_; }

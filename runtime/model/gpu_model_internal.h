@@ -57,7 +57,7 @@ struct GpuModel::Weights {
   std::map<std::string, Loc, std::less<>> loc;
 
   // activations (f32) and state
-  vk::Buffer x, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
+  vk::Buffer x, x2, cq, kv, qfull, q, olat, o, router_logits, h2, route, h, hdense, logits, partials, sample_scratch;
   vk::Buffer hq;  // int8 blocks of h / hdense (the int8-activation FFN path)
   vk::Buffer prefetch_sink;  // PrefetchOp's fold word
   vk::Buffer attn_arrivals;  // the rows attention's merge-tail arrival counters (zero between dispatches)

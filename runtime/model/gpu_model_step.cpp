@@ -98,6 +98,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
   embed.out = w.x.whole();
   embed.record(rec);
   rec.barrier();
+  // The residual stream: w.x, and where a layer's x writer (W_vo / attn_output) takes its
+  // residual from one buffer and writes the other (stage 2 started early), w.x2 from that layer on
+  // (and back): the early-started kernels that read x after the writer then never meet lines of x
+  // that stage 1 left in their SMs' L1 with no barrier since (session 34: early_qk's race).
+  vk::BufferSlice cur_x = w.x.whole();
 
   const vk::AttentionShape ashape = vk::AttentionShape::from_config(c, n_ctx_);
   vk::KvWriteOp kv_write(ctx_, ashape);
@@ -130,7 +135,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     vk::BufferSlice bias;  // the expert selection bias (exp_probs_b), or none
     bool fuse_down = false, early_down = false, gateup_gate = false;
   };
-  auto moe_ops = [&](uint32_t l, bool fold, const vk::RouterFold& rfold, vk::BufferSlice ffn_norm) {
+  auto moe_ops = [&](uint32_t l, bool fold, const vk::RouterFold& rfold, vk::BufferSlice ffn_norm, vk::BufferSlice x) {
     const std::string L = cat("blk.", l, ".");
     MoeOps m;
     m.bias = c.has_exp_probs_b ? w.vec(L + "exp_probs_b.bias", c.n_expert) : vk::BufferSlice{};
@@ -148,7 +153,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     gu.h = w.h.whole();
     if (fold) {  // routing and h2 from the fold's accumulators; workgroup 0 writes the route
       gu.fold_acc = rfold.acc;
-      gu.x = w.x.whole();
+      gu.x = x;
       gu.norm_weight = ffn_norm;
       gu.eps = c.eps;
       gu.routing = routing;
@@ -167,7 +172,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     down.n_used = c.n_expert_used;
     down.h = w.h.whole();
     down.route = w.route.whole();
-    down.x = w.x.whole();
+    down.x = x;
     down.hq = gu.hq;
     down.tuning = options_.moe;
     // The down started early (no barrier after the gate-up) where both kernels take the gate.
@@ -178,6 +183,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
 
   for (uint32_t l = 0; l < c.n_layer; ++l) {
     const std::string L = cat("blk.", l, ".");
+    const vk::BufferSlice xin = cur_x;  // this layer's input; xout: after the attention's residual add
     const bool qk = w.has(L + "attn_qk.weight"), vo = w.has(L + "attn_vo.weight");
     stats_.composed_qk = qk;
     stats_.composed_vo = vo;
@@ -201,7 +207,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
         vb.tuning.teams = options_.vb_teams;
         vb.tuning.rows = 32 / options_.vb_teams;
       }
-      out = matvec_op(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, {}, w.o_q8.whole());
+      out = matvec_op(L + "attn_output.weight", w.o.whole(), xin, {}, true, {}, w.o_q8.whole());
     }
     const bool vb_q8 = !vo && options_.vb_q8 && olat_q8_ok && vb.head_x_supported(ctx_) && vb.out_q8_supported(ctx_) &&
                        out.kernel_name(&ctx_).find(".xq8") != std::string::npos;
@@ -211,7 +217,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // W_vo (or attn_v_b, then attn_output) started early (no barrier after the attention) where the
     // range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
-                       (vo ? matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, {}, olat_q8).gate_supported(ctx_)
+                       (vo ? matvec_op(L + "attn_vo.weight", w.olat.whole(), xin, {}, true, {}, olat_q8).gate_supported(ctx_)
                            : vb.gate_supported(ctx_) && vb.signal_supported(ctx_) && out.gate_supported(ctx_));
     const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
@@ -225,8 +231,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // take them.
     bool qk_q8 = false;
     vk::MatvecOp producer;  // q_a with its int8 output, where qk_q8
-    if (options_.qk_q8 && c.q_lora_rank && s1.size() == 2) {
-      producer = matvec_op(s1[0].name, w.x.whole(), s1[0].y, attn_norm, false);
+    // q_a's int8 hand-over and stage 2's early start: by default where q_a's weights have
+    // 32-element blocks (Q4_0 / Q8_0: +3.1-3.4 % on the H200; Q4_K -0.4 to -0.8 %; session 34).
+    const bool qa_blocks32 = c.q_lora_rank && type_info(w.matrix(s1[0].name).type).block_elems == 32;
+    auto chosen = [&](int option) { return option > 0 || (option < 0 && qa_blocks32); };
+    if (chosen(options_.qk_q8) && c.q_lora_rank && s1.size() == 2) {
+      producer = matvec_op(s1[0].name, xin, s1[0].y, attn_norm, false);
       producer.out_q8 = w.cq_q8.whole();
       producer.out_q8_norm = q_a_norm;
       producer.out_ss = w.cq_ss.whole();
@@ -240,12 +250,20 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       qk_q8 = producer.out_q8_supported(ctx_) && consumer.kernel_name(&ctx_).find(".xq8.rms") != std::string::npos;
       if (qk_q8) query = consumer;
     }
-    bool early_qk = options_.early_qk && c.q_lora_rank && s1.size() == 2 && query.gate_supported(ctx_) &&
-                    vk::KvWriteOp::gate_supported(ctx_);
+    // The matvec that writes x after the attention (the residual add), as recorded below.
+    const vk::MatvecOp x_writer = vo     ? matvec_op(L + "attn_vo.weight", w.olat.whole(), xin, {}, true, {}, olat_q8)
+                                  : vb_q8 ? out
+                                          : matvec_op(L + "attn_output.weight", w.o.whole(), xin, {}, true);
+    // Only where that writer can take its residual from xin and write the other buffer.
+    // Not after a down that opened stage 1's gate (early_next): no barrier since the last
+    // layer's FFN read the buffer this layer's add would write.
+    bool early_qk = chosen(options_.early_qk) && !x_gate.enabled() && c.q_lora_rank && s1.size() == 2 &&
+                    query.gate_supported(ctx_) &&
+                    vk::KvWriteOp::gate_supported(ctx_) && x_writer.residual_supported(ctx_);
     // Stage 1: everything that reads only x (waiting on the previous MoE down's gate where it set one).
     std::vector<vk::MatvecOp> s1_ops;
     for (const Stage1& s : s1) {
-      s1_ops.push_back(qk_q8 && s1_ops.empty() ? producer : matvec_op(s.name, w.x.whole(), s.y, attn_norm, false));
+      s1_ops.push_back(qk_q8 && s1_ops.empty() ? producer : matvec_op(s.name, xin, s.y, attn_norm, false));
       s1_ops.back().gate = x_gate;
       // x from the MoE down: other SMs' L1 may hold its sectors (the down read its old rows), so
       // coherent loads (matvec_q8.comp GATE_X 0) unless --tune gate_x says otherwise.
@@ -260,6 +278,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       record_matvec(s1_ops[i], s1[i].name);
     }
     x_gate = {};
+    // No barrier between stage 1's reads of x and the readers after the attention's residual add:
+    // that add writes the other buffer.
+    const vk::BufferSlice other_x = xin.buffer == w.x.handle() ? w.x2.whole() : w.x.whole();
+    const vk::BufferSlice xout = early_qk ? other_x : xin;
+    const vk::BufferSlice residual = early_qk ? xin : vk::BufferSlice{};
+    cur_x = xout;
     if ((options_.prefetch & kPrefetchQuery) && c.q_lora_rank) prefetch({w.span(qname)}, "prefetch query " + L);
     if (!early_qk) rec.barrier();
     // Stage 2: the query from the q LoRA, the cache row, and (factored) the absorbed query. The
@@ -318,14 +342,15 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     // gated W_vo, which opens its gate once its rows of x and its fold sums are written) where the
     // gate-up also opens the down's (early_down).
     MoeOps moe;
-    if (c.is_moe(l)) moe = moe_ops(l, fold, rfold, ffn_norm);
+    if (c.is_moe(l)) moe = moe_ops(l, fold, rfold, ffn_norm, xout);
     // Also where the down stays behind a barrier (DeepSeek-V2-Lite: its 2816-wide shared slot): the
     // gate-up then opens the down's words for no one (GATE_SIGNAL is part of the wait's variant).
     const bool early_gateup = options_.early_gateup && (vo || vb_q8) && early && fold && moe.gateup_gate;
     const vk::BufferSlice ffn_words = early_gateup ? gate_slice(l, kGateFfn, 4) : vk::BufferSlice{};
     uint32_t ffn_target = 0;
     if (vo) {
-      vk::MatvecOp op = matvec_op(L + "attn_vo.weight", w.olat.whole(), w.x.whole(), {}, true, rfold, olat_q8);
+      vk::MatvecOp op = matvec_op(L + "attn_vo.weight", w.olat.whole(), xout, {}, true, rfold, olat_q8);
+      op.residual = residual;
       if (early) {
         op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
         if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
@@ -346,6 +371,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       record_matvec(vb, L + "attn_v_b.weight");
       if (!vb_gate) rec.barrier();
       out.router_fold = rfold;
+      out.y = xout;
+      out.residual = residual;
       if (vb_gate) out.gate = gate_wait(vb_words, 0, vb.signal_count(ctx_));
       if (early_gateup && out.signal_supported(ctx_)) {
         out.signal = ffn_words;
@@ -358,14 +385,16 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       a.record(rec);
       weight_bytes += a.w.read_bytes();
       rec.barrier();
-      matvec(L + "attn_output.weight", w.o.whole(), w.x.whole(), {}, true, rfold);
+      vk::MatvecOp op = matvec_op(L + "attn_output.weight", w.o.whole(), xout, {}, true, rfold);
+      op.residual = residual;
+      record_matvec(op, L + "attn_output.weight");
     }
     if (ffn_target == 0) rec.barrier();
     if (!c.is_moe(l)) {
       vk::DenseGateUpOp gu;
       gu.gate = w.matrix(L + "ffn_gate.weight");
       gu.up = w.matrix(L + "ffn_up.weight");
-      gu.x = w.x.whole();
+      gu.x = xout;
       gu.norm_weight = ffn_norm;
       gu.eps = c.eps;
       gu.h = w.hdense.whole();
@@ -378,12 +407,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += gu.gate.read_bytes() + gu.up.read_bytes();
       if (gu.hq.buffer && options_.dense_down_matvec) {
         // The int8 matvec on the gate-up's int8 h (nothing staged; long rows over two subgroups).
-        matvec(L + "ffn_down.weight", w.hdense.whole(), w.x.whole(), {}, true, {}, w.hq.whole());
+        matvec(L + "ffn_down.weight", w.hdense.whole(), xout, {}, true, {}, w.hq.whole());
       } else {
         vk::DenseDownOp dd;
         dd.down = w.matrix(L + "ffn_down.weight");
         dd.h = w.hdense.whole();
-        dd.x = w.x.whole();
+        dd.x = xout;
         dd.hq = gu.hq;
         dd.tuning = options_.moe;
         dd.label = (dd.hq.buffer ? "dense_down.q8act " : "dense_down ") + L;
@@ -396,7 +425,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (!fold) {
       vk::RouterOp router;
       router.w = w.matrix(L + "ffn_gate_inp.weight");
-      router.x = w.x.whole();
+      router.x = xout;
       router.norm_weight = ffn_norm;
       router.eps = c.eps;
       router.routing = routing;
@@ -417,7 +446,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
     if (next_early)
       for (const Stage1& s : stage1(l + 1))
-        next_early = next_early && matvec_op(s.name, w.x.whole(), s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
+        next_early = next_early && matvec_op(s.name, xout, s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
                                              false).gate_supported(ctx_);
     if (ffn_target && !early_down) gu.gate = gate_slice(l, kGateDown, 8);  // zeroed with the others every step
     if (early_down) {
@@ -443,7 +472,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (!x_gate.enabled()) rec.barrier();
     weight_bytes += gu.bytes() + down.bytes();
   }
-  weight_bytes += record_head(rec, w.x.whole(), w.h2.whole(), "", step);
+  weight_bytes += record_head(rec, cur_x, w.h2.whole(), "", step);
   stats_.weight_bytes = weight_bytes;
 }
 

@@ -26,7 +26,7 @@ constexpr uint32_t kAutoPreloadBlocks = 2;
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss, heads;
+  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss, heads, res;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -43,7 +43,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool oq8 = q8 && op.batch == 1 && op.out_q8.buffer != VK_NULL_HANDLE;
   const bool xss = xq8 && op.x_ss.buffer != VK_NULL_HANDLE;
   const bool heads = xq8 && op.x_head_rows != 0;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads};
+  const bool res = q8 && op.batch == 1 && op.accumulate && op.residual.buffer != VK_NULL_HANDLE;
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads, res};
 }
 
 // The x vectors one column reads: rows / x_head_rows for stacked per-head matrices, else 1.
@@ -145,6 +146,12 @@ bool MatvecOp::signal_supported(Context& ctx) const {
   return variant_of(probe, &ctx).q8 && batch == 1;
 }
 
+bool MatvecOp::residual_supported(Context& ctx) const {
+  MatvecOp probe = *this;
+  probe.residual = {};
+  return variant_of(probe, &ctx).q8 && batch == 1 && accumulate;
+}
+
 bool MatvecOp::out_q8_supported(Context& ctx) const {
   MatvecOp probe = *this;
   probe.out_q8 = {};
@@ -213,6 +220,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.xss) n += ".rms";
   if (v.xq8 && x_q8_halves) n += ".xh";
   if (v.heads) n += ".hd";
+  if (v.res) n += ".res";
   if (v.oq8 && out_q8_norm.buffer == VK_NULL_HANDLE) n += ".plain";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
@@ -275,6 +283,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
     if (!v.xss) runtime_error(what, ": sums of squares of x come with int8 x (x_q8) and no norm weight");
     if (x_ss_parts == 0 || x_ss.size < uint64_t(x_ss_parts) * 4)
       runtime_error(what, ": x's sums of squares: ", x_ss_parts, " parts in ", x_ss.size, " bytes");
+  }
+  if (residual.buffer != VK_NULL_HANDLE) {
+    if (!v.res) runtime_error(what, ": a residual binding needs the int8 kernel for one accumulating vector");
+    if (residual.size < y_need) runtime_error(what, ": residual binding has ", residual.size, " bytes, needs ", y_need);
   }
   if (signal.buffer != VK_NULL_HANDLE) {
     if (!signal_supported(ctx)) runtime_error(what, ": only the int8 kernel for one vector opens a gate");
@@ -387,6 +399,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["X_SS"] = "1";
       desc.defines["X_SS_PARTS"] = std::to_string(x_ss_parts);
     }
+    if (v.res) desc.defines["RESIDUAL_IN"] = "1";
     if (v.signals) {
       desc.defines["SIGNAL_GATE"] = "1";
       desc.defines["SIGNAL_WORD"] = std::to_string(signal_word);
@@ -415,7 +428,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = v.oq8 ? 15 : v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm || v.xss ? 5 : 4;
+  desc.num_buffers = v.res ? 16 : v.oq8 ? 15 : v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm || v.xss ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -434,7 +447,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
     // Bindings a variant does not declare are filled with x.
-    const BufferSlice bufs[15] = {c.q,
+    const BufferSlice bufs[16] = {c.q,
                                   c.m,
                                   v.xq8 ? x_q8 : x,
                                   y,
@@ -448,7 +461,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                                   signal.buffer ? signal : x,
                                   v.oq8 ? out_q8 : x,
                                   v.oq8 && out_q8_norm.buffer ? out_q8_norm : x,
-                                  v.oq8 && out_q8_norm.buffer ? out_ss : x};
+                                  v.oq8 && out_q8_norm.buffer ? out_ss : x,
+                                  v.res ? residual : x};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

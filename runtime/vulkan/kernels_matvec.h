@@ -150,10 +150,18 @@ struct MatvecOp {
   uint32_t signal_word = 0;
   bool signal_supported(Context& ctx) const;
   uint32_t signal_count(Context& ctx) const;
+  // Set (with accumulate): y = residual + W x, the residual read from this binding instead of y,
+  // which is only written (matvec_q8.comp RESIDUAL_IN): the decode step's x in two buffers, so
+  // that the kernels reading x after it never find lines of x that others read before it in
+  // their SMs' L1 (GpuModelOptions::early_qk; session 34). Only where residual_supported() (the
+  // int8 kernel, one vector); record() refuses it elsewhere.
+  BufferSlice residual;
+  bool residual_supported(Context& ctx) const;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;
-  // Bytes moved: weights once, x (batch vectors), y written (and read when accumulating), norm weight.
+  // Bytes moved: weights once, x (batch vectors), y written (and y or the residual read when
+  // accumulating), norm weight.
   uint64_t bytes() const;
   // Records the dispatches (no barrier). Validates shapes, strides and buffer sizes first and
   // throws Error(Runtime) naming the label and the problem.

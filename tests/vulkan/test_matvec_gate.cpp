@@ -8,6 +8,7 @@
 #include <random>
 #include <tuple>
 
+#include "format/error.h"
 #include "runtime/vulkan/kernels_matvec.h"
 #include "tests/vulkan/vk_test_util.h"
 
@@ -24,11 +25,13 @@ struct GateCase {
   uint32_t gate_x = 0;  // MatvecTuning::gate_x
   bool staged = false;  // x as floats, staged with the fused norm (the next layer's q_a / kv_a), not x_q8
   bool late = false;    // MatvecTuning::gate_late: the wait first, nothing loaded ahead
+  bool residual = false;  // MatvecOp::residual: y0 in another buffer, y poisoned (written only)
 };
 
 std::string describe(const GateCase& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
-             c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "", c.late ? " late" : "");
+             c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "", c.late ? " late" : "",
+             c.residual ? " residual" : "");
 }
 
 struct GateRun {
@@ -51,7 +54,9 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
     vktest::poison(g, x);  // the kernel reads the int8 blocks only
   }
   vk::Buffer y = vktest::make_buffer(g, y0.size() * 4, "y");
-  vktest::upload_bytes(g, y, y0.data(), y0.size() * 4);
+  vk::Buffer res = vktest::make_buffer(g, y0.size() * 4, "residual");
+  vktest::upload_bytes(g, c.residual ? res : y, y0.data(), y0.size() * 4);
+  if (c.residual) vktest::poison(g, y);
   vk::Buffer gate = vktest::make_buffer(g, 16, "gate");
   const uint32_t gate_words[4] = {gate_value, 0, 0, 0};
   vktest::upload_bytes(g, gate, gate_words, sizeof gate_words);
@@ -70,6 +75,10 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   op.tuning.rows = c.nrows;
   op.tuning.gate_x = c.gate_x;
   op.tuning.gate_late = c.late ? 1u : 0u;
+  if (c.residual) {
+    op.residual = res.whole();
+    EXPECT_NE(op.kernel_name(g.ctx.get()).find(".res"), std::string::npos) << describe(c);
+  }
   if (gated) {
     op.gate = {gate.whole(), 0, target, err.whole()};
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".gate"), std::string::npos) << describe(c);
@@ -149,6 +158,62 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
   }
   EXPECT_GE(ran, 20u) << "too few cases took the gate";
   EXPECT_GE(ran_staged, 10u) << "too few staged cases took the gate";
+}
+
+// The residual from another buffer (MatvecOp::residual, matvec_q8.comp RESIDUAL_IN: W_vo writing
+// the other of the decode step's two x buffers): y = residual + W x with y poisoned before, the
+// bits of the in-place add, gated (preloaded into shared memory before the wait, with the late
+// wait too) and not, on int8 x and on staged x with the fused norm; refused without accumulate.
+TEST(MatvecGate, ResidualFromAnotherBufferGivesTheInPlaceBits) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+    GTEST_SKIP() << "no int8 kernel with subgroups here";
+  const uint32_t sg = g.ctx->info().subgroup_size;
+  const std::vector<GateCase> cases = {
+      {GgmlType::Q8_0, 67, 32 * sg, 2},          // W_vo's split
+      {GgmlType::Q4_0, 3000, 64, 0, 0, true},    // several rows per team, rows not a multiple of the workgroup
+      {GgmlType::Q4_0, 77, 64 * sg, 1, 0, true, 0, true},  // staged with the norm
+  };
+  uint32_t seed = 101, ran = 0;
+  for (const GateCase& base : cases) {
+    for (int mode : {0, 1, 2}) {  // ungated, gated, gated late
+      GateCase c = base;
+      c.late = mode == 2;
+      SCOPED_TRACE(cat(describe(c), mode ? " gated" : ""));
+      std::unique_ptr<vktest::DeviceMatrix> dm;
+      vk::Buffer xq8;
+      std::vector<float> y0;
+      if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
+      ++ran;
+      const GateRun in_place = run(g, c, dm->ref, xq8, y0, mode > 0, 3, 3);
+      c.residual = true;
+      const GateRun other = run(g, c, dm->ref, xq8, y0, mode > 0, 3, 3);
+      EXPECT_EQ(other.error, 0u);
+      ASSERT_EQ(in_place.y.size(), other.y.size());
+      for (size_t i = 0; i < other.y.size(); ++i) ASSERT_EQ(in_place.y[i], other.y[i]) << "row " << i;
+    }
+  }
+  EXPECT_GE(ran, 6u) << "too few cases ran";
+  // Without accumulate there is nothing to add it to: refused, naming the problem.
+  std::mt19937 rng(5);
+  auto dm = vktest::upload_matrix(g, GgmlType::Q4_0, 32, 64, vktest::random_matrix(rng, GgmlType::Q4_0, 32, 64));
+  vk::Buffer x = vktest::make_buffer(g, 64 * 4, "x"), y = vktest::make_buffer(g, 32 * 4, "y");
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = x.whole();
+  op.y = y.whole();
+  op.residual = y.whole();
+  EXPECT_FALSE(op.residual_supported(*g.ctx));
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  try {
+    op.record(rec);
+    ADD_FAILURE() << "a residual without accumulate was recorded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("residual"), std::string::npos) << e.what();
+  }
+  rec.end();
 }
 
 // The producer's side (MatvecOp::signal, matvec_q8.comp SIGNAL_GATE): q_a opening W_qk's gate.

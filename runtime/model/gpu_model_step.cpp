@@ -214,10 +214,14 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     vk::BufferSlice olat_q8;
     if ((vo && olat_q8_ok && vk::q8_activations_type(ctx_, w.matrix(L + "attn_vo.weight").type)) || vb_q8)
       olat_q8 = w.olat_q8.whole();
+    // The matvec that writes x after the attention (the residual add), as recorded below.
+    const vk::MatvecOp x_writer = vo     ? matvec_op(L + "attn_vo.weight", w.olat.whole(), xin, {}, true, {}, olat_q8)
+                                  : vb_q8 ? out
+                                          : matvec_op(L + "attn_output.weight", w.o.whole(), xin, {}, true);
     // W_vo (or attn_v_b, then attn_output) started early (no barrier after the attention) where the
     // range's kernel opens a gate.
     const bool early = options_.early_vo && olat_q8.buffer && attn.decode_signals_gate(range) &&
-                       (vo ? matvec_op(L + "attn_vo.weight", w.olat.whole(), xin, {}, true, {}, olat_q8).gate_supported(ctx_)
+                       (vo ? x_writer.gate_supported(ctx_)
                            : vb.gate_supported(ctx_) && vb.signal_supported(ctx_) && out.gate_supported(ctx_));
     const vk::BufferSlice gate = early ? gate_slice(l, kGateVo, 4) : vk::BufferSlice{};
     // Stage 2 started early (no barrier after stage 1) where q_a and kv_a open gates and the
@@ -250,11 +254,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       qk_q8 = producer.out_q8_supported(ctx_) && consumer.kernel_name(&ctx_).find(".xq8.rms") != std::string::npos;
       if (qk_q8) query = consumer;
     }
-    // The matvec that writes x after the attention (the residual add), as recorded below.
-    const vk::MatvecOp x_writer = vo     ? matvec_op(L + "attn_vo.weight", w.olat.whole(), xin, {}, true, {}, olat_q8)
-                                  : vb_q8 ? out
-                                          : matvec_op(L + "attn_output.weight", w.o.whole(), xin, {}, true);
-    // Only where that writer can take its residual from xin and write the other buffer.
+    // Only where the x writer can take its residual from xin and write the other buffer.
     // Not after a down that opened stage 1's gate (early_next): no barrier since the last
     // layer's FFN read the buffer this layer's add would write.
     bool early_qk = chosen(options_.early_qk) && !x_gate.enabled() && c.q_lora_rank && s1.size() == 2 &&

@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -111,6 +113,32 @@ inline std::vector<int32_t> prompt(uint32_t n_vocab, size_t n, size_t seed = 0) 
   std::vector<int32_t> p;
   for (size_t i = 0; i < n; ++i) p.push_back(int32_t((i * 7919 + 13 + seed * 104729) % n_vocab));
   return p;
+}
+
+// Rows of V logits against a reference's: max |a - ref| / max |ref| over all rows, and the rows
+// whose argmax agrees; every value of `a` must be finite (the sizes must match).
+struct LogitGap {
+  double max_rel = 0;
+  size_t top1_same = 0, rows = 0;
+  size_t top1_diff() const { return rows - top1_same; }
+};
+inline LogitGap compare_logits(const std::vector<float>& a, const std::vector<float>& ref, size_t V) {
+  LogitGap c;
+  EXPECT_EQ(a.size(), ref.size());
+  c.rows = std::min(a.size(), ref.size()) / V;
+  double diff = 0, big = 0;
+  for (size_t r = 0; r < c.rows; ++r) {
+    const float* x = a.data() + r * V;
+    const float* y = ref.data() + r * V;
+    for (size_t i = 0; i < V; ++i) {
+      EXPECT_TRUE(std::isfinite(x[i])) << "row " << r << " logit " << i;
+      diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
+      big = std::max(big, std::abs(double(y[i])));
+    }
+    c.top1_same += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
+  }
+  c.max_rel = big > 0 ? diff / big : diff;
+  return c;
 }
 
 // A prompt of 5 tokens (its logits) and 12 greedy tokens after it through a model made with `o`.

@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -15,6 +14,7 @@
 #include "convert/convert.h"
 #include "convert/synth.h"
 #include "runtime/vulkan/context.h"
+#include "tests/model/model_fixture.h"
 
 namespace tessera {
 namespace {
@@ -122,21 +122,10 @@ TEST_F(CliGpu, RunTakesThePrefillChunk) {
   const std::vector<float> a = read_floats(def_logits), b = read_floats(none_logits);
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.size() % 7, 0u);
-  const size_t V = a.size() / 7;
-  double diff = 0, ref = 0;
-  size_t top1 = 0;
-  for (size_t r = 0; r < 7; ++r) {
-    const float* x = a.data() + r * V;
-    const float* y = b.data() + r * V;
-    for (size_t i = 0; i < V; ++i) {
-      ASSERT_TRUE(std::isfinite(y[i])) << "row " << r << " logit " << i;
-      diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
-      ref = std::max(ref, std::abs(double(x[i])));
-    }
-    top1 += std::max_element(x, x + V) - x == std::max_element(y, y + V) - y;
-  }
-  EXPECT_LT(diff, 0.35 * ref);
-  EXPECT_GE(2 * top1, 7u);
+  const testfx::LogitGap gap = testfx::compare_logits(b, a, a.size() / 7);  // token by token against the chunks
+  EXPECT_EQ(gap.rows, 7u);
+  EXPECT_LT(gap.max_rel, 0.35);
+  EXPECT_GE(2 * gap.top1_same, gap.rows);
   const std::string ids = last_line(none.text);  // 8 greedy ids
   EXPECT_EQ(std::count(ids.begin(), ids.end(), ' '), 7) << ids;
 }

@@ -50,28 +50,8 @@ Gap gap(const std::vector<float>& a, const std::vector<float>& b, size_t begin =
 
 using testfx::prompt;
 
-struct Compare {
-  double max_rel = 0;   // max |a-b| / max |b| over all rows
-  size_t top1_same = 0, rows = 0;
-};
-Compare compare(const std::vector<float>& gpu, const std::vector<float>& cpu, size_t V) {
-  Compare c;
-  c.rows = cpu.size() / V;
-  EXPECT_EQ(gpu.size(), cpu.size());
-  double diff = 0, ref = 0;
-  for (size_t r = 0; r < c.rows; ++r) {
-    const float* a = gpu.data() + r * V;
-    const float* b = cpu.data() + r * V;
-    for (size_t i = 0; i < V; ++i) {
-      EXPECT_TRUE(std::isfinite(a[i])) << "row " << r << " logit " << i;
-      diff = std::max(diff, std::abs(double(a[i]) - double(b[i])));
-      ref = std::max(ref, std::abs(double(b[i])));
-    }
-    c.top1_same += std::max_element(a, a + V) - a == std::max_element(b, b + V) - b;
-  }
-  c.max_rel = ref > 0 ? diff / ref : diff;
-  return c;
-}
+using Compare = testfx::LogitGap;
+using testfx::compare_logits;
 
 struct Case {
   const char* preset;
@@ -96,14 +76,14 @@ TEST_P(GpuVsCpu, PromptLogitsMatchTheReference) {
   // Same weights (the packed file) on the CPU: only arithmetic order and f16 rounding differ.
   TsrWeights packed(f.tsr);
   CpuModel cpu_packed(packed, 64, 2, AttentionPath::Absorbed);
-  const Compare same = compare(lg, cpu_packed.forward(p, false), gpu.n_vocab());
+  const Compare same = compare_logits(lg, cpu_packed.forward(p, false), gpu.n_vocab());
   EXPECT_LT(same.max_rel, 2e-3) << k.preset << " " << k.type << " compose " << k.compose << " vs CPU on the .tsr";
   EXPECT_EQ(same.top1_same, same.rows);
   // The original GGUF: composition rounds the composed weights once more (composed_type), and
   // a routing decision near a tie can flip; the tolerance is per case.
   GgufWeights src(GgufFile::open(f.gguf));
   CpuModel cpu(src, 64, 2, AttentionPath::Absorbed);
-  const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
+  const Compare c = compare_logits(lg, cpu.forward(p, false), gpu.n_vocab());
   EXPECT_LT(c.max_rel, k.tol) << k.preset << " " << k.type << " compose " << k.compose << " vs CPU on the .gguf";
   // Factored: at most one position may differ (near-ties). Composed with a quantized type: the
   // extra rounding can flip an expert choice, so only a majority is required here; the .tsr
@@ -160,7 +140,7 @@ TEST(GpuModel, ShortAndLongAttentionRecordingsMatchTheReference) {
       model::GpuModel gpu(context(), tsr, o);
       const auto toks = prompt(gpu.n_vocab(), 9);
       if (want.empty()) want = cpu.forward(toks, false);
-      const Compare c = compare(gpu.forward(toks, false), want, gpu.n_vocab());
+      const Compare c = compare_logits(gpu.forward(toks, false), want, gpu.n_vocab());
       // The f16 query and weights P of the tensor-core kernel round more than the f32 kernels.
       EXPECT_LT(c.max_rel, variant == 2 ? 5e-3 : 2e-3) << preset << name;
       EXPECT_EQ(c.top1_same, c.rows) << preset << name;
@@ -482,7 +462,7 @@ TEST(GpuModel, QLoraHandsW_qkInt8Blocks) {
     EXPECT_EQ(tokens[1], tokens[2]);
     TsrWeights packed(f.tsr);
     CpuModel cpu(packed, 32, 2, AttentionPath::Absorbed);
-    const Compare c = compare(logits[3], cpu.forward(prompt(static_cast<uint32_t>(logits[3].size() / 5), 5), false),
+    const Compare c = compare_logits(logits[3], cpu.forward(prompt(static_cast<uint32_t>(logits[3].size() / 5), 5), false),
                               logits[3].size() / 5);
     EXPECT_LT(c.max_rel, 0.35);
     EXPECT_GE(2 * c.top1_same, c.rows);
@@ -703,7 +683,7 @@ TEST(GpuModel, Int8ActivationsTrackTheReference) {
       const auto lg = gpu.forward(p, false);
       TsrWeights packed(f.tsr);
       CpuModel cpu(packed, 64, 2, AttentionPath::Absorbed);
-      const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
+      const Compare c = compare_logits(lg, cpu.forward(p, false), gpu.n_vocab());
       std::printf("%s %s int8 activations vs CPU f32: max rel %.4f, top-1 %zu / %zu\n", preset, type, c.max_rel,
                   c.top1_same, c.rows);
       EXPECT_LT(c.max_rel, 0.35) << preset << " " << type;
@@ -723,7 +703,7 @@ TEST(GpuModel, TunedWorkSplitsGiveTheSameLogits) {
     TsrFile tsr = TsrFile::open(f.tsr);
     // Without q_a's int8 hand-over (qk_q8), which needs q_a's default split: the splits alone.
     model::GpuModelOptions base{.n_ctx = 32, .prefill_chunk = 0};
-    base.qk_q8 = false;
+    base.qk_q8 = 0;
     model::GpuModel plain(context(), tsr, base);
     if (!plain.stats().int8_activations) GTEST_SKIP() << "no integer dot product on this device";
     model::GpuModelOptions o = base;

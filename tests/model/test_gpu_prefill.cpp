@@ -40,28 +40,8 @@ model::GpuModelOptions options(uint32_t n_ctx, uint32_t chunk) {
   return o;
 }
 
-// max |a - b| / max |b|, and rows whose argmax differs.
-struct Compare {
-  double max_rel = 0;
-  size_t top1_diff = 0;
-};
-Compare compare(const std::vector<float>& a, const std::vector<float>& b, size_t V) {
-  Compare c;
-  EXPECT_EQ(a.size(), b.size());
-  double diff = 0, ref = 0;
-  for (size_t r = 0; r < std::min(a.size(), b.size()) / V; ++r) {
-    const float* x = a.data() + r * V;
-    const float* y = b.data() + r * V;
-    for (size_t i = 0; i < V; ++i) {
-      EXPECT_TRUE(std::isfinite(x[i])) << "row " << r << " logit " << i;
-      diff = std::max(diff, std::abs(double(x[i]) - double(y[i])));
-      ref = std::max(ref, std::abs(double(y[i])));
-    }
-    c.top1_diff += std::max_element(x, x + V) - x != std::max_element(y, y + V) - y;
-  }
-  c.max_rel = ref > 0 ? diff / ref : diff;
-  return c;
-}
+using Compare = testfx::LogitGap;
+using testfx::compare_logits;
 
 // Rows whose argmax differs although the reference's top two logits are more than `margin`
 // (relative to the largest |logit| of the row) apart: a near tie may go either way under f16
@@ -109,21 +89,21 @@ TEST_P(PrefillVsCpu, LogitsOfEveryPositionMatchTheReference) {
     EXPECT_EQ(gpu.n_past(), int(n));
     CpuModel cpu(packed, 64, 2, AttentionPath::Absorbed);
     const auto ref = cpu.forward(p, false);
-    const Compare c = compare(all, ref, V);
+    const Compare c = compare_logits(all, ref, V);
     EXPECT_LT(c.max_rel, 2e-3) << k.preset << " " << k.type << " " << k.compose << " n=" << n;
-    EXPECT_EQ(c.top1_diff, 0u) << "n=" << n;
+    EXPECT_EQ(c.top1_diff(), 0u) << "n=" << n;
     // last_only: the last row only (the head of one token; same body).
     gpu.reset();
     const auto last = gpu.forward(p, true);
     const std::vector<float> last_ref(all.end() - V, all.end());
-    EXPECT_LT(compare(last, last_ref, V).max_rel, 1e-4) << "n=" << n;
+    EXPECT_LT(compare_logits(last, last_ref, V).max_rel, 1e-4) << "n=" << n;
     // Continue the context: 5 more tokens at positions n.. (a chunk starting off the T grid).
     const auto more = prompt(gpu.n_vocab(), 5, 1);
     const auto cont = gpu.forward(more, false);
     const auto cont_ref = cpu.forward(more, false);
-    const Compare cc = compare(cont, cont_ref, V);
+    const Compare cc = compare_logits(cont, cont_ref, V);
     EXPECT_LT(cc.max_rel, 2e-3) << "continuation after n=" << n;
-    EXPECT_EQ(cc.top1_diff, 0u) << "continuation after n=" << n;
+    EXPECT_EQ(cc.top1_diff(), 0u) << "continuation after n=" << n;
   }
 }
 
@@ -162,9 +142,9 @@ TEST_P(PrefillVsCpu, MatmulLogitsMatchTheReference) {
     const auto all = gpu.forward(p, false);
     CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
     const auto ref = cpu.forward(p, false);
-    const Compare c = compare(all, ref, gpu.n_vocab());
+    const Compare c = compare_logits(all, ref, gpu.n_vocab());
     EXPECT_LT(c.max_rel, 4e-3) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
-    EXPECT_LE(c.top1_diff, 2u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
+    EXPECT_LE(c.top1_diff(), 2u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
     EXPECT_EQ(clear_top1_diffs(all, ref, gpu.n_vocab(), 8e-3), 0u) << k.preset << " " << k.type << " " << k.compose << " T=" << T;
   }
 }
@@ -180,9 +160,9 @@ TEST(GpuPrefill, DefaultChunkMatchesTheReference) {
   const auto lg = gpu.forward(p, false);
   TsrWeights packed(path);
   CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
-  const Compare c = compare(lg, cpu.forward(p, false), gpu.n_vocab());
+  const Compare c = compare_logits(lg, cpu.forward(p, false), gpu.n_vocab());
   EXPECT_LT(c.max_rel, 2e-3);
-  EXPECT_EQ(c.top1_diff, 0u);
+  EXPECT_EQ(c.top1_diff(), 0u);
 }
 
 // The tail recording: chunks of 32 with a tail chunk of 8. Prompts of 5 (tail), 20 (one chunk of
@@ -212,10 +192,10 @@ TEST(GpuPrefill, TailChunksMatchTheReference) {
       gpu.reset();
       CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
       const auto p = prompt(gpu.n_vocab(), n);
-      const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
+      const Compare c = compare_logits(gpu.forward(p, false), cpu.forward(p, false), V);
       EXPECT_LT(c.max_rel, matmul ? 4e-3 : 2e-3) << "n=" << n << " matmul " << matmul << " tail chunks " << cfg.tail_chunks;
       const auto more = prompt(gpu.n_vocab(), 3, 1);
-      const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
+      const Compare cc = compare_logits(gpu.forward(more, false), cpu.forward(more, false), V);
       EXPECT_LT(cc.max_rel, matmul ? 4e-3 : 2e-3) << "continuation after n=" << n << " matmul " << matmul;
       EXPECT_EQ(gpu.n_past(), int(n + 3));
     }
@@ -259,11 +239,11 @@ TEST(GpuPrefill, AttentionSplitsMatchTheReference) {
     const size_t V = gpu.n_vocab();
     CpuModel cpu(packed, 128, 2, AttentionPath::Absorbed);
     const auto p = prompt(gpu.n_vocab(), 77);
-    const Compare c = compare(gpu.forward(p, false), cpu.forward(p, false), V);
+    const Compare c = compare_logits(gpu.forward(p, false), cpu.forward(p, false), V);
     EXPECT_LT(c.max_rel, 2e-3) << "groups " << sp.groups << " min_chunk " << sp.min_chunk << " queries " << sp.queries
                                << " tc " << sp.tc << " matmul " << sp.matmul << " tc_split " << sp.tc_split;
     const auto more = prompt(gpu.n_vocab(), 5, 1);
-    const Compare cc = compare(gpu.forward(more, false), cpu.forward(more, false), V);
+    const Compare cc = compare_logits(gpu.forward(more, false), cpu.forward(more, false), V);
     EXPECT_LT(cc.max_rel, 2e-3) << "continuation, groups " << sp.groups;
   }
 }

@@ -17,6 +17,11 @@ namespace {
 
 using vktest::Gpu;
 
+// The int8 kernel with subgroups runs here: the only matvec that waits on a gate or opens one.
+bool int8_kernel_with_subgroups(Gpu& g) {
+  return vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) && g.ctx->pipelines().use_subgroup();
+}
+
 struct GateCase {
   GgmlType type;
   uint32_t rows, cols;
@@ -120,7 +125,7 @@ bool setup(Gpu& g, const GateCase& c, uint32_t seed, std::unique_ptr<vktest::Dev
 TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
-  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+  if (!int8_kernel_with_subgroups(g))
     GTEST_SKIP() << "no int8 kernel with subgroups here";
   const uint32_t sg = g.ctx->info().subgroup_size;
   const std::vector<GateCase> cases = {
@@ -167,7 +172,7 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
 TEST(MatvecGate, ResidualFromAnotherBufferGivesTheInPlaceBits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
-  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+  if (!int8_kernel_with_subgroups(g))
     GTEST_SKIP() << "no int8 kernel with subgroups here";
   const uint32_t sg = g.ctx->info().subgroup_size;
   const std::vector<GateCase> cases = {
@@ -224,7 +229,7 @@ TEST(MatvecGate, ResidualFromAnotherBufferGivesTheInPlaceBits) {
 TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
-  if (!vk::q8_activations_type(*g.ctx, GgmlType::Q4_0) || !g.ctx->pipelines().use_subgroup())
+  if (!int8_kernel_with_subgroups(g))
     GTEST_SKIP() << "no int8 kernel with subgroups here";
   struct Chain {
     uint32_t embd, mid, out;  // producer embd -> mid rows, consumer mid -> out rows

@@ -69,7 +69,8 @@
 // router weight, ffn_norm, fold accumulators (ROUTER_FOLD), 8 = gate word, 9 = error word
 // (WAIT_GATE), 10 = gate statistics (GATE_STATS: two counters, see GateStats), 11 = the word
 // opened (SIGNAL_GATE), 12..14 = int8 y, its norm weight, the sums of squares (OUT_Q8), 15 = the
-// residual (RESIDUAL_IN); with X_SS binding 4 holds x's sums of squares.
+// residual (RESIDUAL_IN), 16..17 = the cache rows and the step words (PREFETCH_ROWS); with X_SS
+// binding 4 holds x's sums of squares.
 // RESIDUAL_IN (0/1; one accumulating column): y = residual + W x with the residual read from
 // binding 15, y only written (MatvecOp::residual: the decode step's x in two buffers).
 
@@ -281,6 +282,34 @@ layout(std430, binding = 11) coherent restrict buffer SignalGate { uint signal_g
 // the lane's preloaded weight words, the zero mask is the high half of flags (always zero).
 void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.flags & 0xFFFF0000u); }
 
+// PREFETCH_ROWS (0/1; with WAIT_GATE; MatvecOp::row_prefetch, session 35): before the wait, the
+// dispatch's invocations read one word of every 32-byte sector of the layer's cache rows
+// [0, min(pos, PF_MAX_ROWS)) (binding 16; pos = word PF_POS_WORD of binding 17), so that the
+// attention after it finds them in the L2 instead of queueing for DRAM behind the next stage's
+// weight stream. Row pos, written beside this dispatch, is not read. The words join the
+// preload's dependence (they land before the poll, long before W_qk's gate opens).
+#ifndef PREFETCH_ROWS
+#define PREFETCH_ROWS 0
+#endif
+// PRELOAD_EARLY (1..PRELOAD, default PRELOAD; MatvecTuning::preload_early): of a lane's PRELOAD
+// blocks per row, the first PRELOAD_EARLY are loaded before the wait, the rest after it.
+#ifndef PRELOAD_EARLY
+#define PRELOAD_EARLY PRELOAD
+#endif
+#if PREFETCH_ROWS
+layout(std430, binding = 16) readonly buffer PfCache { uint pf_cache[]; };
+layout(std430, binding = 17) readonly buffer PfStep { uint pf_step[]; };
+
+uint prefetch_rows() {
+  const uint rows = min(pf_step[PF_POS_WORD], uint(PF_MAX_ROWS));
+  const uint sectors = rows * uint(PF_ROW_SECTORS);
+  const uint stride = gl_NumWorkGroups.x * gl_NumWorkGroups.y * WG_SIZE;
+  uint dep = 0u;
+  for (uint s = linear_workgroup_id() * WG_SIZE + gl_LocalInvocationIndex; s < sectors; s += stride) dep |= pf_cache[8u * s];
+  return dep;
+}
+#endif
+
 #endif  // WAIT_GATE
 
 #if X_Q8
@@ -324,11 +353,11 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
   Q8WRaw w[NUM_ROWS][PRELOAD];  // held across the wait as loaded
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
-    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+    [[unroll]] for (uint j = 0; j < PRELOAD_EARLY; ++j) w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
   }
   uint dep = 0u;  // every loaded word of every block (its scale included)
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-    [[unroll]] for (uint j = 0; j < PRELOAD; ++j) dep |= q8_raw_dep(w[r][j]);
+    [[unroll]] for (uint j = 0; j < PRELOAD_EARLY; ++j) dep |= q8_raw_dep(w[r][j]);
   }
   // What the epilogue reads and the gate does not change, into shared memory while the gate is
   // closed: y (the residual) and the router fold's weights.
@@ -337,7 +366,17 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
 #if ROUTER_FOLD
   router_preload(args.row_begin + row0, row_end - row0);
 #endif
+#if PREFETCH_ROWS
+  dep |= prefetch_rows();
+#endif
   wait_gate(dep);
+#if PRELOAD_EARLY < PRELOAD  // the rest of the lane's blocks, after the wait
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
+    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
+    [[unroll]] for (uint j = PRELOAD_EARLY; j < PRELOAD; ++j)
+      w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
+  }
+#endif
   const uint b0 = x_block0(row);
 #if GATE_X == 1
   // x's blocks read once per workgroup into shared memory (every team reads all of them).

@@ -460,6 +460,8 @@ BenchReport run_bench(const BenchOptions& o) {
   go.early_gateup = o.early_gateup;
   go.qk_q8 = o.qk_q8;
   go.qk_q8_halves = o.qk_q8_halves;
+  go.row_prefetch = o.row_prefetch;
+  go.vo_preload = o.vo_preload;
   go.gate_backoff = o.gate_backoff;
   go.mark_gates = o.mark_gates;
   go.tc_phases = o.tc_phases;

@@ -246,6 +246,18 @@ struct GpuModelOptions {
   // workgroups of 16 rows (matvec_q8.comp OUT_HALVES / X_HALVES); off: whole blocks, 24
   // workgroups of 32 rows (session 12: q_a 4.1 -> 6.2 µs). bench --tune qk_q8=2 turns it off.
   bool qk_q8_halves = true;
+  // With the attention started early in its single or mid range (early_attn) and W_qk early
+  // (early_qk): W_qk's workgroups read one word of every 32-byte sector of the cache rows the
+  // attention will read (all but the position's own) before their wait, so that those rows are in
+  // the L2 when the attention reads them (MatvecOp::row_prefetch). Session 35, H200, GLM Q4_0
+  // tg128 447.4 -> 453.1 (+1.3 %); a tie at depth 512 (the mid range). bench --tune row_prefetch=0|1.
+  bool row_prefetch = true;
+  // The early W_vo's weight blocks per lane and row loaded before its wait, the rest after it
+  // (MatvecTuning::preload_early); 0: all. Session 35, H200, with row_prefetch: GLM's Q8_0 W_vo
+  // holds 5 blocks a lane, 63 registers; with 3 (40 registers) its 256 workgroups are all resident
+  // beside the attention: Q4_0 tg128 453.2 -> 459.0 (+1.3 %; 4: 452.5, 2: 456.4, 1: 458.0),
+  // Q4_K_M 360.4 -> 366.9 (+1.8 %), depth 4096 313.1 -> 314.7. bench --tune vo_preload=N.
+  uint32_t vo_preload = 3;
   // decode_steps queues step i + 1 before it waits for step i (the sampler leaves the step buffer
   // ready for the next step: its input, position and attention counts), so the host's wait, read
   // and submit are off the GPU's path. Off: one submit and wait per step. bench --tune pipeline=0|1.

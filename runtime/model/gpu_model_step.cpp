@@ -295,6 +295,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (c.q_lora_rank) {
       query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
       query.signal = attn_words;
+      const bool short_range = range == vk::DecodeRange::Single || range == vk::DecodeRange::Mid;
+      if (options_.row_prefetch && early_attn && query.gate.enabled() && short_range) {
+        const uint32_t max_rows = range == vk::DecodeRange::Single ? attn.single_max_kv() : attn.mid_max_kv();
+        query.row_prefetch = {w.cache[l].whole(), step, kPosWord, uint32_t(c.kv_row() * 2), std::min(max_rows, n_ctx_)};
+      }
       record_matvec(query, qname);
     }
     kv_write.record(rec, w.kv.whole(), w.vec(L + "attn_kv_a_norm.weight", R), step, kPosWord, w.cache[l].whole(),
@@ -353,6 +358,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       op.residual = residual;
       if (early) {
         op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
+        op.tuning.preload_early = options_.vo_preload;
         if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
       }
       if (early_gateup && op.signal_supported(ctx_)) {

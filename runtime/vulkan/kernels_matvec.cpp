@@ -26,7 +26,7 @@ constexpr uint32_t kAutoPreloadBlocks = 2;
 uint32_t gate_x_of(const MatvecTuning& t) { return t.gate_x ? t.gate_x - 1 : kAutoGateX; }
 
 struct Variant {
-  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss, heads, res;
+  bool plain, vec8, norm, q8, xq8, gated, signals, oq8, xss, heads, res, pf;
 };
 
 Variant variant_of(const MatvecOp& op, Context* ctx) {
@@ -44,7 +44,8 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool xss = xq8 && op.x_ss.buffer != VK_NULL_HANDLE;
   const bool heads = xq8 && op.x_head_rows != 0;
   const bool res = q8 && op.batch == 1 && op.accumulate && op.residual.buffer != VK_NULL_HANDLE;
-  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads, res};
+  const bool pf = gated && xq8 && !op.tuning.gate_late && op.row_prefetch.enabled();
+  return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads, res, pf};
 }
 
 // The x vectors one column reads: rows / x_head_rows for stacked per-head matrices, else 1.
@@ -221,6 +222,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.xq8 && x_q8_halves) n += ".xh";
   if (v.heads) n += ".hd";
   if (v.res) n += ".res";
+  if (v.pf) n += ".pf";
   if (v.oq8 && out_q8_norm.buffer == VK_NULL_HANDLE) n += ".plain";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
@@ -287,6 +289,14 @@ void MatvecOp::record(CommandRecorder& rec) const {
   if (residual.buffer != VK_NULL_HANDLE) {
     if (!v.res) runtime_error(what, ": a residual binding needs the int8 kernel for one accumulating vector");
     if (residual.size < y_need) runtime_error(what, ": residual binding has ", residual.size, " bytes, needs ", y_need);
+  }
+  if (row_prefetch.enabled()) {
+    const RowPrefetch& p = row_prefetch;
+    if (!v.pf) runtime_error(what, ": a row prefetch needs the early-started int8 kernel on int8 x that preloads its weights");
+    if (p.row_bytes == 0 || p.row_bytes % 32 != 0 || p.max_rows == 0 || p.rows.size < uint64_t(p.max_rows) * p.row_bytes ||
+        p.step.size < (p.pos_word + 1) * 4ull)
+      runtime_error(what, ": row prefetch of ", p.max_rows, " rows of ", p.row_bytes, " bytes from ", p.rows.size,
+                    " bytes, pos word ", p.pos_word, " of ", p.step.size, " bytes");
   }
   if (signal.buffer != VK_NULL_HANDLE) {
     if (!signal_supported(ctx)) runtime_error(what, ": only the int8 kernel for one vector opens a gate");
@@ -361,7 +371,8 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"KSPLIT", std::to_string(ksplit)}};
     if (v.gated) {
       desc.defines["WAIT_GATE"] = "1";
-      desc.defines["PRELOAD"] = std::to_string(gate_preload(*this, ctx, {teams, nrows, ksplit}));
+      const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});
+      desc.defines["PRELOAD"] = std::to_string(preload);
       desc.defines["GATE_TARGET"] = std::to_string(gate.target);
       desc.defines["GATE_WORD"] = std::to_string(gate.word);
       const uint32_t gx = gate_x_of(tuning);
@@ -369,6 +380,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
       if (tuning.gate_late) {
         desc.defines["GATE_LATE"] = "1";
         desc.name += ".late";
+      }
+      if (!tuning.gate_late && v.xq8 && tuning.preload_early && tuning.preload_early < preload) {
+        desc.defines["PRELOAD_EARLY"] = std::to_string(tuning.preload_early);
+        desc.name += cat(".pe", tuning.preload_early);
       }
       if (gate_stats.buffer) {
         desc.defines["GATE_STATS"] = "1";
@@ -400,6 +415,12 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["X_SS_PARTS"] = std::to_string(x_ss_parts);
     }
     if (v.res) desc.defines["RESIDUAL_IN"] = "1";
+    if (v.pf) {
+      desc.defines["PREFETCH_ROWS"] = "1";
+      desc.defines["PF_POS_WORD"] = std::to_string(row_prefetch.pos_word);
+      desc.defines["PF_ROW_SECTORS"] = std::to_string(row_prefetch.row_bytes / 32);
+      desc.defines["PF_MAX_ROWS"] = std::to_string(row_prefetch.max_rows);
+    }
     if (v.signals) {
       desc.defines["SIGNAL_GATE"] = "1";
       desc.defines["SIGNAL_WORD"] = std::to_string(signal_word);
@@ -428,7 +449,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     desc.defines["RF_N_EXPERT"] = std::to_string(router_fold.router.rows);
     desc.defines["RF_COLS"] = std::to_string(router_fold.router.cols);
   }
-  desc.num_buffers = v.res ? 16 : v.oq8 ? 15 : v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm || v.xss ? 5 : 4;
+  desc.num_buffers = v.pf ? 18 : v.res ? 16 : v.oq8 ? 15 : v.signals ? 12 : v.gated ? (gate_stats.buffer ? 11 : 10) : fold ? 8 : v.norm || v.xss ? 5 : 4;
   desc.push_bytes = sizeof(gpu::MatvecArgs);
   desc.full_subgroups = sg;
   const Pipeline& pipe = lib.get(desc);
@@ -447,7 +468,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
     const BufferSlice rw = fold ? router_fold.router.buffer->slice(router_fold.router.offset, router_fold.router.bytes())
                                 : BufferSlice{};
     // Bindings a variant does not declare are filled with x.
-    const BufferSlice bufs[16] = {c.q,
+    const BufferSlice bufs[18] = {c.q,
                                   c.m,
                                   v.xq8 ? x_q8 : x,
                                   y,
@@ -462,7 +483,9 @@ void MatvecOp::record(CommandRecorder& rec) const {
                                   v.oq8 ? out_q8 : x,
                                   v.oq8 && out_q8_norm.buffer ? out_q8_norm : x,
                                   v.oq8 && out_q8_norm.buffer ? out_ss : x,
-                                  v.res ? residual : x};
+                                  v.res ? residual : x,
+                                  v.pf ? row_prefetch.rows : x,
+                                  v.pf ? row_prefetch.step : x};
     const GroupCounts g = split_workgroups((c.rows + rows_per_wg - 1) / rows_per_wg, ctx.info());
     MatvecOp part = *this;
     part.w.rows = c.rows;

@@ -60,6 +60,9 @@ struct MatvecTuning {
   // -1 auto: 2 (q_a / kv_a; H100, GLM tg128 +1.3-2.5 % at depth 0, H200 +3.5-5 %; PERFORMANCE.md
   // session 11).
   int32_t preload_blocks = -1;
+  // Early start, weights loaded first: of each lane's blocks per row, this many before the wait and
+  // the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before.
+  uint32_t preload_early = 0;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).
@@ -157,6 +160,16 @@ struct MatvecOp {
   // int8 kernel, one vector); record() refuses it elsewhere.
   BufferSlice residual;
   bool residual_supported(Context& ctx) const;
+  // Set (with gate and x_q8, the weights preloaded before the wait): the dispatch also reads one
+  // word of every 32-byte sector of the cache rows [0, min(pos, max_rows)) before its wait, so that
+  // the attention after it finds them in the L2 (matvec_q8.comp PREFETCH_ROWS; session 35): `rows`
+  // the layer's latent cache (row_bytes a row, a multiple of 32), pos = word pos_word of `step`.
+  struct RowPrefetch {
+    BufferSlice rows, step;
+    uint32_t pos_word = 0, row_bytes = 0, max_rows = 0;
+    bool enabled() const { return rows.buffer != VK_NULL_HANDLE; }
+  };
+  RowPrefetch row_prefetch;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

@@ -14,6 +14,7 @@
 #include "format/tsr.h"
 #include "runtime/model/gpu_model.h"
 #include "runtime/vulkan/context.h"
+#include "runtime/vulkan/pipeline.h"
 #include "tests/model/model_fixture.h"
 
 namespace tessera {
@@ -70,6 +71,30 @@ TEST(GpuStage2, EarlyByDefaultWhereQaHas32ElementBlocks) {
   EXPECT_EQ(checked, 6u);
   // Both kinds were seen: the synthetic Q4_K_M keeps q_a in a K-quant.
   EXPECT_NE(type_info(q_a_type(TsrFile::open(fixture.files("tiny", "q4_k_m", "all").tsr))).block_elems, 32u);
+}
+
+// W_qk reading the attention's cache rows into the L2 before its wait (row_prefetch, the default
+// since session 35):
+// loads whose values only join the wait's dependence, so the same logits and tokens, in the
+// single and mid ranges (the split range's W_qk does not prefetch).
+TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
+  vk::Context* ctx = fixture.context();
+  if (!ctx) GTEST_SKIP() << "no Vulkan device";
+  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
+  model::GpuModelOptions o = options(-1, -1);
+  o.row_prefetch = false;
+  const testfx::Decoded off = testfx::decode(*ctx, tsr, o);
+  if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
+  const testfx::Decoded on = testfx::decode(*ctx, tsr, options(-1, -1));  // the default
+  EXPECT_TRUE(on.early_starts) << "no wait gave up";
+  EXPECT_EQ(on.stats.dispatches, off.stats.dispatches);
+  EXPECT_EQ(on.stats.barriers, off.stats.barriers);
+  EXPECT_EQ(on.logits, off.logits);
+  EXPECT_EQ(on.tokens, off.tokens);
+  bool prefetching = false;
+  for (const vk::Pipeline* p : ctx->pipelines().all())
+    prefetching = prefetching || (p->name().rfind("matvec.", 0) == 0 && p->name().find(".pf") != std::string::npos);
+  EXPECT_TRUE(prefetching) << "no W_qk with PREFETCH_ROWS was built";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "format/error.h"
 #include "runtime/vulkan/kernels_matvec.h"
+#include "runtime/vulkan/pipeline.h"
 #include "tests/vulkan/vk_test_util.h"
 
 namespace tessera {
@@ -31,12 +32,15 @@ struct GateCase {
   bool staged = false;  // x as floats, staged with the fused norm (the next layer's q_a / kv_a), not x_q8
   bool late = false;    // MatvecTuning::gate_late: the wait first, nothing loaded ahead
   bool residual = false;  // MatvecOp::residual: y0 in another buffer, y poisoned (written only)
+  uint32_t preload_early = 0;  // MatvecTuning::preload_early: blocks per lane loaded before the wait
+  uint32_t prefetch_rows = 0;  // MatvecOp::row_prefetch: rows of a 1152-byte cache read before the wait
 };
 
 std::string describe(const GateCase& c) {
   return cat(type_name(c.type), " ", c.rows, "x", c.cols, " ksplit ", c.ksplit, " rows ", c.nrows,
              c.accumulate ? " acc" : "", " gate_x ", c.gate_x, c.staged ? " staged+norm" : "", c.late ? " late" : "",
-             c.residual ? " residual" : "");
+             c.residual ? " residual" : "", c.preload_early ? cat(" early ", c.preload_early) : "",
+             c.prefetch_rows ? cat(" prefetch ", c.prefetch_rows) : "");
 }
 
 struct GateRun {
@@ -80,6 +84,17 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   op.tuning.rows = c.nrows;
   op.tuning.gate_x = c.gate_x;
   op.tuning.gate_late = c.late ? 1u : 0u;
+  op.tuning.preload_early = c.preload_early;
+  vk::Buffer rows, step;
+  if (gated && c.prefetch_rows) {
+    constexpr uint32_t kRowBytes = 1152, kPosWord = 3;
+    rows = vktest::make_buffer(g, uint64_t(c.prefetch_rows) * kRowBytes, "cache rows");
+    vktest::poison(g, rows);
+    step = vktest::make_buffer(g, 16, "step words");
+    const uint32_t words[4] = {0, 0, 0, c.prefetch_rows - 1};  // pos: every row before it is read
+    vktest::upload_bytes(g, step, words, sizeof words);
+    op.row_prefetch = {rows.whole(), step.whole(), kPosWord, kRowBytes, c.prefetch_rows};
+  }
   if (c.residual) {
     op.residual = res.whole();
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".res"), std::string::npos) << describe(c);
@@ -87,6 +102,7 @@ GateRun run(Gpu& g, const GateCase& c, const vk::MatrixRef& w, const vk::Buffer&
   if (gated) {
     op.gate = {gate.whole(), 0, target, err.whole()};
     EXPECT_NE(op.kernel_name(g.ctx.get()).find(".gate"), std::string::npos) << describe(c);
+    if (c.prefetch_rows) EXPECT_NE(op.kernel_name(g.ctx.get()).find(".pf"), std::string::npos) << describe(c);
   }
   vk::CommandRecorder rec(*g.ctx);
   rec.begin();
@@ -163,6 +179,42 @@ TEST(MatvecGate, OpenGateGivesTheUngatedBits) {
   }
   EXPECT_GE(ran, 20u) << "too few cases took the gate";
   EXPECT_GE(ran_staged, 10u) << "too few staged cases took the gate";
+}
+
+// Part of the preload after the wait (MatvecTuning::preload_early: W_vo's stream beside the
+// attention thinned) and the cache rows read before it (MatvecOp::row_prefetch: W_qk warming the
+// L2 for the attention): the same products in the same order, so the ungated kernel's bits.
+TEST(MatvecGate, PartialPreloadAndRowPrefetchGiveTheUngatedBits) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!int8_kernel_with_subgroups(g)) GTEST_SKIP() << "no int8 kernel with subgroups here";
+  const uint32_t sg = g.ctx->info().subgroup_size;
+  uint32_t seed = 301, ran = 0;
+  for (uint32_t early : {0u, 1u, 2u}) {
+    for (uint32_t rows : {0u, 1u, 200u}) {
+      for (const GateCase& base : {GateCase{GgmlType::Q8_0, 1000, 96 * sg, 2},  // 3 blocks per lane
+                                   GateCase{GgmlType::Q4_0, 37, 32 * (4 * sg + 3), 1}}) {  // 5, the last partly past the row
+        GateCase c = base;
+        c.preload_early = early;
+        c.prefetch_rows = rows;
+        SCOPED_TRACE(describe(c));
+        std::unique_ptr<vktest::DeviceMatrix> dm;
+        vk::Buffer xq8;
+        std::vector<float> y0;
+        if (!setup(g, c, ++seed, dm, xq8, y0)) continue;
+        ++ran;
+        const GateRun plain = run(g, c, dm->ref, xq8, y0, false, 0, 0);
+        const GateRun open = run(g, c, dm->ref, xq8, y0, true, 3, 3);
+        EXPECT_EQ(open.error, 0u);
+        ASSERT_EQ(plain.y.size(), open.y.size());
+        for (size_t i = 0; i < plain.y.size(); ++i) ASSERT_EQ(plain.y[i], open.y[i]) << "row " << i;
+      }
+    }
+  }
+  EXPECT_EQ(ran, 18u);
+  bool partial = false;
+  for (const vk::Pipeline* p : g.ctx->pipelines().all()) partial = partial || p->name().find(".pe1") != std::string::npos;
+  EXPECT_TRUE(partial) << "no kernel with PRELOAD_EARLY was built";
 }
 
 // The residual from another buffer (MatvecOp::residual, matvec_q8.comp RESIDUAL_IN: W_vo writing

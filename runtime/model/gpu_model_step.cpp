@@ -296,7 +296,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
       query.signal = attn_words;
       const bool short_range = range == vk::DecodeRange::Single || range == vk::DecodeRange::Mid;
-      if (options_.row_prefetch && early_attn && query.gate.enabled() && short_range) {
+      if (options_.row_prefetch && early_attn && short_range && query.row_prefetch_supported(ctx_)) {
         const uint32_t max_rows = range == vk::DecodeRange::Single ? attn.single_max_kv() : attn.mid_max_kv();
         query.row_prefetch = {w.cache[l].whole(), step, kPosWord, uint32_t(c.kv_row() * 2), std::min(max_rows, n_ctx_)};
       }

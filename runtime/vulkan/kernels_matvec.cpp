@@ -44,7 +44,7 @@ Variant variant_of(const MatvecOp& op, Context* ctx) {
   const bool xss = xq8 && op.x_ss.buffer != VK_NULL_HANDLE;
   const bool heads = xq8 && op.x_head_rows != 0;
   const bool res = q8 && op.batch == 1 && op.accumulate && op.residual.buffer != VK_NULL_HANDLE;
-  const bool pf = gated && xq8 && !op.tuning.gate_late && op.row_prefetch.enabled();
+  const bool pf = gated && !op.tuning.gate_late && op.row_prefetch.enabled();
   return {plain, plain && op.w.cols % 8 == 0 && x_aligned, norm, q8, xq8, gated, signals, oq8, xss, heads, res, pf};
 }
 
@@ -145,6 +145,11 @@ bool MatvecOp::signal_supported(Context& ctx) const {
   MatvecOp probe = *this;
   probe.signal = {};
   return variant_of(probe, &ctx).q8 && batch == 1;
+}
+
+bool MatvecOp::row_prefetch_supported(Context& ctx) const {
+  const Variant v = variant_of(*this, &ctx);
+  return v.gated && !tuning.gate_late;
 }
 
 bool MatvecOp::residual_supported(Context& ctx) const {
@@ -292,7 +297,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
   }
   if (row_prefetch.enabled()) {
     const RowPrefetch& p = row_prefetch;
-    if (!v.pf) runtime_error(what, ": a row prefetch needs the early-started int8 kernel on int8 x that preloads its weights");
+    if (!v.pf) runtime_error(what, ": a row prefetch needs the early-started int8 kernel that preloads its weights");
     if (p.row_bytes == 0 || p.row_bytes % 32 != 0 || p.max_rows == 0 || p.rows.size < uint64_t(p.max_rows) * p.row_bytes ||
         p.step.size < (p.pos_word + 1) * 4ull)
       runtime_error(what, ": row prefetch of ", p.max_rows, " rows of ", p.row_bytes, " bytes from ", p.rows.size,

@@ -160,7 +160,7 @@ struct MatvecOp {
   // int8 kernel, one vector); record() refuses it elsewhere.
   BufferSlice residual;
   bool residual_supported(Context& ctx) const;
-  // Set (with gate and x_q8, the weights preloaded before the wait): the dispatch also reads one
+  // Set (with gate, the weights preloaded before the wait: row_prefetch_supported()): the dispatch also reads one
   // word of every 32-byte sector of the cache rows [0, min(pos, max_rows)) before its wait, so that
   // the attention after it finds them in the L2 (matvec_q8.comp PREFETCH_ROWS; session 35): `rows`
   // the layer's latent cache (row_bytes a row, a multiple of 32), pos = word pos_word of `step`.
@@ -170,6 +170,7 @@ struct MatvecOp {
     bool enabled() const { return rows.buffer != VK_NULL_HANDLE; }
   };
   RowPrefetch row_prefetch;
+  bool row_prefetch_supported(Context& ctx) const;
 
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;

@@ -193,7 +193,8 @@ TEST(MatvecGate, PartialPreloadAndRowPrefetchGiveTheUngatedBits) {
   for (uint32_t early : {0u, 1u, 2u}) {
     for (uint32_t rows : {0u, 1u, 200u}) {
       for (const GateCase& base : {GateCase{GgmlType::Q8_0, 1000, 96 * sg, 2},  // 3 blocks per lane
-                                   GateCase{GgmlType::Q4_0, 37, 32 * (4 * sg + 3), 1}}) {  // 5, the last partly past the row
+                                   GateCase{GgmlType::Q4_0, 37, 32 * (4 * sg + 3), 1},  // 5, the last partly past the row
+                                   GateCase{GgmlType::Q4_0, 77, 64 * sg, 1, 0, true, 0, true}}) {  // staged x (no early split)
         GateCase c = base;
         c.preload_early = early;
         c.prefetch_rows = rows;
@@ -211,7 +212,7 @@ TEST(MatvecGate, PartialPreloadAndRowPrefetchGiveTheUngatedBits) {
       }
     }
   }
-  EXPECT_EQ(ran, 18u);
+  EXPECT_EQ(ran, 27u);
   bool partial = false;
   for (const vk::Pipeline* p : g.ctx->pipelines().all()) partial = partial || p->name().find(".pe1") != std::string::npos;
   EXPECT_TRUE(partial) << "no kernel with PRELOAD_EARLY was built";
@@ -463,6 +464,54 @@ TEST(MatvecGate, RefusedWhereTheKernelCannotWait) {
   refused("too many blocks per lane");
   op.int8_activations = false;
   refused("the f32 kernel");
+}
+
+// A row prefetch only comes with the early-started int8 kernel that loads its weights first, and
+// its buffers must hold what it reads; anything else is refused with an error naming it.
+TEST(MatvecGate, RowPrefetchRefusedWhereItCannotRun) {
+  Gpu& g = vktest::gpu();
+  VK_TEST_REQUIRE_GPU(g);
+  if (!int8_kernel_with_subgroups(g)) GTEST_SKIP() << "no int8 kernel with subgroups here";
+  std::mt19937 rng(12);
+  const uint32_t rows = 64, cols = 256;
+  auto dm = vktest::upload_matrix(g, GgmlType::Q8_0, rows, cols, vktest::random_matrix(rng, GgmlType::Q8_0, rows, cols));
+  vk::Buffer x = vktest::make_buffer(g, uint64_t(cols) * 4, "x"), y = vktest::make_buffer(g, rows * 4, "y");
+  vk::Buffer xq8 = vktest::make_buffer(g, cols / 32 * 48, "x q8"), gate = vktest::make_buffer(g, 16, "gate");
+  vk::Buffer cache = vktest::make_buffer(g, 4 * 1152, "cache"), step = vktest::make_buffer(g, 16, "step");
+  vk::MatvecOp op;
+  op.w = dm->ref;
+  op.x = x.whole();
+  op.x_q8 = xq8.whole();
+  op.y = y.whole();
+  op.row_prefetch = {cache.whole(), step.whole(), 3, 1152, 4};
+  auto refused = [&](const char* why, const char* message) {
+    SCOPED_TRACE(why);
+    vk::CommandRecorder rec(*g.ctx);
+    rec.begin();
+    try {
+      op.record(rec);
+      ADD_FAILURE() << "recorded";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+    rec.end();
+  };
+  EXPECT_FALSE(op.row_prefetch_supported(*g.ctx));
+  refused("no gate", "row prefetch needs the early-started int8 kernel");
+  op.gate = {gate.whole(), 0, 1, gate.whole()};
+  ASSERT_TRUE(op.row_prefetch_supported(*g.ctx));
+  op.tuning.gate_late = 1;
+  EXPECT_FALSE(op.row_prefetch_supported(*g.ctx));
+  refused("the late wait loads nothing first", "row prefetch needs the early-started int8 kernel");
+  op.tuning.gate_late = 0;
+  op.row_prefetch.max_rows = 5;
+  refused("more rows than the cache holds", "row prefetch of 5 rows");
+  op.row_prefetch.max_rows = 4;
+  op.row_prefetch.pos_word = 4;
+  refused("no such step word", "pos word 4");
+  op.row_prefetch.pos_word = 3;
+  op.row_prefetch.row_bytes = 1000;
+  refused("rows not in whole 32-byte sectors", "rows of 1000 bytes");
 }
 
 }  // namespace

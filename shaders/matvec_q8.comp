@@ -282,9 +282,9 @@ layout(std430, binding = 11) coherent restrict buffer SignalGate { uint signal_g
 // the lane's preloaded weight words, the zero mask is the high half of flags (always zero).
 void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, args.flags & 0xFFFF0000u); }
 
-// PREFETCH_ROWS (0/1; WAIT_GATE, not GATE_LATE; MatvecOp::row_prefetch, session 35): before the wait, the
-// dispatch's invocations read one word of every 32-byte sector of the layer's cache rows
-// [0, min(pos, PF_MAX_ROWS)) (binding 16; pos = word PF_POS_WORD of binding 17), so that the
+// PREFETCH_ROWS (0/1; WAIT_GATE, not GATE_LATE; MatvecOp::row_prefetch, session 35): before the
+// wait, the dispatch's invocations read one word of every 32-byte sector of the layer's cache
+// rows [0, min(pos, PF_MAX_ROWS)) (binding 16; pos = word PF_POS_WORD of binding 17), so that the
 // attention after it finds them in the L2 instead of queueing for DRAM behind the next stage's
 // weight stream. Row pos, written beside this dispatch, is not read. The words join the
 // preload's dependence (they land before the poll, long before W_qk's gate opens).

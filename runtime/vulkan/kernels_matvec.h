@@ -160,10 +160,11 @@ struct MatvecOp {
   // int8 kernel, one vector); record() refuses it elsewhere.
   BufferSlice residual;
   bool residual_supported(Context& ctx) const;
-  // Set (with gate, the weights preloaded before the wait: row_prefetch_supported()): the dispatch also reads one
-  // word of every 32-byte sector of the cache rows [0, min(pos, max_rows)) before its wait, so that
-  // the attention after it finds them in the L2 (matvec_q8.comp PREFETCH_ROWS; session 35): `rows`
-  // the layer's latent cache (row_bytes a row, a multiple of 32), pos = word pos_word of `step`.
+  // Set (with gate, the weights loaded before the wait: row_prefetch_supported()): the dispatch
+  // also reads one word of every 32-byte sector of the cache rows [0, min(pos, max_rows)) before
+  // its wait, so that the attention after it finds them in the L2 (matvec_q8.comp PREFETCH_ROWS;
+  // session 35): `rows` the layer's latent cache (row_bytes a row, a multiple of 32), pos = word
+  // pos_word of `step`. record() refuses it elsewhere.
   struct RowPrefetch {
     BufferSlice rows, step;
     uint32_t pos_word = 0, row_bytes = 0, max_rows = 0;

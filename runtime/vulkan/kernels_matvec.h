@@ -60,8 +60,9 @@ struct MatvecTuning {
   // -1 auto: 2 (q_a / kv_a; H100, GLM tg128 +1.3-2.5 % at depth 0, H200 +3.5-5 %; PERFORMANCE.md
   // session 11).
   int32_t preload_blocks = -1;
-  // Early start, weights loaded first: of each lane's blocks per row, this many before the wait and
-  // the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before.
+  // Early start on int8 x, weights loaded first: of each lane's blocks per row, this many before
+  // the wait and the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before. The staged-x
+  // kernel always loads them all before.
   uint32_t preload_early = 0;
 };
 

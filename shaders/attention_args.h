@@ -60,7 +60,8 @@ struct AttnMergeArgs {
   uint n_groups;
   uint min_chunk;
   uint count_word;  // as in AttnPartialArgs
-  uint pad0, pad1, pad2;
+  uint zero;        // 0 (the gated merge's run-time zero: gate.glsl gate_wait's zero_mask)
+  uint pad1, pad2;
 };
 
 // absorb.comp: per-head matvec. For the weight rows g in [row_begin, row_begin + n_rows) bound to

@@ -20,6 +20,13 @@
 // device-wide, each workgroup adds 1 to the gate word (binding 4), which an early-started W_vo
 // waits on until it counts every workgroup (docs/DECODE.md "Early start").
 //
+// WAIT_GATE (0/1; MERGE_SG; AttentionTuning::merge_wait): recorded with no barrier after the
+// rows partials (attention_rows.comp PARTIAL_SIGNAL), every workgroup of which adds 1 to word
+// GATE_WORD of the polled words (after the outputs' bindings) once its partials are written; each
+// workgroup reads the step words, waits until that word reaches GATE_TARGET (a wait that gives up
+// sets the error words, the binding after), then reads the partials with plain loads (no SM has
+// read their lines since the last barrier).
+//
 // Defines: N_HEAD, KV_LORA (R), TILE (as given to attention_partial.comp), COLS, LANES (COLS*LANES
 // a power of two), MAX_GROUPS (>= n_groups), MERGE_SG (0/1; 1 needs USE_SUBGROUP and full
 // subgroups), Q8_OUT (0/1; 1 needs COLS and R multiples of 32), GATE_SIGNAL (0/1).
@@ -42,26 +49,56 @@
 #else
 #define OUT_QUAL writeonly restrict
 #endif
+#ifndef WAIT_GATE
+#define WAIT_GATE 0
+#endif
+#if WAIT_GATE && !MERGE_SG
+#error "attention_merge.comp: WAIT_GATE needs MERGE_SG (gate.glsl's wait uses subgroups)"
+#endif
 #if MERGE_SG
 #extension GL_KHR_shader_subgroup_basic : require
 #extension GL_KHR_shader_subgroup_arithmetic : require
+#endif
+#if WAIT_GATE
+#extension GL_KHR_memory_scope_semantics : require
 #endif
 
 #define WG (COLS * LANES)
 layout(local_size_x = WG) in;
 
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
+#if WAIT_GATE  // written beside this dispatch before the gate opens: not restrict
+layout(std430, binding = 0) readonly buffer Partials { float partials[]; };
+#else
 layout(std430, binding = 0) readonly restrict buffer Partials { float partials[]; };
+#endif
 layout(std430, binding = 1) readonly restrict buffer Step { uint step_words[]; };
 layout(std430, binding = 2) OUT_QUAL buffer Out { float olat[]; };  // N_HEAD x R
 #if Q8_OUT
 #include "q8_quantize.glsl"
 layout(std430, binding = 3) OUT_QUAL buffer OutQ8 { uvec4 olat_q8[]; };  // 3 per 32 values
-#if GATE_SIGNAL
+#if GATE_SIGNAL && WAIT_GATE  // W_vo's gate opened here, the partials' polled (gate.glsl polls gate[])
+layout(std430, binding = 4) coherent restrict buffer VoGate { uint vo_gate[]; };
+#define GATE_SIGNAL_BUFFER vo_gate
+#elif GATE_SIGNAL
 layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
 #endif
 shared float q8_src[COLS];
+#endif
+#if WAIT_GATE
+#if GATE_SIGNAL
+#define WAIT_BINDING 5
+#elif Q8_OUT
+#define WAIT_BINDING 4
+#else
+#define WAIT_BINDING 3
+#endif
+layout(std430, binding = WAIT_BINDING) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = WAIT_BINDING + 1) coherent restrict buffer GateError { uint gate_error[]; };
+#define WG_SIZE WG
+#define GATE_WAIT 1
+#include "gate.glsl"
 #endif
 
 layout(push_constant) uniform Push { AttnMergeArgs args; };
@@ -78,6 +115,10 @@ void main() {
   const uint head = gl_WorkGroupID.y;
   const uint qt = gl_WorkGroupID.z;  // query of a prefill chunk (decode: 0)
   const uint n_q = args.count_word == TS_ATTN_NO_COUNT ? 1u : step_words[args.count_word];
+#if WAIT_GATE
+  // The step word (not written beside this dispatch) before the wait, the partials after it.
+  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), step_words[args.pos_word] + n_q, args.zero);
+#endif
   if (qt >= n_q) return;  // uniform
   const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1, args.n_ctx);

@@ -54,6 +54,10 @@
 // to GATE_TARGET; every workgroup waits for it first (a wait that gives up sets the error words,
 // binding OLAT_Q8_BINDING + 3, the split partials: 5), then reads the query and the cache with
 // plain loads (no SM has read their lines since the last barrier).
+// PARTIAL_SIGNAL (0/1; the split partials without WAIT_GATE; AttentionTuning::merge_wait): every
+// workgroup, those that return early too, adds 1 to word SIGNAL_WORD of binding 4 once its
+// partials are written and visible device-wide, so that the merge (attention_merge.comp
+// WAIT_GATE) is recorded with no barrier after this dispatch and waits for every workgroup.
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
 // words), 2 = step words, 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l));
 // MERGE_TAIL: 4 = arrival counters (one uint per head group), 5 = olat (f32 [N_HEAD][R]),
@@ -93,6 +97,12 @@
 #endif
 #ifndef WAIT_GATE
 #define WAIT_GATE 0
+#endif
+#ifndef PARTIAL_SIGNAL
+#define PARTIAL_SIGNAL 0
+#endif
+#if PARTIAL_SIGNAL && (SINGLE || MERGE_TAIL || WAIT_GATE)
+#error "attention_rows.comp: PARTIAL_SIGNAL is for the split partials recorded after a barrier"
 #endif
 #if WAIT_GATE && !GATE_SIGNAL && (SINGLE || MERGE_TAIL)
 #error "attention_rows.comp: the single and mid kernels wait with GATE_SIGNAL (the early W_vo's attention)"
@@ -136,6 +146,9 @@ layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error[]; };
 #define WG_SIZE (NSG * SUBGROUP_SIZE)
 #define GATE_WAIT 1
+#include "gate.glsl"
+#elif PARTIAL_SIGNAL  // the merge's gate
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 #include "gate.glsl"
 #endif
 #endif
@@ -356,7 +369,7 @@ void rope_query(uint pos) {
   }
 }
 
-void main() {
+void rows_main() {
 #if WAIT_GATE
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // nothing loaded ahead
 #endif
@@ -499,5 +512,12 @@ void main() {
 #if Q8_OUT
   write_olat_q8(0u, head0, n_heads);  // one query; merge_head's last barrier made q8_src visible
 #endif
+#endif
+}
+
+void main() {
+  rows_main();
+#if PARTIAL_SIGNAL
+  gate_signal(uint(SIGNAL_WORD), 1u);  // this workgroup's partials written (or none to write)
 #endif
 }

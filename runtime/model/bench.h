@@ -99,7 +99,7 @@ struct BenchOptions {
   bool early_gateup = true;               // GpuModelOptions::early_gateup (--tune early_gateup=0|1)
   int qk_q8 = -1;                         // GpuModelOptions::qk_q8 (--tune qk_q8=0|1|2; -1 auto)
   bool qk_q8_halves = true;               // GpuModelOptions::qk_q8_halves (--tune qk_q8=2: off)
-  bool row_prefetch = true;               // GpuModelOptions::row_prefetch (--tune row_prefetch=0|1)
+  uint32_t row_prefetch = 1;              // GpuModelOptions::row_prefetch (--tune row_prefetch=0|1|2)
   uint32_t vo_preload = 3;                // GpuModelOptions::vo_preload (--tune vo_preload=N; 0 all)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)
   bool mark_gates = false;                // GpuModelOptions::mark_gates (--tune mark_gates=1)

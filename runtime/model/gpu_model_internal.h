@@ -23,9 +23,9 @@ constexpr uint32_t kGateErrorWord = 64;  // step buffer: set by a W_vo early sta
                                          // (byte 256: any storage-buffer offset alignment)
 constexpr uint32_t kGateStride = 256;   // bytes between gate slices (binding offsets)
 // Gate slices per layer: W_vo's (or attn_v_b's), the MoE down's, stage 2's, the attention's, the
-// FFN's, attn_output's.
-constexpr uint32_t kGateSlices = 6;
-constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4, kGateVb = 5;
+// FFN's, attn_output's, the attention merge's (vk::AttentionTuning::merge_wait).
+constexpr uint32_t kGateSlices = 7;
+constexpr uint32_t kGateVo = 0, kGateDown = 1, kGateQk = 2, kGateAttn = 3, kGateFfn = 4, kGateVb = 5, kGateMerge = 6;
 constexpr uint32_t kAttnCountsWord = 4;  // step buffer: the decode attention's indirect group counts (6 words)
 constexpr uint32_t kRuleWord = 16;       // step buffer: their rule (gpu::AttnDecodeRule, 12 words), for the sampler
 constexpr uint32_t kRing = 64;           // sampled-token ring (host-visible); the forced-input ring's size

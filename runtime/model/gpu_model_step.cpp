@@ -295,9 +295,15 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (c.q_lora_rank) {
       query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
       query.signal = attn_words;
-      const bool short_range = range == vk::DecodeRange::Single || range == vk::DecodeRange::Mid;
-      if (options_.row_prefetch && early_attn && short_range && query.row_prefetch_supported(ctx_)) {
-        const uint32_t max_rows = range == vk::DecodeRange::Single ? attn.single_max_kv() : attn.mid_max_kv();
+      // The rows the attention of this range reads: up to its bound (single and mid: started
+      // early; with row_prefetch 2 also the short range's rows kernel behind its barrier).
+      const bool waits = range == vk::DecodeRange::Single || range == vk::DecodeRange::Mid;
+      const bool pf = waits ? options_.row_prefetch >= 1 && early_attn
+                            : options_.row_prefetch >= 2 && range == vk::DecodeRange::Short;
+      if (pf && query.row_prefetch_supported(ctx_)) {
+        const uint32_t max_rows = range == vk::DecodeRange::Single ? attn.single_max_kv()
+                                  : range == vk::DecodeRange::Mid  ? attn.mid_max_kv()
+                                                                   : attn.short_max_kv();
         query.row_prefetch = {w.cache[l].whole(), step, kPosWord, uint32_t(c.kv_row() * 2), std::min(max_rows, n_ctx_)};
       }
       record_matvec(query, qname);
@@ -313,10 +319,14 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += a.w.read_bytes();
     }
     if (!early_attn) rec.barrier();
+    // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait).
+    const bool chain_merge = early_starts() && olat_q8.buffer && !early_attn && attn.decode_chains_merge(range);
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate,
-                       early_attn ? gate_wait(attn_words, 0, query.signal_count(ctx_) + 1) : vk::GateWait{});
+                       early_attn ? gate_wait(attn_words, 0, query.signal_count(ctx_) + 1) : vk::GateWait{},
+                       chain_merge ? gate_wait(gate_slice(l, kGateMerge, 4), 0, attn.decode_merge_target())
+                                   : vk::GateWait{});
     {
       std::vector<vk::BufferSlice> spans;
       if (options_.prefetch & kPrefetchAttnOut) {

@@ -499,13 +499,20 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
     mq.defines["Q8_OUT"] = "1";
     mq.num_buffers = 4;
     merge_q8_ = &ctx.pipeline(mq);
+    if (tuning.merge_wait && merge_sg) merge_q8_wait_desc_ = mq;
     if (tuning.gate_signal) {
       mq.name += ".gate";
       mq.defines["GATE_SIGNAL"] = "1";
       mq.num_buffers = 5;
       merge_gate_ = &ctx.pipeline(mq);
+      if (tuning.merge_wait && merge_sg) merge_gate_wait_desc_ = mq;
     }
   }
+  merge_wait_ = tuning.merge_wait;
+}
+
+uint32_t AttentionOp::decode_merge_target() const {
+  return decode_groups(DecodeRange::Short) * ceil_div(shape_.n_head, short_heads_ ? short_heads_ : heads_per_group_);
 }
 
 uint64_t AttentionOp::partials_bytes() const {
@@ -580,7 +587,7 @@ void AttentionOp::record_merge(CommandRecorder& rec, BufferSlice partials, Buffe
 
 void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word,
                                BufferSlice olat, std::string_view label, const QueryBatch& batch, BufferSlice olat_q8,
-                               uint32_t groups, BufferSlice gate) const {
+                               uint32_t groups, BufferSlice gate, const GateWait& wait) const {
   const uint32_t n = batch.checked(label);
   if (partials.size < n * partials_bytes())
     runtime_error(label, ": partials binding holds ", partials.size, " bytes, needs ", n * partials_bytes());
@@ -596,13 +603,30 @@ void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, Buffe
     const bool gated = gate.buffer != VK_NULL_HANDLE;
     if (gated && (!merge_gate_ || n != 1 || gate.size < 4))
       runtime_error(label, ": no gate-opening merge here (it needs gate_signal, one query and a gate word)");
-    const BufferSlice b[] = {partials, step, olat, olat_q8, gate};
-    rec.dispatch(gated ? *merge_gate_ : *merge_q8_, std::span<const BufferSlice>(b, gated ? 5 : 4), &args, sizeof args,
+    const BufferSlice b[] = {partials, step, olat, olat_q8, gate, wait.words, wait.error};
+    const BufferSlice b_ungated[] = {partials, step, olat, olat_q8, wait.words, wait.error};
+    const Pipeline* pipe = gated ? merge_gate_ : merge_q8_;
+    if (wait.enabled()) {
+      const std::optional<PipelineDesc>& d = gated ? merge_gate_wait_desc_ : merge_q8_wait_desc_;
+      if (!d || n != 1 || !wait.valid())
+        runtime_error(label, ": no waiting merge here (it needs merge_wait, the subgroup merge, one query, a gate "
+                      "word, error words and a target above 0)");
+      PipelineDesc w = *d;
+      w.name += ".wait";
+      w.defines["WAIT_GATE"] = "1";
+      w.defines["GATE_WORD"] = std::to_string(wait.word);
+      w.defines["GATE_TARGET"] = std::to_string(wait.target);
+      w.num_buffers += 2;
+      pipe = &rec.context().pipeline(w);
+    }
+    const uint32_t bindings = (gated ? 5 : 4) + (wait.enabled() ? 2 : 0);
+    rec.dispatch(*pipe, std::span<const BufferSlice>(gated ? b : b_ungated, bindings), &args, sizeof args,
                  ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n,
-                 std::string(label) + (gated ? ".q8out.gate" : ".q8out"),
+                 std::string(label) + (gated ? ".q8out.gate" : ".q8out") + (wait.enabled() ? ".wait" : ""),
                  n * (merge_bytes(profile_kv_len_, groups) + olat_q8_bytes()));
     return;
   }
+  if (wait.enabled()) runtime_error(label, ": the waiting merge writes olat's int8 blocks (olat_q8 unset)");
   const BufferSlice b[] = {partials, step, olat};
   rec.dispatch(*merge_, b, args, ceil_div(shape_.kv_lora, kMergeColumns), shape_.n_head, n, label,
                n * merge_bytes(profile_kv_len_, groups));

@@ -174,6 +174,14 @@ struct AttentionTuning {
   // but the merge then runs on one workgroup per head after the slowest chunk. Off: it lost on
   // the H100 (GLM tg128 279.0 -> 274.0 tok/s at depth 0, 198.4 -> 162.0 at 4096; PERFORMANCE.md).
   bool merge_tail = false;
+  // The decode step's short range: the merge dispatch recorded with no barrier after the rows
+  // partials, waiting on a gate word every partial workgroup counts (attention_rows.comp
+  // PARTIAL_SIGNAL, attention_merge.comp WAIT_GATE; record_decode's merge_wait): one barrier less
+  // per layer, and the merge's workgroups start as the partials' leave. Needs the rows kernel,
+  // direct partials, the subgroup merge and no short_wait. Session 36, H200 tg64: GLM-4.7-Flash
+  // Q4_0 374.1 -> 377.6 at depth 1024, 316.0 -> 317.4 at 4096; DeepSeek-V2-Lite 501.6 -> 510.2
+  // at 4096 (bench --attention merge_wait=0|1).
+  bool merge_wait = true;
   // The decode step's partial kernel as a direct dispatch of all n_groups context workgroups (the
   // ones past the context exit at once) instead of an indirect dispatch of exactly the context's
   // chunks. On the H100: 277.5 -> 277.9 tok/s at depth 0, 199.0 -> 201.8 at 4096 (an indirect
@@ -273,10 +281,21 @@ class AttentionOp {
   // wait (enabled, with gate, where decode_waits(range)): recorded with no barrier after the
   // kernels that write q and the cache row, which count wait's word up to its target; every
   // workgroup waits for it before reading them.
+  // merge_wait (enabled, where decode_chains_merge(range); olat_q8 set): the merge is recorded
+  // with no barrier after the partials and waits until merge_wait's word reaches its target,
+  // decode_merge_target(): every partial workgroup adds 1 to it (the word must be zero before).
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
-                     BufferSlice gate = {}, const GateWait& wait = {}) const;
+                     BufferSlice gate = {}, const GateWait& wait = {}, const GateWait& merge_wait = {}) const;
+  // Whether record_decode for `range` can chain its merge to the partials by a gate
+  // (AttentionTuning::merge_wait: the short range's rows partials, recorded directly, not waiting
+  // themselves), and the count that gate reaches (the partial dispatch's workgroups).
+  bool decode_chains_merge(DecodeRange range) const {
+    return range == DecodeRange::Short && merge_wait_ && short_rows_desc_ && !short_wait_ && direct_partial_ &&
+           merge_q8_wait_desc_ && !merge_folded(range);
+  }
+  uint32_t decode_merge_target() const;
   // Whether record_decode for `range` can wait on a gate: the single and mid kernels that open
   // one, and (AttentionTuning::short_wait) the short range's rows partials where their merge
   // dispatch opens it.
@@ -357,9 +376,10 @@ class AttentionOp {
   enum class Variant { Only, Short, Long };
   gpu::AttnPartialArgs partial_args(uint32_t pos_word, uint32_t count_word, Variant v, uint32_t groups = 0) const;
   // record_merge over a chunking of `groups` context workgroups.
+  // wait (enabled: one query, olat_q8 set): the merge's waiting variant (WAIT_GATE).
   void merge_groups(CommandRecorder& rec, BufferSlice partials, BufferSlice step, uint32_t pos_word, BufferSlice olat,
                     std::string_view label, const QueryBatch& batch, BufferSlice olat_q8, uint32_t groups,
-                    BufferSlice gate) const;
+                    BufferSlice gate, const GateWait& wait = {}) const;
   // Checks the partial kernel's bindings for batch.n queries (Error(Runtime) naming the label); n.
   uint32_t check_partial_bindings(BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                                   BufferSlice partials, const QueryBatch& batch, std::string_view label) const;
@@ -376,6 +396,10 @@ class AttentionOp {
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)
   const Pipeline* merge_gate_ = nullptr;  // ... and opens a gate after them (or null)
+  // merge_q8_'s and merge_gate_'s descriptions, where their waiting variants can be made
+  // (AttentionTuning::merge_wait with the subgroup merge; record_decode makes them).
+  std::optional<PipelineDesc> merge_q8_wait_desc_, merge_gate_wait_desc_;
+  bool merge_wait_ = false;  // AttentionTuning::merge_wait
   // The pipelines of a kernel that writes olat: plain; also writing olat's int8 blocks (Q8_OUT,
   // one binding more); that one also opening W_vo's gate (GATE_SIGNAL, one more). Null where not
   // built.

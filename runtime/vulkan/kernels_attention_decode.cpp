@@ -47,7 +47,8 @@ std::vector<std::pair<DecodeRange, uint32_t>> AttentionOp::decode_ranges() const
 void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step,
                                 uint32_t pos_word, BufferSlice counts, BufferSlice partials, BufferSlice arrivals,
                                 BufferSlice olat, DecodeRange range, std::string_view label,
-                                BufferSlice olat_q8, BufferSlice gate, const GateWait& wait) const {
+                                BufferSlice olat_q8, BufferSlice gate, const GateWait& wait,
+                                const GateWait& merge_wait) const {
   const std::string what = std::string(label) + " partial";
   const bool gated = gate.buffer != VK_NULL_HANDLE;
   if (gated && (!decode_signals_gate(range) || olat_q8.buffer == VK_NULL_HANDLE || gate.size < 4))
@@ -56,6 +57,12 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   if (wait.enabled() && (!gated || !decode_waits(range) || !wait.valid()))
     runtime_error(label, ": the attention waits on a gate only in the single, mid and short (rows kernel) ranges, "
                   "opening W_vo's, with a gate word, error words and a target above 0");
+  const bool chained = merge_wait.enabled();
+  if (chained && (!decode_chains_merge(range) || !merge_wait.valid() || merge_wait.target != decode_merge_target() ||
+                  olat_q8.buffer == VK_NULL_HANDLE || wait.enabled()))
+    runtime_error(label, ": the merge waits on the partials only in the short range's rows kernel with merge_wait "
+                  "(not waiting itself, olat_q8 set), on a gate word with error words and target ",
+                  decode_merge_target());
   // The waiting variant: the gate-opening one plus the polled words and the error words.
   const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
     OlatVariant v = olat_variant(p, q8, gated, base);
@@ -112,7 +119,9 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   }
   const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
   const BufferSlice b_wait[] = {q, cache, step, partials, wait.words, wait.error};
+  const BufferSlice b_signal[] = {q, cache, step, partials, merge_wait.words};
   const std::span<const BufferSlice> bufs = wait.enabled() ? std::span<const BufferSlice>(b_wait, 6)
+                                            : chained      ? std::span<const BufferSlice>(b_signal, 5)
                                                            : std::span<const BufferSlice>(b, folded ? 6 : 4);
   // The waiting variant (short range only: decode_waits): WAIT_GATE with the polled word and target.
   const auto short_wait = [&]() -> const Pipeline& {
@@ -124,14 +133,26 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     d.num_buffers = 6;
     return rec.context().pipeline(d);
   };
+  // The signalling variant (chained): every workgroup counts itself in merge_wait's word.
+  const auto short_signal = [&]() -> const Pipeline& {
+    PipelineDesc d = *short_rows_desc_;
+    d.name += ".signal";
+    d.defines["PARTIAL_SIGNAL"] = "1";
+    d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
+    d.num_buffers = 5;
+    return rec.context().pipeline(d);
+  };
   const bool tc = tc_ && range == DecodeRange::Long;
   const Pipeline& pipe = tc                    ? *tc_
                          : folded              ? *partial_short_tail_
                          : wait.enabled()      ? short_wait()
+                         : chained             ? short_signal()
                          : short_range         ? *partial_short_
                                                : *partial_;
-  const std::string name =
-      folded ? what + " short+merge" : short_range ? what + " short" + (wait.enabled() ? ".wait" : "") : tc ? what + ".tc" : what;
+  const std::string name = folded        ? what + " short+merge"
+                           : short_range ? what + " short" + (wait.enabled() ? ".wait" : chained ? ".signal" : "")
+                           : tc          ? what + ".tc"
+                                         : what;
   // The tensor-core kernel reads each cache row once per workgroup along the heads.
   const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups)
                          : tc   ? bytes + uint64_t(tc_head_groups() - 1) * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2
@@ -140,8 +161,8 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   if (direct_partial_) rec.dispatch(pipe, bufs, &args, sizeof args, groups, y_groups, 1, name, moved);
   else rec.dispatch_indirect(pipe, bufs, &args, sizeof args, slot, name, moved);
   if (folded) return;
-  rec.barrier();
-  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups, gate);
+  if (!chained) rec.barrier();
+  merge_groups(rec, partials, step, pos_word, olat, std::string(label) + " merge", {}, olat_q8, groups, gate, merge_wait);
 }
 
 

@@ -167,13 +167,13 @@ TEST(GpuModel, EarlyGateUpWithoutTheEarlyDown) {
 // W_qk reading the attention's cache rows into the L2 before its wait (row_prefetch, the default
 // since session 35):
 // loads whose values only join the wait's dependence, so the same logits and tokens, in the
-// single and mid ranges (the split range's W_qk does not prefetch).
+// single and mid ranges, and with row_prefetch 2 in the split range too.
 TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   vk::Context* ctx = fixture.context();
   if (!ctx) GTEST_SKIP() << "no Vulkan device";
   TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
   model::GpuModelOptions o = options(-1, -1);
-  o.row_prefetch = false;
+  o.row_prefetch = 0;
   const testfx::Decoded off = testfx::decode(*ctx, tsr, o);
   if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
   const testfx::Decoded on = testfx::decode(*ctx, tsr, options(-1, -1));  // the default
@@ -182,10 +182,44 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   EXPECT_EQ(on.stats.barriers, off.stats.barriers);
   EXPECT_EQ(on.logits, off.logits);
   EXPECT_EQ(on.tokens, off.tokens);
-  bool prefetching = false;
+  const auto prefetching = [&] {
+    size_t n = 0;
+    for (const vk::Pipeline* p : ctx->pipelines().all())
+      n += p->name().rfind("matvec.", 0) == 0 && p->name().find(".pf") != std::string::npos;
+    return n;
+  };
+  const size_t single_mid = prefetching();
+  EXPECT_GT(single_mid, 0u) << "no W_qk with PREFETCH_ROWS was built";
+
+  model::GpuModelOptions o2 = options(-1, -1);
+  o2.row_prefetch = 2;
+  const testfx::Decoded split = testfx::decode(*ctx, tsr, o2);
+  EXPECT_EQ(split.stats.dispatches, off.stats.dispatches);
+  EXPECT_EQ(split.stats.barriers, off.stats.barriers);
+  EXPECT_EQ(split.logits, off.logits);
+  EXPECT_EQ(split.tokens, off.tokens);
+  EXPECT_GT(prefetching(), single_mid) << "no W_qk prefetching the split range's rows was built";
+}
+
+// The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait, the
+// default since session 36): the same kernels' arithmetic, so the same logits and tokens through
+// the single, mid and split ranges (the stats describe the single range's recording: no merge).
+TEST(GpuStage2, MergeWaitGivesTheSameBits) {
+  vk::Context* ctx = fixture.context();
+  if (!ctx) GTEST_SKIP() << "no Vulkan device";
+  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
+  model::GpuModelOptions o = options(-1, -1);
+  o.attention.merge_wait = false;
+  const testfx::Decoded off = testfx::decode(*ctx, tsr, o);
+  if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
+  const testfx::Decoded on = testfx::decode(*ctx, tsr, options(-1, -1));  // the default
+  EXPECT_TRUE(on.early_starts) << "no wait gave up";
+  EXPECT_EQ(on.logits, off.logits);
+  EXPECT_EQ(on.tokens, off.tokens);
+  bool waiting_merge = false;
   for (const vk::Pipeline* p : ctx->pipelines().all())
-    prefetching = prefetching || (p->name().rfind("matvec.", 0) == 0 && p->name().find(".pf") != std::string::npos);
-  EXPECT_TRUE(prefetching) << "no W_qk with PREFETCH_ROWS was built";
+    waiting_merge = waiting_merge || (p->name().rfind("attention_merge", 0) == 0 && p->name().find(".wait") != std::string::npos);
+  EXPECT_TRUE(waiting_merge) << "no merge waiting on the partials was built";
 }
 
 }  // namespace

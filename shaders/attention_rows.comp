@@ -54,8 +54,8 @@
 // to GATE_TARGET; every workgroup waits for it first (a wait that gives up sets the error words,
 // binding OLAT_Q8_BINDING + 3, the split partials: 5), then reads the query and the cache with
 // plain loads (no SM has read their lines since the last barrier).
-// PARTIAL_SIGNAL (0/1; the split partials without WAIT_GATE; AttentionTuning::merge_wait): every
-// workgroup, those that return early too, adds 1 to word SIGNAL_WORD of binding 4 once its
+// PARTIAL_SIGNAL (0/1; the split partials; AttentionTuning::merge_wait): every workgroup, those
+// that return early too, adds 1 to word SIGNAL_WORD of binding 4 (with WAIT_GATE: 6) once its
 // partials are written and visible device-wide, so that the merge (attention_merge.comp
 // WAIT_GATE) is recorded with no barrier after this dispatch and waits for every workgroup.
 // Bindings: 0 = q (f32, N_HEAD x (R+Dr) per query), 1 = cache (f16 rows of R+Dr, read as 32-bit
@@ -101,8 +101,8 @@
 #ifndef PARTIAL_SIGNAL
 #define PARTIAL_SIGNAL 0
 #endif
-#if PARTIAL_SIGNAL && (SINGLE || MERGE_TAIL || WAIT_GATE)
-#error "attention_rows.comp: PARTIAL_SIGNAL is for the split partials recorded after a barrier"
+#if PARTIAL_SIGNAL && (SINGLE || MERGE_TAIL)
+#error "attention_rows.comp: PARTIAL_SIGNAL is for the split partials"
 #endif
 #if WAIT_GATE && !GATE_SIGNAL && (SINGLE || MERGE_TAIL)
 #error "attention_rows.comp: the single and mid kernels wait with GATE_SIGNAL (the early W_vo's attention)"
@@ -144,6 +144,10 @@ layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[
 #if WAIT_GATE  // the short range's partials, started beside the query's matvec and kv_write
 layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 5) coherent restrict buffer GateError { uint gate_error[]; };
+#if PARTIAL_SIGNAL  // the merge's gate opened here, the query's polled (gate.glsl polls gate[])
+layout(std430, binding = 6) coherent restrict buffer MergeGate { uint merge_gate[]; };
+#define GATE_SIGNAL_BUFFER merge_gate
+#endif
 #define WG_SIZE (NSG * SUBGROUP_SIZE)
 #define GATE_WAIT 1
 #include "gate.glsl"

@@ -260,6 +260,11 @@ struct GpuModelOptions {
   // beside the attention: Q4_0 tg128 453.2 -> 459.0 (+1.3 %; 4: 452.5, 2: 456.4, 1: 458.0),
   // Q4_K_M 360.4 -> 366.9 (+1.8 %), depth 4096 313.1 -> 314.7. bench --tune vo_preload=N.
   uint32_t vo_preload = 3;
+  // The same where the attention is split over context workgroups and merged (the short and long
+  // ranges: W_vo waits on the merge, whose reads of the partials queue behind its preload). Session
+  // 36, H200, GLM Q4_0 tg64 with short_wait: 381.8 -> 386.2 at depth 1024 (+1.2 %), 322.2 -> 323.3
+  // at 4096. bench --tune vo_preload_split=N.
+  uint32_t vo_preload_split = 1;
   // decode_steps queues step i + 1 before it waits for step i (the sampler leaves the step buffer
   // ready for the next step: its input, position and attention counts), so the host's wait, read
   // and submit are off the GPU's path. Off: one submit and wait per step. bench --tune pipeline=0|1.

@@ -320,7 +320,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     }
     if (!early_attn) rec.barrier();
     // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait).
-    const bool chain_merge = early_starts() && olat_q8.buffer && !early_attn && attn.decode_chains_merge(range);
+    const bool chain_merge = early_starts() && olat_q8.buffer && attn.decode_chains_merge(range);
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate,
@@ -368,7 +368,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       op.residual = residual;
       if (early) {
         op.gate = gate_wait(gate, 0, attn.decode_gate_target(range) + (options_.fault_gate_never_opens ? 1u : 0u));
-        op.tuning.preload_early = options_.vo_preload;
+        const bool split = range == vk::DecodeRange::Short || range == vk::DecodeRange::Long;
+        op.tuning.preload_early = split ? options_.vo_preload_split : options_.vo_preload;
         if (options_.gate_stats) op.gate_stats = w.gate_stats.slice(uint64_t(l) * kGateStride, vk::MatvecOp::kGateStatsBytes);
       }
       if (early_gateup && op.signal_supported(ctx_)) {

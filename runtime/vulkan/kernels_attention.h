@@ -178,9 +178,9 @@ struct AttentionTuning {
   // partials, waiting on a gate word every partial workgroup counts (attention_rows.comp
   // PARTIAL_SIGNAL, attention_merge.comp WAIT_GATE; record_decode's merge_wait): one barrier less
   // per layer, and the merge's workgroups start as the partials' leave. Needs the rows kernel,
-  // direct partials, the subgroup merge and no short_wait. Session 36, H200 tg64: GLM-4.7-Flash
-  // Q4_0 374.1 -> 377.6 at depth 1024, 316.0 -> 317.4 at 4096; DeepSeek-V2-Lite 501.6 -> 510.2
-  // at 4096 (bench --attention merge_wait=0|1).
+  // direct partials and the subgroup merge (with short_wait the partials both wait and signal).
+  // Session 36, H200 tg64 (before short_wait): GLM-4.7-Flash Q4_0 374.1 -> 377.6 at depth 1024,
+  // 316.0 -> 317.4 at 4096; DeepSeek-V2-Lite 501.6 -> 510.2 at 4096 (bench --attention merge_wait=0|1).
   bool merge_wait = true;
   // The decode step's partial kernel as a direct dispatch of all n_groups context workgroups (the
   // ones past the context exit at once) instead of an indirect dispatch of exactly the context's
@@ -192,9 +192,10 @@ struct AttentionTuning {
   uint32_t short_groups = 0;
   // With the decode step's early_attn: the short range's rows partials also start beside W_qk and
   // kv_write and wait on their gate (attention_rows.comp WAIT_GATE), where the merge opens W_vo's.
-  // Off: on the H100 it lost 2 % at 1024 positions and 1.6 % at 4096 (its 640 polling workgroups
-  // beside W_qk's stream; PERFORMANCE.md session 15).
-  bool short_wait = false;
+  // On the H100 of session 15 it lost 2 % at 1024 positions and 1.6 % at 4096 (its 640 polling
+  // workgroups beside W_qk's stream); with merge_wait and W_qk's early start, on the H200 of
+  // session 36: GLM-4.7-Flash Q4_0 tg64 +1.4 % at 1024, +1.5 % at 4096 (the default since).
+  bool short_wait = true;
   // The decode step's shortest contexts (kv_len <= single_max_kv): the rows kernel with one
   // workgroup per head over the whole context, writing olat (and its int8 blocks) itself
   // (attention_rows.comp SINGLE): no partials, no merge dispatch, one barrier less per layer.
@@ -289,11 +290,11 @@ class AttentionOp {
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
                      BufferSlice gate = {}, const GateWait& wait = {}, const GateWait& merge_wait = {}) const;
   // Whether record_decode for `range` can chain its merge to the partials by a gate
-  // (AttentionTuning::merge_wait: the short range's rows partials, recorded directly, not waiting
-  // themselves), and the count that gate reaches (the partial dispatch's workgroups).
+  // (AttentionTuning::merge_wait: the short range's rows partials, recorded directly), and the
+  // count that gate reaches (the partial dispatch's workgroups).
   bool decode_chains_merge(DecodeRange range) const {
-    return range == DecodeRange::Short && merge_wait_ && short_rows_desc_ && !short_wait_ && direct_partial_ &&
-           merge_q8_wait_desc_ && !merge_folded(range);
+    return range == DecodeRange::Short && merge_wait_ && short_rows_desc_ && direct_partial_ && merge_q8_wait_desc_ &&
+           !merge_folded(range);
   }
   uint32_t decode_merge_target() const;
   // Whether record_decode for `range` can wait on a gate: the single and mid kernels that open

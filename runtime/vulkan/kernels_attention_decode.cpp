@@ -59,10 +59,9 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
                   "opening W_vo's, with a gate word, error words and a target above 0");
   const bool chained = merge_wait.enabled();
   if (chained && (!decode_chains_merge(range) || !merge_wait.valid() || merge_wait.target != decode_merge_target() ||
-                  olat_q8.buffer == VK_NULL_HANDLE || wait.enabled()))
+                  olat_q8.buffer == VK_NULL_HANDLE))
     runtime_error(label, ": the merge waits on the partials only in the short range's rows kernel with merge_wait "
-                  "(not waiting itself, olat_q8 set), on a gate word with error words and target ",
-                  decode_merge_target());
+                  "(olat_q8 set), on a gate word with error words and target ", decode_merge_target());
   // The waiting variant: the gate-opening one plus the polled words and the error words.
   const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
     OlatVariant v = olat_variant(p, q8, gated, base);
@@ -118,39 +117,37 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     check_olat_bindings(what, olat, {}, false);
   }
   const BufferSlice b[] = {q, cache, step, partials, arrivals, olat};
-  const BufferSlice b_wait[] = {q, cache, step, partials, wait.words, wait.error};
+  const BufferSlice b_wait[] = {q, cache, step, partials, wait.words, wait.error, merge_wait.words};
   const BufferSlice b_signal[] = {q, cache, step, partials, merge_wait.words};
-  const std::span<const BufferSlice> bufs = wait.enabled() ? std::span<const BufferSlice>(b_wait, 6)
+  const std::span<const BufferSlice> bufs = wait.enabled() ? std::span<const BufferSlice>(b_wait, chained ? 7 : 6)
                                             : chained      ? std::span<const BufferSlice>(b_signal, 5)
                                                            : std::span<const BufferSlice>(b, folded ? 6 : 4);
-  // The waiting variant (short range only: decode_waits): WAIT_GATE with the polled word and target.
-  const auto short_wait = [&]() -> const Pipeline& {
+  // The short range's rows partials that wait (decode_waits: WAIT_GATE with the polled word and
+  // target) and / or signal (chained: every workgroup counts itself in merge_wait's word).
+  const auto short_variant = [&]() -> const Pipeline& {
     PipelineDesc d = *short_rows_desc_;
-    d.name += ".wait";
-    d.defines["WAIT_GATE"] = "1";
-    d.defines["GATE_WORD"] = std::to_string(wait.word);
-    d.defines["GATE_TARGET"] = std::to_string(wait.target);
-    d.num_buffers = 6;
-    return rec.context().pipeline(d);
-  };
-  // The signalling variant (chained): every workgroup counts itself in merge_wait's word.
-  const auto short_signal = [&]() -> const Pipeline& {
-    PipelineDesc d = *short_rows_desc_;
-    d.name += ".signal";
-    d.defines["PARTIAL_SIGNAL"] = "1";
-    d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
-    d.num_buffers = 5;
+    if (wait.enabled()) {
+      d.name += ".wait";
+      d.defines["WAIT_GATE"] = "1";
+      d.defines["GATE_WORD"] = std::to_string(wait.word);
+      d.defines["GATE_TARGET"] = std::to_string(wait.target);
+    }
+    if (chained) {
+      d.name += ".signal";
+      d.defines["PARTIAL_SIGNAL"] = "1";
+      d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
+    }
+    d.num_buffers = uint32_t(bufs.size());
     return rec.context().pipeline(d);
   };
   const bool tc = tc_ && range == DecodeRange::Long;
-  const Pipeline& pipe = tc                    ? *tc_
-                         : folded              ? *partial_short_tail_
-                         : wait.enabled()      ? short_wait()
-                         : chained             ? short_signal()
-                         : short_range         ? *partial_short_
-                                               : *partial_;
+  const Pipeline& pipe = tc                             ? *tc_
+                         : folded                       ? *partial_short_tail_
+                         : wait.enabled() || chained    ? short_variant()
+                         : short_range                  ? *partial_short_
+                                                        : *partial_;
   const std::string name = folded        ? what + " short+merge"
-                           : short_range ? what + " short" + (wait.enabled() ? ".wait" : chained ? ".signal" : "")
+                           : short_range ? what + " short" + (wait.enabled() ? ".wait" : "") + (chained ? ".signal" : "")
                            : tc          ? what + ".tc"
                                          : what;
   // The tensor-core kernel reads each cache row once per workgroup along the heads.

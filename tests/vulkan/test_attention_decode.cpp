@@ -269,7 +269,7 @@ TEST(AttentionDecode, MergeOpensTheGate) {
 }
 
 // The short range's rows partials started beside the query's matvec (AttentionTuning::short_wait,
-// off by default; attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
+// the default since session 36; attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
 // same olat bits as the partials recorded after a barrier and no error; below it, the wait gives
 // up and says what it saw. The long range's partials do not wait.
 TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
@@ -280,8 +280,9 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
   t.short_max_kv = 40;
   t.single = false;
   t.gate_signal = true;
-  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_waits(vk::DecodeRange::Short)) << "off by default";
-  t.short_wait = true;
+  t.short_wait = false;
+  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_waits(vk::DecodeRange::Short));
+  t.short_wait = true;  // the default
   vk::AttentionOp op(*gpu().ctx, shape, t);
   if (!op.decode_waits(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel for the short range on this device";
   EXPECT_FALSE(op.decode_waits(vk::DecodeRange::Long));
@@ -339,10 +340,11 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
 }
 
 // The short range's merge recorded with no barrier after the rows partials and waiting on a word
-// they count (AttentionTuning::merge_wait; attention_rows.comp PARTIAL_SIGNAL, attention_merge.comp
-// WAIT_GATE): the same olat and int8 bits as the merge after a barrier, with and without W_vo's gate,
-// the word at decode_merge_target() (every partial workgroup, those past the context too) and no
-// error (the default); refused in the long range and with another target.
+// they count (AttentionTuning::merge_wait, the default; attention_rows.comp PARTIAL_SIGNAL,
+// attention_merge.comp WAIT_GATE), the partials recorded after a barrier or waiting themselves on
+// the query's gate (short_wait): the same olat and int8 bits as the merge after a barrier, with and
+// without W_vo's gate, the word at decode_merge_target() (every partial workgroup, those past the
+// context too) and no error; refused in the long range and with another target.
 TEST(AttentionDecode, MergeWaitsOnThePartials) {
   REQUIRE_GPU();
   const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
@@ -354,71 +356,79 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
   t.merge_wait = false;
   EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_chains_merge(vk::DecodeRange::Short));
   t.merge_wait = true;  // the default
-  vk::AttentionOp op(*gpu().ctx, shape, t);
-  if (!op.decode_chains_merge(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel or subgroup merge on this device";
-  EXPECT_FALSE(op.decode_chains_merge(vk::DecodeRange::Long));
   std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
   const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 81);
   for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
   vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  vk::Buffer step = make_buffer(64, "step"), olat = make_buffer(size_t(H) * R * 4, "olat");
   vk::Buffer gate = make_buffer(16, "gate"), words = make_buffer(16, "merge gate"), error = make_buffer(8, "error");
+  vk::Buffer query_words = make_buffer(16, "query gate");
   upload(q, test::random_values(size_t(H) * row, 2.f, 82));
   upload(cache, cache_h);
-  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
-  const vk::GateWait wait{words.whole(), 2, op.decode_merge_target(), error.whole()};
-  for (bool vo_gate : {false, true}) {
-    SCOPED_TRACE(vo_gate ? "opening W_vo's gate" : "no W_vo gate");
-    const vk::BufferSlice g = vo_gate ? gate.whole() : vk::BufferSlice{};
-    vk::CommandRecorder plain(*gpu().ctx), chained(*gpu().ctx);
-    for (bool c : {false, true}) {
-      vk::CommandRecorder& rec = c ? chained : plain;
-      rec.begin();
-      op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                       arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn", olat_q8.whole(), g, {},
-                       c ? wait : vk::GateWait{});
-      rec.end();
+  for (bool short_wait : {false, true}) {
+    t.short_wait = short_wait;
+    vk::AttentionOp op(*gpu().ctx, shape, t);
+    if (!op.decode_chains_merge(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel or subgroup merge on this device";
+    EXPECT_FALSE(op.decode_chains_merge(vk::DecodeRange::Long));
+    vk::Buffer partials = make_buffer(op.partials_bytes(), "partials"), arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
+    vk::Buffer olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+    upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+    const vk::GateWait wait{words.whole(), 2, op.decode_merge_target(), error.whole()};
+    const vk::GateWait query_wait = short_wait ? vk::GateWait{query_words.whole(), 1, 3, error.whole()} : vk::GateWait{};
+    for (bool vo_gate : {false, true}) {
+      if (short_wait && !vo_gate) continue;  // the waiting partials belong to the early W_vo's attention
+      SCOPED_TRACE(cat(short_wait ? "partials waiting, " : "", vo_gate ? "opening W_vo's gate" : "no W_vo gate"));
+      const vk::BufferSlice g = vo_gate ? gate.whole() : vk::BufferSlice{};
+      vk::CommandRecorder plain(*gpu().ctx), chained(*gpu().ctx);
+      for (bool c : {false, true}) {
+        vk::CommandRecorder& rec = c ? chained : plain;
+        rec.begin();
+        op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                         partials.whole(), arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn",
+                         olat_q8.whole(), g, c ? query_wait : vk::GateWait{}, c ? wait : vk::GateWait{});
+        rec.end();
+      }
+      ASSERT_EQ(chained.dispatches().size(), 2u);
+      EXPECT_NE(chained.dispatches().front().label.find(short_wait ? ".wait.signal" : ".signal"), std::string::npos);
+      EXPECT_NE(chained.dispatches().back().label.find(".wait"), std::string::npos);
+      for (uint32_t kv_len : {1u, 23u, 40u}) {
+        SCOPED_TRACE(cat("kv_len ", kv_len));
+        std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
+        op.decode_counts(kv_len, counts.data());
+        std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
+        step_words.insert(step_words.end(), counts.begin(), counts.end());
+        upload(step, step_words);
+        poison(olat);
+        poison(olat_q8);
+        upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+        plain.run();
+        const std::vector<float> want = download<float>(olat, size_t(H) * R);
+        const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
+        poison(olat);
+        poison(olat_q8);
+        upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+        upload(words, std::vector<uint32_t>{0, 0, 0, 0});
+        upload(query_words, std::vector<uint32_t>{0, 3, 0, 0});
+        upload(error, std::vector<uint32_t>{0, 0});
+        chained.run();
+        EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
+        EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8);
+        EXPECT_EQ(download<uint32_t>(words, 4), (std::vector<uint32_t>{0, 0, op.decode_merge_target(), 0}));
+        EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
+        if (vo_gate) EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(vk::DecodeRange::Short));
+      }
     }
-    ASSERT_EQ(chained.dispatches().size(), 2u);
-    EXPECT_NE(chained.dispatches().front().label.find(".signal"), std::string::npos);
-    EXPECT_NE(chained.dispatches().back().label.find(".wait"), std::string::npos);
-    for (uint32_t kv_len : {1u, 23u, 40u}) {
-      SCOPED_TRACE(cat("kv_len ", kv_len));
-      std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-      op.decode_counts(kv_len, counts.data());
-      std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
-      step_words.insert(step_words.end(), counts.begin(), counts.end());
-      upload(step, step_words);
-      poison(olat);
-      poison(olat_q8);
-      upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-      plain.run();
-      const std::vector<float> want = download<float>(olat, size_t(H) * R);
-      const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-      poison(olat);
-      poison(olat_q8);
-      upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-      upload(words, std::vector<uint32_t>{0, 0, 0, 0});
-      upload(error, std::vector<uint32_t>{0, 0});
-      chained.run();
-      EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
-      EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8);
-      EXPECT_EQ(download<uint32_t>(words, 4), (std::vector<uint32_t>{0, 0, op.decode_merge_target(), 0}));
-      EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
-      if (vo_gate) EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(vk::DecodeRange::Short));
-    }
+    vk::CommandRecorder bad(*gpu().ctx);
+    bad.begin();
+    const auto record = [&](vk::DecodeRange range, const vk::GateWait& w) {
+      op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
+                       arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), gate.whole(), {}, w);
+    };
+    EXPECT_THROW(record(vk::DecodeRange::Long, wait), Error);
+    EXPECT_THROW(record(vk::DecodeRange::Short, vk::GateWait{words.whole(), 2, op.decode_merge_target() + 1, error.whole()}),
+                 Error);
+    bad.end();
   }
-  vk::CommandRecorder bad(*gpu().ctx);
-  bad.begin();
-  const auto record = [&](vk::DecodeRange range, const vk::GateWait& w) {
-    op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                     arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), gate.whole(), {}, w);
-  };
-  EXPECT_THROW(record(vk::DecodeRange::Long, wait), Error);
-  EXPECT_THROW(record(vk::DecodeRange::Short, vk::GateWait{words.whole(), 2, op.decode_merge_target() + 1, error.whole()}), Error);
-  bad.end();
 }
 
 }  // namespace

@@ -22,6 +22,10 @@
 // WG (threads, a multiple of 32), TILE (rows per tile, a multiple of 2), HW (heads per
 // workgroup, <= 32), SV (vec4 per score slice), OH (heads per value thread, a multiple of 4).
 // The host sizes WG >= NS * ceil(HW/4), WG >= (R/4) * ceil(HW/OH), WG >= HW.
+// PARTIAL_SIGNAL (0/1; the decode step's long range; AttentionTuning::merge_wait): every
+// workgroup, those that return early too, adds 1 to word SIGNAL_WORD of binding 4 once its
+// partials are written and visible device-wide; the merge (attention_merge.comp WAIT_GATE),
+// recorded with no barrier after this dispatch, waits until the word counts them all.
 #extension GL_GOOGLE_include_directive : require
 #include "timeline.glsl"  // before main(): bench --timeline
 #extension GL_EXT_control_flow_attributes : require
@@ -35,6 +39,13 @@ layout(std430, binding = 1) readonly restrict buffer Cache { uvec4 cache4[]; }; 
 layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; };
 // [n_groups][N_HEAD][R] floats o, then [n_groups][N_HEAD] pairs (m, l)
 layout(std430, binding = 3) writeonly restrict buffer Partials { float partials[]; };
+#ifndef PARTIAL_SIGNAL
+#define PARTIAL_SIGNAL 0
+#endif
+#if PARTIAL_SIGNAL  // the merge's gate
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
+#endif
 
 layout(push_constant) uniform Push { AttnPartialArgs args; };
 
@@ -60,7 +71,7 @@ shared float alpha[kHWP];                      // factor rescaling the previous 
 float score_at(uint idx) { return scores4[idx / 4][idx % 4]; }
 void set_score(uint idx, float v) { scores4[idx / 4][idx % 4] = v; }
 
-void main() {
+void partial_main() {
   const uint tid = gl_LocalInvocationID.x;
   const uint chunk = gl_WorkGroupID.x;
   const uint head0 = gl_WorkGroupID.y * HW;
@@ -216,4 +227,11 @@ void main() {
     partials[ml] = m_run;
     partials[ml + 1] = l_run;
   }
+}
+
+void main() {
+  partial_main();
+#if PARTIAL_SIGNAL
+  gate_signal(uint(SIGNAL_WORD), 1u);  // this workgroup's partials written (or none to write)
+#endif
 }

@@ -61,6 +61,10 @@
 // words (position of query 0, live query count), 3 = olat (f32, or f16, [T][N_HEAD][R]).
 // SPLIT: 3 = partials ([n_groups][N_HEAD][R] o, then [n_groups][N_HEAD] (m, l)); SPLIT_Q: the
 // same per query.
+// PARTIAL_SIGNAL (0/1, with SPLIT; AttentionTuning::merge_wait): every workgroup, those that
+// return early too, adds 1 to word SIGNAL_WORD of binding 4 once its partials are written and
+// visible device-wide, for the merge recorded with no barrier after it (attention_merge.comp
+// WAIT_GATE).
 // Arguments: AttnPartialArgs (pos_word, n_ctx, kq_scale, count_word; SPLIT: n_groups, min_chunk,
 // kv_min, kv_max too, count_word unused; SPLIT_Q: n_groups, min_chunk too).
 #extension GL_GOOGLE_include_directive : require
@@ -171,6 +175,16 @@ layout(std430, binding = 2) readonly restrict buffer Step { uint step_words[]; }
 #else
 #define TILE_R0(y) ((y) * 16u)
 #define DIRECT_OUT 0
+#endif
+#ifndef PARTIAL_SIGNAL
+#define PARTIAL_SIGNAL 0
+#endif
+#if PARTIAL_SIGNAL && !SPLIT
+#error "attention_prefill_tc.comp: PARTIAL_SIGNAL is the decode step's (SPLIT)"
+#endif
+#if PARTIAL_SIGNAL  // the merge's gate
+layout(std430, binding = 4) coherent restrict buffer Gate { uint gate[]; };
+#include "gate.glsl"
 #endif
 #if SPLIT || SPLIT_Q
 layout(std430, binding = 3) writeonly restrict buffer Out { float partials[]; };
@@ -449,7 +463,7 @@ void write_tile(uint at, uint jt, uint r0, uint sel, uint m) {
   }
 #endif
 
-void main() {
+void tc_main() {
   PH_BEGIN();
   // Group g works on M tile mt (rows TR0(mt) ..), as its M tile's gt-th group.
   const uint tid = gl_LocalInvocationIndex, g = tid / 32u, mt = g / GPT, gt = g % GPT;
@@ -623,4 +637,11 @@ void main() {
   PH_SYNC();
   PH_END(5)
   PH_MARKS()
+}
+
+void main() {
+  tc_main();
+#if PARTIAL_SIGNAL
+  gate_signal(uint(SIGNAL_WORD), 1u);  // this workgroup's partials written (or none to write)
+#endif
 }

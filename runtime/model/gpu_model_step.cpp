@@ -325,7 +325,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),
                        w.attn_arrivals.whole(), w.olat.whole(), range, "attention " + L, olat_q8, gate,
                        early_attn ? gate_wait(attn_words, 0, query.signal_count(ctx_) + 1) : vk::GateWait{},
-                       chain_merge ? gate_wait(gate_slice(l, kGateMerge, 4), 0, attn.decode_merge_target())
+                       chain_merge ? gate_wait(gate_slice(l, kGateMerge, 4), 0, attn.decode_merge_target(range))
                                    : vk::GateWait{});
     {
       std::vector<vk::BufferSlice> spans;

@@ -365,6 +365,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   p.num_buffers = 4;
   p.push_bytes = sizeof(gpu::AttnPartialArgs);
   partial_ = &ctx.pipeline(p);
+  partial_desc_ = p;
 
   // The short-context variant: fewer heads per workgroup, same tile (so the same chunking, the
   // same partials layout and one merge for both).
@@ -474,6 +475,7 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       tc->defines["SPLIT"] = "1";
       tc->defines["TILE"] = std::to_string(tile_);
       tc_ = &ctx.pipeline(*tc);
+      tc_desc_ = *tc;
       tc_m_tiles_ = attention_tc_m_tiles(*tc);
       // The rows kernel's range ends where the tensor cores pass it.
       if (short_rows_desc_ && !tuning.short_max_kv) short_max_kv_ = kTcRowsMaxKv;
@@ -511,8 +513,9 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   merge_wait_ = tuning.merge_wait;
 }
 
-uint32_t AttentionOp::decode_merge_target() const {
-  return decode_groups(DecodeRange::Short) * ceil_div(shape_.n_head, short_heads_ ? short_heads_ : heads_per_group_);
+uint32_t AttentionOp::decode_merge_target(DecodeRange range) const {
+  if (range == DecodeRange::Short) return short_heads_ ? short_groups_ * ceil_div(shape_.n_head, short_heads_) : 0;
+  return n_groups_ * (tc_ ? tc_head_groups() : ceil_div(shape_.n_head, heads_per_group_));
 }
 
 uint64_t AttentionOp::partials_bytes() const {

@@ -284,19 +284,21 @@ class AttentionOp {
   // workgroup waits for it before reading them.
   // merge_wait (enabled, where decode_chains_merge(range); olat_q8 set): the merge is recorded
   // with no barrier after the partials and waits until merge_wait's word reaches its target,
-  // decode_merge_target(): every partial workgroup adds 1 to it (the word must be zero before).
+  // decode_merge_target(range): every partial workgroup adds 1 to it (the word must be zero before).
   void record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice cache, BufferSlice step, uint32_t pos_word,
                      BufferSlice counts, BufferSlice partials, BufferSlice arrivals, BufferSlice olat,
                      DecodeRange range, std::string_view label, BufferSlice olat_q8 = {},
                      BufferSlice gate = {}, const GateWait& wait = {}, const GateWait& merge_wait = {}) const;
   // Whether record_decode for `range` can chain its merge to the partials by a gate
-  // (AttentionTuning::merge_wait: the short range's rows partials, recorded directly), and the
-  // count that gate reaches (the partial dispatch's workgroups).
+  // (AttentionTuning::merge_wait: the short range's rows partials, the long range's partials on
+  // tensor cores or not; recorded as direct dispatches), and the count that gate reaches (the
+  // partial dispatch's workgroups).
   bool decode_chains_merge(DecodeRange range) const {
-    return range == DecodeRange::Short && merge_wait_ && short_rows_desc_ && direct_partial_ && merge_q8_wait_desc_ &&
-           !merge_folded(range);
+    if (!merge_wait_ || !direct_partial_ || !merge_q8_wait_desc_) return false;
+    if (range == DecodeRange::Short) return short_rows_desc_ && !merge_folded(range);
+    return range == DecodeRange::Long;
   }
-  uint32_t decode_merge_target() const;
+  uint32_t decode_merge_target(DecodeRange range) const;
   // Whether record_decode for `range` can wait on a gate: the single and mid kernels that open
   // one, and (AttentionTuning::short_wait) the short range's rows partials where their merge
   // dispatch opens it.
@@ -392,7 +394,9 @@ class AttentionOp {
   const Pipeline* partial_short_tail_ = nullptr;  // the same rows kernel with the merge folded in (or null)
   std::optional<PipelineDesc> short_rows_desc_;    // partial_short_'s, where it is the rows kernel (it can wait)
   bool short_wait_ = false;                        // AttentionTuning::short_wait
+  PipelineDesc partial_desc_;     // partial_'s (its signalling variant for a chained merge)
   const Pipeline* tc_ = nullptr;  // the long range's partials on tensor cores (or null)
+  std::optional<PipelineDesc> tc_desc_;  // tc_'s
   uint32_t tc_m_tiles_ = 1;       // ... head tiles per workgroup
   const Pipeline* merge_ = nullptr;
   const Pipeline* merge_q8_ = nullptr;  // the merge that also writes olat as int8 blocks (or null)

@@ -58,10 +58,11 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     runtime_error(label, ": the attention waits on a gate only in the single, mid and short (rows kernel) ranges, "
                   "opening W_vo's, with a gate word, error words and a target above 0");
   const bool chained = merge_wait.enabled();
-  if (chained && (!decode_chains_merge(range) || !merge_wait.valid() || merge_wait.target != decode_merge_target() ||
-                  olat_q8.buffer == VK_NULL_HANDLE))
-    runtime_error(label, ": the merge waits on the partials only in the short range's rows kernel with merge_wait "
-                  "(olat_q8 set), on a gate word with error words and target ", decode_merge_target());
+  if (chained && (!decode_chains_merge(range) || !merge_wait.valid() ||
+                  merge_wait.target != decode_merge_target(range) || olat_q8.buffer == VK_NULL_HANDLE))
+    runtime_error(label, ": the merge waits on the partials only with merge_wait, in the short range's rows kernel or "
+                  "the long range (olat_q8 set), on a gate word with error words and target ",
+                  decode_merge_target(range));
   // The waiting variant: the gate-opening one plus the polled words and the error words.
   const auto variant = [&](const OlatPipelines& p, bool q8, uint32_t base) {
     OlatVariant v = olat_variant(p, q8, gated, base);
@@ -141,15 +142,25 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
     return rec.context().pipeline(d);
   };
   const bool tc = tc_ && range == DecodeRange::Long;
-  const Pipeline& pipe = tc                             ? *tc_
+  // The long range's signalling variant (chained), on tensor cores or not.
+  const auto long_signal = [&]() -> const Pipeline& {
+    PipelineDesc d = tc ? *tc_desc_ : partial_desc_;
+    d.name += ".signal";
+    d.defines["PARTIAL_SIGNAL"] = "1";
+    d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
+    d.num_buffers = 5;
+    return rec.context().pipeline(d);
+  };
+  const Pipeline& pipe = !short_range && chained        ? long_signal()
+                         : tc                           ? *tc_
                          : folded                       ? *partial_short_tail_
                          : wait.enabled() || chained    ? short_variant()
                          : short_range                  ? *partial_short_
                                                         : *partial_;
   const std::string name = folded        ? what + " short+merge"
                            : short_range ? what + " short" + (wait.enabled() ? ".wait" : "") + (chained ? ".signal" : "")
-                           : tc          ? what + ".tc"
-                                         : what;
+                           : tc          ? what + ".tc" + (chained ? ".signal" : "")
+                                         : what + (chained ? ".signal" : "");
   // The tensor-core kernel reads each cache row once per workgroup along the heads.
   const uint64_t moved = folded ? bytes + merge_bytes(profile_kv_len_, groups)
                          : tc   ? bytes + uint64_t(tc_head_groups() - 1) * std::min(profile_kv_len_, shape_.n_ctx) * shape_.row() * 2

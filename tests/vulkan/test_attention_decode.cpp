@@ -339,12 +339,13 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
   bad.end();
 }
 
-// The short range's merge recorded with no barrier after the rows partials and waiting on a word
+// The split ranges' merge recorded with no barrier after the partials and waiting on a word
 // they count (AttentionTuning::merge_wait, the default; attention_rows.comp PARTIAL_SIGNAL,
 // attention_merge.comp WAIT_GATE), the partials recorded after a barrier or waiting themselves on
 // the query's gate (short_wait): the same olat and int8 bits as the merge after a barrier, with and
 // without W_vo's gate, the word at decode_merge_target() (every partial workgroup, those past the
-// context too) and no error; refused in the long range and with another target.
+// context too) and no error; the same for the long range's partials (recorded after a barrier);
+// refused with another target or without olat's int8 blocks.
 TEST(AttentionDecode, MergeWaitsOnThePartials) {
   REQUIRE_GPU();
   const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
@@ -369,65 +370,70 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
     t.short_wait = short_wait;
     vk::AttentionOp op(*gpu().ctx, shape, t);
     if (!op.decode_chains_merge(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel or subgroup merge on this device";
-    EXPECT_FALSE(op.decode_chains_merge(vk::DecodeRange::Long));
     vk::Buffer partials = make_buffer(op.partials_bytes(), "partials"), arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
     vk::Buffer olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
     upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
-    const vk::GateWait wait{words.whole(), 2, op.decode_merge_target(), error.whole()};
-    const vk::GateWait query_wait = short_wait ? vk::GateWait{query_words.whole(), 1, 3, error.whole()} : vk::GateWait{};
-    for (bool vo_gate : {false, true}) {
-      if (short_wait && !vo_gate) continue;  // the waiting partials belong to the early W_vo's attention
-      SCOPED_TRACE(cat(short_wait ? "partials waiting, " : "", vo_gate ? "opening W_vo's gate" : "no W_vo gate"));
-      const vk::BufferSlice g = vo_gate ? gate.whole() : vk::BufferSlice{};
-      vk::CommandRecorder plain(*gpu().ctx), chained(*gpu().ctx);
-      for (bool c : {false, true}) {
-        vk::CommandRecorder& rec = c ? chained : plain;
-        rec.begin();
-        op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                         partials.whole(), arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn",
-                         olat_q8.whole(), g, c ? query_wait : vk::GateWait{}, c ? wait : vk::GateWait{});
-        rec.end();
+    for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
+      const bool short_range = range == vk::DecodeRange::Short;
+      if (!short_range && short_wait) continue;  // only the short range's partials wait
+      ASSERT_TRUE(op.decode_chains_merge(range));
+      const uint32_t target = op.decode_merge_target(range);
+      const vk::GateWait wait{words.whole(), 2, target, error.whole()};
+      const vk::GateWait query_wait = short_wait ? vk::GateWait{query_words.whole(), 1, 3, error.whole()} : vk::GateWait{};
+      for (bool vo_gate : {false, true}) {
+        if (short_wait && !vo_gate) continue;  // the waiting partials belong to the early W_vo's attention
+        SCOPED_TRACE(cat(short_range ? "short" : "long", short_wait ? ", partials waiting" : "",
+                         vo_gate ? ", opening W_vo's gate" : ", no W_vo gate"));
+        const vk::BufferSlice g = vo_gate ? gate.whole() : vk::BufferSlice{};
+        vk::CommandRecorder plain(*gpu().ctx), chained(*gpu().ctx);
+        for (bool c : {false, true}) {
+          vk::CommandRecorder& rec = c ? chained : plain;
+          rec.begin();
+          op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                           partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), g,
+                           c ? query_wait : vk::GateWait{}, c ? wait : vk::GateWait{});
+          rec.end();
+        }
+        ASSERT_EQ(chained.dispatches().size(), 2u);
+        EXPECT_NE(chained.dispatches().front().label.find(short_wait ? ".wait.signal" : ".signal"), std::string::npos);
+        EXPECT_NE(chained.dispatches().back().label.find(".wait"), std::string::npos);
+        for (uint32_t kv_len : short_range ? std::vector<uint32_t>{1, 23, 40} : std::vector<uint32_t>{41, 299}) {
+          SCOPED_TRACE(cat("kv_len ", kv_len));
+          std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
+          op.decode_counts(kv_len, counts.data());
+          std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
+          step_words.insert(step_words.end(), counts.begin(), counts.end());
+          upload(step, step_words);
+          poison(olat);
+          poison(olat_q8);
+          upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+          plain.run();
+          const std::vector<float> want = download<float>(olat, size_t(H) * R);
+          const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
+          poison(olat);
+          poison(olat_q8);
+          upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
+          upload(words, std::vector<uint32_t>{0, 0, 0, 0});
+          upload(query_words, std::vector<uint32_t>{0, 3, 0, 0});
+          upload(error, std::vector<uint32_t>{0, 0});
+          chained.run();
+          EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
+          EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8);
+          EXPECT_EQ(download<uint32_t>(words, 4), (std::vector<uint32_t>{0, 0, target, 0}));
+          EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
+          if (vo_gate) EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(range));
+        }
       }
-      ASSERT_EQ(chained.dispatches().size(), 2u);
-      EXPECT_NE(chained.dispatches().front().label.find(short_wait ? ".wait.signal" : ".signal"), std::string::npos);
-      EXPECT_NE(chained.dispatches().back().label.find(".wait"), std::string::npos);
-      for (uint32_t kv_len : {1u, 23u, 40u}) {
-        SCOPED_TRACE(cat("kv_len ", kv_len));
-        std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-        op.decode_counts(kv_len, counts.data());
-        std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
-        step_words.insert(step_words.end(), counts.begin(), counts.end());
-        upload(step, step_words);
-        poison(olat);
-        poison(olat_q8);
-        upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-        plain.run();
-        const std::vector<float> want = download<float>(olat, size_t(H) * R);
-        const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-        poison(olat);
-        poison(olat_q8);
-        upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
-        upload(words, std::vector<uint32_t>{0, 0, 0, 0});
-        upload(query_words, std::vector<uint32_t>{0, 3, 0, 0});
-        upload(error, std::vector<uint32_t>{0, 0});
-        chained.run();
-        EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
-        EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8);
-        EXPECT_EQ(download<uint32_t>(words, 4), (std::vector<uint32_t>{0, 0, op.decode_merge_target(), 0}));
-        EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
-        if (vo_gate) EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(vk::DecodeRange::Short));
-      }
+      vk::CommandRecorder bad(*gpu().ctx);
+      bad.begin();
+      const auto record = [&](const vk::GateWait& w, vk::BufferSlice q8) {
+        op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
+                         partials.whole(), arrivals.whole(), olat.whole(), range, "attn", q8, q8.buffer ? gate.whole() : vk::BufferSlice{}, {}, w);
+      };
+      EXPECT_THROW(record(vk::GateWait{words.whole(), 2, target + 1, error.whole()}, olat_q8.whole()), Error) << "another target";
+      EXPECT_THROW(record(wait, {}), Error) << "no int8 olat";
+      bad.end();
     }
-    vk::CommandRecorder bad(*gpu().ctx);
-    bad.begin();
-    const auto record = [&](vk::DecodeRange range, const vk::GateWait& w) {
-      op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                       arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), gate.whole(), {}, w);
-    };
-    EXPECT_THROW(record(vk::DecodeRange::Long, wait), Error);
-    EXPECT_THROW(record(vk::DecodeRange::Short, vk::GateWait{words.whole(), 2, op.decode_merge_target() + 1, error.whole()}),
-                 Error);
-    bad.end();
   }
 }
 

@@ -208,32 +208,64 @@ TEST(AttentionDecode, MidRangeMatchesTheReference) {
   }
 }
 
+// The gate tests' inputs, GLM-shaped (20 heads, a 512 + 64 latent row, 300 positions): random
+// f16 cache rows (seed) and queries (seed + 1), the step words and olat; the op's partials,
+// arrival counters (zero) and int8 olat.
+struct GateInputs {
+  static constexpr uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
+  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
+  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
+  vk::Buffer step = make_buffer(64, "step"), olat = make_buffer(size_t(H) * R * 4, "olat");
+  explicit GateInputs(uint32_t seed) {
+    std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
+    const std::vector<float> v = test::random_values(cache_h.size(), 1.f, seed);
+    for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
+    upload(q, test::random_values(size_t(H) * row, 2.f, seed + 1));
+    upload(cache, cache_h);
+  }
+  // The step words of a context of kv_len positions with op's group counts.
+  void set_context(const vk::AttentionOp& op, uint32_t kv_len) {
+    std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
+    op.decode_counts(kv_len, counts.data());
+    std::vector<uint32_t> words{0, kv_len - 1, 0, 0};
+    words.insert(words.end(), counts.begin(), counts.end());
+    upload(step, words);
+  }
+  std::vector<float> olat_values() { return download<float>(olat, size_t(H) * R); }
+  // A short range up to 40 positions, then the long one; no single or mid range; the kernels
+  // that open W_vo's gate.
+  static vk::AttentionTuning split_tuning() {
+    vk::AttentionTuning t = tuning(0, 0);
+    t.short_max_kv = 40;
+    t.single = false;
+    t.gate_signal = true;
+    return t;
+  }
+  // The op's buffers.
+  struct OpBuffers {
+    vk::Buffer partials, arrivals, olat_q8;
+  };
+  static OpBuffers op_buffers(const vk::AttentionOp& op) {
+    OpBuffers b{make_buffer(op.partials_bytes(), "partials"), make_buffer(op.arrivals_bytes(), "arrivals"),
+                make_buffer(op.olat_q8_bytes(), "olat q8")};
+    upload(b.arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+    return b;
+  }
+};
+
 // The short and long ranges' merge dispatch opening W_vo's gate (AttentionTuning::gate_signal,
 // attention_merge.comp GATE_SIGNAL): the same olat and int8 bits as the merge without it, the
 // gate word counting every merge workgroup once (decode_gate_target); a folded merge opens none.
 TEST(AttentionDecode, MergeOpensTheGate) {
   REQUIRE_GPU();
-  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
-  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
-  vk::AttentionTuning t = tuning(0, 0);
-  t.short_max_kv = 40;
-  t.single = false;
-  t.gate_signal = true;
-  vk::AttentionOp op(*gpu().ctx, shape, t);
+  GateInputs in(61);
+  vk::AttentionTuning t = GateInputs::split_tuning();
+  vk::AttentionOp op(*gpu().ctx, in.shape, t);
   ASSERT_TRUE(op.writes_olat_q8());
   EXPECT_TRUE(op.decode_signals_gate(vk::DecodeRange::Long));
   EXPECT_EQ(op.decode_signals_gate(vk::DecodeRange::Short), !op.merge_folded(vk::DecodeRange::Short));
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 61);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  GateInputs::OpBuffers ob = GateInputs::op_buffers(op);
   vk::Buffer gate = make_buffer(16, "gate");
-  upload(q, test::random_values(size_t(H) * row, 2.f, 62));
-  upload(cache, cache_h);
-  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
   for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
     if (!op.decode_signals_gate(range)) continue;
     SCOPED_TRACE(range == vk::DecodeRange::Short ? "short" : "long");
@@ -241,90 +273,72 @@ TEST(AttentionDecode, MergeOpensTheGate) {
     for (bool g : {false, true}) {
       vk::CommandRecorder& rec = g ? gated : plain;
       rec.begin();
-      op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                       partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(),
+      op.record_decode(rec, in.q.whole(), in.cache.whole(), in.step.whole(), kPosWord, in.step.whole().sub(16, 24),
+                       ob.partials.whole(), ob.arrivals.whole(), in.olat.whole(), range, "attn", ob.olat_q8.whole(),
                        g ? gate.whole() : vk::BufferSlice{});
       rec.end();
     }
     for (uint32_t kv_len : range == vk::DecodeRange::Short ? std::vector<uint32_t>{1, 17, 40} : std::vector<uint32_t>{41, 299}) {
-      std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-      op.decode_counts(kv_len, counts.data());
-      std::vector<uint32_t> words{0, kv_len - 1, 0, 0};
-      words.insert(words.end(), counts.begin(), counts.end());
-      upload(step, words);
-      poison(olat);
-      poison(olat_q8);
+      in.set_context(op, kv_len);
+      poison(in.olat);
+      poison(ob.olat_q8);
       plain.run();
-      const std::vector<float> want = download<float>(olat, size_t(H) * R);
-      const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-      poison(olat);
-      poison(olat_q8);
+      const std::vector<float> want = in.olat_values();
+      const std::vector<uint32_t> want_q8 = download<uint32_t>(ob.olat_q8, op.olat_q8_bytes() / 4);
+      poison(in.olat);
+      poison(ob.olat_q8);
       upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
       gated.run();
-      EXPECT_EQ(download<float>(olat, size_t(H) * R), want) << "kv_len " << kv_len;
-      EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8) << "kv_len " << kv_len;
+      EXPECT_EQ(in.olat_values(), want) << "kv_len " << kv_len;
+      EXPECT_EQ(download<uint32_t>(ob.olat_q8, op.olat_q8_bytes() / 4), want_q8) << "kv_len " << kv_len;
       EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(range)) << "kv_len " << kv_len;
     }
   }
 }
 
 // The short range's rows partials started beside the query's matvec (AttentionTuning::short_wait,
-// the default since session 36; attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the polled word at its target, the
-// same olat bits as the partials recorded after a barrier and no error; below it, the wait gives
-// up and says what it saw. The long range's partials do not wait.
+// the default since session 36; attention_rows.comp WAIT_GATE without GATE_SIGNAL): with the
+// polled word at its target, the same olat bits as the partials recorded after a barrier and no
+// error; below it, the wait gives up and says what it saw. The long range's partials do not wait.
 TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
   REQUIRE_GPU();
-  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
-  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
-  vk::AttentionTuning t = tuning(0, 0);
-  t.short_max_kv = 40;
-  t.single = false;
-  t.gate_signal = true;
+  GateInputs in(71);
+  vk::AttentionTuning t = GateInputs::split_tuning();
   t.short_wait = false;
-  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_waits(vk::DecodeRange::Short));
+  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, in.shape, t).decode_waits(vk::DecodeRange::Short));
   t.short_wait = true;  // the default
-  vk::AttentionOp op(*gpu().ctx, shape, t);
+  vk::AttentionOp op(*gpu().ctx, in.shape, t);
   if (!op.decode_waits(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel for the short range on this device";
   EXPECT_FALSE(op.decode_waits(vk::DecodeRange::Long));
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 71);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), partials = make_buffer(op.partials_bytes(), "partials");
-  vk::Buffer arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-  vk::Buffer olat = make_buffer(size_t(H) * R * 4, "olat"), olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
+  GateInputs::OpBuffers ob = GateInputs::op_buffers(op);
   vk::Buffer gate = make_buffer(16, "gate"), words = make_buffer(16, "query gate"), error = make_buffer(8, "error");
-  upload(q, test::random_values(size_t(H) * row, 2.f, 72));
-  upload(cache, cache_h);
-  upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
   const vk::GateWait wait{words.whole(), 1, 3, error.whole()};
+  const auto record = [&](vk::CommandRecorder& rec, vk::DecodeRange range, const vk::GateWait& w) {
+    op.record_decode(rec, in.q.whole(), in.cache.whole(), in.step.whole(), kPosWord, in.step.whole().sub(16, 24),
+                     ob.partials.whole(), ob.arrivals.whole(), in.olat.whole(), range, "attn", ob.olat_q8.whole(),
+                     gate.whole(), w);
+  };
   vk::CommandRecorder plain(*gpu().ctx), waiting(*gpu().ctx);
   for (bool w : {false, true}) {
     vk::CommandRecorder& rec = w ? waiting : plain;
     rec.begin();
-    op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24), partials.whole(),
-                     arrivals.whole(), olat.whole(), vk::DecodeRange::Short, "attn", olat_q8.whole(), gate.whole(),
-                     w ? wait : vk::GateWait{});
+    record(rec, vk::DecodeRange::Short, w ? wait : vk::GateWait{});
     rec.end();
   }
   EXPECT_NE(waiting.dispatches().front().label.find(".wait"), std::string::npos);
   for (uint32_t kv_len : {1u, 23u, 40u}) {
     SCOPED_TRACE(cat("kv_len ", kv_len));
-    std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-    op.decode_counts(kv_len, counts.data());
-    std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
-    step_words.insert(step_words.end(), counts.begin(), counts.end());
-    upload(step, step_words);
-    poison(olat);
+    in.set_context(op, kv_len);
+    poison(in.olat);
     upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
     plain.run();
-    const std::vector<float> want = download<float>(olat, size_t(H) * R);
-    poison(olat);
+    const std::vector<float> want = in.olat_values();
+    poison(in.olat);
     upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
     upload(words, std::vector<uint32_t>{0, 3, 0, 0});
     upload(error, std::vector<uint32_t>{0, 0});
     waiting.run();
-    EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
+    EXPECT_EQ(in.olat_values(), want);
     EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
   }
   upload(words, std::vector<uint32_t>{0, 2, 0, 0});  // one arrival short: every wait gives up
@@ -332,10 +346,7 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
   EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{1, 2}));
   vk::CommandRecorder bad(*gpu().ctx);
   bad.begin();
-  EXPECT_THROW(op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                                partials.whole(), arrivals.whole(), olat.whole(), vk::DecodeRange::Long, "attn",
-                                olat_q8.whole(), gate.whole(), wait),
-               Error);
+  EXPECT_THROW(record(bad, vk::DecodeRange::Long, wait), Error);
   bad.end();
 }
 
@@ -348,31 +359,18 @@ TEST(AttentionDecode, ShortRangeWaitsOnTheQuerysGate) {
 // refused with another target or without olat's int8 blocks.
 TEST(AttentionDecode, MergeWaitsOnThePartials) {
   REQUIRE_GPU();
-  const uint32_t H = 20, R = 512, Dr = 64, n_ctx = 300, row = R + Dr;
-  const vk::AttentionShape shape = make_shape(H, R, Dr, n_ctx, kGlmRope);
-  vk::AttentionTuning t = tuning(0, 0);
-  t.short_max_kv = 40;
-  t.single = false;
-  t.gate_signal = true;
+  GateInputs in(81);
+  vk::AttentionTuning t = GateInputs::split_tuning();
   t.merge_wait = false;
-  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, shape, t).decode_chains_merge(vk::DecodeRange::Short));
+  EXPECT_FALSE(vk::AttentionOp(*gpu().ctx, in.shape, t).decode_chains_merge(vk::DecodeRange::Short));
   t.merge_wait = true;  // the default
-  std::vector<uint16_t> cache_h(size_t(n_ctx) * row);
-  const std::vector<float> v = test::random_values(cache_h.size(), 1.f, 81);
-  for (size_t i = 0; i < v.size(); ++i) cache_h[i] = f32_to_fp16(v[i]);
-  vk::Buffer q = make_buffer(size_t(H) * row * 4, "q"), cache = make_buffer(shape.cache_bytes(), "cache");
-  vk::Buffer step = make_buffer(64, "step"), olat = make_buffer(size_t(H) * R * 4, "olat");
   vk::Buffer gate = make_buffer(16, "gate"), words = make_buffer(16, "merge gate"), error = make_buffer(8, "error");
   vk::Buffer query_words = make_buffer(16, "query gate");
-  upload(q, test::random_values(size_t(H) * row, 2.f, 82));
-  upload(cache, cache_h);
   for (bool short_wait : {false, true}) {
     t.short_wait = short_wait;
-    vk::AttentionOp op(*gpu().ctx, shape, t);
+    vk::AttentionOp op(*gpu().ctx, in.shape, t);
     if (!op.decode_chains_merge(vk::DecodeRange::Short)) GTEST_SKIP() << "no rows kernel or subgroup merge on this device";
-    vk::Buffer partials = make_buffer(op.partials_bytes(), "partials"), arrivals = make_buffer(op.arrivals_bytes(), "arrivals");
-    vk::Buffer olat_q8 = make_buffer(op.olat_q8_bytes(), "olat q8");
-    upload(arrivals, std::vector<uint32_t>(op.arrivals_bytes() / 4, 0));
+    GateInputs::OpBuffers ob = GateInputs::op_buffers(op);
     for (vk::DecodeRange range : {vk::DecodeRange::Short, vk::DecodeRange::Long}) {
       const bool short_range = range == vk::DecodeRange::Short;
       if (!short_range && short_wait) continue;  // only the short range's partials wait
@@ -380,6 +378,11 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
       const uint32_t target = op.decode_merge_target(range);
       const vk::GateWait wait{words.whole(), 2, target, error.whole()};
       const vk::GateWait query_wait = short_wait ? vk::GateWait{query_words.whole(), 1, 3, error.whole()} : vk::GateWait{};
+      const auto record = [&](vk::CommandRecorder& rec, vk::BufferSlice vo_gate, vk::BufferSlice olat_q8,
+                              const vk::GateWait& qw, const vk::GateWait& mw) {
+        op.record_decode(rec, in.q.whole(), in.cache.whole(), in.step.whole(), kPosWord, in.step.whole().sub(16, 24),
+                         ob.partials.whole(), ob.arrivals.whole(), in.olat.whole(), range, "attn", olat_q8, vo_gate, qw, mw);
+      };
       for (bool vo_gate : {false, true}) {
         if (short_wait && !vo_gate) continue;  // the waiting partials belong to the early W_vo's attention
         SCOPED_TRACE(cat(short_range ? "short" : "long", short_wait ? ", partials waiting" : "",
@@ -389,9 +392,7 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
         for (bool c : {false, true}) {
           vk::CommandRecorder& rec = c ? chained : plain;
           rec.begin();
-          op.record_decode(rec, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                           partials.whole(), arrivals.whole(), olat.whole(), range, "attn", olat_q8.whole(), g,
-                           c ? query_wait : vk::GateWait{}, c ? wait : vk::GateWait{});
+          record(rec, g, ob.olat_q8.whole(), c ? query_wait : vk::GateWait{}, c ? wait : vk::GateWait{});
           rec.end();
         }
         ASSERT_EQ(chained.dispatches().size(), 2u);
@@ -399,26 +400,22 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
         EXPECT_NE(chained.dispatches().back().label.find(".wait"), std::string::npos);
         for (uint32_t kv_len : short_range ? std::vector<uint32_t>{1, 23, 40} : std::vector<uint32_t>{41, 299}) {
           SCOPED_TRACE(cat("kv_len ", kv_len));
-          std::vector<uint32_t> counts(vk::AttentionOp::kDecodeCountWords);
-          op.decode_counts(kv_len, counts.data());
-          std::vector<uint32_t> step_words{0, kv_len - 1, 0, 0};
-          step_words.insert(step_words.end(), counts.begin(), counts.end());
-          upload(step, step_words);
-          poison(olat);
-          poison(olat_q8);
+          in.set_context(op, kv_len);
+          poison(in.olat);
+          poison(ob.olat_q8);
           upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
           plain.run();
-          const std::vector<float> want = download<float>(olat, size_t(H) * R);
-          const std::vector<uint32_t> want_q8 = download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4);
-          poison(olat);
-          poison(olat_q8);
+          const std::vector<float> want = in.olat_values();
+          const std::vector<uint32_t> want_q8 = download<uint32_t>(ob.olat_q8, op.olat_q8_bytes() / 4);
+          poison(in.olat);
+          poison(ob.olat_q8);
           upload(gate, std::vector<uint32_t>{0, 0, 0, 0});
           upload(words, std::vector<uint32_t>{0, 0, 0, 0});
           upload(query_words, std::vector<uint32_t>{0, 3, 0, 0});
           upload(error, std::vector<uint32_t>{0, 0});
           chained.run();
-          EXPECT_EQ(download<float>(olat, size_t(H) * R), want);
-          EXPECT_EQ(download<uint32_t>(olat_q8, op.olat_q8_bytes() / 4), want_q8);
+          EXPECT_EQ(in.olat_values(), want);
+          EXPECT_EQ(download<uint32_t>(ob.olat_q8, op.olat_q8_bytes() / 4), want_q8);
           EXPECT_EQ(download<uint32_t>(words, 4), (std::vector<uint32_t>{0, 0, target, 0}));
           EXPECT_EQ(download<uint32_t>(error, 2), (std::vector<uint32_t>{0, 0}));
           if (vo_gate) EXPECT_EQ(download<uint32_t>(gate, 1)[0], op.decode_gate_target(range));
@@ -426,12 +423,9 @@ TEST(AttentionDecode, MergeWaitsOnThePartials) {
       }
       vk::CommandRecorder bad(*gpu().ctx);
       bad.begin();
-      const auto record = [&](const vk::GateWait& w, vk::BufferSlice q8) {
-        op.record_decode(bad, q.whole(), cache.whole(), step.whole(), kPosWord, step.whole().sub(16, 24),
-                         partials.whole(), arrivals.whole(), olat.whole(), range, "attn", q8, q8.buffer ? gate.whole() : vk::BufferSlice{}, {}, w);
-      };
-      EXPECT_THROW(record(vk::GateWait{words.whole(), 2, target + 1, error.whole()}, olat_q8.whole()), Error) << "another target";
-      EXPECT_THROW(record(wait, {}), Error) << "no int8 olat";
+      EXPECT_THROW(record(bad, gate.whole(), ob.olat_q8.whole(), {}, vk::GateWait{words.whole(), 2, target + 1, error.whole()}),
+                   Error) << "another target";
+      EXPECT_THROW(record(bad, {}, {}, {}, wait), Error) << "no int8 olat";
       bad.end();
     }
   }

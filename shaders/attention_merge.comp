@@ -21,7 +21,8 @@
 // waits on until it counts every workgroup (docs/DECODE.md "Early start").
 //
 // WAIT_GATE (0/1; MERGE_SG; AttentionTuning::merge_wait): recorded with no barrier after the
-// rows partials (attention_rows.comp PARTIAL_SIGNAL), every workgroup of which adds 1 to word
+// partials (attention_rows.comp, attention_partial.comp or attention_prefill_tc.comp with
+// PARTIAL_SIGNAL), every workgroup of which adds 1 to word
 // GATE_WORD of the polled words (after the outputs' bindings) once its partials are written; each
 // workgroup reads the step words, waits until that word reaches GATE_TARGET (a wait that gives up
 // sets the error words, the binding after), then reads the partials with plain loads (no SM has

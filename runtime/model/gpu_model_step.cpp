@@ -295,8 +295,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     if (c.q_lora_rank) {
       query.gate = early_qk ? gate_wait(qk_words, 0, s1_ops[0].signal_count(ctx_)) : vk::GateWait{};
       query.signal = attn_words;
-      // The rows the attention of this range reads: up to its bound (single and mid: started
-      // early; with row_prefetch 2 also the short range's rows kernel behind its barrier).
+      // The rows the attention of this range reads, up to its bound: the single and mid ranges'
+      // started early, and with row_prefetch 2 the short range's too.
       const bool waits = range == vk::DecodeRange::Single || range == vk::DecodeRange::Mid;
       const bool pf = waits ? options_.row_prefetch >= 1 && early_attn
                             : options_.row_prefetch >= 2 && range == vk::DecodeRange::Short;
@@ -319,7 +319,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       weight_bytes += a.w.read_bytes();
     }
     if (!early_attn) rec.barrier();
-    // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait).
+    // The split ranges' merge chained to its partials by a gate (AttentionTuning::merge_wait).
     const bool chain_merge = early_starts() && olat_q8.buffer && attn.decode_chains_merge(range);
     attn.record_decode(rec, w.q.whole(), w.cache[l].whole(), step, kPosWord,
                        host_step.sub(kAttnCountsWord * 4, vk::AttentionOp::kDecodeCountWords * 4), w.partials.whole(),

@@ -251,7 +251,7 @@ struct GpuModelOptions {
   // attention will read (all but the position's own) before their wait, so that those rows are in
   // the L2 when the attention reads them (MatvecOp::row_prefetch). Session 35, H200, GLM Q4_0
   // tg128 447.4 -> 453.1 (+1.3 %); a tie at depth 512 (the mid range). 2: also in the short range
-  // (the rows kernel behind its barrier, up to short_max_kv rows; session 36). 0: off.
+  // (up to short_max_kv rows; session 36: -0.4 % at 4096, so off there). 0: off.
   // bench --tune row_prefetch=0|1|2.
   uint32_t row_prefetch = 1;
   // The early W_vo's weight blocks per lane and row loaded before its wait, the rest after it

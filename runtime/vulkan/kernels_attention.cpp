@@ -306,14 +306,25 @@ AttentionOp::OlatPipelines AttentionOp::olat_pipelines(Context& ctx, PipelineDes
   return p;
 }
 
-const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait) {
-  PipelineDesc d = p.gate_desc;
+PipelineDesc AttentionOp::waiting_desc(PipelineDesc d, const GateWait& wait) {
   d.name += ".wait";
   d.defines["WAIT_GATE"] = "1";
   d.defines["GATE_WORD"] = std::to_string(wait.word);
   d.defines["GATE_TARGET"] = std::to_string(wait.target);
   d.num_buffers += 2;  // the polled words, the error words
-  return ctx.pipeline(d);
+  return d;
+}
+
+PipelineDesc AttentionOp::signalling_desc(PipelineDesc d, uint32_t word) {
+  d.name += ".signal";
+  d.defines["PARTIAL_SIGNAL"] = "1";
+  d.defines["SIGNAL_WORD"] = std::to_string(word);
+  d.num_buffers += 1;  // the gate words
+  return d;
+}
+
+const Pipeline& AttentionOp::wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait) {
+  return ctx.pipeline(waiting_desc(p.gate_desc, wait));
 }
 
 AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const AttentionTuning& tuning) : shape_(shape) {
@@ -510,7 +521,6 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
       if (tuning.merge_wait && merge_sg) merge_gate_wait_desc_ = mq;
     }
   }
-  merge_wait_ = tuning.merge_wait;
 }
 
 uint32_t AttentionOp::decode_merge_target(DecodeRange range) const {
@@ -614,13 +624,7 @@ void AttentionOp::merge_groups(CommandRecorder& rec, BufferSlice partials, Buffe
       if (!d || n != 1 || !wait.valid())
         runtime_error(label, ": no waiting merge here (it needs merge_wait, the subgroup merge, one query, a gate "
                       "word, error words and a target above 0)");
-      PipelineDesc w = *d;
-      w.name += ".wait";
-      w.defines["WAIT_GATE"] = "1";
-      w.defines["GATE_WORD"] = std::to_string(wait.word);
-      w.defines["GATE_TARGET"] = std::to_string(wait.target);
-      w.num_buffers += 2;
-      pipe = &rec.context().pipeline(w);
+      pipe = &rec.context().pipeline(waiting_desc(*d, wait));
     }
     const uint32_t bindings = (gated ? 5 : 4) + (wait.enabled() ? 2 : 0);
     rec.dispatch(*pipe, std::span<const BufferSlice>(gated ? b : b_ungated, bindings), &args, sizeof args,

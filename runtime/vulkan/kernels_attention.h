@@ -294,7 +294,7 @@ class AttentionOp {
   // tensor cores or not; recorded as direct dispatches), and the count that gate reaches (the
   // partial dispatch's workgroups).
   bool decode_chains_merge(DecodeRange range) const {
-    if (!merge_wait_ || !direct_partial_ || !merge_q8_wait_desc_) return false;
+    if (!direct_partial_ || !merge_q8_wait_desc_) return false;  // (the desc is kept only with merge_wait)
     if (range == DecodeRange::Short) return short_rows_desc_ && !merge_folded(range);
     return range == DecodeRange::Long;
   }
@@ -404,7 +404,6 @@ class AttentionOp {
   // merge_q8_'s and merge_gate_'s descriptions, where their waiting variants can be made
   // (AttentionTuning::merge_wait with the subgroup merge; record_decode makes them).
   std::optional<PipelineDesc> merge_q8_wait_desc_, merge_gate_wait_desc_;
-  bool merge_wait_ = false;  // AttentionTuning::merge_wait
   // The pipelines of a kernel that writes olat: plain; also writing olat's int8 blocks (Q8_OUT,
   // one binding more); that one also opening W_vo's gate (GATE_SIGNAL, one more). Null where not
   // built.
@@ -415,6 +414,10 @@ class AttentionOp {
   };
   // The waiting variant of p.gate for `wait` (its word and target as defines).
   static const Pipeline& wait_pipeline(Context& ctx, const OlatPipelines& p, const GateWait& wait);
+  // `d` waiting on `wait` (WAIT_GATE, its word and target; the polled and error words as two more
+  // bindings), and `d` counting its workgroups in word `word` of one more binding (PARTIAL_SIGNAL).
+  static PipelineDesc waiting_desc(PipelineDesc d, const GateWait& wait);
+  static PipelineDesc signalling_desc(PipelineDesc d, uint32_t word);
   // The variant of `p` that record_decode dispatches: its pipeline, its bindings (`base` and the
   // int8 / gate ones) and its profile name suffix.
   struct OlatVariant {

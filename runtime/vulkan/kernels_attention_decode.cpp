@@ -127,29 +127,14 @@ void AttentionOp::record_decode(CommandRecorder& rec, BufferSlice q, BufferSlice
   // target) and / or signal (chained: every workgroup counts itself in merge_wait's word).
   const auto short_variant = [&]() -> const Pipeline& {
     PipelineDesc d = *short_rows_desc_;
-    if (wait.enabled()) {
-      d.name += ".wait";
-      d.defines["WAIT_GATE"] = "1";
-      d.defines["GATE_WORD"] = std::to_string(wait.word);
-      d.defines["GATE_TARGET"] = std::to_string(wait.target);
-    }
-    if (chained) {
-      d.name += ".signal";
-      d.defines["PARTIAL_SIGNAL"] = "1";
-      d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
-    }
-    d.num_buffers = uint32_t(bufs.size());
+    if (wait.enabled()) d = waiting_desc(d, wait);
+    if (chained) d = signalling_desc(d, merge_wait.word);
     return rec.context().pipeline(d);
   };
   const bool tc = tc_ && range == DecodeRange::Long;
   // The long range's signalling variant (chained), on tensor cores or not.
   const auto long_signal = [&]() -> const Pipeline& {
-    PipelineDesc d = tc ? *tc_desc_ : partial_desc_;
-    d.name += ".signal";
-    d.defines["PARTIAL_SIGNAL"] = "1";
-    d.defines["SIGNAL_WORD"] = std::to_string(merge_wait.word);
-    d.num_buffers = 5;
-    return rec.context().pipeline(d);
+    return rec.context().pipeline(signalling_desc(tc ? *tc_desc_ : partial_desc_, merge_wait.word));
   };
   const Pipeline& pipe = !short_range && chained        ? long_signal()
                          : tc                           ? *tc_

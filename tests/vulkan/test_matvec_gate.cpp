@@ -141,6 +141,20 @@ bool setup(Gpu& g, const GateCase& c, uint32_t seed, std::unique_ptr<vktest::Dev
   return probe.gate_supported(*g.ctx);
 }
 
+// Expects op.record() to throw an Error whose message contains `message` (`why` names the case).
+void expect_refused(Gpu& g, const vk::MatvecOp& op, const char* why, const char* message) {
+  SCOPED_TRACE(why);
+  vk::CommandRecorder rec(*g.ctx);
+  rec.begin();
+  try {
+    op.record(rec);
+    ADD_FAILURE() << "recorded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+  rec.end();
+}
+
 // Runs case `a` and case `b` (each gated, with the gate already open, or not) on the same matrix,
 // int8 x and y0 (from `seed`) and expects the same y bit for bit and no wait that gave up.
 // Returns false, running nothing, where the gate does not apply to `a`.
@@ -261,15 +275,7 @@ TEST(MatvecGate, ResidualFromAnotherBufferGivesTheInPlaceBits) {
   op.y = y.whole();
   op.residual = y.whole();
   EXPECT_FALSE(op.residual_supported(*g.ctx));
-  vk::CommandRecorder rec(*g.ctx);
-  rec.begin();
-  try {
-    op.record(rec);
-    ADD_FAILURE() << "a residual without accumulate was recorded";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("residual"), std::string::npos) << e.what();
-  }
-  rec.end();
+  expect_refused(g, op, "a residual without accumulate", "residual");
 }
 
 // The producer's side (MatvecOp::signal, matvec_q8.comp SIGNAL_GATE): q_a opening W_qk's gate.
@@ -482,18 +488,7 @@ TEST(MatvecGate, RowPrefetchRefusedWhereItCannotRun) {
   op.x_q8 = xq8.whole();
   op.y = y.whole();
   op.row_prefetch = {cache.whole(), step.whole(), 3, 1152, 4};
-  auto refused = [&](const char* why, const char* message) {
-    SCOPED_TRACE(why);
-    vk::CommandRecorder rec(*g.ctx);
-    rec.begin();
-    try {
-      op.record(rec);
-      ADD_FAILURE() << "recorded";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
-    rec.end();
-  };
+  auto refused = [&](const char* why, const char* message) { expect_refused(g, op, why, message); };
   EXPECT_FALSE(op.row_prefetch_supported(*g.ctx));
   refused("no gate", "row prefetch needs the early-started int8 kernel");
   op.gate = {gate.whole(), 0, 1, gate.whole()};

@@ -246,6 +246,8 @@ const Knob<A> kAttentionKnobs[] = {
     {"direct", 1, "the split kernel as a direct dispatch", [](A& t, uint32_t v) { t.direct_partial = v != 0; }},
     {"short_wait", 1, "with early_attn, the short range's partials wait on W_qk's gate too; default 1",
      [](A& t, uint32_t v) { t.short_wait = v != 0; }},
+    {"wait_order", 15, "the waiting rows kernels' loads after their gate, bits: 1 indices on the polled value, 2 coherent query, 4 coherent newest row, 8 coherent cache",
+     [](A& t, uint32_t v) { t.wait_order = v; }},
     {"single", 1, "one workgroup per head for short contexts", [](A& t, uint32_t v) { t.single = v != 0; }},
     {"single_max", kAnyCount, "the longest context it takes", [](A& t, uint32_t v) { t.single_max_kv = v; }},
     {"single_subgroups", 16, "its subgroups per workgroup", [](A& t, uint32_t v) { t.single_subgroups = v; }},

@@ -106,6 +106,16 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, ref.stats.layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
+  // The waiting rows kernels' loads ordered after the gate by the polled value, and coherent
+  // (AttentionTuning::wait_order): the same arithmetic again.
+  for (uint32_t order : {1u, 6u, 15u}) {
+    SCOPED_TRACE(cat("wait_order ", order));
+    o.attention.wait_order = order;
+    const Decoded ordered = decode(tsr, o);
+    EXPECT_TRUE(ordered.early_starts) << "no wait gave up";
+    EXPECT_EQ(ref.logits, ordered.logits);
+    EXPECT_EQ(ref.tokens, ordered.tokens);
+  }
 }
 
 // The MoE gate-up started beside W_vo (early_gateup), with its norm weight and bias loaded before

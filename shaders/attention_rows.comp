@@ -54,12 +54,6 @@
 // to GATE_TARGET; every workgroup waits for it first (a wait that gives up sets the error words,
 // binding OLAT_Q8_BINDING + 3, the split partials: 5), then reads the query and the cache with
 // plain loads (no SM has read their lines since the last barrier).
-// WAIT_ORDER (bits, with WAIT_GATE; AttentionTuning::wait_order): how the loads after the wait
-// see what was written beside the dispatch. 0: the wait's barriers and fence only; bit 0: the
-// query's and the cache's indices add gate.glsl's gate_order_zero (a run-time zero that depends
-// on the polled value, GATE_ORDERED); bit 1: the query's loads coherent; bit 2: the newest row's
-// (kv_write's, position pos) through a coherent view of the cache; bit 3: every cache load
-// coherent (PERFORMANCE.md session 37).
 // PARTIAL_SIGNAL (0/1; the split partials; AttentionTuning::merge_wait): every workgroup, those
 // that return early too, adds 1 to word SIGNAL_WORD of binding 4 (with WAIT_GATE: 6) once its
 // partials are written and visible device-wide, so that the merge (attention_merge.comp
@@ -128,24 +122,9 @@
 
 layout(local_size_x = NSG * SUBGROUP_SIZE) in;
 
-#ifndef WAIT_ORDER
-#define WAIT_ORDER 0
-#endif
 #if WAIT_GATE  // written beside this dispatch before the gate opens: not restrict
-#define GATE_ORDERED ((WAIT_ORDER & 1) != 0)
-#if (WAIT_ORDER & 2) != 0
-layout(std430, binding = 0) coherent readonly buffer Query { float q[]; };
-#else
 layout(std430, binding = 0) readonly buffer Query { float q[]; };
-#endif
-#if (WAIT_ORDER & 8) != 0
-layout(std430, binding = 1) coherent readonly buffer Cache { uint cache_w[]; };
-#else
 layout(std430, binding = 1) readonly buffer Cache { uint cache_w[]; };
-#endif
-#if (WAIT_ORDER & 4) != 0  // the same binding, for the row kv_write wrote beside this dispatch
-layout(std430, binding = 1) coherent readonly buffer CacheNew { uint cache_new_w[]; };
-#endif
 #else
 layout(std430, binding = 0) readonly restrict buffer Query { float q[]; };
 layout(std430, binding = 1) readonly restrict buffer Cache { uint cache_w[]; };
@@ -302,25 +281,10 @@ uint lane_word(uint t) { return gl_SubgroupInvocationID * kWpl + t; }
 #endif
 uint lane_value(uint i) { return 2u * lane_word(i / 2u) + (i & 1u); }
 
-// Zero, added to the query's and the cache's indices: with WAIT_ORDER, one that depends on the
-// gate's polled value (gate.glsl GATE_ORDERED), so that those loads come after the wait.
-#if WAIT_GATE && (WAIT_ORDER & 1) != 0
-uint order_zero() { return gate_order_zero; }
-#else
-uint order_zero() { return 0u; }
-#endif
-
-// The lane's words of rows j0 .. j0 + RB - 1, rows past `last` repeating it (`newest`: the
-// row kv_write wrote in this step, read through the coherent view with WAIT_ORDER bit 2).
-void load_rows(uint j0, uint last, uint newest, out uint w[RB][kWpl]) {
+// The lane's words of rows j0 .. j0 + RB - 1, rows past `last` repeating it.
+void load_rows(uint j0, uint last, out uint w[RB][kWpl]) {
   [[unroll]] for (uint b = 0; b < RB; ++b) {
-    const uint row = min(j0 + b, last) + order_zero();
-#if WAIT_GATE && (WAIT_ORDER & 4) != 0
-    if (row == newest) {  // uniform per subgroup
-      [[unroll]] for (uint t = 0; t < kWpl; ++t) w[b][t] = lane_word(t) < kRowW ? cache_new_w[row * kRowW + lane_word(t)] : 0u;
-      continue;
-    }
-#endif
+    const uint row = min(j0 + b, last);
     [[unroll]] for (uint t = 0; t < kWpl; ++t) w[b][t] = lane_word(t) < kRowW ? cache_w[row * kRowW + lane_word(t)] : 0u;
   }
 }
@@ -390,7 +354,7 @@ void attend(uint j0, uint end, uint w[RB][kWpl]) {
 // Each head's query values d0 .. d0 + kDpl - 1 scaled by kq_scale (zero past the row), unroped.
 void load_query(uint qt, uint head0, uint n_heads) {
   [[unroll]] for (uint a = 0; a < RH; ++a) {
-    const uint q_base = (qt * N_HEAD + head0 + min(a, n_heads - 1u)) * kRow + order_zero();
+    const uint q_base = (qt * N_HEAD + head0 + min(a, n_heads - 1u)) * kRow;
     [[unroll]] for (uint i = 0; i < kDpl; ++i) qv[a][i] = lane_value(i) < kRow ? q[q_base + lane_value(i)] * args.kq_scale : 0.0;
   }
 }
@@ -428,15 +392,12 @@ void rows_main() {
   load_query(qt, head0, n_heads);
 #if SINGLE_EARLY
   uint w0[RB][kWpl];
-  load_rows(g * RB, args.n_ctx - 1u, ~0u, w0);  // (the newest row is not known yet)
+  load_rows(g * RB, args.n_ctx - 1u, w0);
 #endif
   const uint pos = step_words[args.pos_word] + qt;
   const uint kv_len = min(pos + 1u, args.n_ctx);
   if (kv_len < args.kv_min || (args.kv_max != 0u && kv_len > args.kv_max) || head0 >= N_HEAD) return;  // uniform
   const uint end = kv_len;
-#if SINGLE_EARLY && WAIT_GATE && (WAIT_ORDER & 4) != 0
-  if (pos >= g * RB && pos < g * RB + RB) load_rows(g * RB, args.n_ctx - 1u, pos, w0);  // uniform per subgroup: the newest row, coherently
-#endif
   rope_query(pos);
 #if ROWS_F16
   pack_query();
@@ -451,7 +412,7 @@ void rows_main() {
   for (uint j0 = g * RB; j0 < end; j0 += NSG * RB) {  // uniform per subgroup
 #endif
     uint w[RB][kWpl];
-    load_rows(j0, end - 1u, pos, w);
+    load_rows(j0, end - 1u, w);
     attend(j0, end, w);
   }
 #else
@@ -475,7 +436,7 @@ void rows_main() {
     // RB rows' words for this lane, all loads issued before any is used (rows past the chunk
     // repeat its last row and are masked in attend); each row serves the RH heads.
     uint w[RB][kWpl];
-    load_rows(j0, end - 1u, pos, w);
+    load_rows(j0, end - 1u, w);
     attend(j0, end, w);
   }
 #endif

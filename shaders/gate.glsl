@@ -77,8 +77,6 @@ uint gate_backoff(uint seen, uint zero) {
 // Polls gate[i] + zero until it reaches target, or gives up (the error words). `zero` is 0 at run
 // time; the caller makes it depend on loads it wants issued before the wait (the compiler may
 // otherwise sink them past it). One invocation calls it. Returns the first value seen.
-uint gate_seen;  // the value gate_poll's last poll saw (polling invocation; read by GATE_ORDERED)
-
 uint gate_poll(uint i, uint target, uint zero) {
   const uint first = gate_load(i) + zero;
   uint seen = first;
@@ -88,7 +86,6 @@ uint gate_poll(uint i, uint target, uint zero) {
     gate_error[1] = seen;
     gate_error[0] = 1u;
   }
-  gate_seen = seen;
   return first;
 }
 
@@ -97,20 +94,6 @@ uint gate_poll(uint i, uint target, uint zero) {
 #endif
 
 shared uint gate_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; orders the preloaded loads before the wait
-
-// GATE_ORDERED (0/1, the including kernel's choice; attention_rows.comp WAIT_ORDER): gate_wait
-// also leaves gate_order_zero, a run-time zero that depends on the value the poll ended on (its
-// bit 31: a gate word counts arrivals, far below 2^31). A load that adds it to its index cannot be
-// issued before the gate opened, whatever a compiler makes of the barriers' scopes (barrier()
-// orders shared memory only; a plain load of a buffer written beside the dispatch is otherwise
-// free to move above it).
-#ifndef GATE_ORDERED
-#define GATE_ORDERED 0
-#endif
-#if GATE_ORDERED
-shared uint gate_open_bit;
-uint gate_order_zero = 0u;
-#endif
 
 // Until gate[i] reaches target, with the loads folded into `dep` landed first: each subgroup
 // stores (its lanes' dep) & zero_mask (zero at run time, unknown to the compiler: e.g. the high
@@ -125,15 +108,9 @@ void gate_wait(uint i, uint target, uint dep, uint zero_mask) {
   if (gl_LocalInvocationIndex == 0u) {
     const uint first = gate_poll(i, target, gate_dep[0]);
     GATE_ON_OPEN(first);
-#if GATE_ORDERED
-    gate_open_bit = gate_seen >> 31;
-#endif
   }
   barrier();
   memoryBarrierBuffer();
-#if GATE_ORDERED
-  gate_order_zero = gate_open_bit;
-#endif
   TS_MARK_GATE();  // bench --timeline: the wait's end (the mark, or with mark_gates the early mark)
 }
 #endif  // GATE_WAIT

@@ -287,7 +287,10 @@ void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, ar
 // rows [0, min(pos, PF_MAX_ROWS)) (binding 16; pos = word PF_POS_WORD of binding 17), so that the
 // attention after it finds them in the L2 instead of queueing for DRAM behind the next stage's
 // weight stream. Row pos, written beside this dispatch, is not read. The words join the
-// preload's dependence (they land before the poll, long before W_qk's gate opens).
+// preload's dependence (they land before the poll, long before W_qk's gate opens). The loads are
+// coherent (the L2 only) unless PF_L1 (MatvecOp::RowPrefetch::l1): with plain loads, which also
+// fill the L1 of W_qk's SMs, the attention beside them decoded nondeterministically where its
+// mid range was stretched (PERFORMANCE.md session 37).
 #ifndef PREFETCH_ROWS
 #define PREFETCH_ROWS 0
 #endif
@@ -297,7 +300,11 @@ void wait_gate(uint dep) { gate_wait(uint(GATE_WORD), uint(GATE_TARGET), dep, ar
 #define PRELOAD_EARLY PRELOAD
 #endif
 #if PREFETCH_ROWS
+#if defined(PF_L1) && PF_L1
 layout(std430, binding = 16) readonly buffer PfCache { uint pf_cache[]; };
+#else
+layout(std430, binding = 16) coherent readonly buffer PfCache { uint pf_cache[]; };
+#endif
 layout(std430, binding = 17) readonly buffer PfStep { uint pf_step[]; };
 
 uint prefetch_rows() {

@@ -461,6 +461,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.qk_q8 = o.qk_q8;
   go.qk_q8_halves = o.qk_q8_halves;
   go.row_prefetch = o.row_prefetch;
+  go.row_prefetch_l1 = o.row_prefetch_l1;
   go.vo_preload = o.vo_preload;
   go.vo_preload_split = o.vo_preload_split;
   go.gate_backoff = o.gate_backoff;

@@ -100,6 +100,7 @@ struct BenchOptions {
   int qk_q8 = -1;                         // GpuModelOptions::qk_q8 (--tune qk_q8=0|1|2; -1 auto)
   bool qk_q8_halves = true;               // GpuModelOptions::qk_q8_halves (--tune qk_q8=2: off)
   uint32_t row_prefetch = 1;              // GpuModelOptions::row_prefetch (--tune row_prefetch=0|1|2)
+  bool row_prefetch_l1 = false;           // GpuModelOptions::row_prefetch_l1 (--tune row_prefetch_l1=0|1)
   uint32_t vo_preload = 3;                // GpuModelOptions::vo_preload (--tune vo_preload=N; 0 all)
   uint32_t vo_preload_split = 1;          // GpuModelOptions::vo_preload_split (--tune vo_preload_split=N; 0 all)
   uint32_t gate_backoff = 0;              // GpuModelOptions::gate_backoff (--tune gate_backoff=N)

@@ -254,6 +254,12 @@ struct GpuModelOptions {
   // (up to short_max_kv rows; session 36: -0.4 % at 4096, so off there). 0: off.
   // bench --tune row_prefetch=0|1|2.
   uint32_t row_prefetch = 1;
+  // The row prefetch's loads plain (filling the L1 of W_qk's SMs too) instead of coherent (the
+  // L2 only). Session 37, H200: with plain loads the mid range stretched past its defaults
+  // (`--attention mid_max=6144,mid_groups=16|32` at 4096 positions) decoded nondeterministically
+  // (session 36's race), with coherent ones deterministically; the same speed (tg128 460.0 both).
+  // bench --tune row_prefetch_l1=0|1.
+  bool row_prefetch_l1 = false;
   // The early W_vo's weight blocks per lane and row loaded before its wait, the rest after it
   // (MatvecTuning::preload_early); 0: all. Session 35, H200, with row_prefetch: GLM's Q8_0 W_vo
   // holds 5 blocks a lane, 63 registers; with 3 (40 registers) its 256 workgroups are all resident

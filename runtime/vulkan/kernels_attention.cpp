@@ -364,10 +364,8 @@ AttentionOp::AttentionOp(Context& ctx, const AttentionShape& shape, const Attent
   // The rows kernels' lane layout and arithmetic (attention_rows.comp ROWS_COALESCED, ROWS_F16:
   // packed halves where the device has fp16 arithmetic).
   const bool rows_f16 = tuning.rows_f16 && ctx.device().enabled().shader_float16;
-  if (tuning.wait_order > 15) usage_error("attention: wait_order ", tuning.wait_order, ", expected bits 0..15");
   const ShaderDefines rows_common =
-      merged(common, {{"ROWS_COALESCED", tuning.rows_coalesced ? "1" : "0"}, {"ROWS_F16", rows_f16 ? "1" : "0"},
-                      {"WAIT_ORDER", std::to_string(tuning.wait_order)}});
+      merged(common, {{"ROWS_COALESCED", tuning.rows_coalesced ? "1" : "0"}, {"ROWS_F16", rows_f16 ? "1" : "0"}});
   PipelineDesc p;
   p.name = "attention_partial";
   p.file = "attention_partial.comp";

@@ -196,14 +196,6 @@ struct AttentionTuning {
   // workgroups beside W_qk's stream); with merge_wait and W_qk's early start, on the H200 of
   // session 36: GLM-4.7-Flash Q4_0 tg64 +1.4 % at 1024, +1.5 % at 4096 (the default since).
   bool short_wait = true;
-  // How the waiting rows kernels (single, mid, short with short_wait) see the query and the cache
-  // row written beside them (attention_rows.comp WAIT_ORDER), bits: 1 their loads' indices depend
-  // on the polled value, 2 the query's loads coherent, 4 the newest row's loads coherent, 8 every
-  // cache load coherent; 0 the wait's barriers and fence only. Session 36 found the mid range
-  // stretched past its defaults (mid_max=6144, mid_groups=16 at 4096 positions) decoding
-  // nondeterministically with 0; 10 fixed it (-4.1 % on the default short range at 4096); session
-  // 37: 1 and 3 did not (PERFORMANCE.md).
-  uint32_t wait_order = 0;
   // The decode step's shortest contexts (kv_len <= single_max_kv): the rows kernel with one
   // workgroup per head over the whole context, writing olat (and its int8 blocks) itself
   // (attention_rows.comp SINGLE): no partials, no merge dispatch, one barrier less per layer.

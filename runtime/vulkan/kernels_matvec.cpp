@@ -227,7 +227,7 @@ std::string MatvecOp::kernel_name(Context* ctx) const {
   if (v.xq8 && x_q8_halves) n += ".xh";
   if (v.heads) n += ".hd";
   if (v.res) n += ".res";
-  if (v.pf) n += ".pf";
+  if (v.pf) n += row_prefetch.l1 ? ".pf.l1" : ".pf";
   if (v.oq8 && out_q8_norm.buffer == VK_NULL_HANDLE) n += ".plain";
   if (ctx && batch == 1) {
     const uint32_t k = ksplit_of(*this, *ctx, q8_decode_teams(*this));
@@ -425,6 +425,7 @@ void MatvecOp::record(CommandRecorder& rec) const {
       desc.defines["PF_POS_WORD"] = std::to_string(row_prefetch.pos_word);
       desc.defines["PF_ROW_SECTORS"] = std::to_string(row_prefetch.row_bytes / 32);
       desc.defines["PF_MAX_ROWS"] = std::to_string(row_prefetch.max_rows);
+      if (row_prefetch.l1) desc.defines["PF_L1"] = "1";
     }
     if (v.signals) {
       desc.defines["SIGNAL_GATE"] = "1";

@@ -165,10 +165,13 @@ struct MatvecOp {
   // also reads one word of every 32-byte sector of the cache rows [0, min(pos, max_rows)) before
   // its wait, so that the attention after it finds them in the L2 (matvec_q8.comp PREFETCH_ROWS;
   // session 35): `rows` the layer's latent cache (row_bytes a row, a multiple of 32), pos = word
-  // pos_word of `step`. record() refuses it elsewhere.
+  // pos_word of `step`. Coherent loads (the L2 only) unless l1: plain loads, which also fill the
+  // L1 of the SMs they run on (the form of sessions 35-36; session 37 traced a race to it).
+  // record() refuses it elsewhere.
   struct RowPrefetch {
     BufferSlice rows, step;
     uint32_t pos_word = 0, row_bytes = 0, max_rows = 0;
+    bool l1 = false;
     bool enabled() const { return rows.buffer != VK_NULL_HANDLE; }
   };
   RowPrefetch row_prefetch;

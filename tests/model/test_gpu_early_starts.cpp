@@ -106,16 +106,6 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, ref.stats.layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
-  // The waiting rows kernels' loads ordered after the gate by the polled value, and coherent
-  // (AttentionTuning::wait_order): the same arithmetic again.
-  for (uint32_t order : {1u, 6u, 15u}) {
-    SCOPED_TRACE(cat("wait_order ", order));
-    o.attention.wait_order = order;
-    const Decoded ordered = decode(tsr, o);
-    EXPECT_TRUE(ordered.early_starts) << "no wait gave up";
-    EXPECT_EQ(ref.logits, ordered.logits);
-    EXPECT_EQ(ref.tokens, ordered.tokens);
-  }
 }
 
 // The MoE gate-up started beside W_vo (early_gateup), with its norm weight and bias loaded before
@@ -209,6 +199,15 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   EXPECT_EQ(split.logits, off.logits);
   EXPECT_EQ(split.tokens, off.tokens);
   EXPECT_GT(prefetching(), single_mid) << "no W_qk prefetching the split range's rows was built";
+
+  // Plain prefetch loads (the form until session 37, which fill the L1 too): the same bits.
+  model::GpuModelOptions o3 = options(-1, -1);
+  o3.row_prefetch_l1 = true;
+  const size_t before_l1 = prefetching();
+  const testfx::Decoded l1 = testfx::decode(*ctx, tsr, o3);
+  EXPECT_EQ(l1.logits, off.logits);
+  EXPECT_EQ(l1.tokens, off.tokens);
+  EXPECT_GT(prefetching(), before_l1) << "no W_qk with plain prefetch loads was built";
 }
 
 // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait, the

@@ -355,13 +355,19 @@ void global_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, inout fl
 // a valid one, blocks past the row repeating its last; neither is added).
 shared float gate_y[ROWS_PER_WG];  // y of the workgroup's rows before the add (TS_MATVEC_ACCUMULATE)
 
+// Blocks J0 .. J1 - 1 of the lane's (lane, lane + nlanes, ...) of every row row + r into w[r]
+// (rows past nvalid repeat the last valid one, blocks past nb the last block): no branch around a
+// load. A macro, so that gated_dot's loads before and after the wait compile as one loop each.
+#define GATED_LOAD_BLOCKS(J0, J1)                                                                      \
+  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {                                                     \
+    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);                                      \
+    [[unroll]] for (uint j = (J0); j < (J1); ++j) w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u)); \
+  }
+
 void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0, uint row_end,
                inout float acc[NUM_ROWS][NUM_COLS]) {
   Q8WRaw w[NUM_ROWS][PRELOAD];  // held across the wait as loaded
-  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
-    [[unroll]] for (uint j = 0; j < PRELOAD_EARLY; ++j) w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
-  }
+  GATED_LOAD_BLOCKS(0, PRELOAD_EARLY)
   uint dep = 0u;  // every loaded word of every block (its scale included)
   [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
     [[unroll]] for (uint j = 0; j < PRELOAD_EARLY; ++j) dep |= q8_raw_dep(w[r][j]);
@@ -378,11 +384,7 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
 #endif
   wait_gate(dep);
 #if PRELOAD_EARLY < PRELOAD  // the rest of the lane's blocks, after the wait
-  [[unroll]] for (uint r = 0; r < NUM_ROWS; ++r) {
-    const uint rr = nvalid == 0u ? 0u : row + min(r, nvalid - 1u);
-    [[unroll]] for (uint j = PRELOAD_EARLY; j < PRELOAD; ++j)
-      w[r][j] = q8_load_raw(0u, 0u, rr * nb + min(lane + j * nlanes, nb - 1u));
-  }
+  GATED_LOAD_BLOCKS(PRELOAD_EARLY, PRELOAD)
 #endif
   const uint b0 = x_block0(row);
 #if GATE_X == 1

@@ -100,18 +100,6 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #else
 #define OUT_QUAL writeonly restrict
 #endif
-// PREFETCH_SPANS (0/1; with WAIT_GATE; MoeTuning::shared_prefetch, session 37): before the wait,
-// the dispatch's first PF_GROUPS workgroups (those that start while W_vo streams) read one word of
-// every 32-byte sector of two weight spans (bindings 14, 15: the shared expert's gate-up and, or
-// again, its down matrix; PF_A_SECTORS / PF_B_SECTORS sectors, a stride of PF_GROUPS workgroups),
-// so that the shared slot's loads after the route, and the down's, find them in the L2. The words
-// join the wait's dependence.
-#ifndef PREFETCH_SPANS
-#define PREFETCH_SPANS 0
-#endif
-#if PREFETCH_SPANS && !WAIT_GATE
-#error "moe_gateup.comp: PREFETCH_SPANS is read before the early-started gate-up's wait"
-#endif
 #ifndef GATEUP_CONSTS
 #define GATEUP_CONSTS 0
 #endif
@@ -477,22 +465,6 @@ void bias_load(bool with_logits) {
 }
 #endif
 
-#if PREFETCH_SPANS
-layout(std430, binding = 14) readonly restrict buffer PfA { uint pf_a[]; };
-layout(std430, binding = 15) readonly restrict buffer PfB { uint pf_b[]; };
-
-// This invocation's sectors of the two spans (sector i, i + stride, ...); their words OR-ed.
-uint prefetch_spans() {
-  const uint wg = linear_workgroup_id();
-  if (wg >= uint(PF_GROUPS)) return 0u;
-  const uint stride = uint(PF_GROUPS) * WG_SIZE;
-  uint dep = 0u;
-  for (uint s = wg * WG_SIZE + gl_LocalInvocationIndex; s < uint(PF_A_SECTORS); s += stride) dep |= pf_a[8u * s];
-  for (uint s = wg * WG_SIZE + gl_LocalInvocationIndex; s < uint(PF_B_SECTORS); s += stride) dep |= pf_b[8u * s];
-  return dep;
-}
-#endif
-
 #if CONSTS_FIRST
 // Before the gate: what the prologue reads that W_vo does not write (the norm weight, the expert
 // bias) into shared memory, so that only x and the accumulators are read after it; gate_wait's
@@ -697,11 +669,7 @@ void main() {
 #if CONSTS_FIRST
   consts_preload();
 #endif
-#if PREFETCH_SPANS
-  gate_wait(uint(GATE_WORD), uint(GATE_TARGET), prefetch_spans(), args.flags & 0xFFFF0000u);  // the high half of flags is zero
-#else
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
-#endif
 #endif
   gateup_main();
 #if FUSED_DOWN

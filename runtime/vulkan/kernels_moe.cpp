@@ -162,7 +162,7 @@ uint32_t route_ranks(Context& ctx, const MoeTuning& t, uint32_t teams, uint32_t 
 // written. fused_down: the down fused in (FUSED_DOWN, 11 bindings). gating: the routing's (route_ranks()).
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t teams,
                                  uint32_t re, bool fold, bool fused_down, uint32_t outs, bool gate, const GateWait& wait,
-                                 GatingFunc gating, const SpanPrefetch& pf) {
+                                 GatingFunc gating) {
   const bool overlap = fold && t.q8_fold_overlap != 2;
   const uint32_t ranks = route_ranks(ctx, t, teams, re, gating);
   ShaderDefines d = {{"OUT_PER_WG", std::to_string(outs)},
@@ -190,20 +190,12 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["GATE_TARGET"] = std::to_string(wait.target);
     d["GATEUP_CONSTS"] = consts ? "1" : "0";
   }
-  const bool pfs = wait.enabled() && pf.enabled();
-  if (pfs) {
-    d["PREFETCH_SPANS"] = "1";
-    d["PF_A_SECTORS"] = std::to_string(pf.a_sectors) + "u";
-    d["PF_B_SECTORS"] = std::to_string(pf.b_sectors) + "u";
-    d["PF_GROUPS"] = std::to_string(pf.groups) + "u";
-  }
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "",
-                        pfs ? cat(".pfs", pf.groups) : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, teams, 1, d,
-                    pfs ? 16 : wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
+                    wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }
 
 const Pipeline& down_kernel(Context& ctx, GgmlType type, bool vec8, uint32_t slots, const MoeTuning& t, uint32_t re) {
@@ -614,28 +606,12 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
     runtime_error(what, ": an early-started gate-up also opens the down's gate and needs a gate word, error words "
                   "and a target above 0");
   const uint32_t groups_routed = uint32_t((g.w_routed + outs - 1) / outs);
-  // The shared expert's matrices read into the L2 before the wait (MoeTuning::shared_prefetch):
-  // where the early gate-up is one dispatch of the whole tile.
-  if (t.shared_prefetch > 2 || t.shared_prefetch_sectors == 0)
-    usage_error(what, ": shared_prefetch ", t.shared_prefetch, " (expected 0..2), ", t.shared_prefetch_sectors, " sectors a lane");
-  const bool pf = t.shared_prefetch && wait.enabled() && q8 && g.has_shared() && parts.size() == 1;
-  BufferSlice pf_spans[2];
-  SpanPrefetch span_pf;
-  if (pf) {
-    pf_spans[0] = weight_slice(*tile.buffer, tile.offset + g.shared_gateup_offset, g.gateup(g.n_expert).total_bytes);
-    pf_spans[1] = weight_slice(*tile.buffer, tile.offset + g.shared_down_offset, g.down(g.n_expert).total_bytes);
-    span_pf.a_sectors = pf_spans[0].size / 32;
-    span_pf.b_sectors = t.shared_prefetch == 2 ? pf_spans[1].size / 32 : 0;
-    const uint64_t per_group = uint64_t(teams) * team_shape(ctx).threads_per_row * t.shared_prefetch_sectors;
-    span_pf.groups = uint32_t(std::min<uint64_t>((span_pf.a_sectors + span_pf.b_sectors + per_group - 1) / per_group,
-                                                 gateup_groups(g, n_used, outs, true, true)));
-  }
   for (size_t i = 0; i < parts.size(); ++i) {
     const TilePart& p = parts[i];
     const bool vec8 = is_plain(p.type) && g.n_embd % 8 == 0;
     const uint32_t re = p.routed ? route_e(g.n_expert, fold || src.recompute) : 0;
     const Pipeline& pipe = q8 ? gateup_q8_kernel(ctx, p.type, uint32_t(g.n_embd), t, teams, re, fold, fused, kQ8GateUpOutputs,
-                                                 gated, wait, routing.gating, span_pf)
+                                                 gated, wait, routing.gating)
                               : gateup_kernel(ctx, p.type, vec8, t, re, fold);
     gpu::MoeArgs a = base_args(g, n_used);
     set_part(a, p);
@@ -650,7 +626,7 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
       a.down_shared_offset = uint32_t(g.shared_down_offset);
     }
     const uint64_t n_groups = gateup_groups(g, n_used, outs, p.routed, p.shared);
-    const BufferSlice bufs[16] = {p.w,
+    const BufferSlice bufs[14] = {p.w,
                                  fold ? x : h2,
                                  fold ? norm_weight : h2,
                                  fold ? route : src.route,
@@ -663,16 +639,14 @@ void MoeGateUpOp::record(CommandRecorder& rec) const {
                                  x,
                                  gate,
                                  wait.words,
-                                 wait.error,
-                                 pf ? pf_spans[0] : x,
-                                 pf ? pf_spans[1] : x};
+                                 wait.error};
     const GroupCounts gc = split_workgroups(n_groups, ctx.info());
     uint64_t part_bytes = bytes();
     if (parts.size() > 1) {  // this part's expected share: its experts' fraction of K, or the shared slot
       part_bytes = p.routed ? uint64_t(n_used) * read_bytes(g.gateup(0)) * (p.expert_hi - p.expert_lo) / g.n_expert
                             : read_bytes(g.gateup(g.n_expert));
     }
-    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, pf ? 16 : wait.enabled() ? 14 : gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7),
+    rec.dispatch(pipe, std::span<const BufferSlice>(bufs, wait.enabled() ? 14 : gated ? 12 : fused ? 11 : fold ? 9 : q8 ? 8 : 7),
                  a, gc.x, gc.y,
                  1, what, part_bytes);
   }

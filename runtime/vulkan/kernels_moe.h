@@ -135,12 +135,6 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
   bool gateup_consts = true;
-  // The early-started int8 gate-up's first workgroups read the shared expert's weights into the
-  // L2 before their wait (moe_gateup.comp PREFETCH_SPANS; session 37): 1 its gate-up matrix, 2
-  // also its down matrix; 0 off. shared_prefetch_sectors: sectors each of their invocations reads
-  // (the prefetching workgroups = the spans' sectors / (workgroup size x this), at most all).
-  uint32_t shared_prefetch = 0;
-  uint32_t shared_prefetch_sectors = 4;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -40,16 +40,9 @@ const Pipeline& gateup_kernel(Context& ctx, GgmlType type, bool vec8, const MoeT
 // h written; fused_down: the down fused in; gate / wait: the early starts' signal and wait;
 // gating: the routing's (where re > 0), for route_ranks(). `teams` subgroups a workgroup
 // (q8_gateup_teams()).
-// With wait: span_prefetch's sectors read before it (PREFETCH_SPANS, bindings 14 and 15).
-struct SpanPrefetch {
-  uint64_t a_sectors = 0, b_sectors = 0;  // 32-byte sectors of the two spans
-  uint32_t groups = 0;                    // the workgroups that read them
-  bool enabled() const { return groups > 0; }
-};
 const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, const MoeTuning& t, uint32_t teams,
                                  uint32_t re, bool fold = false, bool fused_down = false, uint32_t outs = kQ8GateUpOutputs,
-                                 bool gate = false, const GateWait& wait = {}, GatingFunc gating = GatingFunc::Softmax,
-                                 const SpanPrefetch& span_prefetch = {});
+                                 bool gate = false, const GateWait& wait = {}, GatingFunc gating = GatingFunc::Softmax);
 // Subgroups per int8 gate-up workgroup of a grid of `groups` workgroups, early-started or not.
 uint32_t q8_gateup_teams(const MoeTuning& t, bool early, uint64_t groups);
 // The experts a MoE kernel routes among (ROUTE_E: n_expert rounded up to 32), 0 where it does not route.

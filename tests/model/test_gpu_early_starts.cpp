@@ -210,42 +210,6 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   EXPECT_GT(prefetching(), before_l1) << "no W_qk with plain prefetch loads was built";
 }
 
-// The early gate-up's first workgroups reading the shared expert's gate-up (1) and down (2)
-// matrices into the L2 before their wait (MoeTuning::shared_prefetch; session 37), a lane's sector
-// at a time (the most workgroups) and 64 at a time: loads that only join the wait's dependence,
-// so the same logits and tokens; the prefetching kernels built; a mode past 2 refused.
-TEST(GpuStage2, SharedPrefetchGivesTheSameBits) {
-  vk::Context* ctx = fixture.context();
-  if (!ctx) GTEST_SKIP() << "no Vulkan device";
-  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
-  model::GpuModelOptions o = options(-1, -1);
-  const testfx::Decoded off = testfx::decode(*ctx, tsr, o);
-  if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
-  const auto prefetching = [&] {
-    size_t n = 0;
-    for (const vk::Pipeline* p : ctx->pipelines().all())
-      n += p->name().rfind("moe_gateup.", 0) == 0 && p->name().find(".pfs") != std::string::npos;
-    return n;
-  };
-  const size_t before = prefetching();
-  for (uint32_t mode : {1u, 2u}) {
-    for (uint32_t sectors : {1u, 64u}) {
-      SCOPED_TRACE(cat("shared_prefetch ", mode, ", ", sectors, " sectors a lane"));
-      o.moe.shared_prefetch = mode;
-      o.moe.shared_prefetch_sectors = sectors;
-      const testfx::Decoded on = testfx::decode(*ctx, tsr, o);
-      EXPECT_TRUE(on.early_starts) << "no wait gave up";
-      EXPECT_EQ(on.stats.dispatches, off.stats.dispatches);
-      EXPECT_EQ(on.stats.barriers, off.stats.barriers);
-      EXPECT_EQ(on.logits, off.logits);
-      EXPECT_EQ(on.tokens, off.tokens);
-    }
-  }
-  EXPECT_GE(prefetching(), before + 4) << "not every prefetching gate-up was built";
-  o.moe.shared_prefetch = 3;
-  EXPECT_THROW(testfx::decode(*ctx, tsr, o), Error);
-}
-
 // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait, the
 // default since session 36): the same kernels' arithmetic, so the same logits and tokens through
 // the single, mid and split ranges (the stats describe the single range's recording: no merge).

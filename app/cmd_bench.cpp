@@ -62,6 +62,7 @@ struct Knob {
 };
 
 // --tune.
+constexpr uint32_t kAnyCount = 1u << 24;  // counts with no bound of their own (positions, groups)
 using O = model::BenchOptions;
 const Knob<O> kTuneKnobs[] = {
     {"matvec_teams", 16, "subgroups per workgroup of the one-vector int8 matvec", [](O& o, uint32_t v) { o.matvec.teams = v; }},
@@ -209,8 +210,10 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.kq_pairs = v != 0; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
-    {"row_prefetch", 2, "1, default: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2: the short range's too",
+    {"row_prefetch", 2, "1: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2, default: the short range's too",
      [](O& o, uint32_t v) { o.row_prefetch = v; }},
+    {"row_prefetch_short", kAnyCount, "with row_prefetch=2, the short range's first N rows (default 2048; 0: all)",
+     [](O& o, uint32_t v) { o.row_prefetch_short_rows = v; }},
     {"row_prefetch_l1", 1, "1: the row prefetch's loads plain (they fill the L1 too); 0, default: coherent (the L2 only)",
      [](O& o, uint32_t v) { o.row_prefetch_l1 = v != 0; }},
     {"vo_preload", 8, "the early W_vo's weight blocks per lane and row loaded before its wait, the rest after it; default 3; 0: all",
@@ -226,7 +229,6 @@ const Knob<O> kTuneKnobs[] = {
 
 // --attention (0 is automatic for the counts).
 using A = vk::AttentionTuning;
-constexpr uint32_t kAnyCount = 1u << 24;  // counts with no bound of their own (positions, groups)
 const Knob<A> kAttentionKnobs[] = {
     {"heads", 32, "heads per workgroup of the split kernel", [](A& t, uint32_t v) { t.heads_per_group = v; }},
     {"tile", 16, "rows staged per step, 4, 8 or 16", [](A& t, uint32_t v) { t.tile = v; }},

@@ -462,6 +462,7 @@ BenchReport run_bench(const BenchOptions& o) {
   go.qk_q8_halves = o.qk_q8_halves;
   go.row_prefetch = o.row_prefetch;
   go.row_prefetch_l1 = o.row_prefetch_l1;
+  go.row_prefetch_short_rows = o.row_prefetch_short_rows;
   go.vo_preload = o.vo_preload;
   go.vo_preload_split = o.vo_preload_split;
   go.gate_backoff = o.gate_backoff;

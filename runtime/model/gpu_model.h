@@ -250,10 +250,13 @@ struct GpuModelOptions {
   // (early_qk): W_qk's workgroups read one word of every 32-byte sector of the cache rows the
   // attention will read (all but the position's own) before their wait, so that those rows are in
   // the L2 when the attention reads them (MatvecOp::row_prefetch). Session 35, H200, GLM Q4_0
-  // tg128 447.4 -> 453.1 (+1.3 %); a tie at depth 512 (the mid range). 2: also in the short range
-  // (up to short_max_kv rows; session 36: -0.4 % at 4096, so off there). 0: off.
-  // bench --tune row_prefetch=0|1|2.
-  uint32_t row_prefetch = 1;
+  // tg128 447.4 -> 453.1 (+1.3 %); a tie at depth 512 (the mid range). 2: also in the short range,
+  // its first row_prefetch_short_rows rows (0: all, up to short_max_kv). Session 36, plain loads,
+  // all rows: -0.4 % at 4096; session 37, coherent loads, all rows: +0.4 / +0.5 % at 1024 / 2048,
+  // a tie at 4096, -0.35 % at 6000; the first 2048 rows: +0.6 / +0.7 / +0.4 % at 2048 / 4096 /
+  // 6000 (H200, GLM Q4_0 tg64). 0: off. bench --tune row_prefetch=0|1|2, row_prefetch_short=N.
+  uint32_t row_prefetch = 2;
+  uint32_t row_prefetch_short_rows = 2048;
   // The row prefetch's loads plain (filling the L1 of W_qk's SMs too) instead of coherent (the
   // L2 only). Session 37, H200: with plain loads the mid range stretched past its defaults
   // (`--attention mid_max=6144,mid_groups=16|32` at 4096 positions) decoded nondeterministically

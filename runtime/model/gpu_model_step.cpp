@@ -303,7 +303,9 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       if (pf && query.row_prefetch_supported(ctx_)) {
         const uint32_t max_rows = range == vk::DecodeRange::Single ? attn.single_max_kv()
                                   : range == vk::DecodeRange::Mid  ? attn.mid_max_kv()
-                                                                   : attn.short_max_kv();
+                                  : options_.row_prefetch_short_rows
+                                      ? std::min(attn.short_max_kv(), options_.row_prefetch_short_rows)
+                                      : attn.short_max_kv();
         query.row_prefetch = {w.cache[l].whole(), step, kPosWord, uint32_t(c.kv_row() * 2), std::min(max_rows, n_ctx_),
                               options_.row_prefetch_l1};
       }

@@ -164,10 +164,10 @@ TEST(GpuModel, EarlyGateUpWithoutTheEarlyDown) {
   }
 }
 
-// W_qk reading the attention's cache rows into the L2 before its wait (row_prefetch, the default
-// since session 35):
-// loads whose values only join the wait's dependence, so the same logits and tokens, in the
-// single and mid ranges, and with row_prefetch 2 in the split range too.
+// W_qk reading the attention's cache rows into the L2 before its wait (row_prefetch: 1 since
+// session 35, 2 since session 37): loads whose values only join the wait's dependence, so the same
+// logits and tokens, in the single and mid ranges (1), in the split range too (2, the default),
+// there only its first rows (row_prefetch_short_rows), and with plain loads (row_prefetch_l1).
 TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   vk::Context* ctx = fixture.context();
   if (!ctx) GTEST_SKIP() << "no Vulkan device";
@@ -176,7 +176,8 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   o.row_prefetch = 0;
   const testfx::Decoded off = testfx::decode(*ctx, tsr, o);
   if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
-  const testfx::Decoded on = testfx::decode(*ctx, tsr, options(-1, -1));  // the default
+  o.row_prefetch = 1;
+  const testfx::Decoded on = testfx::decode(*ctx, tsr, o);
   EXPECT_TRUE(on.early_starts) << "no wait gave up";
   EXPECT_EQ(on.stats.dispatches, off.stats.dispatches);
   EXPECT_EQ(on.stats.barriers, off.stats.barriers);
@@ -191,14 +192,19 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   const size_t single_mid = prefetching();
   EXPECT_GT(single_mid, 0u) << "no W_qk with PREFETCH_ROWS was built";
 
-  model::GpuModelOptions o2 = options(-1, -1);
-  o2.row_prefetch = 2;
-  const testfx::Decoded split = testfx::decode(*ctx, tsr, o2);
+  const testfx::Decoded split = testfx::decode(*ctx, tsr, options(-1, -1));  // the default
   EXPECT_EQ(split.stats.dispatches, off.stats.dispatches);
   EXPECT_EQ(split.stats.barriers, off.stats.barriers);
   EXPECT_EQ(split.logits, off.logits);
   EXPECT_EQ(split.tokens, off.tokens);
-  EXPECT_GT(prefetching(), single_mid) << "no W_qk prefetching the split range's rows was built";
+  const size_t all_ranges = prefetching();
+  EXPECT_GT(all_ranges, single_mid) << "no W_qk prefetching the split range's rows was built";
+  model::GpuModelOptions o2 = options(-1, -1);
+  o2.row_prefetch_short_rows = 5;  // the split range's first 5 rows only
+  const testfx::Decoded first_rows = testfx::decode(*ctx, tsr, o2);
+  EXPECT_EQ(first_rows.logits, off.logits);
+  EXPECT_EQ(first_rows.tokens, off.tokens);
+  EXPECT_GT(prefetching(), all_ranges) << "no W_qk prefetching the split range's first rows was built";
 
   // Plain prefetch loads (the form until session 37, which fill the L1 too): the same bits.
   model::GpuModelOptions o3 = options(-1, -1);

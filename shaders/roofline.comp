@@ -25,7 +25,17 @@
 //   (gate.glsl): dispatch i waits on word i - 1 by relaxed atomic loads and fences after it
 //   (gate_wait), then each workgroup counts itself in word i (gate_signal). A wait that gives up
 //   sets dst[0] = 1 (and dst[1] = what it saw); the dispatches after it do not wait.
-// Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]).
+// MODE 6 (gated read; subgroups, the device clock): what an early-started kernel can read from
+//   the moment its gate opens, nothing loaded before it. Producer (pad1 = 1, one workgroup):
+//   spins pad0 ns on the device clock, so that the consumer's workgroups get resident and wait,
+//   then writes the clock at the opening to word 1 and opens word 0 (gate.glsl's order: fence,
+//   add). Consumer (pad1 = 0, recorded right after it with no barrier): invocation 0 polls word 0
+//   (gate_poll) and takes a zero from the opened word, so that no load of the read can be issued
+//   before the gate opened; then MODE 0's read of its n_vec4 words, and after it invocation 0
+//   records, relative to the opening, when it saw the gate (atomicMin into word 2) and when its
+//   workgroup's loads had landed (atomicMax into word 3).
+// Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]);
+// MODE 6: 2 = the gate and clock words (uint[4]), 3 = gate.glsl's error words (uint[2]).
 
 #include "common.glsl"
 
@@ -45,10 +55,19 @@ layout(std430, binding = 1) coherent restrict buffer GateError { uint gate_error
 #include "gate.glsl"
 shared bool gave_up;
 #endif
+#if MODE == 6
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_realtime_clock : require
+layout(std430, binding = 2) coherent restrict buffer Gate { uint gate[]; };
+layout(std430, binding = 3) coherent restrict buffer GateError { uint gate_error[]; };
+#define GATE_WAIT 1
+#include "gate.glsl"
+shared uint gr_zero;  // 0, taken from the opened gate word
+#endif
 #if MODE >= 2 && MODE <= 4
 layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
 const uint kSpinLimit = 1u << 20;
-#elif MODE <= 1
+#elif MODE <= 1 || MODE == 6
 layout(std430, binding = 0) readonly restrict buffer SrcBuf { uvec4 src[]; };
 layout(std430, binding = 1) restrict buffer DstBuf { uint dst[]; };
 #endif
@@ -60,8 +79,31 @@ layout(push_constant) uniform Push {
 } args;
 
 void main() {
+#if MODE == 6
+  if (args.pad1 != 0u) {  // the producer
+    if (gl_LocalInvocationIndex == 0u) {
+      const uint t0 = clockRealtime2x32EXT().x;
+      uint t = t0;
+      for (uint spins = 0u; t - t0 < args.pad0 && spins < (1u << 24); ++spins) t = clockRealtime2x32EXT().x;
+      gate[1] = t;
+      memoryBarrierBuffer();
+      atomicAdd(gate[0], 1u);
+    }
+    return;
+  }
+  if (gl_LocalInvocationIndex == 0u) {
+    gate_poll(0u, 1u, 0u);
+    gr_zero = gate_load(0u) - 1u;  // the producer opens it once: 0
+  }
+  barrier();
+  memoryBarrierBuffer();
+  const uint seen = clockRealtime2x32EXT().x;
+  const uint base = linear_workgroup_id() * (WG_SIZE * UNROLL) + gl_LocalInvocationIndex + gr_zero;
+#endif
+#if MODE == 0 || MODE == 6
 #if MODE == 0
   const uint base = linear_workgroup_id() * (WG_SIZE * UNROLL) + gl_LocalInvocationIndex;
+#endif
   uvec4 acc = uvec4(0);
   [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
     const uint i = base + k * WG_SIZE;
@@ -69,6 +111,14 @@ void main() {
   }
   const uint folded = acc.x ^ acc.y ^ acc.z ^ acc.w;
   if (folded == args.never) dst[gl_LocalInvocationIndex] = folded;
+#if MODE == 6
+  barrier();  // every invocation's loads have landed (its fold needed them)
+  if (gl_LocalInvocationIndex == 0u) {
+    const uint end = clockRealtime2x32EXT().x, opened = gate[1];
+    atomicMin(gate[2], seen - opened);
+    atomicMax(gate[3], end - opened);
+  }
+#endif
 #elif MODE == 1
   if (gl_LocalInvocationIndex == 0) dst[0] = args.never + gl_WorkGroupID.x;
 #elif MODE == 3

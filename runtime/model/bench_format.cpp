@@ -198,7 +198,8 @@ std::string bench_json(const BenchReport& r) {
         s += "{\"kernel\": " + js(f.family) + ", \"calls_per_token\": " + jn(f.calls_per_token) +
              ", \"us_per_call\": " + jn(f.us_per_call) + ", \"launch_us_per_call\": " + jn(f.launch_us_per_call) +
              ", \"bytes_per_call\": " + jn(f.bytes_per_call) + ", \"gbps\": " + jn(f.gbps) +
-             ", \"early_gbps\": " + jn(f.early_gbps) + ", \"ceiling_gbps\": " + jn(f.ceiling_gbps) + "}";
+             ", \"early_gbps\": " + jn(f.early_gbps) + ", \"ceiling_gbps\": " + jn(f.ceiling_gbps) +
+             ", \"gated_ceiling_gbps\": " + jn(f.gated_ceiling_gbps) + "}";
       }
       s += "], \"layer_dispatches\": [";
       for (size_t k = 0; k < t.layer_rows.size(); ++k) {
@@ -218,9 +219,14 @@ std::string bench_json(const BenchReport& r) {
     for (const ShortRead& t : q.short_reads)
       shorts += (shorts.empty() ? "" : ", ") + std::string("{\"bytes\": ") + ju(t.bytes) + ", \"us\": " + jn(t.us) +
                 ", \"gbps\": " + jn(t.gbps) + "}";
+    std::string gated;
+    for (const ShortRead& t : q.gated_reads)
+      gated += (gated.empty() ? "" : ", ") + std::string("{\"bytes\": ") + ju(t.bytes) + ", \"us\": " + jn(t.us) +
+               ", \"open_us\": " + jn(t.open_us) + ", \"gbps\": " + jn(t.gbps) + "}";
     s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
          ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
-         ", \"short_reads\": [" + shorts + "]" +
+         ", \"short_reads\": [" + shorts + "]" + ", \"gated_reads\": [" + gated + "]" +
+         ", \"gated_read_gave_up\": " + (q.gated_read_gave_up ? "true" : "false") +
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +
          ", \"dispatch_barrier_compute_only_us\": " + jn(q.dispatch_barrier_compute_only_us) +

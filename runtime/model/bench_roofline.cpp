@@ -46,15 +46,17 @@ double now_us() {
 const vk::Pipeline& roofline_pipeline(vk::Context& ctx, int mode) {
   vk::PipelineDesc desc;
   static const char* const kNames[] = {"roofline.read", "roofline.tiny", "roofline.chained",
-                                       "roofline.grid", "roofline.grid_fenced", "roofline.gated"};
+                                       "roofline.grid", "roofline.grid_fenced", "roofline.gated",
+                                       "roofline.gated_read"};
   desc.name = kNames[mode];
   desc.file = "roofline.comp";
+  const bool reads = mode == 0 || mode == 6;
   desc.defines = {{"MODE", std::to_string(mode)},
-                  {"WG_SIZE", std::to_string(mode == 0 ? kReadWorkgroup : kTinyWorkgroup)},
+                  {"WG_SIZE", std::to_string(reads ? kReadWorkgroup : kTinyWorkgroup)},
                   {"UNROLL", std::to_string(kReadUnroll)}};
-  desc.num_buffers = 2;
+  desc.num_buffers = mode == 6 ? 4 : 2;
   desc.push_bytes = sizeof(RooflineArgs);
-  desc.full_subgroups = mode == 5;  // gate.glsl indexes subgroups
+  desc.full_subgroups = mode == 5 || mode == 6;  // gate.glsl indexes subgroups
   return ctx.pipeline(desc);
 }
 
@@ -118,6 +120,74 @@ std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline&
   return out;
 }
 
+// Gated reads: for each size S (16, 8, 4 MiB), runs + 1 rounds (the first a warm-up; at most
+// the regions of S that its part of the buffer holds, at least 2) of a producer that opens a gate
+// after kGatedSpinNs and a consumer of S / 32 KiB workgroups recorded right after it with no
+// barrier (roofline.comp MODE 6), each round reading its own region of S. The sizes take disjoint
+// parts of [half / 2, half) of the buffer, away from the short reads' regions and from the last
+// bytes of the large passes. Device clock; subgroups.
+constexpr uint32_t kGatedSpinNs = 20000;  // long enough for the consumer's workgroups to get resident
+
+std::vector<ShortRead> measure_gated_reads(vk::Context& ctx, const vk::Buffer& src, const vk::Buffer& dst,
+                                           uint64_t buffer_bytes, int runs, bool* gave_up) {
+  std::vector<ShortRead> out;
+  const vk::Pipeline& gated = roofline_pipeline(ctx, 6);
+  vk::MemoryPool pool(ctx.device(), vk::MemoryKind::DeviceLocal, 1ull << 20);
+  vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
+  vk::Buffer words = pool.create_buffer(32, "roofline gated-read words");  // gate, opened at, seen, end; errors
+  const uint64_t half = buffer_bytes / 2, part = half / 2 / 3 / (1ull << 20) * (1ull << 20);
+  static constexpr uint64_t kSizes[] = {16ull << 20, 8ull << 20, 4ull << 20};
+  for (size_t k = 0; k < 3; ++k) {
+    const uint64_t size = kSizes[k], area = half / 2 + k * part;
+    const uint64_t regions = std::min<uint64_t>(part / size, uint64_t(runs) + 1);
+    if (regions < 2) continue;
+    vk::Buffer back = host_pool.create_buffer(regions * 32, "roofline gated-read results");
+    RooflineArgs consumer, producer;
+    consumer.n_vec4 = uint32_t(size / 16);
+    producer.pad0 = kGatedSpinNs;
+    producer.pad1 = 1;
+    const vk::GroupCounts groups = vk::split_workgroups(size / 16 / (kReadWorkgroup * kReadUnroll), ctx.info());
+    vk::CommandRecorder rec(ctx);
+    rec.begin();
+    for (uint64_t p = 0; p < regions; ++p) {
+      rec.fill(words.slice(0, 8), 0);            // the gate, the opening's clock
+      rec.fill(words.slice(8, 4), 0xFFFFFFFFu);  // the first seen (atomicMin)
+      rec.fill(words.slice(12, 4), 0);           // the last end (atomicMax)
+      rec.fill(words.slice(16, 16), 0);          // gate.glsl's error words
+      rec.barrier();
+      const vk::BufferSlice bufs[4] = {src.slice(area + p * size, size), dst.whole(), words.slice(0, 16),
+                                       words.slice(16, 16)};
+      rec.dispatch(gated, bufs, producer, 1, 1, 1, "roofline.gated_read.open", 0);
+      rec.dispatch(gated, bufs, consumer, groups.x, groups.y, 1, "roofline.gated_read", size);
+      rec.barrier();
+      rec.copy(words.whole(), back.slice(p * 32, 32));
+      rec.barrier();
+    }
+    rec.end();
+    rec.run();
+    std::vector<double> us, open_us;
+    for (uint64_t p = 1; p < regions; ++p) {
+      uint32_t w[8];
+      std::memcpy(w, back.mapped() + p * 32, sizeof w);
+      if (w[4] != 0 || w[0] != 1 || w[2] == 0xFFFFFFFFu || w[3] < w[2]) {
+        *gave_up = true;
+        continue;
+      }
+      open_us.push_back(w[2] / 1e3);  // device clock ticks read as ns
+      us.push_back((w[3] - w[2]) / 1e3);
+    }
+    if (us.empty()) continue;
+    ShortRead s;
+    s.bytes = size;
+    s.us = std::max(1e-3, median(us));
+    s.open_us = median(open_us);
+    s.gbps = double(size) / (s.us * 1e3);
+    out.push_back(s);
+  }
+  std::reverse(out.begin(), out.end());  // ascending sizes
+  return out;
+}
+
 }  // namespace
 
 RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options) {
@@ -174,6 +244,9 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
   r.read_gbps = double(r.read_bytes) / (r.read_us * 1e3);
   if (r.gpu_timestamps && (!options.read_only || options.short_reads))
     r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
+  if ((!options.read_only || options.short_reads) && ctx.pipelines().use_subgroup() &&
+      ctx.device().enabled().device_clock)
+    r.gated_reads = measure_gated_reads(ctx, src, dst, r.read_bytes, runs, &r.gated_read_gave_up);
   if (options.read_only) return r;
 
   // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
@@ -329,6 +402,19 @@ std::string roofline_markdown(const RooflineResult& r) {
       rates += one;
     }
     s += "| one dispatch reading " + sizes + " after a barrier, bytes not cached | " + rates + " |\n";
+  }
+  if (!r.gated_reads.empty() || r.gated_read_gave_up) {
+    std::string sizes, rates;
+    for (const ShortRead& q : r.gated_reads) {
+      char one[128];
+      sizes += (sizes.empty() ? "" : " / ") + vk::format_bytes(q.bytes);
+      std::snprintf(one, sizeof one, "%s%.1f GB/s (%.0f %%, %.2f µs; seen %.2f µs after the opening)",
+                    rates.empty() ? "" : " / ", q.gbps, 100.0 * q.gbps / r.read_gbps, q.us, q.open_us);
+      rates += one;
+    }
+    s += "| resident workgroups reading " + sizes +
+         " from the moment their gate opens (device clock, first seen -> last end), bytes not cached | " + rates +
+         (r.gated_read_gave_up ? " (a wait gave up)" : "") + " |\n";
   }
   if (r.dispatches) {
     std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",

@@ -5,6 +5,8 @@
 //    dispatch after a compute-only barrier (the decode step's) over bytes no earlier pass read
 //    lately, timed as the profiler times a decode kernel: what one such kernel can
 //    reach with nothing but its loads (launch, DRAM ramp and drain included);
+//  - reads of 4 to 16 MiB by resident workgroups from the moment a gate opens (device clock):
+//    what an early-started kernel can reach when none of its loads may precede its gate;
 //  - the cost of one dispatch with a barrier after it (each vk::BarrierScope), and without
 //    barriers (N tiny dispatches in one submission, host clock, minus the empty submission);
 //  - the same dependency through a counter in memory instead of a barrier (no pipeline barrier:
@@ -34,6 +36,7 @@ struct ShortRead {
   uint64_t bytes = 0;  // read by one dispatch
   double us = 0;       // median time of one, from the barrier before it (GPU timestamps)
   double gbps = 0;     // bytes / us
+  double open_us = 0;  // gated reads: from the gate's opening to the first workgroup that saw it
 };
 
 struct RooflineResult {
@@ -45,6 +48,15 @@ struct RooflineResult {
   // each one dispatch after a compute-only barrier over a region of that half, which the large
   // passes read least lately; GPU timestamps only (empty without them, and with read_only).
   std::vector<ShortRead> short_reads;
+  // Gated reads of 4, 8 and 16 MiB (those the buffer leaves room for): the resident workgroups of
+  // a dispatch recorded with no barrier after a producer wait on its gate (gate.glsl) and read
+  // their region once it opens, nothing before (roofline.comp MODE 6); `us` from the first
+  // workgroup that saw the gate to the last whose loads landed (device clock). What an
+  // early-started kernel whose addresses depend on its producer (the routed experts) can reach
+  // with nothing but its loads. Measured with the short reads, where the device has subgroups and
+  // a shader device clock.
+  std::vector<ShortRead> gated_reads;
+  bool gated_read_gave_up = false;  // a gated read's wait gave up or its words were not written
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...
@@ -80,7 +92,8 @@ struct RooflineResult {
 // What one dispatch reading `bytes` on its own after a barrier reaches (GB/s), from the measured
 // short reads (ascending sizes): the time taken as linear in the bytes between the two nearest
 // sizes (past the first or last, along the nearest pair). 0 with fewer than two reads or bytes 0.
-// The ceiling a decode kernel of that many bytes is held to (bench --timeline).
+// The ceiling a decode kernel of that many bytes is held to (bench --timeline); through the gated
+// reads, the ceiling of an early-started one.
 double short_read_ceiling_gbps(const std::vector<ShortRead>& reads, double bytes);
 
 // Runs the tests on ctx's device. Throws Error(Runtime) when buffers cannot be allocated or a

@@ -243,14 +243,17 @@ std::string timeline_markdown(const TokenTimeline& t) {
   s += "| kernel | calls/token | µs/call (first start -> last end, median) | µs to start all workgroups | µs from the "
        "last mark to the end | bytes/call | GB/s | GB/s from the first early mark";
   // The rate's shares: of the read bandwidth (where measured), of a bare read of the family's
-  // size (where its ceiling is), joined by "; ".
-  const auto shares = [](const std::string& of_read, const std::string& of_size) {
+  // size (where its ceiling is), of a gated read of that size (where measured), joined by "; " / ", ".
+  const auto shares = [](const std::string& of_read, std::string of_size, const std::string& of_gated) {
+    if (!of_gated.empty()) of_size += (of_size.empty() ? "" : ", ") + of_gated;
     const std::string both = of_read + (!of_read.empty() && !of_size.empty() ? "; " : "") + of_size;
     return both.empty() ? both : " (" + both + ")";
   };
   const bool ceilings = std::any_of(t.families.begin(), t.families.end(), [](const TimelineFamily& f) { return f.ceiling_gbps > 0; });
+  const bool gated = std::any_of(t.families.begin(), t.families.end(), [](const TimelineFamily& f) { return f.gated_ceiling_gbps > 0; });
   s += shares(t.read_gbps > 0 ? "% of the read bandwidth" : "",
-              ceilings ? (t.read_gbps > 0 ? "of a bare read of its size" : "% of a bare read of its size") : "");
+              ceilings ? (t.read_gbps > 0 ? "of a bare read of its size" : "% of a bare read of its size") : "",
+              gated ? "of a gated read of its size" : "");
   s += " |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const TimelineFamily& f : t.families) {
     const std::string tail = f.tail_us_per_call > 0 ? fmt2(f.tail_us_per_call) : "-";
@@ -259,7 +262,10 @@ std::string timeline_markdown(const TokenTimeline& t) {
       early = gbps_text(f.early_gbps) +
               shares(t.read_gbps > 0 ? number_text("%.0f %%", 100.0 * f.early_gbps / t.read_gbps) : "",
                      f.ceiling_gbps > 0 ? number_text("%.0f %% of ", 100.0 * f.early_gbps / f.ceiling_gbps) + gbps_text(f.ceiling_gbps)
-                                        : "");
+                                        : "",
+                     f.gated_ceiling_gbps > 0
+                         ? number_text("%.0f %% of ", 100.0 * f.early_gbps / f.gated_ceiling_gbps) + gbps_text(f.gated_ceiling_gbps)
+                         : "");
     std::snprintf(line, sizeof line, "| %s | %.0f | %.2f | %.2f | %s | %.0f | %s | %s |\n", f.family.c_str(),
                   f.calls_per_token, f.us_per_call, f.launch_us_per_call, tail.c_str(), f.bytes_per_call,
                   gbps_text(f.gbps).c_str(), early.c_str());

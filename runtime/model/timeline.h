@@ -69,6 +69,10 @@ struct TimelineFamily {
   // of the roofline's short reads; 0: not measured): early_gbps / ceiling_gbps is how close the
   // kernel runs to a bare read of its size.
   double ceiling_gbps = 0;
+  // What resident workgroups reading bytes_per_call from the moment a gate opens reach (the same
+  // line through the roofline's gated reads; 0: not measured): the ceiling of an early-started
+  // kernel none of whose loads may precede its gate.
+  double gated_ceiling_gbps = 0;
 };
 
 // One dispatch of the middle layer, relative to that layer's first start (medians over tokens).

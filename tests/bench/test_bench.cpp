@@ -486,9 +486,13 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
     // 0 where the line through the two smallest reads leaves no time (a busy CPU device).
     std::vector<model::ShortRead> reads;
     for (const Value& q : j["roofline"]["short_reads"].arr) reads.push_back({uint64_t(q["bytes"].num), q["us"].num, q["gbps"].num});
+    std::vector<model::ShortRead> gated;  // the same line through the gated reads (none in a 64 MiB buffer)
+    for (const Value& q : j["roofline"]["gated_reads"].arr) gated.push_back({uint64_t(q["bytes"].num), q["us"].num, q["gbps"].num});
     for (const Value& k : t["kernels"].arr) {
       const double want = model::short_read_ceiling_gbps(reads, k["bytes_per_call"].num);
       EXPECT_NEAR(k["ceiling_gbps"].num, want, 1e-5 * std::max(1.0, want)) << k["kernel"].str;
+      const double want_gated = model::short_read_ceiling_gbps(gated, k["bytes_per_call"].num);
+      EXPECT_NEAR(k["gated_ceiling_gbps"].num, want_gated, 1e-5 * std::max(1.0, want_gated)) << k["kernel"].str;
     }
     EXPECT_GE(t["layer"].num, 0);
     for (const Value& d : t["layer_dispatches"].arr) {
@@ -550,6 +554,8 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_FALSE(q["chained_timed_out"].b) << "a counter wait gave up";  // ... every wait was met
   EXPECT_GE(q["dispatch_us"].num, 0);
   EXPECT_GT(q["submit_us"].num, 0);
+  EXPECT_EQ(q["gated_reads"].kind, Value::Array);  // none fit a 32 MiB buffer (RooflineGatedRead)
+  EXPECT_FALSE(q["gated_read_gave_up"].b);
   EXPECT_TRUE(j["results"].arr.empty());
   const RunResult md = run_tessera("bench --roofline --roofline-mib 32");
   ASSERT_EQ(md.rc, 0);
@@ -561,6 +567,33 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_NE(md.out.find("grid-wide barrier"), std::string::npos) << md.out;
   EXPECT_NE(md.out.find("chained by a counter"), std::string::npos) << md.out;
   if (q["dispatch_gated_wide_us"].num > 0) EXPECT_NE(md.out.find("chained by gates"), std::string::npos) << md.out;
+}
+
+// The gated read (roofline.comp MODE 6): the consumer's workgroups wait for the producer's gate,
+// then read their region; the words say when the first saw it and when the last one's loads
+// landed. A 128 MiB buffer leaves room for two 4 MiB regions (the warm-up and one timed).
+TEST(RooflineGatedRead, ReadsFromTheGatesOpening) {
+  if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
+  vk::Context ctx;
+  if (!ctx.device().enabled().device_clock || !ctx.pipelines().use_subgroup())
+    GTEST_SKIP() << "no shader device clock or no subgroups";
+  model::RooflineOptions o;
+  o.read_bytes = 128ull << 20;
+  o.repetitions = 1;
+  o.read_only = true;
+  o.short_reads = true;
+  const model::RooflineResult r = model::measure_roofline(ctx, o);
+  ASSERT_EQ(r.read_bytes, 128ull << 20) << "the device's buffer limits changed the test's sizes";
+  EXPECT_FALSE(r.gated_read_gave_up) << "a gated read's wait gave up or its words were not written";
+  ASSERT_EQ(r.gated_reads.size(), 1u);
+  const model::ShortRead& g = r.gated_reads[0];
+  EXPECT_EQ(g.bytes, 4ull << 20);
+  EXPECT_GT(g.us, 0);
+  EXPECT_GE(g.open_us, 0);
+  EXPECT_NEAR(g.gbps, double(g.bytes) / (g.us * 1e3), 1e-6 * g.gbps);
+  const std::string md = model::roofline_markdown(r);
+  EXPECT_NE(md.find("resident workgroups reading 4.0 MiB from the moment their gate opens"), std::string::npos) << md;
+  EXPECT_EQ(md.find("a wait gave up"), std::string::npos) << md;
 }
 
 // The profiler's per-kernel times add up to the measured token time (within 10 %), every

@@ -126,6 +126,12 @@ TEST(Timeline, RateFromTheEarlyMark) {
             std::string::npos) << md;
   EXPECT_NE(md.find("| 0.900 | 1.500 (50 %; 75 % of 2.000) |"), std::string::npos) << md;
   EXPECT_NE(md.find("| 0.100 | - |"), std::string::npos) << md;  // no early mark: no rate, no ceiling
+  t.families[0].gated_ceiling_gbps = 3.0;  // resident workgroups reading 9000 bytes from a gate: 3 GB/s
+  md = model::timeline_markdown(t);
+  EXPECT_NE(md.find("(% of the read bandwidth; of a bare read of its size, of a gated read of its size)"),
+            std::string::npos) << md;
+  EXPECT_NE(md.find("| 0.900 | 1.500 (50 %; 75 % of 2.000, 50 % of 3.000) |"), std::string::npos) << md;
+  t.families[0].gated_ceiling_gbps = 0;
   t.read_gbps = 0;
   md = model::timeline_markdown(t);
   EXPECT_NE(md.find("| 0.900 | 1.500 (75 % of 2.000) |"), std::string::npos) << md;

@@ -26,16 +26,19 @@
 //   (gate_wait), then each workgroup counts itself in word i (gate_signal). A wait that gives up
 //   sets dst[0] = 1 (and dst[1] = what it saw); the dispatches after it do not wait.
 // MODE 6 (gated read; subgroups, the device clock): what an early-started kernel can read from
-//   the moment its gate opens, nothing loaded before it. Producer (pad1 = 1, one workgroup):
+//   the moment its gate opens, nothing loaded before it. Producer (pad1 != 0, one workgroup):
 //   spins pad0 ns on the device clock, so that the consumer's workgroups get resident and wait,
-//   then writes the clock at the opening to word 1 and opens word 0 (gate.glsl's order: fence,
-//   add). Consumer (pad1 = 0, recorded right after it with no barrier): invocation 0 polls word 0
-//   (gate_poll) and takes a zero from the opened word, so that no load of the read can be issued
-//   before the gate opened; then MODE 0's read of its n_vec4 words, and after it invocation 0
-//   records, relative to the opening, when it saw the gate (atomicMin into word 2) and when its
-//   workgroup's loads had landed (atomicMax into word 3).
+//   then writes the clock at the opening to word 1 and opens word 0: pad1 = 1 as gate.glsl does
+//   it (a fence, then a relaxed add), 2 by an add with release semantics and no separate fence,
+//   3 by a relaxed add without a fence (no ordering: a floor for the hop). Consumer (pad1 = 0,
+//   recorded right after it with no barrier): invocation 0 polls word 0 (pad0 = 0: gate_poll's
+//   relaxed atomic loads; 1: volatile loads of a coherent view) and takes a zero from the opened
+//   word, so that no load of the read can be issued before the gate opened; then MODE 0's read
+//   of its n_vec4 words, and after it invocation 0 records, relative to the opening, when it saw
+//   the gate (atomicMin into word 2, atomicMax into word 4) and when its workgroup's loads had
+//   landed (atomicMax into word 3).
 // Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]);
-// MODE 6: 2 = the gate and clock words (uint[4]), 3 = gate.glsl's error words (uint[2]).
+// MODE 6: 2 = the gate and clock words (uint[5]), 3 = gate.glsl's error words (uint[2]).
 
 #include "common.glsl"
 
@@ -62,6 +65,7 @@ layout(std430, binding = 2) coherent restrict buffer Gate { uint gate[]; };
 layout(std430, binding = 3) coherent restrict buffer GateError { uint gate_error[]; };
 #define GATE_WAIT 1
 #include "gate.glsl"
+layout(std430, binding = 2) coherent volatile restrict buffer GateVolatile { uint gate_v[]; };
 shared uint gr_zero;  // 0, taken from the opened gate word
 #endif
 #if MODE >= 2 && MODE <= 4
@@ -86,13 +90,23 @@ void main() {
       uint t = t0;
       for (uint spins = 0u; t - t0 < args.pad0 && spins < (1u << 24); ++spins) t = clockRealtime2x32EXT().x;
       gate[1] = t;
-      memoryBarrierBuffer();
-      atomicAdd(gate[0], 1u);
+      if (args.pad1 == 2u) {
+        atomicAdd(gate[0], 1u, gl_ScopeDevice, gl_StorageSemanticsBuffer, gl_SemanticsRelease);
+      } else {
+        if (args.pad1 == 1u) memoryBarrierBuffer();
+        atomicAdd(gate[0], 1u);
+      }
     }
     return;
   }
   if (gl_LocalInvocationIndex == 0u) {
-    gate_poll(0u, 1u, 0u);
+    if (args.pad0 == 1u) {
+      uint v = gate_v[0];
+      for (uint spins = 0u; v < 1u && spins < kGateSpins; ++spins) v = gate_v[0];
+      if (v < 1u) gate_error[0] = 1u;
+    } else {
+      gate_poll(0u, 1u, 0u);
+    }
     gr_zero = gate_load(0u) - 1u;  // the producer opens it once: 0
   }
   barrier();
@@ -117,6 +131,7 @@ void main() {
     const uint end = clockRealtime2x32EXT().x, opened = gate[1];
     atomicMin(gate[2], seen - opened);
     atomicMax(gate[3], end - opened);
+    atomicMax(gate[4], seen - opened);
   }
 #endif
 #elif MODE == 1

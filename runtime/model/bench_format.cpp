@@ -222,10 +222,14 @@ std::string bench_json(const BenchReport& r) {
     std::string gated;
     for (const ShortRead& t : q.gated_reads)
       gated += (gated.empty() ? "" : ", ") + std::string("{\"bytes\": ") + ju(t.bytes) + ", \"us\": " + jn(t.us) +
-               ", \"open_us\": " + jn(t.open_us) + ", \"gbps\": " + jn(t.gbps) + "}";
+               ", \"open_us\": " + jn(t.open_us) + ", \"open_last_us\": " + jn(t.open_last_us) +
+               ", \"gbps\": " + jn(t.gbps) + "}";
+    std::string hops;
+    for (const GateHop& h : q.gate_hops)
+      hops += (hops.empty() ? "" : ", ") + std::string("{\"first_us\": ") + jn(h.first_us) + ", \"last_us\": " + jn(h.last_us) + "}";
     s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
          ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
-         ", \"short_reads\": [" + shorts + "]" + ", \"gated_reads\": [" + gated + "]" +
+         ", \"short_reads\": [" + shorts + "]" + ", \"gated_reads\": [" + gated + "]" + ", \"gate_hops\": [" + hops + "]" +
          ", \"gated_read_gave_up\": " + (q.gated_read_gave_up ? "true" : "false") +
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +

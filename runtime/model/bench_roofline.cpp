@@ -120,72 +120,104 @@ std::vector<ShortRead> measure_short_reads(vk::Context& ctx, const vk::Pipeline&
   return out;
 }
 
-// Gated reads: for each size S (16, 8, 4 MiB), runs + 1 rounds (the first a warm-up; at most
-// the regions of S that its part of the buffer holds, at least 2) of a producer that opens a gate
-// after kGatedSpinNs and a consumer of S / 32 KiB workgroups recorded right after it with no
-// barrier (roofline.comp MODE 6), each round reading its own region of S. The sizes take disjoint
-// parts of [half / 2, half) of the buffer, away from the short reads' regions and from the last
-// bytes of the large passes. Device clock; subgroups.
+// Gated reads (roofline.comp MODE 6): rounds of a producer that opens a gate after kGatedSpinNs
+// and a consumer of S / 32 KiB workgroups recorded right after it with no barrier, each round
+// reading its own region of S. The sizes take disjoint parts of [half / 2, half) of the buffer,
+// away from the short reads' regions and from the last bytes of the large passes. Device clock;
+// subgroups.
 constexpr uint32_t kGatedSpinNs = 20000;  // long enough for the consumer's workgroups to get resident
 
-std::vector<ShortRead> measure_gated_reads(vk::Context& ctx, const vk::Buffer& src, const vk::Buffer& dst,
-                                           uint64_t buffer_bytes, int runs, bool* gave_up) {
-  std::vector<ShortRead> out;
+// One size's rounds (the first a warm-up) with the producer's opening `kind` (MODE 6's pad1) and
+// the consumer's `poll` (its pad0):
+// the medians of the rounds' times from the opening (first seen, last seen, last end), in µs.
+struct GatedRounds {
+  double first_seen = 0, last_seen = 0, end = 0;
+  bool gave_up = false;  // a wait gave up or a round's words were not written
+  bool timed = false;    // at least one round after the warm-up
+};
+
+GatedRounds gated_rounds(vk::Context& ctx, const vk::Buffer& src, const vk::Buffer& dst, uint64_t area,
+                         uint64_t size, uint64_t rounds, uint32_t kind, uint32_t poll) {
   const vk::Pipeline& gated = roofline_pipeline(ctx, 6);
   vk::MemoryPool pool(ctx.device(), vk::MemoryKind::DeviceLocal, 1ull << 20);
   vk::MemoryPool host_pool(ctx.device(), vk::MemoryKind::Host, 1ull << 20);
-  vk::Buffer words = pool.create_buffer(32, "roofline gated-read words");  // gate, opened at, seen, end; errors
+  // Words 0-4: the gate, the opening's clock, the first seen, the last end, the last seen; 8-9:
+  // gate.glsl's error words.
+  constexpr uint64_t kWords = 48;
+  vk::Buffer words = pool.create_buffer(kWords, "roofline gated-read words");
+  vk::Buffer back = host_pool.create_buffer(rounds * kWords, "roofline gated-read results");
+  RooflineArgs consumer, producer;
+  consumer.n_vec4 = uint32_t(size / 16);
+  producer.pad0 = kGatedSpinNs;
+  producer.pad1 = kind;
+  consumer.pad0 = poll;
+  const vk::GroupCounts groups = vk::split_workgroups(size / 16 / (kReadWorkgroup * kReadUnroll), ctx.info());
+  vk::CommandRecorder rec(ctx);
+  rec.begin();
+  for (uint64_t p = 0; p < rounds; ++p) {
+    rec.fill(words.whole(), 0);
+    rec.fill(words.slice(8, 4), 0xFFFFFFFFu);  // the first seen (atomicMin)
+    rec.barrier();
+    const vk::BufferSlice bufs[4] = {src.slice(area + p * size, size), dst.whole(), words.slice(0, 32),
+                                     words.slice(32, 16)};
+    rec.dispatch(gated, bufs, producer, 1, 1, 1, "roofline.gated_read.open", 0);
+    rec.dispatch(gated, bufs, consumer, groups.x, groups.y, 1, "roofline.gated_read", size);
+    rec.barrier();
+    rec.copy(words.whole(), back.slice(p * kWords, kWords));
+    rec.barrier();
+  }
+  rec.end();
+  rec.run();
+  GatedRounds g;
+  std::vector<double> first, last, end;
+  for (uint64_t p = 1; p < rounds; ++p) {
+    uint32_t w[kWords / 4];
+    std::memcpy(w, back.mapped() + p * kWords, sizeof w);
+    if (w[8] != 0 || w[0] != 1 || w[2] == 0xFFFFFFFFu || w[3] < w[2] || w[4] < w[2]) {
+      g.gave_up = true;
+      continue;
+    }
+    first.push_back(w[2] / 1e3);  // device clock ticks read as ns
+    last.push_back(w[4] / 1e3);
+    end.push_back(w[3] / 1e3);
+  }
+  if (!first.empty()) {
+    g.timed = true;
+    g.first_seen = median(first);
+    g.last_seen = median(last);
+    g.end = median(end);
+  }
+  return g;
+}
+
+// The gated reads of 16, 8 and 4 MiB (as gate.glsl opens a gate), runs + 1 rounds each (at most
+// the regions of S that its part of the buffer holds, at least 2), ascending; and the hops of
+// the three openings and of the volatile polls (4 MiB rounds).
+void measure_gated_reads(vk::Context& ctx, const vk::Buffer& src, const vk::Buffer& dst, uint64_t buffer_bytes,
+                         int runs, RooflineResult& r) {
   const uint64_t half = buffer_bytes / 2, part = half / 2 / 3 / (1ull << 20) * (1ull << 20);
   static constexpr uint64_t kSizes[] = {16ull << 20, 8ull << 20, 4ull << 20};
   for (size_t k = 0; k < 3; ++k) {
     const uint64_t size = kSizes[k], area = half / 2 + k * part;
-    const uint64_t regions = std::min<uint64_t>(part / size, uint64_t(runs) + 1);
-    if (regions < 2) continue;
-    vk::Buffer back = host_pool.create_buffer(regions * 32, "roofline gated-read results");
-    RooflineArgs consumer, producer;
-    consumer.n_vec4 = uint32_t(size / 16);
-    producer.pad0 = kGatedSpinNs;
-    producer.pad1 = 1;
-    const vk::GroupCounts groups = vk::split_workgroups(size / 16 / (kReadWorkgroup * kReadUnroll), ctx.info());
-    vk::CommandRecorder rec(ctx);
-    rec.begin();
-    for (uint64_t p = 0; p < regions; ++p) {
-      rec.fill(words.slice(0, 8), 0);            // the gate, the opening's clock
-      rec.fill(words.slice(8, 4), 0xFFFFFFFFu);  // the first seen (atomicMin)
-      rec.fill(words.slice(12, 4), 0);           // the last end (atomicMax)
-      rec.fill(words.slice(16, 16), 0);          // gate.glsl's error words
-      rec.barrier();
-      const vk::BufferSlice bufs[4] = {src.slice(area + p * size, size), dst.whole(), words.slice(0, 16),
-                                       words.slice(16, 16)};
-      rec.dispatch(gated, bufs, producer, 1, 1, 1, "roofline.gated_read.open", 0);
-      rec.dispatch(gated, bufs, consumer, groups.x, groups.y, 1, "roofline.gated_read", size);
-      rec.barrier();
-      rec.copy(words.whole(), back.slice(p * 32, 32));
-      rec.barrier();
-    }
-    rec.end();
-    rec.run();
-    std::vector<double> us, open_us;
-    for (uint64_t p = 1; p < regions; ++p) {
-      uint32_t w[8];
-      std::memcpy(w, back.mapped() + p * 32, sizeof w);
-      if (w[4] != 0 || w[0] != 1 || w[2] == 0xFFFFFFFFu || w[3] < w[2]) {
-        *gave_up = true;
-        continue;
-      }
-      open_us.push_back(w[2] / 1e3);  // device clock ticks read as ns
-      us.push_back((w[3] - w[2]) / 1e3);
-    }
-    if (us.empty()) continue;
+    const uint64_t rounds = std::min<uint64_t>(part / size, uint64_t(runs) + 1);
+    if (rounds < 2) continue;
+    const GatedRounds g = gated_rounds(ctx, src, dst, area, size, rounds, 1, 0);
+    r.gated_read_gave_up = r.gated_read_gave_up || g.gave_up;
+    if (!g.timed) continue;
     ShortRead s;
     s.bytes = size;
-    s.us = std::max(1e-3, median(us));
-    s.open_us = median(open_us);
+    s.us = std::max(1e-3, g.end - g.first_seen);
+    s.open_us = g.first_seen;
+    s.open_last_us = g.last_seen;
     s.gbps = double(size) / (s.us * 1e3);
-    out.push_back(s);
+    r.gated_reads.insert(r.gated_reads.begin(), s);
+    if (size != 4ull << 20) continue;
+    for (uint32_t i = 0; i < 4; ++i) {  // gate_hops' order: openings 1, 2, 3 polled by atomic loads; 1 by volatile loads
+      const GatedRounds h = i == 0 ? g : gated_rounds(ctx, src, dst, area, size, rounds, i < 3 ? i + 1 : 1, i < 3 ? 0 : 1);
+      r.gated_read_gave_up = r.gated_read_gave_up || h.gave_up;
+      if (h.timed) r.gate_hops[i] = {h.first_seen, h.last_seen};
+    }
   }
-  std::reverse(out.begin(), out.end());  // ascending sizes
-  return out;
 }
 
 }  // namespace
@@ -246,7 +278,7 @@ RooflineResult measure_roofline(vk::Context& ctx, const RooflineOptions& options
     r.short_reads = measure_short_reads(ctx, read, src, dst, r.read_bytes, runs);
   if ((!options.read_only || options.short_reads) && ctx.pipelines().use_subgroup() &&
       ctx.device().enabled().device_clock)
-    r.gated_reads = measure_gated_reads(ctx, src, dst, r.read_bytes, runs, &r.gated_read_gave_up);
+    measure_gated_reads(ctx, src, dst, r.read_bytes, runs, r);
   if (options.read_only) return r;
 
   // Dispatch costs: N tiny dispatches with and without barriers, less the empty round trip.
@@ -387,7 +419,7 @@ double short_read_ceiling_gbps(const std::vector<ShortRead>& reads, double bytes
 
 std::string roofline_markdown(const RooflineResult& r) {
   std::string s = "| figure | value |\n|---|---|\n";
-  char line[256];
+  char line[384];
   std::snprintf(line, sizeof line, "| read bandwidth, 16-byte loads, %s buffer | %.1f GB/s (%.1f µs per pass, %s) |\n",
                 vk::format_bytes(r.read_bytes).c_str(), r.read_gbps, r.read_us,
                 r.gpu_timestamps ? "GPU timestamps" : "host clock");
@@ -408,13 +440,22 @@ std::string roofline_markdown(const RooflineResult& r) {
     for (const ShortRead& q : r.gated_reads) {
       char one[128];
       sizes += (sizes.empty() ? "" : " / ") + vk::format_bytes(q.bytes);
-      std::snprintf(one, sizeof one, "%s%.1f GB/s (%.0f %%, %.2f µs; seen %.2f µs after the opening)",
-                    rates.empty() ? "" : " / ", q.gbps, 100.0 * q.gbps / r.read_gbps, q.us, q.open_us);
+      std::snprintf(one, sizeof one, "%s%.1f GB/s (%.0f %%, %.2f µs; seen %.2f - %.2f µs after the opening)",
+                    rates.empty() ? "" : " / ", q.gbps, 100.0 * q.gbps / r.read_gbps, q.us, q.open_us, q.open_last_us);
       rates += one;
     }
     s += "| resident workgroups reading " + sizes +
          " from the moment their gate opens (device clock, first seen -> last end), bytes not cached | " + rates +
          (r.gated_read_gave_up ? " (a wait gave up)" : "") + " |\n";
+  }
+  if (r.gate_hops[0].first_us > 0) {
+    std::snprintf(line, sizeof line,
+                  "| a gate's hop, opening -> first / last waiting workgroup to see it (fence + add as gate.glsl; "
+                  "release add; add, no fence; gate.glsl's opening, volatile polls) | %.2f / %.2f; %.2f / %.2f; "
+                  "%.2f / %.2f; %.2f / %.2f µs |\n",
+                  r.gate_hops[0].first_us, r.gate_hops[0].last_us, r.gate_hops[1].first_us, r.gate_hops[1].last_us,
+                  r.gate_hops[2].first_us, r.gate_hops[2].last_us, r.gate_hops[3].first_us, r.gate_hops[3].last_us);
+    s += line;
   }
   if (r.dispatches) {
     std::snprintf(line, sizeof line, "| dispatch cost with a barrier after each (%u in one submit) | %.3f µs each |\n",

@@ -36,7 +36,14 @@ struct ShortRead {
   uint64_t bytes = 0;  // read by one dispatch
   double us = 0;       // median time of one, from the barrier before it (GPU timestamps)
   double gbps = 0;     // bytes / us
-  double open_us = 0;  // gated reads: from the gate's opening to the first workgroup that saw it
+  double open_us = 0;       // gated reads: from the gate's opening to the first workgroup that saw it
+  double open_last_us = 0;  // ... and to the last one
+};
+
+// A gate's hop: from the producer's clock just before it opens the gate to the first and the last
+// of the waiting workgroups that saw it (4 MiB gated reads; µs, medians over the rounds).
+struct GateHop {
+  double first_us = 0, last_us = 0;
 };
 
 struct RooflineResult {
@@ -57,6 +64,11 @@ struct RooflineResult {
   // a shader device clock.
   std::vector<ShortRead> gated_reads;
   bool gated_read_gave_up = false;  // a gated read's wait gave up or its words were not written
+  // The hop of a gate opened three ways (roofline.comp MODE 6's producer): [0] as gate.glsl does
+  // (a fence, then a relaxed add), [1] an add with release semantics, [2] a relaxed add with no
+  // fence (no ordering: the floor); all polled by relaxed atomic loads (gate.glsl); [3] opened as
+  // [0], polled by volatile loads. Zero where not measured.
+  GateHop gate_hops[4];
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...

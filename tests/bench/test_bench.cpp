@@ -591,9 +591,16 @@ TEST(RooflineGatedRead, ReadsFromTheGatesOpening) {
   EXPECT_GT(g.us, 0);
   EXPECT_GE(g.open_us, 0);
   EXPECT_NEAR(g.gbps, double(g.bytes) / (g.us * 1e3), 1e-6 * g.gbps);
+  EXPECT_GE(g.open_last_us, g.open_us);  // the last waiting workgroup saw it no earlier than the first
+  for (const model::GateHop& h : r.gate_hops) {  // the three ways of opening it, measured on the 4 MiB rounds
+    EXPECT_GT(h.last_us, 0);
+    EXPECT_GE(h.last_us, h.first_us);
+  }
+  EXPECT_EQ(r.gate_hops[0].first_us, g.open_us);  // gate.glsl's way is the gated read's own
   const std::string md = model::roofline_markdown(r);
   EXPECT_NE(md.find("resident workgroups reading 4.0 MiB from the moment their gate opens"), std::string::npos) << md;
   EXPECT_EQ(md.find("a wait gave up"), std::string::npos) << md;
+  EXPECT_NE(md.find("a gate's hop, opening -> first / last waiting workgroup"), std::string::npos) << md;
 }
 
 // The profiler's per-kernel times add up to the measured token time (within 10 %), every

@@ -210,8 +210,6 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.kq_pairs = v != 0; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
-    {"gateup_poll_first", 1, "1: with gateup_consts, the early gate-up polls its gate without waiting for those loads; default 0",
-     [](O& o, uint32_t v) { o.moe.gateup_poll_first = v != 0; }},
     {"row_prefetch", 2, "1: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2, default: the short range's too",
      [](O& o, uint32_t v) { o.row_prefetch = v; }},
     {"row_prefetch_short", kAnyCount, "with row_prefetch=2, the short range's first N rows (default 2048; 0: all)",

@@ -113,20 +113,6 @@ void gate_wait(uint i, uint target, uint dep, uint zero_mask) {
   memoryBarrierBuffer();
   TS_MARK_GATE();  // bench --timeline: the wait's end (the mark, or with mark_gates the early mark)
 }
-
-// gate_wait for a workgroup none of whose loads before the wait need to land first (those it
-// stores to shared memory, ordered by the barrier after the poll; not held in registers):
-// invocation 0 polls at once. Its subgroup should issue no load before it (the poll waits behind
-// them). Uniform control flow.
-void gate_wait_now(uint i, uint target) {
-  if (gl_LocalInvocationIndex == 0u) {
-    const uint first = gate_poll(i, target, 0u);
-    GATE_ON_OPEN(first);
-  }
-  barrier();
-  memoryBarrierBuffer();
-  TS_MARK_GATE();
-}
 #endif  // GATE_WAIT
 
 #endif  // TESSERA_GATE_GLSL

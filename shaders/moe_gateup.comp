@@ -54,11 +54,7 @@
 // gives up sets the error words, binding 13), then reads x and the accumulators with plain loads
 // (no SM has read their lines since the last barrier but the writers' own rows). With
 // FOLD_OVERLAP and GATEUP_CONSTS (MoeTuning::gateup_consts) it loads what W_vo does not write
-// into shared memory before the wait (the norm weight, the expert bias; session 16). POLL_FIRST
-// (0/1, with those; MoeTuning::gateup_poll_first): subgroup 0 loads none of them and its
-// invocation 0 polls at once (gate_wait_now), so that a workgroup that starts late, as W_vo's
-// leave their SMs, does not wait for those loads to land before it polls; the barrier after the
-// poll orders their stores before the staging.
+// into shared memory before the wait (the norm weight, the expert bias; session 16).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -111,12 +107,6 @@ layout(std430, binding = 11) coherent restrict buffer Gate { uint gate[]; };
 #define CONSTS_FIRST 1
 #else
 #define CONSTS_FIRST 0
-#endif
-#ifndef POLL_FIRST
-#define POLL_FIRST 0
-#endif
-#if POLL_FIRST && (!CONSTS_FIRST || !USE_SUBGROUP)
-#error "moe_gateup.comp: POLL_FIRST needs CONSTS_FIRST and subgroups"
 #endif
 #if FOLD_OVERLAP && (!Q8ACT || !ROUTER_FOLD)
 #error "moe_gateup.comp: FOLD_OVERLAP needs Q8ACT and ROUTER_FOLD"
@@ -478,25 +468,13 @@ void bias_load(bool with_logits) {
 #if CONSTS_FIRST
 // Before the gate: what the prologue reads that W_vo does not write (the norm weight, the expert
 // bias) into shared memory, so that only x and the accumulators are read after it; gate_wait's
-// first barrier (POLL_FIRST: gate_wait_now's) orders these stores before the staging.
+// first barrier orders these stores before the staging.
 void consts_preload() {
-#if POLL_FIRST
-  if (gl_SubgroupID == 0u) return;  // its invocation 0 polls at once
-  const uint first = gl_SubgroupSize, n = WG_SIZE - gl_SubgroupSize;
-#else
-  const uint first = 0u, n = WG_SIZE;
-#endif
-  const uint lid = gl_LocalInvocationIndex - first;
   if (norm_input()) {
     const uint nb = args.n_embd / 32u;
-    for (uint k = lid; k < 8u * nb; k += n) nw_sh[(k % 8u) * Q8_BLOCKS + k / 8u] = nw4[k];
+    for (uint k = gl_LocalInvocationIndex; k < 8u * nb; k += WG_SIZE) nw_sh[(k % 8u) * Q8_BLOCKS + k / 8u] = nw4[k];
   }
-#if POLL_FIRST
-  if (routed_workgroup() && (args.route_flags & TS_ROUTER_EXPERT_BIAS) != 0u)
-    for (uint e = lid; e < args.n_expert; e += n) rf_bias[e] = route_bias[e];
-#else
   bias_load(routed_workgroup());
-#endif
 }
 #endif
 
@@ -691,11 +669,7 @@ void main() {
 #if CONSTS_FIRST
   consts_preload();
 #endif
-#if POLL_FIRST
-  gate_wait_now(uint(GATE_WORD), uint(GATE_TARGET));  // x and the accumulators written
-#else
   gate_wait(uint(GATE_WORD), uint(GATE_TARGET), 0u, 0u);  // x and the accumulators written
-#endif
 #endif
   gateup_main();
 #if FUSED_DOWN

@@ -189,14 +189,11 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
     d["GATE_WORD"] = std::to_string(wait.word);
     d["GATE_TARGET"] = std::to_string(wait.target);
     d["GATEUP_CONSTS"] = consts ? "1" : "0";
-    d["POLL_FIRST"] = consts && t.gateup_poll_first && team_shape(ctx).subgroup ? "1" : "0";
   }
-  const bool poll_first = wait.enabled() && d["POLL_FIRST"] == "1";
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", poll_first ? ".pollfirst" : "",
-                        gu ? cat(".gu", gu_outs) : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -135,9 +135,6 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
   bool gateup_consts = true;
-  // With gateup_consts: subgroup 0 loads none of them and polls the gate at once, the others' loads
-  // landing beside its poll (moe_gateup.comp POLL_FIRST; session 38).
-  bool gateup_poll_first = false;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -136,13 +136,6 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
-  o.moe.gateup_poll_first = true;  // loaded beside the poll instead of before it
-  const Decoded poll_first = decode(tsr, o);
-  EXPECT_TRUE(poll_first.early_starts) << "no wait gave up";
-  EXPECT_EQ(ref.logits, poll_first.logits);
-  EXPECT_EQ(ref.tokens, poll_first.tokens);
-  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".pollfirst"), 0u) << "no poll-first gate-up was built";
-  o.moe.gateup_poll_first = false;
   o.moe.gateup_consts = false;  // the norm weight and the bias read after the wait instead
   const Decoded late = decode(tsr, o);
   EXPECT_EQ(ref.logits, late.logits);

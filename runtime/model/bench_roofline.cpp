@@ -217,6 +217,11 @@ void measure_gated_reads(vk::Context& ctx, const vk::Buffer& src, const vk::Buff
       r.gated_read_gave_up = r.gated_read_gave_up || h.gave_up;
       if (h.timed) r.gate_hops[i] = {h.first_seen, h.last_seen};
     }
+    // The broadcast: as many workgroups as an 8 MiB read (256: the early gate-up's 240) staging
+    // the same 8 KiB from the L2.
+    const GatedRounds b = gated_rounds(ctx, src, dst, area, 8ull << 20 <= part ? 8ull << 20 : size, rounds, 1, 2);
+    r.gated_read_gave_up = r.gated_read_gave_up || b.gave_up;
+    if (b.timed) r.gated_broadcast = {b.first_seen, b.end};
   }
 }
 
@@ -455,6 +460,13 @@ std::string roofline_markdown(const RooflineResult& r) {
                   "%.2f / %.2f; %.2f / %.2f µs |\n",
                   r.gate_hops[0].first_us, r.gate_hops[0].last_us, r.gate_hops[1].first_us, r.gate_hops[1].last_us,
                   r.gate_hops[2].first_us, r.gate_hops[2].last_us, r.gate_hops[3].first_us, r.gate_hops[3].last_us);
+    s += line;
+  }
+  if (r.gated_broadcast.last_us > 0) {
+    std::snprintf(line, sizeof line,
+                  "| after a gate, every waiting workgroup's first 64 invocations reading the same 8 KiB from the L2 "
+                  "(the early gate-up's staging of x): opening -> first seen / last end | %.2f / %.2f µs |\n",
+                  r.gated_broadcast.first_us, r.gated_broadcast.last_us);
     s += line;
   }
   if (r.dispatches) {

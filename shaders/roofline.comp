@@ -31,13 +31,16 @@
 //   then writes the clock at the opening to word 1 and opens word 0: pad1 = 1 as gate.glsl does
 //   it (a fence, then a relaxed add), 2 by an add with release semantics and no separate fence,
 //   3 by a relaxed add without a fence (no ordering: a floor for the hop). Consumer (pad1 = 0,
-//   recorded right after it with no barrier): invocation 0 polls word 0 (pad0 bit 0 clear:
-//   gate_poll's relaxed atomic loads; set: volatile loads of a coherent view) and takes a zero from the opened
+//   recorded right after it with no barrier): invocation 0 polls word 0 (pad0 = 0: gate_poll's
+//   relaxed atomic loads; 1: volatile loads of a coherent view) and takes a zero from the opened
 //   word, so that no load of the read can be issued before the gate opened; then MODE 0's read
 //   of its n_vec4 words, and after it invocation 0 records, relative to the opening, when it saw
 //   the gate (atomicMin into word 2, atomicMax into word 4) and when its workgroup's loads had
-//   landed (atomicMax into word 3). pad0 bit 1 (broadcast): every workgroup's invocations below
-//   64 read 8 words each of the region's first 8 KiB instead, which the producer read first.
+//   landed (atomicMax into word 3).
+// MODE 7 (gated broadcast): MODE 6 where every consumer workgroup's invocations below 64 read 8
+//   words each of the region's first 8 KiB, which the producer read into the L2 before its spin:
+//   the early gate-up's staging of x (a separate mode, so that MODE 6's loads compile as MODE 0's);
+//   pad0 = 2: every invocation reads 2 of those words, a warp's loads consecutive (WG_SIZE 256).
 // Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]);
 // MODE 6: 2 = the gate and clock words (uint[5]), 3 = gate.glsl's error words (uint[2]).
 
@@ -59,7 +62,7 @@ layout(std430, binding = 1) coherent restrict buffer GateError { uint gate_error
 #include "gate.glsl"
 shared bool gave_up;
 #endif
-#if MODE == 6
+#if MODE == 6 || MODE == 7
 #extension GL_KHR_memory_scope_semantics : require
 #extension GL_EXT_shader_realtime_clock : require
 layout(std430, binding = 2) coherent restrict buffer Gate { uint gate[]; };
@@ -72,7 +75,7 @@ shared uint gr_zero;  // 0, taken from the opened gate word
 #if MODE >= 2 && MODE <= 4
 layout(std430, binding = 1) coherent restrict buffer DstBuf { uint dst[]; };
 const uint kSpinLimit = 1u << 20;
-#elif MODE <= 1 || MODE == 6
+#elif MODE <= 1 || MODE == 6 || MODE == 7
 layout(std430, binding = 0) readonly restrict buffer SrcBuf { uvec4 src[]; };
 layout(std430, binding = 1) restrict buffer DstBuf { uint dst[]; };
 #endif
@@ -84,9 +87,9 @@ layout(push_constant) uniform Push {
 } args;
 
 void main() {
-#if MODE == 6
+#if MODE == 6 || MODE == 7
   if (args.pad1 != 0u) {  // the producer
-    // The region's first 8 KiB into the L2 (the broadcast reads it), folded into the spin's bound.
+    // The region's first 8 KiB into the L2 (MODE 7 reads it), kept by a store no fold equals.
     const uvec4 w = src[gl_LocalInvocationIndex] ^ src[gl_LocalInvocationIndex + WG_SIZE];
     if ((w.x ^ w.y ^ w.z ^ w.w) == args.never) dst[gl_LocalInvocationIndex] = 1u;
     barrier();
@@ -105,7 +108,7 @@ void main() {
     return;
   }
   if (gl_LocalInvocationIndex == 0u) {
-    if ((args.pad0 & 1u) != 0u) {
+    if (args.pad0 == 1u) {
       uint v = gate_v[0];
       for (uint spins = 0u; v < 1u && spins < kGateSpins; ++spins) v = gate_v[0];
       if (v < 1u) gate_error[0] = 1u;
@@ -118,19 +121,16 @@ void main() {
   memoryBarrierBuffer();
   const uint seen = clockRealtime2x32EXT().x;
   const uint base = linear_workgroup_id() * (WG_SIZE * UNROLL) + gl_LocalInvocationIndex + gr_zero;
-  // Broadcast: invocations below 64 read 8 words each of the region's first 8 KiB (which the
-  // producer read into the L2), the same for every workgroup: the early gate-up's staging of x.
-  const bool broadcast = (args.pad0 & 2u) != 0u;
 #endif
-#if MODE == 0 || MODE == 6
+#if MODE == 0 || MODE == 6 || MODE == 7
 #if MODE == 0
   const uint base = linear_workgroup_id() * (WG_SIZE * UNROLL) + gl_LocalInvocationIndex;
 #endif
   uvec4 acc = uvec4(0);
   [[unroll]] for (uint k = 0; k < UNROLL; ++k) {
-#if MODE == 6
-    const uint i = broadcast ? (gl_LocalInvocationIndex < 64u ? 8u * gl_LocalInvocationIndex + k + gr_zero : args.n_vec4)
-                             : base + k * WG_SIZE;
+#if MODE == 7  // pad0 = 2: the same 8 KiB read coalesced, two consecutive words an invocation
+    const uint i = args.pad0 == 2u ? (k < 2u ? gl_LocalInvocationIndex + k * WG_SIZE + gr_zero : args.n_vec4)
+                   : gl_LocalInvocationIndex < 64u ? 8u * gl_LocalInvocationIndex + k + gr_zero : args.n_vec4;
 #else
     const uint i = base + k * WG_SIZE;
 #endif
@@ -138,7 +138,7 @@ void main() {
   }
   const uint folded = acc.x ^ acc.y ^ acc.z ^ acc.w;
   if (folded == args.never) dst[gl_LocalInvocationIndex] = folded;
-#if MODE == 6
+#if MODE == 6 || MODE == 7
   barrier();  // every invocation's loads have landed (its fold needed them)
   if (gl_LocalInvocationIndex == 0u) {
     const uint end = clockRealtime2x32EXT().x, opened = gate[1];

@@ -70,10 +70,11 @@ struct RooflineResult {
   // [0], polled by volatile loads. Zero where not measured.
   GateHop gate_hops[4];
   // After a gate opens, each of 256 waiting workgroups (128 where the buffer holds no 8 MiB region)
-  // reads the same 8 KiB, which the producer read into the L2, with its first 64 invocations:
+  // reads the same 8 KiB, which the producer read into the L2: [0] its first 64 invocations 8
+  // words each (the early gate-up's staging of x), [1] every invocation 2 words, coalesced;
   // first_us = the opening -> the first seen, last_us = the opening -> the last workgroup's
-  // loads landed (roofline.comp MODE 6's broadcast).
-  GateHop gated_broadcast;
+  // loads landed (roofline.comp MODE 7).
+  GateHop gated_broadcast[2];
   uint32_t dispatches = 0;          // per submission in the dispatch tests (0: not measured)
   double dispatch_barrier_us = 0;   // per dispatch, each followed by a barrier (BarrierScope::Full)
   double dispatch_barrier_compute_us = 0;       // the same with BarrierScope::Compute ...

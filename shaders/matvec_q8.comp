@@ -417,44 +417,6 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
 // NORM_INPUT, the raw values' squares added to ss[c] on the way: each element is staged once, so
 // after the last pass the workgroup's ss hold the columns' sums of squares). The whole
 // workgroup, between barriers.
-// STAGE_COALESCED (0/1, one column; MatvecTuning::stage_coalesced): the pass's words of x (and of
-// the norm weight) are first read one per invocation, a warp's loads consecutive, into shared
-// memory, then a barrier, then each block quantized from there as below: the same values in the
-// same order, one barrier more; instead of 8 words per invocation 128 bytes apart.
-#ifndef STAGE_COALESCED
-#define STAGE_COALESCED 0
-#endif
-#if STAGE_COALESCED
-#if NUM_COLS != 1
-#error "matvec_q8.comp: STAGE_COALESCED needs one column"
-#endif
-shared vec4 sc_x[8 * KCHUNK];  // the pass's word t of x at [(t % 8) * KCHUNK + t / 8]
-#if NORM_INPUT
-shared vec4 sc_nw[8 * KCHUNK];  // the same of the norm weight
-#endif
-void stage_pass(uint kb, uint kn, inout float ss[NUM_COLS]) {
-  for (uint t = gl_LocalInvocationIndex; t < 8u * kn; t += WG_SIZE) {
-    sc_x[(t % 8u) * KCHUNK + t / 8u] = x4[(args.x_offset + 4u * (8u * kb + t)) >> 2];
-#if NORM_INPUT
-    sc_nw[(t % 8u) * KCHUNK + t / 8u] = nw4[8u * kb + t];
-#endif
-  }
-  barrier();
-  for (uint b = gl_LocalInvocationIndex; b < kn; b += WG_SIZE) {
-    vec4 v[8];
-    float sq = 0.0;
-    [[unroll]] for (uint k = 0; k < 8; ++k) {
-      v[k] = sc_x[k * KCHUNK + b];
-#if NORM_INPUT
-      sq += dot(v[k], v[k]);
-      v[k] *= sc_nw[k * KCHUNK + b];
-#endif
-    }
-    ss[0] += sq;
-    q8_stage_block(b, v);
-  }
-}
-#else
 void stage_pass(uint kb, uint kn, inout float ss[NUM_COLS]) {
   for (uint i = gl_LocalInvocationIndex; i < NUM_COLS * kn; i += WG_SIZE) {
     const uint c = i / kn, b = i % kn;
@@ -473,7 +435,6 @@ void stage_pass(uint kb, uint kn, inout float ss[NUM_COLS]) {
     q8_stage_block(c * KCHUNK + b, v);
   }
 }
-#endif  // STAGE_COALESCED
 
 // acc[r][c] += (weight row `row + r`, blocks kb + b for this lane's b < kn) . staged column c.
 // BLOCKS_PER_ITER (2 or 4) blocks per lane and iteration: that many independent weight loads in

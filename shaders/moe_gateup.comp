@@ -55,12 +55,6 @@
 // (no SM has read their lines since the last barrier but the writers' own rows). With
 // FOLD_OVERLAP and GATEUP_CONSTS (MoeTuning::gateup_consts) it loads what W_vo does not write
 // into shared memory before the wait (the norm weight, the expert bias; session 16).
-// STAGE_COALESCED (0/1, with FOLD_OVERLAP; MoeTuning::gateup_stage_coalesced): the prologue's
-// phase reads the input one 16-byte word per invocation (a warp's loads consecutive) into shared
-// memory, and the blocks are quantized after its barrier, then another barrier: instead of 8 words
-// per invocation 128 bytes apart. Every workgroup reads the same 8 KiB right after the gate; on the
-// H200, 256 workgroups doing so took 2.1 µs the first way, 1.2 µs coalesced (bench --roofline,
-// session 38). Same values, same bits.
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -199,16 +193,6 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
-#ifndef STAGE_COALESCED
-#define STAGE_COALESCED 0
-#endif
-#if STAGE_COALESCED && !FOLD_OVERLAP
-#error "moe_gateup.comp: STAGE_COALESCED needs FOLD_OVERLAP"
-#endif
-#if STAGE_COALESCED
-// The input (times the norm weight where it is not in nw_sh), word t at [(t % 8) * Q8_BLOCKS + t / 8].
-shared vec4 x_sh[8 * Q8_BLOCKS];
-#endif
 #if CONSTS_FIRST
 // The norm weight, loaded into shared memory before the gate (consts_preload: its DRAM round trip
 // off the chain after W_vo), values 4i..4i+3 of block b at [(i % 8) * Q8_BLOCKS + b] (the
@@ -231,35 +215,6 @@ void stage_input() {
     q8_stage_block(b, v);
   }
 }
-
-#if STAGE_COALESCED
-// The input's words into x_sh, one per invocation and step; no barrier.
-void stage_load() {
-  for (uint t = gl_LocalInvocationIndex; t < args.n_embd / 4u; t += WG_SIZE) {
-#if CONSTS_FIRST
-    x_sh[(t % 8u) * Q8_BLOCKS + t / 8u] = in4[t];
-#else
-    x_sh[(t % 8u) * Q8_BLOCKS + t / 8u] = norm_input() ? in4[t] * nw4[t] : in4[t];
-#endif
-  }
-}
-
-// After stage_load and a barrier: the int8 blocks from x_sh (stage_input's arithmetic); no barrier.
-void stage_quantize() {
-  for (uint b = gl_LocalInvocationIndex; b < args.n_embd / 32u; b += WG_SIZE) {
-    vec4 v[8];
-#if CONSTS_FIRST
-    if (norm_input()) {
-      [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = x_sh[i * Q8_BLOCKS + b] * nw_sh[i * Q8_BLOCKS + b];
-    } else
-#endif
-    {
-      [[unroll]] for (uint i = 0; i < 8; ++i) v[i] = x_sh[i * Q8_BLOCKS + b];
-    }
-    q8_stage_block(b, v);
-  }
-}
-#endif
 
 // This workgroup's outputs 32t .. 32t + 31, as one block's values.
 void h_out_block(uint t, out vec4 v[8]) {
@@ -533,11 +488,7 @@ void gateup_main() {
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).
   const uint nb_in = args.n_embd / 32u;
-#if STAGE_COALESCED
-  stage_load();
-#else
   stage_input();
-#endif
   fold_sum(with_logits, nb_in);
 #if !CONSTS_FIRST  // else loaded before the gate (consts_preload)
   bias_load(with_logits);
@@ -546,10 +497,6 @@ void gateup_main() {
   fold_sum(with_logits, 0u);
 #endif
   fold_finish();
-#if STAGE_COALESCED
-  stage_quantize();
-  barrier();
-#endif
   TS_MARK_EARLY();  // bench --timeline: the input staged and the accumulators summed
   scale = rf_inv_rms;
 #else

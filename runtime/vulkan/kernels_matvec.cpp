@@ -374,10 +374,6 @@ void MatvecOp::record(CommandRecorder& rec) const {
                     {"BLOCKS_PER_ITER", std::to_string(tuning.blocks_per_iter ? tuning.blocks_per_iter : 2u)},
                     {"X_Q8", v.xq8 ? "1" : "0"},
                     {"KSPLIT", std::to_string(ksplit)}};
-    if (tuning.stage_coalesced && batch == 1 && !v.xq8) {
-      desc.defines["STAGE_COALESCED"] = "1";
-      desc.name += ".sc";
-    }
     if (v.gated) {
       desc.defines["WAIT_GATE"] = "1";
       const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});

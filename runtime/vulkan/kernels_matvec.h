@@ -64,10 +64,6 @@ struct MatvecTuning {
   // the wait and the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before. The staged-x
   // kernel always loads them all before.
   uint32_t preload_early = 0;
-  // Decode, staged x (one vector): the pass's words of x and of the norm weight read one per
-  // invocation, coalesced, into shared memory before the blocks are quantized (matvec_q8.comp
-  // STAGE_COALESCED; session 38).
-  bool stage_coalesced = false;
 };
 
 // The router fold's inputs to the matvec that writes x (MatvecOp::router_fold).

@@ -171,8 +171,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"ROUTER_FOLD", fold ? "1" : "0"},
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
-                     {"GATE_SIGNAL", gate ? "1" : "0"},
-                     {"STAGE_COALESCED", overlap && t.gateup_stage_coalesced ? "1" : "0"}};
+                     {"GATE_SIGNAL", gate ? "1" : "0"}};
   const uint32_t gu_outs = q8_gateup_outs(t, type);
   const bool gu = gu_outs && team_shape(ctx).subgroup;
   if (gu) {
@@ -194,8 +193,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "",
-                        overlap && t.gateup_stage_coalesced ? ".sc" : "", gu ? cat(".gu", gu_outs) : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

@@ -135,10 +135,6 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
   bool gateup_consts = true;
-  // The router fold's gate-up (its overlapped prologue) reads its input one word per invocation,
-  // coalesced, into shared memory and quantizes it after the phase's barrier (moe_gateup.comp
-  // STAGE_COALESCED; session 38).
-  bool gateup_stage_coalesced = false;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

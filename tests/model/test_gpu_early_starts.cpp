@@ -136,19 +136,10 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
-  o.moe.gateup_stage_coalesced = true;  // the input read coalesced into shared memory first
-  const Decoded coalesced = decode(tsr, o);
-  EXPECT_EQ(ref.logits, coalesced.logits);
-  EXPECT_EQ(ref.tokens, coalesced.tokens);
-  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".consts.sc"), 0u) << "no coalesced staging was built";
   o.moe.gateup_consts = false;  // the norm weight and the bias read after the wait instead
   const Decoded late = decode(tsr, o);
   EXPECT_EQ(ref.logits, late.logits);
   EXPECT_EQ(ref.tokens, late.tokens);
-  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".wait.sc"), 0u) << "no coalesced staging without consts";
-  o.moe.gateup_stage_coalesced = false;
-  const Decoded late_strided = decode(tsr, o);
-  EXPECT_EQ(ref.logits, late_strided.logits);
 }
 
 // The same where the down stays behind its barrier (early_down off; DeepSeek-V2-Lite, whose shared
@@ -246,30 +237,6 @@ TEST(GpuStage2, MergeWaitGivesTheSameBits) {
   EXPECT_EQ(on.logits, off.logits);
   EXPECT_EQ(on.tokens, off.tokens);
   EXPECT_GT(built(*ctx, "attention_merge", ".wait"), 0u) << "no merge waiting on the partials was built";
-}
-
-// The staged decode matvecs (q_a / kv_a with their norm) and the gate-up's prologue reading their
-// input coalesced into shared memory first (MatvecTuning::stage_coalesced,
-// MoeTuning::gateup_stage_coalesced): the same values quantized in the same order, the same bits,
-// on Q4_0 (early_qk: q_a hands W_qk int8 halves) and Q4_K_M (its K-quant q_a staged the plain way).
-TEST(GpuModel, CoalescedStagingGivesTheSameBits) {
-  vk::Context* ctx = fixture.context();
-  if (!ctx) GTEST_SKIP() << "no Vulkan device";
-  for (const char* type : {"q4_0", "q4_k_m"}) {
-    SCOPED_TRACE(type);
-    TsrFile tsr = TsrFile::open(files("tiny", type, "all").tsr);
-    model::GpuModelOptions o{.n_ctx = 32, .prefill_chunk = 0};
-    o.attention.single_max_kv = 3;
-    const Decoded ref = decode(tsr, o);
-    o.matvec.stage_coalesced = true;
-    o.moe.gateup_stage_coalesced = true;
-    const Decoded coalesced = decode(tsr, o);
-    EXPECT_EQ(ref.logits, coalesced.logits);
-    EXPECT_EQ(ref.tokens, coalesced.tokens);
-  }
-  if (!ctx->pipelines().use_subgroup()) return;
-  EXPECT_GT(built(*ctx, "matvec.", ".sc"), 0u) << "no coalesced staged matvec was built";
-  EXPECT_GT(built(*ctx, "moe_gateup.", ".sc"), 0u) << "no coalesced gate-up prologue was built";
 }
 
 }  // namespace

@@ -370,11 +370,10 @@ TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
 }
 
 // The ungated staged path with the weights loaded before the staging (MatvecTuning::preload_blocks,
-// matvec_q8.comp PRELOAD_FIRST) and with x read coalesced into shared memory first
-// (MatvecTuning::stage_coalesced, STAGE_COALESCED), each with and without the fused norm: the bits
-// of the default order, for every int8 type, rows not a multiple of the workgroup, rows of fewer
-// blocks than a subgroup has lanes, several rows per subgroup (W_qk's split).
-TEST(MatvecGate, PreloadFirstAndCoalescedStagingGiveTheSameBits) {
+// matvec_q8.comp PRELOAD_FIRST): the bits of the default order, for every int8 type, rows not a
+// multiple of the workgroup, rows of fewer blocks than a subgroup has lanes, several rows per
+// subgroup (W_qk's split).
+TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
   if (!g.ctx->pipelines().use_subgroup()) GTEST_SKIP() << "no subgroups";
@@ -391,38 +390,30 @@ TEST(MatvecGate, PreloadFirstAndCoalescedStagingGiveTheSameBits) {
     vk::Buffer x = vktest::make_buffer(g, cols * 4ull, "x"), nw = vktest::make_buffer(g, cols * 4ull, "norm");
     vktest::upload_bytes(g, x, xv.data(), xv.size() * 4);
     vktest::upload_bytes(g, nw, nv.data(), nv.size() * 4);
-    for (bool norm : {true, false}) {
-      std::vector<float> y[4];
-      for (uint32_t v = 0; v < 4; ++v) {  // bit 0: preload first, bit 1: coalesced staging
-        vk::Buffer yb = vktest::make_buffer(g, rows * 4ull, "y");
-        vktest::poison(g, yb);
-        vk::MatvecOp op;
-        op.w = dm->ref;
-        op.x = x.whole();
-        op.y = yb.whole();
-        if (norm) op.norm_weight = nw.whole();
-        op.tuning.preload_blocks = v & 1 ? 8 : 0;  // every case / off
-        op.tuning.stage_coalesced = (v & 2) != 0;
-        vk::CommandRecorder rec(*g.ctx);
-        rec.begin();
-        op.record(rec);
-        rec.end();
-        rec.run();
-        y[v] = vktest::download_floats(g, yb, rows);
-      }
-      ++ran;
-      for (uint32_t v = 1; v < 4; ++v)
-        for (uint32_t i = 0; i < rows; ++i) ASSERT_EQ(y[0][i], y[v][i]) << "variant " << v << ", norm " << norm << ", row " << i;
+    std::vector<float> y[2];
+    for (uint32_t pre : {0u, 1u}) {
+      vk::Buffer yb = vktest::make_buffer(g, rows * 4ull, "y");
+      vktest::poison(g, yb);
+      vk::MatvecOp op;
+      op.w = dm->ref;
+      op.x = x.whole();
+      op.y = yb.whole();
+      op.norm_weight = nw.whole();
+      op.tuning.preload_blocks = pre ? 8 : 0;  // every case / off
+      vk::CommandRecorder rec(*g.ctx);
+      rec.begin();
+      op.record(rec);
+      rec.end();
+      rec.run();
+      y[pre] = vktest::download_floats(g, yb, rows);
     }
+    ++ran;
+    for (uint32_t i = 0; i < rows; ++i) ASSERT_EQ(y[0][i], y[1][i]) << "row " << i;
   }
-  EXPECT_GE(ran, 6u);
-  size_t pre = 0, coalesced = 0;  // the variants were made (".pre" in their pipelines' names, ".sc")
-  for (const vk::Pipeline* p : g.ctx->pipelines().all()) {
-    pre += p->name().ends_with(".pre");
-    coalesced += p->name().find(".sc") != std::string::npos;
-  }
-  EXPECT_GT(pre, 0u);
-  EXPECT_GT(coalesced, 0u);
+  EXPECT_GE(ran, 3u);
+  bool built = false;  // the variant was made (its pipeline's name ends in ".pre")
+  for (const vk::Pipeline* p : g.ctx->pipelines().all()) built = built || p->name().ends_with(".pre");
+  EXPECT_TRUE(built);
 }
 
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode

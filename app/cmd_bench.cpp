@@ -210,6 +210,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.kq_pairs = v != 0; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
+    {"gateup_stage_late", 1, "1: the router fold's gate-up loads its weights before it stages its input; default 0",
+     [](O& o, uint32_t v) { o.moe.gateup_stage_late = v != 0; }},
     {"row_prefetch", 2, "1: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2, default: the short range's too",
      [](O& o, uint32_t v) { o.row_prefetch = v; }},
     {"row_prefetch_short", kAnyCount, "with row_prefetch=2, the short range's first N rows (default 2048; 0: all)",

@@ -55,6 +55,14 @@
 // (no SM has read their lines since the last barrier but the writers' own rows). With
 // FOLD_OVERLAP and GATEUP_CONSTS (MoeTuning::gateup_consts) it loads what W_vo does not write
 // into shared memory before the wait (the norm weight, the expert bias; session 16).
+// STAGE_LATE (0/1, with FOLD_OVERLAP, GU_OUTS in one pass, subgroups, 32-element blocks;
+// MoeTuning::gateup_stage_late): the prologue's phase reads only the fold's sums (and the bias);
+// each workgroup issues its weight loads as soon as it knows its expert, then stages its input
+// while they are in flight — one 16-byte word per invocation, 8 invocations a block, the block's
+// max and sums by shuffles (stage_spread: the bits of q8_quantize32) — and the loads land before
+// the products (their words folded into a store before the barrier, as matvec_q8.comp's
+// PRELOAD_FIRST). The staging (1.3 µs on the H200 with the sums, session 38) leaves the path to
+// the weight stream.
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -193,6 +201,9 @@ float in_value(uint k) { return norm_input() ? in_v[k] * nw[k] : in_v[k]; }
 layout(std430, binding = 7) OUT_QUAL buffer HqBuf { uvec4 hq[]; };
 shared float h_out[OUT_PER_WG];  // this workgroup's outputs, for the int8 copy
 
+#ifndef STAGE_LATE
+#define STAGE_LATE 0
+#endif
 #if CONSTS_FIRST
 // The norm weight, loaded into shared memory before the gate (consts_preload: its DRAM round trip
 // off the chain after W_vo), values 4i..4i+3 of block b at [(i % 8) * Q8_BLOCKS + b] (the
@@ -411,6 +422,44 @@ void gu_multi_dot(Mat g, Mat u, uint gm, uint ua, uint out_i[GU_OUTS], uint lane
     }
   }
 }
+
+#if STAGE_LATE
+#extension GL_KHR_shader_subgroup_shuffle : require
+#if !FOLD_OVERLAP || !USE_SUBGROUP || Q8_PAIRS || SUBGROUP_SIZE < 8 || OUT_PER_WG > GU_OUTS * (WG_SIZE / SUBGROUP_SIZE)
+#error "moe_gateup.comp: STAGE_LATE needs FOLD_OVERLAP, subgroups of 8 or more, 32-element blocks and one pass"
+#endif
+shared uint sl_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; the weight loads land before the barrier
+
+// The input staged as stage_input does, spread: invocation t reads word t of the input (times the
+// norm weight), the 8 invocations of a block (consecutive, in one subgroup) take its max by
+// shuffles, each packs its 4 values, and the 4-word halves' sums come by shuffles: q8_quantize32's
+// arithmetic, the same bits. No barrier.
+void stage_spread() {
+  for (uint t = gl_LocalInvocationIndex; t < args.n_embd / 4u; t += WG_SIZE) {
+#if CONSTS_FIRST
+    const vec4 v = norm_input() ? in4[t] * nw_sh[(t % 8u) * Q8_BLOCKS + t / 8u] : in4[t];
+#else
+    const vec4 v = in_vec4(4u * t);
+#endif
+    const vec4 a = abs(v);
+    float amax = max(0.0, max(max(a.x, a.y), max(a.z, a.w)));
+    amax = max(amax, subgroupShuffleXor(amax, 1u));
+    amax = max(amax, subgroupShuffleXor(amax, 2u));
+    amax = max(amax, subgroupShuffleXor(amax, 4u));
+    const float d = amax / 127.0;
+    const float inv_d = amax > 0.0 ? 127.0 / amax : 0.0;
+    int s = 0;
+    const uint word = q8_pack(v, inv_d, s);
+    s += subgroupShuffleXor(s, 1u);
+    s += subgroupShuffleXor(s, 2u);  // this half's sum (words 0-3 or 4-7)
+    const int s_other = subgroupShuffleXor(s, 4u);
+    const uint j = t % 8u, b = t / 8u;
+    if (j < 4u) q8_lo[b][j] = word;
+    else q8_hi[b][j - 4u] = word;
+    if (j == 0u) q8_ds[b] = vec4(d, d * float(s), d * float(s_other), 0.0);
+  }
+}
+#endif  // STAGE_LATE
 #endif  // GU_OUTS
 #else
 vec2 pair_dot(Mat g, uint gr, Mat u, uint ur, uint lane, uint nlanes) {
@@ -488,7 +537,9 @@ void gateup_main() {
   // One phase: invocations [0, n_embd / 32) stage the input, the next E + 1 sum the accumulators,
   // the next E read the expert bias (where the routing uses it).
   const uint nb_in = args.n_embd / 32u;
+#if !STAGE_LATE  // else staged while the weights load (stage_spread)
   stage_input();
+#endif
   fold_sum(with_logits, nb_in);
 #if !CONSTS_FIRST  // else loaded before the gate (consts_preload)
   bias_load(with_logits);
@@ -574,7 +625,46 @@ void gateup_main() {
 #endif
 
   TS_MARK();  // bench --timeline: the prologue's end (the route, the staged input)
-#if USE_SUBGROUP && Q8ACT && GU_OUTS
+#if STAGE_LATE
+  // One pass (GU_OUTS outputs a subgroup): every weight load, then the staging, then the products
+  // in gu_multi_dot's order.
+  {
+    const uint ns = gl_NumSubgroups, ib = i0 + gl_SubgroupID, lane = gl_SubgroupInvocationID;
+    uint oi[GU_OUTS];
+    [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) oi[k] = min(ib + k * ns, i_end - 1u);
+    GU_RAW wg[GU_OUTS][GU_PER_LANE], wu[GU_OUTS][GU_PER_LANE];
+    uint dep = 0u;
+    [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+      [[unroll]] for (uint j = 0; j < GU_PER_LANE; ++j) {
+        const uint t = min(lane + j * THREADS_PER_ROW, GU_UNITS - 1u);
+        wg[k][j] = gu_load(gmat, gate_mul * oi[k], t);
+        wu[k][j] = gu_load(umat, gate_mul * oi[k] + up_add, t);
+        dep |= q8_raw_dep(wg[k][j]) ^ q8_raw_dep(wu[k][j]);
+      }
+    }
+    stage_spread();
+    if (subgroupElect()) sl_dep[gl_SubgroupID] = subgroupOr(dep) & (args.flags & 0xFFFF0000u);  // zero
+    barrier();
+    vec2 acc[GU_OUTS];
+    [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+      acc[k] = vec2(0.0);
+      [[unroll]] for (uint j = 0; j < GU_PER_LANE; ++j) {
+        const uint t = lane + j * THREADS_PER_ROW;
+        if (t < GU_UNITS) acc[k] += vec2(gu_dot(wg[k][j], t), gu_dot(wu[k][j], t));
+      }
+      acc[k] = subgroupAdd(acc[k]) * scale;
+    }
+    if (subgroupElect()) {
+      [[unroll]] for (uint k = 0; k < GU_OUTS; ++k) {
+        if (ib + k * ns < i_end) {
+          const float v = silu(acc[k].x) * acc[k].y;
+          h[hbase + oi[k]] = v;
+          h_out[oi[k] - i0] = v;
+        }
+      }
+    }
+  }
+#elif USE_SUBGROUP && Q8ACT && GU_OUTS
   // GU_OUTS outputs per pass (the last ones clamped to the range, stored only when valid).
   const uint ns = gl_NumSubgroups;
   for (uint ib = i0 + gl_SubgroupID; ib < i_end; ib += GU_OUTS * ns) {

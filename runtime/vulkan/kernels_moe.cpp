@@ -172,6 +172,11 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
+  const uint32_t gu_outs_late = q8_gateup_outs(t, type);
+  const bool stage_late = t.gateup_stage_late && overlap && !fused_down && gu_outs_late && team_shape(ctx).subgroup &&
+                          ctx.info().subgroup_size >= 8 && ctx.info().features.subgroup_shuffle &&
+                          (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) && outs <= gu_outs_late * teams;
+  d["STAGE_LATE"] = stage_late ? "1" : "0";
   const uint32_t gu_outs = q8_gateup_outs(t, type);
   const bool gu = gu_outs && team_shape(ctx).subgroup;
   if (gu) {
@@ -193,7 +198,8 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", gu ? cat(".gu", gu_outs) : "", rc),
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", stage_late ? ".late" : "",
+                        gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);
 }

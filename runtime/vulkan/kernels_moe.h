@@ -135,6 +135,10 @@ struct MoeTuning {
   // The early-started gate-up loads the norm weight and the expert bias into shared memory before
   // its wait (moe_gateup.comp GATEUP_CONSTS; session 16).
   bool gateup_consts = true;
+  // The router fold's gate-up (overlapped prologue, GU_OUTS in one pass, Q4_0 / Q8_0) issues its
+  // weight loads before it stages its input, spread over 8 invocations a block (moe_gateup.comp
+  // STAGE_LATE; session 38).
+  bool gateup_stage_late = false;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

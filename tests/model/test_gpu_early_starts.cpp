@@ -136,10 +136,16 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.stats.barriers - early.stats.barriers, moe_layers);
   EXPECT_EQ(ref.logits, early.logits);
   EXPECT_EQ(ref.tokens, early.tokens);
+  o.moe.gateup_stage_late = true;  // the weights loaded before the input is staged (spread)
+  const Decoded stage_late = decode(tsr, o);
+  EXPECT_EQ(ref.logits, stage_late.logits);
+  EXPECT_EQ(ref.tokens, stage_late.tokens);
+  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".consts.late"), 0u) << "no gate-up staging after its loads was built";
   o.moe.gateup_consts = false;  // the norm weight and the bias read after the wait instead
   const Decoded late = decode(tsr, o);
   EXPECT_EQ(ref.logits, late.logits);
   EXPECT_EQ(ref.tokens, late.tokens);
+  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".wait.late"), 0u) << "no staging after the loads without consts";
 }
 
 // The same where the down stays behind its barrier (early_down off; DeepSeek-V2-Lite, whose shared

@@ -1,6 +1,7 @@
 // `tessera bench` output: markdown, JSON and CSV. See bench.h.
 #include <cmath>
 #include <cstdio>
+#include <span>
 #include <string>
 
 #include "format/error.h"
@@ -224,12 +225,17 @@ std::string bench_json(const BenchReport& r) {
       gated += (gated.empty() ? "" : ", ") + std::string("{\"bytes\": ") + ju(t.bytes) + ", \"us\": " + jn(t.us) +
                ", \"open_us\": " + jn(t.open_us) + ", \"open_last_us\": " + jn(t.open_last_us) +
                ", \"gbps\": " + jn(t.gbps) + "}";
-    std::string hops;
-    for (const GateHop& h : q.gate_hops)
-      hops += (hops.empty() ? "" : ", ") + std::string("{\"first_us\": ") + jn(h.first_us) + ", \"last_us\": " + jn(h.last_us) + "}";
+    const auto hop_list = [](std::span<const GateHop> hs) {
+      std::string out;
+      for (const GateHop& h : hs)
+        out += (out.empty() ? "" : ", ") + std::string("{\"first_us\": ") + jn(h.first_us) + ", \"last_us\": " + jn(h.last_us) + "}";
+      return out;
+    };
+    const std::string hops = hop_list(q.gate_hops), broadcast = hop_list(q.gated_broadcast);
     s += ",\n  \"roofline\": {\"read_bytes\": " + ju(q.read_bytes) + ", \"read_gbps\": " + jn(q.read_gbps) +
          ", \"read_us\": " + jn(q.read_us) + ", \"gpu_timestamps\": " + (q.gpu_timestamps ? "true" : "false") +
-         ", \"short_reads\": [" + shorts + "]" + ", \"gated_reads\": [" + gated + "]" + ", \"gate_hops\": [" + hops + "]" +
+         ", \"short_reads\": [" + shorts + "]" + ", \"gated_reads\": [" + gated + "]" +
+         ", \"gate_hops\": [" + hops + "]" + ", \"gated_broadcast\": [" + broadcast + "]" +
          ", \"gated_read_gave_up\": " + (q.gated_read_gave_up ? "true" : "false") +
          ", \"dispatches\": " + ju(q.dispatches) + ", \"dispatch_barrier_us\": " + jn(q.dispatch_barrier_us) +
          ", \"dispatch_barrier_compute_us\": " + jn(q.dispatch_barrier_compute_us) +

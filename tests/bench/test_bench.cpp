@@ -555,6 +555,8 @@ TEST(BenchCli, RooflineRuns) {
   EXPECT_GE(q["dispatch_us"].num, 0);
   EXPECT_GT(q["submit_us"].num, 0);
   EXPECT_EQ(q["gated_reads"].kind, Value::Array);  // none fit a 32 MiB buffer (RooflineGatedRead)
+  EXPECT_EQ(q["gate_hops"].arr.size(), 4u);
+  EXPECT_EQ(q["gated_broadcast"].arr.size(), 2u);
   EXPECT_FALSE(q["gated_read_gave_up"].b);
   EXPECT_TRUE(j["results"].arr.empty());
   const RunResult md = run_tessera("bench --roofline --roofline-mib 32");

@@ -27,8 +27,9 @@
 //   sets dst[0] = 1 (and dst[1] = what it saw); the dispatches after it do not wait.
 // MODE 6 (gated read; subgroups, the device clock): what an early-started kernel can read from
 //   the moment its gate opens, nothing loaded before it. Producer (pad1 != 0, one workgroup):
-//   spins pad0 ns on the device clock, so that the consumer's workgroups get resident and wait,
-//   then writes the clock at the opening to word 1 and opens word 0: pad1 = 1 as gate.glsl does
+//   reads its region's first 8 KiB (into the L2, for MODE 7), spins pad0 ns on the device clock
+//   so that the consumer's workgroups get resident and wait, then writes the clock at the
+//   opening to word 1 and opens word 0: pad1 = 1 as gate.glsl does
 //   it (a fence, then a relaxed add), 2 by an add with release semantics and no separate fence,
 //   3 by a relaxed add without a fence (no ordering: a floor for the hop). Consumer (pad1 = 0,
 //   recorded right after it with no barrier): invocation 0 polls word 0 (pad0 = 0: gate_poll's
@@ -42,7 +43,7 @@
 //   the early gate-up's staging of x (a separate mode, so that MODE 6's loads compile as MODE 0's);
 //   pad0 = 2: every invocation reads 2 of those words, a warp's loads consecutive (WG_SIZE 256).
 // Bindings: 0 = src (uvec4[n_vec4]; MODE 2 / 3 / 5: the counters, uint), 1 = dst (uint[]);
-// MODE 6: 2 = the gate and clock words (uint[5]), 3 = gate.glsl's error words (uint[2]).
+// MODE 6 / 7: 2 = the gate and clock words (uint[5]), 3 = gate.glsl's error words (uint[2]).
 
 #include "common.glsl"
 

@@ -210,7 +210,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.kq_pairs = v != 0; }},
     {"gateup_consts", 1, "1, default: the early gate-up loads the norm weight and the expert bias before its wait",
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
-    {"gateup_stage_late", 1, "1, default: the router fold's gate-up (Q4_0 / Q8_0 experts) loads its weights before it stages its input",
+    {"gateup_stage_late", 1, "1, default: the router fold's gate-up (Q4_0 experts; Q8_0 with gateup_outs) loads its weights before it stages its input",
      [](O& o, uint32_t v) { o.moe.gateup_stage_late = v != 0; }},
     {"row_prefetch", 2, "1: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2, default: the short range's too",
      [](O& o, uint32_t v) { o.row_prefetch = v; }},

@@ -294,10 +294,8 @@ std::vector<TokenProfile> run_profiles(const BenchOptions& o, GpuModel& m, doubl
 
 // The device-clock timeline of one decoded token per depth (GpuModel::timeline_step): a warm-up,
 // then one token per repetition, each at the depth's position. read_gbps: the roofline's (0: none);
-// short_reads / gated_reads: its short and gated reads, each family's ceilings (none: no ceilings).
-std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, double read_gbps,
-                                         const std::vector<ShortRead>& short_reads,
-                                         const std::vector<ShortRead>& gated_reads) {
+// roof: the roofline whose short and gated reads give each family's ceilings (null: no ceilings).
+std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, double read_gbps, const RooflineResult* roof) {
   std::vector<uint32_t> depths = o.depths;
   std::sort(depths.begin(), depths.end());
   depths.erase(std::unique(depths.begin(), depths.end()), depths.end());
@@ -317,9 +315,11 @@ std::vector<TokenTimeline> run_timelines(const BenchOptions& o, GpuModel& m, dou
     out.push_back(summarize_timeline(steps, wall_us, d, m.timeline_untimed()));
     out.back().read_gbps = read_gbps;
     out.back().tc_phases = o.tc_phases;
-    for (TimelineFamily& f : out.back().families) {
-      f.ceiling_gbps = short_read_ceiling_gbps(short_reads, f.bytes_per_call);
-      f.gated_ceiling_gbps = short_read_ceiling_gbps(gated_reads, f.bytes_per_call);
+    if (roof) {
+      for (TimelineFamily& f : out.back().families) {
+        f.ceiling_gbps = short_read_ceiling_gbps(roof->short_reads, f.bytes_per_call);
+        f.gated_ceiling_gbps = short_read_ceiling_gbps(roof->gated_reads, f.bytes_per_call);
+      }
     }
   }
   return out;
@@ -517,8 +517,7 @@ BenchReport run_bench(const BenchOptions& o) {
     // The profile reuses the loaded model and its filled cache (one more recording of the step).
     if (o.profile) report.profiles = run_profiles(o, model, read_gbps);
     if (o.timeline)
-      report.timelines = run_timelines(o, model, read_gbps, report.roofline ? report.roofline->short_reads : std::vector<ShortRead>{},
-                                       report.roofline ? report.roofline->gated_reads : std::vector<ShortRead>{});
+      report.timelines = run_timelines(o, model, read_gbps, report.roofline ? &*report.roofline : nullptr);
     h.timeline = o.timeline;
   }
   if (o.kernel_stats) collect_kernel_stats(ctx, report);

@@ -172,17 +172,17 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                      {"FUSED_DOWN", fused_down ? "1" : "0"},
                      {"FOLD_OVERLAP", overlap ? "1" : "0"},
                      {"GATE_SIGNAL", gate ? "1" : "0"}};
-  const uint32_t gu_outs_late = q8_gateup_outs(t, type);
-  const bool stage_late = t.gateup_stage_late && overlap && !fused_down && gu_outs_late && team_shape(ctx).subgroup &&
-                          ctx.info().subgroup_size >= 8 && ctx.info().features.subgroup_shuffle &&
-                          (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) && outs <= gu_outs_late * teams;
-  d["STAGE_LATE"] = stage_late ? "1" : "0";
   const uint32_t gu_outs = q8_gateup_outs(t, type);
   const bool gu = gu_outs && team_shape(ctx).subgroup;
   if (gu) {
     d["GU_OUTS"] = std::to_string(gu_outs);
     d["Q8_NB"] = std::to_string(n_embd / 32);
   }
+  // STAGE_LATE: the GU_OUTS path in one pass, 32-element blocks, shuffles among 8 invocations.
+  const bool stage_late = t.gateup_stage_late && gu && overlap && !fused_down && ctx.info().subgroup_size >= 8 &&
+                          ctx.info().features.subgroup_shuffle && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) &&
+                          outs <= gu_outs * teams;
+  d["STAGE_LATE"] = stage_late ? "1" : "0";
   const std::string rc = route_code(d, re) + (ranks ? ".ranks" : "");
   if (ranks) d["ROUTE_RANKS"] = std::to_string(ranks);
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm

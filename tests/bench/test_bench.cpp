@@ -484,10 +484,13 @@ TEST(BenchCli, TimelineJsonAndMarkdown) {
     // timeline measures with the read bandwidth (where the queue has timestamps). The tiny
     // model's kernels read far less than the smallest short read, so theirs are extrapolations,
     // 0 where the line through the two smallest reads leaves no time (a busy CPU device).
-    std::vector<model::ShortRead> reads;
-    for (const Value& q : j["roofline"]["short_reads"].arr) reads.push_back({uint64_t(q["bytes"].num), q["us"].num, q["gbps"].num});
-    std::vector<model::ShortRead> gated;  // the same line through the gated reads (none in a 64 MiB buffer)
-    for (const Value& q : j["roofline"]["gated_reads"].arr) gated.push_back({uint64_t(q["bytes"].num), q["us"].num, q["gbps"].num});
+    const auto read_list = [&](const char* name) {
+      std::vector<model::ShortRead> out;
+      for (const Value& q : j["roofline"][name].arr) out.push_back({uint64_t(q["bytes"].num), q["us"].num, q["gbps"].num});
+      return out;
+    };
+    const std::vector<model::ShortRead> reads = read_list("short_reads");
+    const std::vector<model::ShortRead> gated = read_list("gated_reads");  // the same line (none in a 64 MiB buffer)
     for (const Value& k : t["kernels"].arr) {
       const double want = model::short_read_ceiling_gbps(reads, k["bytes_per_call"].num);
       EXPECT_NEAR(k["ceiling_gbps"].num, want, 1e-5 * std::max(1.0, want)) << k["kernel"].str;

@@ -72,6 +72,8 @@ const Knob<O> kTuneKnobs[] = {
     {"matvec_preload", 8,
      "staged decode matvecs holding at most N weight blocks per lane load them before staging x; 0 off; default 2 (q_a / kv_a)",
      [](O& o, uint32_t v) { o.matvec.preload_blocks = int32_t(v); }},
+    {"matvec_input_first", 1, "with matvec_preload: the staged values of x loaded before the weights; default 1",
+     [](O& o, uint32_t v) { o.matvec.input_first = v != 0; }},
     {"pmatvec_teams", 16, "subgroups per workgroup of the prefill matvec", [](O& o, uint32_t v) { o.matvec.batch_teams = v; }},
     {"pmatvec_rows", 4, "rows per subgroup of it", [](O& o, uint32_t v) { o.matvec.batch_rows = v; }},
     {"gateup_teams", 32, "subgroups per int8 gate-up workgroup; 0 auto (16 early-started, 8 behind a barrier)", [](O& o, uint32_t v) { o.moe.q8_gateup_teams = v; }},

@@ -406,6 +406,10 @@ void MatvecOp::record(CommandRecorder& rec) const {
         desc.defines["PRELOAD_FIRST"] = "1";
         desc.defines["PRELOAD"] = std::to_string(preload);
         desc.name += ".pre";
+        if (tuning.input_first && nb <= teams * tpr) {  // one staging block per invocation
+          desc.defines["INPUT_FIRST"] = "1";
+          desc.name += ".in";
+        }
       }
     }
     if (v.oq8) {

@@ -60,6 +60,10 @@ struct MatvecTuning {
   // -1 auto: 2 (q_a / kv_a; H100, GLM tg128 +1.3-2.5 % at depth 0, H200 +3.5-5 %; PERFORMANCE.md
   // session 11).
   int32_t preload_blocks = -1;
+  // With preload_blocks: the values each invocation stages (x and the norm weight) loaded before
+  // the weight blocks (matvec_q8.comp INPUT_FIRST). H200, GLM-4.7-Flash Q4_0 tg128 +0.65 %, depth
+  // 4096 +0.95 %, Q4_K_M +1.7 % (session 39).
+  bool input_first = true;
   // Early start on int8 x, weights loaded first: of each lane's blocks per row, this many before
   // the wait and the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before. The staged-x
   // kernel always loads them all before.

@@ -370,9 +370,10 @@ TEST(MatvecGate, ProducerOpensTheGateForItsConsumer) {
 }
 
 // The ungated staged path with the weights loaded before the staging (MatvecTuning::preload_blocks,
-// matvec_q8.comp PRELOAD_FIRST): the bits of the default order, for every int8 type, rows not a
-// multiple of the workgroup, rows of fewer blocks than a subgroup has lanes, several rows per
-// subgroup (W_qk's split).
+// matvec_q8.comp PRELOAD_FIRST), and with x's staged values loaded before them (input_first,
+// INPUT_FIRST): the bits of the default order, for every int8 type, rows not a multiple of the
+// workgroup, rows of fewer blocks than a subgroup has lanes, several rows per subgroup (W_qk's
+// split).
 TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
   Gpu& g = vktest::gpu();
   VK_TEST_REQUIRE_GPU(g);
@@ -390,8 +391,8 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
     vk::Buffer x = vktest::make_buffer(g, cols * 4ull, "x"), nw = vktest::make_buffer(g, cols * 4ull, "norm");
     vktest::upload_bytes(g, x, xv.data(), xv.size() * 4);
     vktest::upload_bytes(g, nw, nv.data(), nv.size() * 4);
-    std::vector<float> y[2];
-    for (uint32_t pre : {0u, 1u}) {
+    std::vector<float> y[3];
+    for (uint32_t pre : {0u, 1u, 2u}) {  // off, weights first, weights first after x's loads
       vk::Buffer yb = vktest::make_buffer(g, rows * 4ull, "y");
       vktest::poison(g, yb);
       vk::MatvecOp op;
@@ -400,6 +401,7 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
       op.y = yb.whole();
       op.norm_weight = nw.whole();
       op.tuning.preload_blocks = pre ? 8 : 0;  // every case / off
+      op.tuning.input_first = pre == 2;
       vk::CommandRecorder rec(*g.ctx);
       rec.begin();
       op.record(rec);
@@ -408,12 +410,19 @@ TEST(MatvecGate, PreloadFirstGivesTheSameBits) {
       y[pre] = vktest::download_floats(g, yb, rows);
     }
     ++ran;
-    for (uint32_t i = 0; i < rows; ++i) ASSERT_EQ(y[0][i], y[1][i]) << "row " << i;
+    for (uint32_t i = 0; i < rows; ++i) {
+      ASSERT_EQ(y[0][i], y[1][i]) << "row " << i;
+      ASSERT_EQ(y[0][i], y[2][i]) << "row " << i << " (input first)";
+    }
   }
   EXPECT_GE(ran, 3u);
-  bool built = false;  // the variant was made (its pipeline's name ends in ".pre")
-  for (const vk::Pipeline* p : g.ctx->pipelines().all()) built = built || p->name().ends_with(".pre");
+  bool built = false, input_first = false;  // the variants were made (their pipelines' names)
+  for (const vk::Pipeline* p : g.ctx->pipelines().all()) {
+    built = built || p->name().ends_with(".pre");
+    input_first = input_first || p->name().ends_with(".pre.in");
+  }
   EXPECT_TRUE(built);
+  EXPECT_TRUE(input_first);
 }
 
 // A gate that never reaches its target: the wait gives up and sets the error word (the decode

@@ -270,6 +270,11 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
       if (x_gate.enabled() && !options_.matvec.gate_x) s1_ops.back().tuning.gate_x = 1;
       early_qk = early_qk && s1_ops.back().signal_supported(ctx_);
     }
+    // The staged values loaded first (MatvecTuning::input_first) only where every stage-1 matvec
+    // loads its weights first (q_a and kv_a): beside one that streams (DeepSeek-V2-Lite's q, 384
+    // workgroups) the staging's registers crowd it out (tg128 -2.4 %, session 39).
+    if (!std::all_of(s1_ops.begin(), s1_ops.end(), [&](const vk::MatvecOp& op) { return op.preloads_first(ctx_); }))
+      for (vk::MatvecOp& op : s1_ops) op.tuning.input_first = false;
     for (size_t i = 0; i < s1.size(); ++i) {
       if (early_qk) {
         s1_ops[i].signal = qk_words;

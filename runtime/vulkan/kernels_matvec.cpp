@@ -125,7 +125,26 @@ uint32_t gate_preload(const MatvecOp& op, Context& ctx, const DecodeSplit& s) {
   return (op.w.cols / 32 + nlanes - 1) / nlanes;
 }
 
+// The weight blocks per lane that the decode kernel loads before staging x (matvec_q8.comp
+// PRELOAD_FIRST: no gate, one pass, by default at most two blocks per lane: more held across the
+// staging cost occupancy, PERFORMANCE.md session 5), or 0 where it stages first.
+uint32_t preload_first_blocks(const MatvecOp& op, Context& ctx, const Variant& v, const DecodeSplit& s, uint32_t kchunk) {
+  const int32_t most_held = op.tuning.preload_blocks < 0 ? int32_t(kAutoPreloadBlocks) : op.tuning.preload_blocks;
+  if (most_held <= 0 || v.gated || v.xq8 || op.batch != 1 || !ctx.pipelines().use_subgroup() || s.ksplit != 1 ||
+      kchunk < op.w.cols / 32)
+    return 0;
+  const uint32_t preload = gate_preload(op, ctx, s);
+  return s.nrows * preload <= uint32_t(most_held) && preload <= MatvecOp::kMaxGatePreload ? preload : 0;
+}
+
 }  // namespace
+
+bool MatvecOp::preloads_first(Context& ctx) const {
+  const Variant v = variant_of(*this, &ctx);
+  if (!v.q8 || batch != 1) return false;
+  return preload_first_blocks(*this, ctx, v, q8_decode_split(*this, ctx, out_granule(*this, false)),
+                              q8_kchunk(w.cols / 32, 1)) != 0;
+}
 
 bool MatvecOp::gate_supported(Context& ctx) const {
   MatvecOp probe = *this;
@@ -397,19 +416,14 @@ void MatvecOp::record(CommandRecorder& rec) const {
       }
       if (v.xq8 && gx == 1) desc.defines["Q8_BLOCKS"] = std::to_string(q8_blocks_define(w.cols));
     }
-    // Weights loaded before the staging (no gate; one pass; by default at most two blocks per
-    // lane: more held across the staging cost occupancy, PERFORMANCE.md session 5).
-    const int32_t most_held = tuning.preload_blocks < 0 ? int32_t(kAutoPreloadBlocks) : tuning.preload_blocks;
-    if (most_held > 0 && !v.gated && !v.xq8 && batch == 1 && sg && ksplit == 1 && kchunk >= nb) {
-      const uint32_t preload = gate_preload(*this, ctx, {teams, nrows, ksplit});
-      if (nrows * preload <= uint32_t(most_held) && preload <= kMaxGatePreload) {
-        desc.defines["PRELOAD_FIRST"] = "1";
-        desc.defines["PRELOAD"] = std::to_string(preload);
-        desc.name += ".pre";
-        if (tuning.input_first && nb <= teams * tpr) {  // one staging block per invocation
-          desc.defines["INPUT_FIRST"] = "1";
-          desc.name += ".in";
-        }
+    // Weights loaded before the staging.
+    if (const uint32_t preload = preload_first_blocks(*this, ctx, v, {teams, nrows, ksplit}, kchunk)) {
+      desc.defines["PRELOAD_FIRST"] = "1";
+      desc.defines["PRELOAD"] = std::to_string(preload);
+      desc.name += ".pre";
+      if (tuning.input_first && nb <= teams * tpr) {  // one staging block per invocation
+        desc.defines["INPUT_FIRST"] = "1";
+        desc.name += ".in";
       }
     }
     if (v.oq8) {

@@ -181,6 +181,9 @@ struct MatvecOp {
   RowPrefetch row_prefetch;
   bool row_prefetch_supported(Context& ctx) const;
 
+  // Whether the decode kernel loads its weight blocks before staging x (MatvecTuning::preload_blocks,
+  // matvec_q8.comp PRELOAD_FIRST) on this device.
+  bool preloads_first(Context& ctx) const;
   // The most x vectors one dispatch takes for this matrix on this device.
   uint32_t max_batch(Context& ctx) const;
   // Bytes moved: weights once, x (batch vectors), y written (and y or the residual read when

@@ -229,6 +229,24 @@ TEST(GpuStage2, RowPrefetchGivesTheSameBits) {
   EXPECT_GT(prefetching(), before_l1) << "no W_qk with plain prefetch loads was built";
 }
 
+// Stage 1's staged values loaded before its weight blocks (MatvecTuning::input_first, the default
+// where q_a and kv_a both load their weights first): the same bits as staging after them.
+TEST(GpuStage2, InputFirstGivesTheSameBits) {
+  if (!fixture.context()) GTEST_SKIP() << "no Vulkan device";
+  vk::Context own;  // the counts of pipelines below start from none
+  TsrFile tsr = TsrFile::open(fixture.files("tiny", "q4_0", "all").tsr);
+  model::GpuModelOptions o = options(-1, -1);
+  o.matvec.input_first = false;
+  const testfx::Decoded off = testfx::decode(own, tsr, o);
+  if (!off.stats.int8_activations) GTEST_SKIP() << "no integer dot product on this device";
+  if (built(own, "matvec.", ".pre") == 0) GTEST_SKIP() << "stage 1 does not load its weights first here";
+  EXPECT_EQ(built(own, "matvec.", ".pre.in"), 0u);
+  const testfx::Decoded on = testfx::decode(own, tsr, options(-1, -1));  // the default
+  EXPECT_EQ(on.logits, off.logits);
+  EXPECT_EQ(on.tokens, off.tokens);
+  EXPECT_GT(built(own, "matvec.", ".pre.in"), 0u) << "no stage-1 matvec loading its input first was built";
+}
+
 // The short range's merge chained to its partials by a gate (AttentionTuning::merge_wait, the
 // default since session 36): the same kernels' arithmetic, so the same logits and tokens through
 // the single, mid and split ranges (the stats describe the single range's recording: no merge).

@@ -214,6 +214,8 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.moe.gateup_consts = v != 0; }},
     {"gateup_stage_late", 1, "1, default: the router fold's gate-up (Q4_0 experts; Q8_0 with gateup_outs) loads its weights before it stages its input",
      [](O& o, uint32_t v) { o.moe.gateup_stage_late = v != 0; }},
+    {"gateup_input_first", 1, "with gateup_stage_late: the input loaded before the routing; default 1",
+     [](O& o, uint32_t v) { o.moe.gateup_input_first = v != 0; }},
     {"row_prefetch", 2, "1: W_qk reads the cache rows of the attention's single / mid range into the L2 before its wait; 2, default: the short range's too",
      [](O& o, uint32_t v) { o.row_prefetch = v; }},
     {"row_prefetch_short", kAnyCount, "with row_prefetch=2, the short range's first N rows (default 2048; 0: all)",

@@ -62,7 +62,9 @@
 // max and sums by shuffles (stage_spread: the bits of q8_quantize32) — and the loads land before
 // the products (their words folded into a store before the barrier, as matvec_q8.comp's
 // PRELOAD_FIRST). The staging (1.3 µs on the H200 with the sums, session 38) leaves the path to
-// the weight stream.
+// the weight stream. GATEUP_INPUT_FIRST (with STAGE_LATE; MoeTuning::gateup_input_first): each
+// invocation's input word is loaded beside the fold's sums, so that it does not queue behind the
+// weight loads (as matvec_q8.comp's INPUT_FIRST; session 39).
 
 #include "common.glsl"
 #include "moe_args.h"
@@ -434,10 +436,19 @@ shared uint sl_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; the weight loads land bef
 // norm weight), the 8 invocations of a block (consecutive, in one subgroup) take its max by
 // shuffles, each packs its 4 values, and the 4-word halves' sums come by shuffles: q8_quantize32's
 // arithmetic, the same bits. No barrier.
-void stage_spread() {
+// GATEUP_INPUT_FIRST (n_embd / 4 <= WG_SIZE): the invocation's word, loaded before (`first`).
+#ifndef GATEUP_INPUT_FIRST
+#define GATEUP_INPUT_FIRST 0
+#endif
+void stage_spread(vec4 first) {
   for (uint t = gl_LocalInvocationIndex; t < args.n_embd / 4u; t += WG_SIZE) {
+#if GATEUP_INPUT_FIRST
+    const vec4 raw = first;  // one word per invocation
+#else
+    const vec4 raw = in4[t];
+#endif
 #if CONSTS_FIRST
-    const vec4 v = norm_input() ? in4[t] * nw_sh[(t % 8u) * Q8_BLOCKS + t / 8u] : in4[t];
+    const vec4 v = norm_input() ? raw * nw_sh[(t % 8u) * Q8_BLOCKS + t / 8u] : raw;
 #else
     const vec4 v = in_vec4(4u * t);
 #endif
@@ -539,6 +550,8 @@ void gateup_main() {
   const uint nb_in = args.n_embd / 32u;
 #if !STAGE_LATE  // else staged while the weights load (stage_spread)
   stage_input();
+#elif GATEUP_INPUT_FIRST
+  const vec4 x_first = gl_LocalInvocationIndex < args.n_embd / 4u ? in4[gl_LocalInvocationIndex] : vec4(0.0);
 #endif
   fold_sum(with_logits, nb_in);
 #if !CONSTS_FIRST  // else loaded before the gate (consts_preload)
@@ -642,7 +655,11 @@ void gateup_main() {
         dep |= q8_raw_dep(wg[k][j]) ^ q8_raw_dep(wu[k][j]);
       }
     }
-    stage_spread();
+#if GATEUP_INPUT_FIRST
+    stage_spread(x_first);
+#else
+    stage_spread(vec4(0.0));
+#endif
     if (subgroupElect()) sl_dep[gl_SubgroupID] = subgroupOr(dep) & (args.flags & 0xFFFF0000u);  // zero
     barrier();
     vec2 acc[GU_OUTS];

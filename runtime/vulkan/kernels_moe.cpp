@@ -183,6 +183,8 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                           ctx.info().features.subgroup_shuffle && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) &&
                           outs <= gu_outs * teams;
   d["STAGE_LATE"] = stage_late ? "1" : "0";
+  const bool input_first = stage_late && t.gateup_input_first && n_embd / 4 <= teams * ctx.info().subgroup_size;
+  d["GATEUP_INPUT_FIRST"] = input_first ? "1" : "0";
   const std::string rc = route_code(d, re) + (ranks ? ".ranks" : "");
   if (ranks) d["ROUTE_RANKS"] = std::to_string(ranks);
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
@@ -198,7 +200,7 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
   return row_kernel(ctx,
                     cat("moe_gateup.", type_name(type), ".q8act", fold ? ".rfold" : "", overlap ? ".ovl" : "",
                         fused_down ? ".fdown" : "", outs != kQ8GateUpOutputs ? cat(".o", outs) : "", gate ? ".gate" : "",
-                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", stage_late ? ".late" : "",
+                        wait.enabled() ? ".wait" : "", consts ? ".consts" : "", stage_late ? ".late" : "", input_first ? ".in" : "",
                         gu ? cat(".gu", gu_outs) : "", rc),
                     "moe_gateup.comp", type, false, teams, 1, d,
                     wait.enabled() ? 14 : gate ? 12 : fused_down ? 11 : fold ? 9 : 8);

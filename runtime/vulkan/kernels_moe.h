@@ -140,6 +140,10 @@ struct MoeTuning {
   // over 8 invocations a block (moe_gateup.comp STAGE_LATE; session 38: H200, GLM-4.7-Flash Q4_0
   // tg128 +0.35 %, +1.2-1.45 % at 1024-4096 positions).
   bool gateup_stage_late = true;
+  // With gateup_stage_late: each invocation's word of the input loaded beside the accumulators'
+  // sums, before the routing and the weight loads (moe_gateup.comp GATEUP_INPUT_FIRST; session 39:
+  // H200, GLM-4.7-Flash Q4_0 tg128 +0.13 %, depth 4096 +0.2 %, two pairs each).
+  bool gateup_input_first = true;
 };
 
 // Floats between consecutive slots of the h buffer: max(w_routed, w_shared) rounded up to 4.

@@ -117,8 +117,8 @@ TEST(GpuModel, EarlyAttentionGivesTheSameBits) {
 
 // The MoE gate-up started beside W_vo (early_gateup), with its norm weight and bias loaded before
 // the wait (gateup_consts) or after, its input staged after its weight loads (gateup_stage_late,
-// the default for Q4_0 experts) or before: the same arithmetic, the same bits; one barrier less
-// per MoE layer.
+// the default for Q4_0 experts) or before, and then loaded before the routing (gateup_input_first)
+// or after the weights: the same arithmetic, the same bits; one barrier less per MoE layer.
 TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   if (!have_vulkan()) GTEST_SKIP() << "no Vulkan device";
   TsrFile tsr = TsrFile::open(files("tiny", "q4_0", "all").tsr);
@@ -143,6 +143,12 @@ TEST(GpuModel, EarlyGateUpGivesTheSameBits) {
   EXPECT_EQ(ref.logits, staged_first.logits);
   EXPECT_EQ(ref.tokens, staged_first.tokens);
   o.moe.gateup_stage_late = true;
+  EXPECT_GT(built(*fixture.context(), "moe_gateup.", ".late.in"), 0u) << "no gate-up loading its input first was built";
+  o.moe.gateup_input_first = false;  // the input loaded after the weights
+  const Decoded input_late = decode(tsr, o);
+  EXPECT_EQ(ref.logits, input_late.logits);
+  EXPECT_EQ(ref.tokens, input_late.tokens);
+  o.moe.gateup_input_first = true;
   o.moe.gateup_consts = false;  // the norm weight and the bias read after the wait instead
   const Decoded late = decode(tsr, o);
   EXPECT_EQ(ref.logits, late.logits);

@@ -440,6 +440,9 @@ shared uint sl_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; the weight loads land bef
 #ifndef GATEUP_INPUT_FIRST
 #define GATEUP_INPUT_FIRST 0
 #endif
+#if GATEUP_INPUT_FIRST && !CONSTS_FIRST
+#error "moe_gateup.comp: GATEUP_INPUT_FIRST needs the norm weight in shared memory (CONSTS_FIRST)"
+#endif
 void stage_spread(vec4 first) {
   for (uint t = gl_LocalInvocationIndex; t < args.n_embd / 4u; t += WG_SIZE) {
 #if GATEUP_INPUT_FIRST

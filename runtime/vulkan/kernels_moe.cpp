@@ -183,14 +183,16 @@ const Pipeline& gateup_q8_kernel(Context& ctx, GgmlType type, uint32_t n_embd, c
                           ctx.info().features.subgroup_shuffle && (type == GgmlType::Q4_0 || type == GgmlType::Q8_0) &&
                           outs <= gu_outs * teams;
   d["STAGE_LATE"] = stage_late ? "1" : "0";
-  const bool input_first = stage_late && t.gateup_input_first && n_embd / 4 <= teams * ctx.info().subgroup_size;
-  d["GATEUP_INPUT_FIRST"] = input_first ? "1" : "0";
   const std::string rc = route_code(d, re) + (ranks ? ".ranks" : "");
   if (ranks) d["ROUTE_RANKS"] = std::to_string(ranks);
   // GATEUP_CONSTS (the shader's CONSTS_FIRST: with the wait and the overlapped prologue): the norm
   // weight in shared memory too (128 bytes per block beside the staging's 48).
   const bool consts = wait.enabled() && overlap && t.gateup_consts &&
                       uint64_t(q8_blocks_define(n_embd)) * 176 + 4096 <= ctx.info().max_compute_shared_memory;
+  // GATEUP_INPUT_FIRST: one input word per invocation, staged with the norm weight in shared memory.
+  const bool input_first =
+      stage_late && consts && t.gateup_input_first && n_embd / 4 <= teams * ctx.info().subgroup_size;
+  d["GATEUP_INPUT_FIRST"] = input_first ? "1" : "0";
   if (wait.enabled()) {  // moe_gateup.comp WAIT_GATE: bindings 12, 13 = the polled words, the error words
     d["WAIT_GATE"] = "1";
     d["GATE_WORD"] = std::to_string(wait.word);

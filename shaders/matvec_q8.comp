@@ -423,10 +423,6 @@ void gated_dot(uint row, uint nvalid, uint nb, uint lane, uint nlanes, uint row0
 }
 #endif
 #else
-// Blocks [kb, kb + kn) of every column into shared memory (times the norm weight with
-// NORM_INPUT, the raw values' squares added to ss[c] on the way: each element is staged once, so
-// after the last pass the workgroup's ss hold the columns' sums of squares). The whole
-// workgroup, between barriers.
 // The 32 values of block kb + b of column c that stage_block stages, as loaded (stage_load).
 struct StageIn {
   vec4 x[8];
@@ -456,6 +452,10 @@ void stage_block(uint c, uint b, StageIn s, inout float ss[NUM_COLS]) {
     if (cc == c) ss[cc] += sq;
   q8_stage_block(c * KCHUNK + b, s.x);
 }
+// Blocks [kb, kb + kn) of every column into shared memory (times the norm weight with
+// NORM_INPUT, the raw values' squares added to ss[c] on the way: each element is staged once, so
+// after the last pass the workgroup's ss hold the columns' sums of squares). The whole
+// workgroup, between barriers.
 void stage_pass(uint kb, uint kn, inout float ss[NUM_COLS]) {
   for (uint i = gl_LocalInvocationIndex; i < NUM_COLS * kn; i += WG_SIZE) {
     const uint c = i / kn, b = i % kn;

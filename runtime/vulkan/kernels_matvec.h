@@ -61,8 +61,9 @@ struct MatvecTuning {
   // session 11).
   int32_t preload_blocks = -1;
   // With preload_blocks: the values each invocation stages (x and the norm weight) loaded before
-  // the weight blocks (matvec_q8.comp INPUT_FIRST). H200, GLM-4.7-Flash Q4_0 tg128 +0.65 %, depth
-  // 4096 +0.95 %, Q4_K_M +1.7 % (session 39).
+  // the weight blocks (matvec_q8.comp INPUT_FIRST). H200, GLM-4.7-Flash q_a / kv_a: Q4_0 tg128
+  // +0.7 %, depth 4096 +1-1.6 %, Q4_K_M +1.9 % (session 39; the decode step turns it off beside a
+  // stage-1 matvec that stages after its weights, GpuModel::record_step).
   bool input_first = true;
   // Early start on int8 x, weights loaded first: of each lane's blocks per row, this many before
   // the wait and the rest after it (matvec_q8.comp PRELOAD_EARLY); 0: all before. The staged-x

@@ -86,7 +86,7 @@ const Knob<O> kTuneKnobs[] = {
      [](O& o, uint32_t v) { o.moe.down_first_rows = v; }},
     {"gateup_overlap", 1, "1, default: the router fold's gate-up reads input, sums and bias in one phase",
      [](O& o, uint32_t v) { o.moe.q8_fold_overlap = v ? 1u : 2u; }},
-    {"prefetch", model::kPrefetchAll, "L2 prefetch bits: 1 W_vo, 2 router + shared expert, 4 W_qk",
+    {"prefetch", model::kPrefetchAll, "L2 prefetch bits: 1 W_vo, 2 router + shared expert, 4 W_qk, 8 the next layer's attn_norm beside the MoE",
      [](O& o, uint32_t v) { o.prefetch = v; }},
     {"router", 1, "0: the router's own dispatch instead of the router fold", [](O& o, uint32_t v) { o.fused_router = v != 0; }},
     {"olat_q8", 1, "0: W_vo quantizes olat itself; default 1", [](O& o, uint32_t v) { o.olat_q8 = v != 0; }},

@@ -47,7 +47,10 @@ constexpr uint32_t kPrefetchAttnOut = 1;  // W_vo (or v_b and attn_output), besi
 constexpr uint32_t kPrefetchFfnIn = 2;    // the router (read by its dispatch, or by the router fold's
                                           // epilogue of W_vo) and the shared expert, beside the attention
 constexpr uint32_t kPrefetchQuery = 4;    // W_qk (or q_b), beside q_a / kv_a
-constexpr uint32_t kPrefetchAll = 7;
+constexpr uint32_t kPrefetchNextNorm = 8;  // the next layer's attn_norm (8 KB with GLM, read once per
+                                           // layer and token: cold), beside the MoE down, so that q_a /
+                                           // kv_a's first reads hit the L2 (session 39's next step)
+constexpr uint32_t kPrefetchAll = 15;
 
 // GpuModelOptions::prefill_moe_matmul -1: the FFN's matmul form from chunks of this many tokens.
 constexpr uint32_t kMoeMatmulMinChunk = 256;

@@ -488,6 +488,8 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
                (fuse_down ? ".fdown" : cat(early_down ? ".gate" : "", ffn_target ? ".wait" : "")) + " " + L;
     gu.record(rec);
     if (!early_down) rec.barrier();
+    if ((options_.prefetch & kPrefetchNextNorm) && l + 1 < c.n_layer)
+      prefetch({w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd)}, "prefetch next norm " + L);
     if (fuse_down) {
       weight_bytes += gu.bytes();
       continue;

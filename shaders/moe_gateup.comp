@@ -445,12 +445,12 @@ shared uint sl_dep[WG_SIZE / SUBGROUP_SIZE];  // zero; the weight loads land bef
 #endif
 void stage_spread(vec4 first) {
   for (uint t = gl_LocalInvocationIndex; t < args.n_embd / 4u; t += WG_SIZE) {
+#if CONSTS_FIRST
 #if GATEUP_INPUT_FIRST
     const vec4 raw = first;  // one word per invocation
 #else
     const vec4 raw = in4[t];
 #endif
-#if CONSTS_FIRST
     const vec4 v = norm_input() ? raw * nw_sh[(t % 8u) * Q8_BLOCKS + t / 8u] : raw;
 #else
     const vec4 v = in_vec4(4u * t);

@@ -468,11 +468,12 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     const bool fuse_down = moe.fuse_down, early_down = moe.early_down;
     if (ffn_target) gu.wait = gate_wait(ffn_words, 0, ffn_target);
     // ... and the next layer's stage 1 after it, where its matvecs can wait.
+    // The next layer's attn_norm (its stage 1 reads x through it).
+    const auto next_norm = [&] { return w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd); };
     bool next_early = early_down && options_.early_next && l + 1 < c.n_layer;
     if (next_early)
       for (const Stage1& s : stage1(l + 1))
-        next_early = next_early && matvec_op(s.name, xout, s.y, w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd),
-                                             false).gate_supported(ctx_);
+        next_early = next_early && matvec_op(s.name, xout, s.y, next_norm(), false).gate_supported(ctx_);
     if (ffn_target && !early_down) gu.gate = gate_slice(l, kGateDown, 8);  // zeroed with the others every step
     if (early_down) {
       const vk::BufferSlice words = gate_slice(l, kGateDown, TS_DOWN_GATE_WORDS * 4);
@@ -489,7 +490,7 @@ void GpuModel::record_step(vk::CommandRecorder& rec, uint32_t profile_kv_len) {
     gu.record(rec);
     if (!early_down) rec.barrier();
     if ((options_.prefetch & kPrefetchNextNorm) && l + 1 < c.n_layer)
-      prefetch({w.vec(cat("blk.", l + 1, ".attn_norm.weight"), c.n_embd)}, "prefetch next norm " + L);
+      prefetch({next_norm()}, "prefetch next norm " + L);
     if (fuse_down) {
       weight_bytes += gu.bytes();
       continue;
